@@ -1,0 +1,72 @@
+# Conductor: build, run and test. `make run` and `make test` work on a fresh machine:
+# they install libzmq (apt-get) and the Python test packages (into .venv) when missing.
+
+GO        ?= go
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+BIN       := bin/mooncake_conductor
+CONFIG    ?= config/conductor.json
+FUZZTIME  ?= 10s
+# Python packages the tests need (pyzmq/msgspec publish events the way vLLM does).
+PY_TEST_PKGS := pytest pyzmq msgspec msgpack
+
+.PHONY: all build run test gotest pytest vet fmtcheck bench fuzz deps venv clean
+
+all: build
+
+# libzmq (cgo, for github.com/pebbe/zmq4) and pkg-config, installed only when absent.
+deps:
+	@if ! pkg-config --exists libzmq 2>/dev/null; then \
+		echo "installing libzmq3-dev and pkg-config"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libzmq3-dev pkg-config; \
+	fi
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: python/pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(PY_TEST_PKGS)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e ./python
+	touch $@
+
+build: deps
+	$(GO) build -o $(BIN) ./cmd/mooncake_conductor
+	$(GO) build -o bin/conductorctl ./cmd/conductorctl 2>/dev/null || true
+
+# Starts the conductor on the default ports (HTTP 13333, RPC 13334) with an empty service list.
+run: build
+	CONDUCTOR_CONFIG_PATH=$(CONFIG) ./$(BIN)
+
+fmtcheck:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.venv/*')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet: deps
+	$(GO) vet ./...
+
+gotest: deps
+	$(GO) test -race -count=1 ./...
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
+
+pytest: build venv
+	CONDUCTOR_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest python/tests -q
+
+# Every test: formatting, vet, Go tests under the race detector, every benchmark once, Python.
+test: fmtcheck vet gotest pytest
+
+# Microbenchmarks plus a short trace replay (see bench/README.md for the knobs).
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 200ms ./...
+
+# Each fuzz target for a bounded time (FUZZTIME per target).
+fuzz: deps
+	@set -e; for pkg in $$($(GO) list ./...); do \
+		dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
+		for t in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go 2>/dev/null | sed 's/func //'); do \
+			echo "== $$pkg $$t"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+clean:
+	rm -rf bin $(VENV)
