@@ -1,0 +1,111 @@
+package hashing
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/fxamacker/cbor/v2"
+)
+
+// canonicalCBOR is the oracle: fxamacker/cbor in canonical (RFC 7049 §3.9) mode, which for
+// arrays, byte/text strings, ints and null coincides with cbor2.dumps(canonical=True).
+func canonicalCBOR(t testing.TB) cbor.EncMode {
+	t.Helper()
+	em, err := cbor.CanonicalEncOptions().EncMode()
+	if err != nil {
+		t.Fatalf("cbor enc mode: %v", err)
+	}
+	return em
+}
+
+// checkCBORBlock compares every CBOR path (reference encoder, chain fast encoder, Chain
+// digest) with the oracle's encoding of (parent, tokens, extras).
+func checkCBORBlock(t testing.TB, em cbor.EncMode, parent [32]byte, toks []int32, lora, salt string) {
+	t.Helper()
+	items := make([]any, len(toks))
+	for i, v := range toks {
+		items[i] = int64(v)
+	}
+	var extras any
+	if lora != "" || salt != "" {
+		var ex []any
+		if lora != "" {
+			ex = append(ex, lora)
+		}
+		if salt != "" {
+			ex = append(ex, salt)
+		}
+		extras = ex
+	}
+	want, err := em.Marshal([]any{parent[:], items, extras})
+	if err != nil {
+		t.Fatalf("oracle marshal: %v", err)
+	}
+	if got := appendCBORVLLMBlock(nil, &parent, toks, lora, salt); !bytes.Equal(got, want) {
+		t.Fatalf("reference encoder differs (%d tokens)\n got %x\nwant %x", len(toks), head(got), head(want))
+	}
+	extra := appendCBORExtras(nil, lora, salt)
+	buf := make([]byte, 44+5*len(toks)+len(extra))
+	if got := encodeCBORBlock(buf, &parent, toks, extra); !bytes.Equal(got, want) {
+		t.Fatalf("fast encoder differs (%d tokens)\n got %x\nwant %x", len(toks), head(got), head(want))
+	}
+	if len(toks) == 0 {
+		return
+	}
+	// Through the public API: a chain whose root is parent hashes one block of all tokens.
+	p := Profile{Strategy: StrategyVLLMV1, Algorithm: AlgoSHA256CBOR, Projection: ProjLow64BE, Seed: "0", Root: parent}
+	var ch Chain
+	ch.Reset(&p, len(toks), lora, salt, toks)
+	key, err := ch.Next()
+	if err != nil {
+		t.Fatalf("Next: %v", err)
+	}
+	d := sum256(want)
+	if ch.Digest() != d || key != binary.BigEndian.Uint64(d[24:]) {
+		t.Fatalf("chain digest differs from SHA-256 of the oracle encoding")
+	}
+}
+
+func TestCBORMatchesFxamacker(t *testing.T) {
+	em := canonicalCBOR(t)
+	r := rand.New(rand.NewPCG(3, 4))
+	strs := []string{"", "", "a", "lora-a", exactUTF8(23), exactUTF8(24), exactUTF8(255), exactUTF8(256), exactUTF8(65536), randString(r, 30)}
+	for i := range 500 {
+		var parent [32]byte
+		for j := range parent {
+			parent[j] = byte(r.Uint32())
+		}
+		n := r.IntN(40)
+		switch i % 50 {
+		case 0:
+			n = 23 + r.IntN(3) // array head 1 byte vs 0x98
+		case 1:
+			n = 255 + r.IntN(3)
+		case 2:
+			n = 65535 + r.IntN(3) // array head 0x99 vs 0x9a
+		}
+		checkCBORBlock(t, em, parent, randTokens(r, n), strs[r.IntN(len(strs))], strs[r.IntN(len(strs))])
+	}
+	// Every head-length boundary for both signs.
+	edges := []int32{0, 23, 24, 255, 256, 65535, 65536, 1<<31 - 1, -1, -24, -25, -256, -257, -65536, -65537, -1 << 31}
+	checkCBORBlock(t, em, [32]byte{1}, edges, "", "s")
+}
+
+// FuzzCBORDifferential checks the hand-written canonical CBOR encoder against
+// fxamacker/cbor for arbitrary parents, tokens (int32 LE in tokenBytes) and strings.
+func FuzzCBORDifferential(f *testing.F) {
+	f.Add([]byte{0x4e, 0x11}, []byte{1, 0, 0, 0, 2, 0, 0, 0}, "", "")
+	f.Add([]byte{}, []byte{0xff, 0xff, 0xff, 0xff, 0x18, 0, 0, 0}, "lora-a", "s1")
+	f.Add([]byte("parent"), bytes.Repeat([]byte{0, 1, 0, 0}, 30), "adapter-A", "")
+	f.Fuzz(func(t *testing.T, parentBytes, tokenBytes []byte, lora, salt string) {
+		var parent [32]byte
+		copy(parent[:], parentBytes)
+		toks := make([]int32, len(tokenBytes)/4)
+		for i := range toks {
+			toks[i] = int32(binary.LittleEndian.Uint32(tokenBytes[4*i:]))
+		}
+		checkCBORBlock(t, canonicalCBOR(t), parent, toks, lora, salt)
+	})
+}

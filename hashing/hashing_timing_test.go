@@ -1,0 +1,167 @@
+package hashing
+
+import (
+	stdsha256 "crypto/sha256"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	simdsha256 "github.com/minio/sha256-simd"
+)
+
+// benchPrompt is a prompt of realistic token ids (Qwen-sized vocabulary, so most ids need
+// the widest int encodings) long enough for 64 blocks at block size 64.
+func benchPrompt() []int32 {
+	r := rand.New(rand.NewPCG(11, 12))
+	toks := make([]int32, 64*64+1)
+	for i := range toks {
+		toks[i] = int32(r.IntN(151936))
+	}
+	return toks
+}
+
+// reportPerBlock adds the ns/block metric the design targets are stated in.
+func reportPerBlock(b *testing.B, blocks int, elapsed time.Duration) {
+	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N*blocks), "ns/block")
+}
+
+// BenchmarkHash compares, per algorithm and block size, the chain (encode + SHA-256 +
+// projection) with raw SHA-256 of exactly the same preimages using crypto/sha256 and
+// minio/sha256-simd. The gap between "chain" and "raw" is the encoding overhead.
+func BenchmarkHash(b *testing.B) {
+	toks := benchPrompt()
+	profiles := allProfiles(b)
+	for _, name := range []string{"pickle", "cbor", "sglang", "sglang_bigram"} {
+		p := profiles[name]
+		for _, bs := range []int{16, 64} {
+			prompt := toks[:64*bs]
+			if name == "sglang_bigram" {
+				prompt = toks[:64*bs+1]
+			}
+			preimages := preimagesOf(p, bs, prompt)
+			total := 0
+			for _, pre := range preimages {
+				total += len(pre)
+			}
+			prefix := name + "/bs" + strconv.Itoa(bs)
+			b.Run(prefix+"/chain", func(b *testing.B) {
+				var ch Chain
+				ch.Reset(&p, bs, "", "", prompt)
+				b.SetBytes(int64(total))
+				b.ReportAllocs()
+				var sink uint64
+				start := time.Now()
+				for b.Loop() {
+					ch.Reset(&p, bs, "", "", prompt)
+					for {
+						k, err := ch.Next()
+						if err != nil {
+							break
+						}
+						sink ^= k
+					}
+				}
+				reportPerBlock(b, len(preimages), time.Since(start))
+				_ = sink
+			})
+			b.Run(prefix+"/raw-std", func(b *testing.B) {
+				b.SetBytes(int64(total))
+				b.ReportAllocs()
+				start := time.Now()
+				for b.Loop() {
+					for _, pre := range preimages {
+						_ = stdsha256.Sum256(pre)
+					}
+				}
+				reportPerBlock(b, len(preimages), time.Since(start))
+			})
+			b.Run(prefix+"/raw-simd", func(b *testing.B) {
+				b.SetBytes(int64(total))
+				b.ReportAllocs()
+				start := time.Now()
+				for b.Loop() {
+					for _, pre := range preimages {
+						_ = simdsha256.Sum256(pre)
+					}
+				}
+				reportPerBlock(b, len(preimages), time.Since(start))
+			})
+		}
+	}
+}
+
+// preimagesOf returns the exact bytes the chain hashes for each block, built with the
+// reference encoders.
+func preimagesOf(p Profile, bs int, toks []int32) [][]byte {
+	var out [][]byte
+	switch p.Strategy {
+	case StrategyVLLMV1:
+		parent := p.Root
+		var pk pickler
+		for i := 0; (i+1)*bs <= len(toks); i++ {
+			var pre []byte
+			if p.Algorithm == AlgoSHA256Pickle {
+				pk.vllmBlock(&parent, toks[i*bs:(i+1)*bs], "", "")
+				pre = append([]byte(nil), pk.b...)
+			} else {
+				pre = appendCBORVLLMBlock(nil, &parent, toks[i*bs:(i+1)*bs], "", "")
+			}
+			parent = sum256(pre)
+			out = append(out, pre)
+		}
+	default:
+		var ch Chain
+		ch.Reset(&p, bs, "", "", toks)
+		hasParent := false
+		for i := range ch.NumBlocks() {
+			s, e := i*bs, min((i+1)*bs, ch.Positions())
+			buf := make([]byte, 32+8*bs)
+			var pre []byte
+			parent := ch.Digest()
+			if p.Strategy == StrategySGLang {
+				pre = encodeSGLangBlock(buf, hasParent, &parent, toks[s:e])
+			} else {
+				pre = encodeBigramBlock(buf, hasParent, &parent, toks[s:e+1])
+			}
+			out = append(out, pre)
+			if _, err := ch.Next(); err != nil {
+				panic(err)
+			}
+			hasParent = true
+		}
+	}
+	return out
+}
+
+// BenchmarkResolve measures profile resolution (root derivation), a registration-time cost.
+func BenchmarkResolve(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Resolve("vllm_v1", "sha256", "4294967295", "low64_be"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSHA256 compares the two SHA-256 implementations on block-sized inputs; sum256
+// uses whichever wins here.
+func BenchmarkSHA256(b *testing.B) {
+	for _, n := range []int{100, 128, 256, 400} {
+		buf := make([]byte, n)
+		b.Run("std/"+strconv.Itoa(n), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = stdsha256.Sum256(buf)
+			}
+		})
+		b.Run("simd/"+strconv.Itoa(n), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = simdsha256.Sum256(buf)
+			}
+		})
+	}
+}
