@@ -1,0 +1,165 @@
+// Package arena provides slab memory for fixed-size records of 64-bit words.
+//
+// Records are addressed by uint32 indices and never move once allocated, so a reader that
+// holds an index can keep using it while the single writer allocates more records. The
+// words hold no pointers (the garbage collector never scans them) and are meant to be read
+// and written with sync/atomic, so concurrent readers stay race-clean.
+//
+// Concurrency: exactly one goroutine (the writer) may call Alloc, Free, Reset and
+// Len; any goroutine may call Record and Words at any time.
+package arena
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// DefaultChunkRecords is the number of records per slab when Config leaves it zero. It keeps
+// a slab of 5-word records at 40 KiB: big enough that the slab directory stays small at
+// millions of records, small enough that an almost empty arena costs little.
+const DefaultChunkRecords = 1024
+
+// MaxRecords is the largest number of records an arena can address. Index values
+// 0xFFFFFFFE and 0xFFFFFFFF are kept free so that callers can encode "index + 1" and a
+// sentinel in 32 bits.
+const MaxRecords = 1<<32 - 2
+
+// Config sizes an Arena.
+type Config struct {
+	// RecordWords is the number of 64-bit words per record (>= 1).
+	RecordWords int
+	// ChunkRecords is the number of records per slab; it must be a power of two.
+	// 0 means DefaultChunkRecords.
+	ChunkRecords int
+}
+
+// Arena is a growable set of fixed-size records stored in slabs that never move.
+type Arena struct {
+	recWords   int
+	chunkShift uint
+	chunkMask  uint32
+	chunkWords int
+
+	// dir is the published slab directory. The writer appends within capacity (readers of
+	// an older header never index past their own length) or publishes a larger copy.
+	dir atomic.Pointer[[][]uint64]
+
+	next uint32   // writer-only: first never-allocated index
+	free []uint32 // writer-only: freed indices, reused LIFO
+}
+
+// New returns an empty arena. It panics on an invalid Config, which is a programming error.
+func New(cfg Config) *Arena {
+	if cfg.RecordWords < 1 {
+		panic(fmt.Sprintf("arena: RecordWords %d < 1", cfg.RecordWords))
+	}
+	cr := cfg.ChunkRecords
+	if cr == 0 {
+		cr = DefaultChunkRecords
+	}
+	if cr < 1 || cr&(cr-1) != 0 {
+		panic(fmt.Sprintf("arena: ChunkRecords %d is not a power of two", cr))
+	}
+	shift := uint(0)
+	for 1<<shift < cr {
+		shift++
+	}
+	a := &Arena{
+		recWords:   cfg.RecordWords,
+		chunkShift: shift,
+		chunkMask:  uint32(cr - 1),
+		chunkWords: cr * cfg.RecordWords,
+	}
+	empty := make([][]uint64, 0, 4)
+	a.dir.Store(&empty)
+	return a
+}
+
+// RecordWords returns the number of words per record.
+func (a *Arena) RecordWords() int { return a.recWords }
+
+// Len returns the number of records currently allocated (allocated minus freed). Writer only.
+func (a *Arena) Len() int { return int(a.next) - len(a.free) }
+
+// Cap returns the number of records the allocated slabs can hold. Writer only.
+func (a *Arena) Cap() int { return len(*a.dir.Load()) << a.chunkShift }
+
+// Alloc returns the index of a record whose words are all zero. Writer only.
+// It reuses freed records first (most recently freed first). It panics when MaxRecords
+// records are live, which callers prevent by bounding their record count.
+func (a *Arena) Alloc() uint32 {
+	if n := len(a.free); n > 0 {
+		idx := a.free[n-1]
+		a.free = a.free[:n-1]
+		return idx
+	}
+	if a.next >= MaxRecords {
+		panic("arena: out of record indices")
+	}
+	idx := a.next
+	d := *a.dir.Load()
+	if int(idx>>a.chunkShift) >= len(d) {
+		a.grow(d)
+	}
+	a.next++
+	return idx
+}
+
+// grow adds one slab and publishes the directory that includes it.
+func (a *Arena) grow(d [][]uint64) {
+	chunk := make([]uint64, a.chunkWords)
+	if len(d) < cap(d) {
+		// Readers holding the old header never look at index len(d), so writing it
+		// before publishing the longer header is race-free.
+		nd := append(d, chunk)
+		a.dir.Store(&nd)
+		return
+	}
+	nd := make([][]uint64, len(d)+1, 2*cap(d)+4)
+	copy(nd, d)
+	nd[len(d)] = chunk
+	a.dir.Store(&nd)
+}
+
+// Free returns a record to the arena. The caller must have zeroed every word it wrote (with
+// atomic stores), because Alloc hands out freed records without clearing them: readers may
+// still be looking at a freed record, so the arena cannot decide when to clear it.
+// Writer only.
+func (a *Arena) Free(idx uint32) {
+	a.free = append(a.free, idx)
+}
+
+// Record returns the words of record idx. The slice aliases arena memory: access its words
+// with sync/atomic whenever another goroutine may touch them. idx must have been returned
+// by Alloc on this arena; safe for concurrent use.
+func (a *Arena) Record(idx uint32) []uint64 {
+	d := *a.dir.Load()
+	c := d[idx>>a.chunkShift]
+	off := int(idx&a.chunkMask) * a.recWords
+	return c[off : off+a.recWords : off+a.recWords]
+}
+
+// Word returns a pointer to word w of record idx, for sync/atomic access. Safe for
+// concurrent use; idx and w must be in range.
+func (a *Arena) Word(idx uint32, w int) *uint64 {
+	d := *a.dir.Load()
+	return &d[idx>>a.chunkShift][int(idx&a.chunkMask)*a.recWords+w]
+}
+
+// Range calls fn for every index below the allocation high-water mark, in increasing
+// order, including freed ones (the caller's records say which are live). It stops early
+// when fn returns false. Writer only.
+func (a *Arena) Range(fn func(idx uint32, rec []uint64) bool) {
+	d := *a.dir.Load()
+	n := a.next
+	for idx := uint32(0); idx < n; idx++ {
+		c := d[idx>>a.chunkShift]
+		off := int(idx&a.chunkMask) * a.recWords
+		if !fn(idx, c[off:off+a.recWords:off+a.recWords]) {
+			return
+		}
+	}
+}
+
+// HighWater returns one past the largest index ever allocated. Writer only.
+func (a *Arena) HighWater() uint32 { return a.next }

@@ -1,0 +1,149 @@
+package arena
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func TestAllocSequentialThenReuseLIFO(t *testing.T) {
+	a := New(Config{RecordWords: 3, ChunkRecords: 4})
+	for i := uint32(0); i < 10; i++ {
+		if got := a.Alloc(); got != i {
+			t.Fatalf("alloc %d = %d", i, got)
+		}
+	}
+	if a.Len() != 10 || a.HighWater() != 10 || a.Cap() != 12 {
+		t.Fatalf("len %d hw %d cap %d", a.Len(), a.HighWater(), a.Cap())
+	}
+	a.Free(3)
+	a.Free(7)
+	if a.Len() != 8 {
+		t.Fatalf("len after free = %d", a.Len())
+	}
+	if got := a.Alloc(); got != 7 {
+		t.Fatalf("reuse = %d, want 7 (last freed)", got)
+	}
+	if got := a.Alloc(); got != 3 {
+		t.Fatalf("reuse = %d, want 3", got)
+	}
+	if got := a.Alloc(); got != 10 {
+		t.Fatalf("fresh = %d, want 10", got)
+	}
+}
+
+// TestRecordsNeverMove: words written before many slab additions read back unchanged,
+// through Record and Word alike.
+func TestRecordsNeverMove(t *testing.T) {
+	a := New(Config{RecordWords: 5, ChunkRecords: 8})
+	first := a.Alloc()
+	rec := a.Record(first)
+	for w := range rec {
+		atomic.StoreUint64(&rec[w], uint64(100+w))
+	}
+	ptr := &rec[0]
+	for i := 0; i < 5000; i++ {
+		idx := a.Alloc()
+		r := a.Record(idx)
+		if len(r) != 5 || cap(r) != 5 {
+			t.Fatalf("record %d len %d cap %d", idx, len(r), cap(r))
+		}
+		atomic.StoreUint64(&r[0], uint64(idx))
+	}
+	if &a.Record(first)[0] != ptr {
+		t.Fatal("record moved")
+	}
+	for w := 0; w < 5; w++ {
+		if got := atomic.LoadUint64(a.Word(first, w)); got != uint64(100+w) {
+			t.Fatalf("word %d = %d", w, got)
+		}
+	}
+	for idx := uint32(1); idx < 5001; idx++ {
+		if got := a.Record(idx)[0]; got != uint64(idx) {
+			t.Fatalf("record %d = %d", idx, got)
+		}
+	}
+}
+
+func TestRangeVisitsEveryAllocatedIndex(t *testing.T) {
+	a := New(Config{RecordWords: 2})
+	for i := 0; i < 3000; i++ {
+		a.Record(a.Alloc())[1] = uint64(i)
+	}
+	a.Free(5)
+	n := 0
+	a.Range(func(idx uint32, rec []uint64) bool {
+		if rec[1] != uint64(idx) {
+			t.Fatalf("record %d holds %d", idx, rec[1])
+		}
+		n++
+		return true
+	})
+	if n != 3000 {
+		t.Fatalf("visited %d", n)
+	}
+	n = 0
+	a.Range(func(uint32, []uint64) bool { n++; return n < 10 })
+	if n != 10 {
+		t.Fatalf("early stop visited %d", n)
+	}
+}
+
+func TestInvalidConfigPanics(t *testing.T) {
+	for _, cfg := range []Config{{RecordWords: 0}, {RecordWords: 1, ChunkRecords: 3}, {RecordWords: 1, ChunkRecords: -4}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("config %+v did not panic", cfg)
+				}
+			}()
+			New(cfg)
+		}()
+	}
+}
+
+// TestConcurrentReadersDuringGrowth: readers follow the writer's allocations (published
+// through a shared high-water mark) and always read what was stored; run with -race.
+func TestConcurrentReadersDuringGrowth(t *testing.T) {
+	a := New(Config{RecordWords: 2, ChunkRecords: 16})
+	var published atomic.Uint32
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for r := 0; r < 3; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := published.Load()
+				for idx := uint32(0); idx < n; idx += 7 {
+					if got := atomic.LoadUint64(&a.Record(idx)[1]); got != uint64(idx)*3 {
+						t.Errorf("record %d = %d", idx, got)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20000; i++ {
+		idx := a.Alloc()
+		atomic.StoreUint64(a.Word(idx, 1), uint64(idx)*3)
+		published.Store(idx + 1)
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func TestRecordAllocatesNothing(t *testing.T) {
+	a := New(Config{RecordWords: 4})
+	idx := a.Alloc()
+	var sink uint64
+	if n := testing.AllocsPerRun(100, func() { sink += a.Record(idx)[0] + *a.Word(idx, 3) }); n != 0 {
+		t.Fatalf("Record allocates %.1f", n)
+	}
+	_ = sink
+}

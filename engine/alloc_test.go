@@ -1,0 +1,104 @@
+package engine
+
+import (
+	"testing"
+)
+
+func skipAllocUnderRace(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; allocation counts are checked without -race")
+	}
+}
+
+// TestQueryAllocatesNothing: a query with a reused Result allocates nothing, hashing
+// included, for each hash algorithm.
+func TestQueryAllocatesNothing(t *testing.T) {
+	skipAllocUnderRace(t)
+	for _, tc := range []struct{ strategy, algo, proj string }{
+		{"vllm_v1", "sha256_cbor", "low64_be"},
+		{"vllm_v1", "sha256", "low64_be"},
+		{"sglang", "sha256_raw", "first64_be"},
+		{"sglang_bigram", "sha256_raw", "first64_be"},
+	} {
+		t.Run(tc.strategy+"/"+tc.algo, func(t *testing.T) {
+			p := resolve(t, tc.strategy, tc.algo, "0", tc.proj)
+			e := newTestEngine(t, Config{})
+			k := ContextKey{TenantID: "default", ModelName: "m", LoraName: "lora", BlockSize: 16}
+			slots := []Slot{{"a", 0}, {"a", 1}, {"b", 0}}
+			for _, s := range slots {
+				mustRegister(t, e, k, p, s)
+			}
+			tokens := seqTokens(16 * 64)
+			keys := chainKeys(t, p, 16, "lora", "salt", tokens)
+			mustApply(t, e, k, store(slots[0], TierDevice, keys[:20]...), store(slots[1], TierCPULocal, keys[:40]...),
+				store(slots[2], TierDisk, keys...))
+			q := &Query{Key: k, Tokens: tokens, CacheSalt: "salt"}
+			var res Result
+			if err := e.Query(q, &res); err != nil {
+				t.Fatal(err)
+			}
+			if res.Instances[1].Disk != int64(res.chain.Positions()) || res.Instances[1].Disk < int64(len(tokens)-1) {
+				t.Fatalf("walk did not reach the end: %s", formatHits(res.Instances))
+			}
+			allocs := testing.AllocsPerRun(50, func() {
+				if err := e.Query(q, &res); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Fatalf("Query allocates %.1f per run", allocs)
+			}
+			filtered := &Query{Key: k, Tokens: tokens, CacheSalt: "salt", InstanceFilter: "a"}
+			if allocs := testing.AllocsPerRun(50, func() { _ = e.Query(filtered, &res) }); allocs != 0 {
+				t.Fatalf("filtered Query allocates %.1f per run", allocs)
+			}
+		})
+	}
+}
+
+// TestWalkAllocatesNothing covers both walk variants (one- and multi-word records).
+func TestWalkAllocatesNothing(t *testing.T) {
+	skipAllocUnderRace(t)
+	for _, nslots := range []int{8, 64, 256} {
+		e := newTestEngine(t, Config{})
+		p := vllmProfile(t)
+		keys := make([]uint64, 512)
+		for i := range keys {
+			keys[i] = uint64(i+1) * 0x9E3779B1
+		}
+		for i := 0; i < nslots; i++ {
+			s := Slot{"inst", i}
+			mustRegister(t, e, ctxA, p, s)
+			mustApply(t, e, ctxA, store(s, EngineTier(i%3), keys[:256+i]...))
+		}
+		var res Result
+		if err := e.QueryKeys(ctxA, keys, len(keys)*16, "", &res); err != nil {
+			t.Fatal(err)
+		}
+		allocs := testing.AllocsPerRun(50, func() { _ = e.QueryKeys(ctxA, keys, len(keys)*16, "", &res) })
+		if allocs != 0 {
+			t.Fatalf("%d slots: walk allocates %.1f per run", nslots, allocs)
+		}
+	}
+}
+
+// TestApplyAllocatesNothing: steady-state store and remove batches allocate nothing.
+func TestApplyAllocatesNothing(t *testing.T) {
+	skipAllocUnderRace(t)
+	a := Slot{"a", 0}
+	e := setup(t, Config{}, a)
+	hs := make([]uint64, 64)
+	for i := range hs {
+		hs[i] = uint64(i+1) * 0x9E3779B1
+	}
+	ops := []Op{store(a, TierDevice, hs...), remove(a, TierDevice, hs...)}
+	mustApply(t, e, ctxA, ops...)
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := e.Apply(ctxA, ops); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("Apply allocates %.1f per run", allocs)
+	}
+}

@@ -1,0 +1,236 @@
+package engine
+
+import (
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/conductor-go/conductor/arena"
+	"github.com/conductor-go/conductor/hashing"
+)
+
+// view is what a query reads: the slot table and the prefix table, published together so
+// that slot numbers always fit the record width.
+type view struct {
+	slots *slotTable
+	tab   *table
+}
+
+// slotTable is an immutable snapshot of the registered slots of a context.
+type slotTable struct {
+	insts []instSlots    // sorted by id
+	byID  map[string]int // index into insts
+	all   []uint64       // bitset of every registered slot, tab.w words
+	count int            // registered slots
+}
+
+type instSlots struct {
+	id    string
+	ranks []rankSlot // ascending rank
+	mask  []uint64   // bitset of this instance's slots, tab.w words
+}
+
+type rankSlot struct {
+	rank int
+	slot int
+}
+
+type reqKind uint8
+
+const (
+	reqApply reqKind = iota
+	reqRegister
+	reqUnregister
+	reqClearShared
+	reqRetractSource
+	reqSync // test hook: runs fn on the writer goroutine
+)
+
+// request is one unit of work for a context writer; pooled so that Apply allocates nothing.
+type request struct {
+	kind            reqKind
+	ops             []Op
+	slot            Slot
+	source, backend string
+	fn              func(*context)
+	isNew           bool
+	done            chan struct{}
+}
+
+// bindingKey identifies a shared binding within a context (the tenant is in the context key).
+type bindingKey struct {
+	source, backend, object string
+	tier                    SharedTier
+}
+
+// binding is a shared object bound to a block. It is active (counted in shared[hash]) while
+// gen equals that entry's gen; eviction drops the entry, which deactivates the bindings of
+// the block without touching them, so that a repeated store can re-add them.
+type binding struct {
+	hash  uint64
+	gen   uint64
+	comps []string // physical components still present; the binding goes with the last
+}
+
+// sharedCount counts the active bindings of one block per shared tier.
+type sharedCount struct {
+	cpu, disk uint32
+	gen       uint64
+}
+
+// context is one cache-sharing group with its writer goroutine.
+type context struct {
+	eng     *Engine
+	key     ContextKey
+	profile hashing.Profile
+
+	state atomic.Pointer[view]
+	reqs  chan *request
+	quit  chan struct{}
+
+	blocks                   atomic.Int64
+	evictions, evictedBlocks atomic.Uint64
+
+	// Everything below is owned by the writer goroutine.
+	tab        *table
+	slots      map[Slot]int // registered slot -> slot number
+	slotUsed   []bool       // slot number in use
+	slotCounts [][3]int     // per slot number, per engine tier: blocks owning the bit
+	bindings   map[bindingKey]*binding
+	shared     map[uint64]sharedCount
+	epoch      uint64 // last write stamp handed out
+	gen        uint64 // last sharedCount generation handed out
+	evictHist  []int  // eviction scratch
+	evictScr   []uint64
+}
+
+func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
+	c := &context{
+		eng:      e,
+		key:      key,
+		profile:  p,
+		reqs:     make(chan *request),
+		quit:     make(chan struct{}),
+		slots:    map[Slot]int{},
+		bindings: map[bindingKey]*binding{},
+		shared:   map[uint64]sharedCount{},
+	}
+	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(1)}), 1)
+	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
+	return c
+}
+
+// do hands r to the writer and waits until it is done.
+func (c *context) do(r *request) error {
+	select {
+	case c.reqs <- r:
+	case <-c.quit:
+		return ErrClosed
+	}
+	<-r.done
+	return nil
+}
+
+func (c *context) run() {
+	for {
+		select {
+		case r := <-c.reqs:
+			c.handle(r)
+			c.blocks.Store(int64(c.tab.live))
+			r.done <- struct{}{}
+		case <-c.quit:
+			return
+		}
+	}
+}
+
+func (c *context) handle(r *request) {
+	switch r.kind {
+	case reqApply:
+		for i := range r.ops {
+			c.applyOp(&r.ops[i])
+		}
+	case reqRegister:
+		r.isNew = c.register(r.slot)
+	case reqUnregister:
+		c.unregister(r.slot)
+	case reqClearShared:
+		c.dropBindings(func(k bindingKey) bool { return k.source == r.source && k.backend == r.backend })
+	case reqRetractSource:
+		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
+	case reqSync:
+		r.fn(c)
+	}
+}
+
+// publish makes the current slot table and prefix table visible to queries.
+func (c *context) publish() {
+	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
+}
+
+// publishTable swaps in a rebuilt prefix table, keeping the published slot table (whose
+// masks are rebuilt only when the width changes).
+func (c *context) publishTable() {
+	old := c.state.Load()
+	if old.tab.w == c.tab.w {
+		c.state.Store(&view{slots: old.slots, tab: c.tab})
+		return
+	}
+	c.publish()
+}
+
+func (c *context) buildSlotTable() *slotTable {
+	w := c.tab.w
+	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots)}
+	for s, n := range c.slots {
+		i, ok := st.byID[s.InstanceID]
+		if !ok {
+			i = len(st.insts)
+			st.byID[s.InstanceID] = i
+			st.insts = append(st.insts, instSlots{id: s.InstanceID, mask: make([]uint64, w)})
+		}
+		in := &st.insts[i]
+		in.ranks = append(in.ranks, rankSlot{rank: s.DPRank, slot: n})
+		in.mask[n>>6] |= 1 << (n & 63)
+		st.all[n>>6] |= 1 << (n & 63)
+	}
+	slices.SortFunc(st.insts, func(a, b instSlots) int { return strings.Compare(a.id, b.id) })
+	for i := range st.insts {
+		st.byID[st.insts[i].id] = i
+		slices.SortFunc(st.insts[i].ranks, func(a, b rankSlot) int { return a.rank - b.rank })
+	}
+	return st
+}
+
+func (c *context) register(s Slot) bool {
+	if _, ok := c.slots[s]; ok {
+		return false
+	}
+	n := slices.Index(c.slotUsed, false)
+	if n < 0 {
+		n = len(c.slotUsed)
+		c.slotUsed = append(c.slotUsed, true)
+		c.slotCounts = append(c.slotCounts, [3]int{})
+	}
+	c.slotUsed[n] = true
+	c.slots[s] = n
+	if need := n/64 + 1; need > c.tab.w {
+		c.rebuild(c.tab.live, need)
+	}
+	c.publish()
+	return true
+}
+
+func (c *context) unregister(s Slot) {
+	n, ok := c.slots[s]
+	if !ok {
+		return
+	}
+	delete(c.slots, s)
+	// Queries stop reporting the slot before its bits go, so none sees it half removed.
+	c.publish()
+	c.clearSlot(n, MaskAllEngine)
+	// The slot's bits are clear everywhere now, so the number can be handed out again.
+	c.slotUsed[n] = false
+	c.maybeShrink()
+}

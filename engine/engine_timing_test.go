@@ -1,0 +1,302 @@
+package engine
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"testing"
+
+	"github.com/conductor-go/conductor/hashing"
+)
+
+var bigMem = flag.Bool("bigmem", false, "run the 10M-block resident-memory benchmarks (~1 GiB)")
+
+// benchKey is splitmix64 of i: block keys are SHA-256 projections, i.e. random bits.
+func benchKey(i int) uint64 {
+	z := uint64(i) + 0x9E3779B97F4A7C15
+	z = (z ^ z>>30) * 0xBF58476D1CE4E5B9
+	z = (z ^ z>>27) * 0x94D049BB133111EB
+	return z ^ z>>31
+}
+
+func benchProfile(b *testing.B) hashing.Profile {
+	p, err := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// benchContext registers nslots slots (8 ranks per instance) and stores blocks so that a
+// query over keys walks every block: every slot holds all blocks on disk, and the device
+// and cpu_local tiers end at different depths per slot.
+func benchContext(b *testing.B, nslots int, keys []uint64, extra int) *Engine {
+	e := New(Config{MaxBlocksPerContext: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p := benchProfile(b)
+	for i := 0; i < nslots; i++ {
+		s := Slot{fmt.Sprintf("inst-%03d", i/8), i % 8}
+		if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
+			b.Fatal(err)
+		}
+		ops := []Op{
+			{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys},
+			{Kind: OpStore, Slot: s, Tier: TierCPULocal, Hashes: keys[:len(keys)*(1+i%4)/4]},
+			{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: keys[:len(keys)*(i%4)/4]},
+		}
+		if err := e.Apply(ctxA, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Unrelated blocks make the table larger than the prompt.
+	buf := make([]uint64, 4096)
+	s := Slot{"inst-000", 0}
+	for done := 0; done < extra; done += len(buf) {
+		for j := range buf {
+			buf[j] = benchKey(1<<30 + done + j)
+		}
+		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: buf}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return e
+}
+
+// BenchmarkQueryWalk measures the walk alone (precomputed keys, no hashing) over a prompt
+// of 1024 blocks that every slot matches to the end. "hot": the table holds just the
+// prompt; "table1M": one million other blocks share the table (cache misses).
+func BenchmarkQueryWalk(b *testing.B) {
+	const blocks = 1024
+	keys := make([]uint64, blocks)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	for _, extra := range []int{0, 1 << 20} {
+		for _, nslots := range []int{8, 64, 256} {
+			name := fmt.Sprintf("hot/slots=%d", nslots)
+			if extra > 0 {
+				name = fmt.Sprintf("table1M/slots=%d", nslots)
+			}
+			b.Run(name, func(b *testing.B) {
+				e := benchContext(b, nslots, keys, extra)
+				defer e.Close()
+				var res Result
+				if err := e.QueryKeys(ctxA, keys, blocks*16, "", &res); err != nil {
+					b.Fatal(err)
+				}
+				if res.Instances[0].Disk != blocks*16 {
+					b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					_ = e.QueryKeys(ctxA, keys, blocks*16, "", &res)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
+			})
+		}
+	}
+}
+
+// BenchmarkQueryHashed is a full public Query (vLLM sha256_cbor hashing included) of a
+// 16K-token prompt, 64 slots.
+func BenchmarkQueryHashed(b *testing.B) {
+	p := benchProfile(b)
+	tokens := make([]int32, 16*1024)
+	for i := range tokens {
+		tokens[i] = int32(i * 7)
+	}
+	var c hashing.Chain
+	c.Reset(&p, 16, "", "", tokens)
+	keys := make([]uint64, c.NumBlocks())
+	for i := range keys {
+		k, err := c.Next()
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys[i] = k
+	}
+	e := benchContext(b, 64, keys, 0)
+	defer e.Close()
+	q := &Query{Key: ctxA, Tokens: tokens}
+	var res Result
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := e.Query(q, &res); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(keys)), "ns/block")
+}
+
+// BenchmarkApply measures one writer: batches of 64 hashes through Apply (hand-off to the
+// context writer included), reported as block-ops/s.
+func BenchmarkApply(b *testing.B) {
+	const batch = 64
+	newEngine := func(b *testing.B) (*Engine, Slot) {
+		e := New(Config{MaxBlocksPerContext: -1})
+		s := Slot{"a", 0}
+		if _, err := e.RegisterSlot(ctxA, benchProfile(b), s); err != nil {
+			b.Fatal(err)
+		}
+		return e, s
+	}
+	report := func(b *testing.B) {
+		b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "block-ops/s")
+	}
+	// store-new: every hash is a new block (table inserts and growth); the context is
+	// cleared, untimed, every 8192 batches to bound memory.
+	b.Run("store-new", func(b *testing.B) {
+		e, s := newEngine(b)
+		defer e.Close()
+		hs := make([]uint64, batch)
+		ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: hs}}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if i%8192 == 8191 {
+				b.StopTimer()
+				_ = e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskAllEngine}})
+				b.StartTimer()
+			}
+			for j := range hs {
+				hs[j] = benchKey(i*batch + j)
+			}
+			_ = e.Apply(ctxA, ops)
+		}
+		report(b)
+	})
+	// store-existing: the blocks exist, the slot bit is set again and the write order
+	// refreshed (engines re-announcing blocks).
+	b.Run("store-existing", func(b *testing.B) {
+		e, s := newEngine(b)
+		defer e.Close()
+		all := make([]uint64, 1<<16)
+		for i := range all {
+			all[i] = benchKey(i)
+		}
+		_ = e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: all}})
+		ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice}}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			off := (i * batch) & (len(all) - 1)
+			ops[0].Hashes = all[off : off+batch]
+			_ = e.Apply(ctxA, ops)
+		}
+		report(b)
+	})
+	// remove: each batch removes 64 stored blocks (record deletion); refilled untimed.
+	b.Run("remove", func(b *testing.B) {
+		e, s := newEngine(b)
+		defer e.Close()
+		const refill = 1024
+		all := make([]uint64, refill*batch)
+		for i := range all {
+			all[i] = benchKey(i)
+		}
+		ops := []Op{{Kind: OpRemove, Slot: s, Tier: TierDevice}}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if i%refill == 0 {
+				b.StopTimer()
+				_ = e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: all}})
+				b.StartTimer()
+			}
+			off := (i % refill) * batch
+			ops[0].Hashes = all[off : off+batch]
+			_ = e.Apply(ctxA, ops)
+		}
+		report(b)
+	})
+}
+
+// BenchmarkClearSlot measures OpClear of a slot owning 1M blocks (a stale engine or
+// AllBlocksCleared): a scan of the record arena, no per-slot ownership lists.
+func BenchmarkClearSlot(b *testing.B) {
+	const n = 1 << 20
+	e := New(Config{MaxBlocksPerContext: -1})
+	defer e.Close()
+	s := Slot{"a", 0}
+	if _, err := e.RegisterSlot(ctxA, benchProfile(b), s); err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]uint64, 4096)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		for done := 0; done < n; done += len(buf) {
+			for j := range buf {
+				buf[j] = benchKey(done + j)
+			}
+			_ = e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: buf}})
+		}
+		b.StartTimer()
+		_ = e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskAllEngine}})
+	}
+	if st, _ := e.Stats(ctxA); st.Blocks != 0 {
+		b.Fatalf("blocks after clear = %d", st.Blocks)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/block")
+}
+
+// BenchmarkResidentBytes fills one context and reports the heap it holds per block
+// (runtime.MemStats.HeapInuse after GC, minus the empty engine). The 10M-block cases run
+// only with -bigmem.
+func BenchmarkResidentBytes(b *testing.B) {
+	sizes := []int{1_000_000}
+	if *bigMem {
+		sizes = append(sizes, 10_000_000)
+	}
+	for _, n := range sizes {
+		for _, nslots := range []int{8, 64} {
+			b.Run(fmt.Sprintf("blocks=%dM/slots=%d", n/1_000_000, nslots), func(b *testing.B) {
+				b.ReportAllocs()
+				var perBlock float64
+				for i := 0; i < b.N; i++ {
+					perBlock = residentPerBlock(b, n, nslots)
+				}
+				b.ReportMetric(perBlock, "bytes/block")
+			})
+		}
+	}
+}
+
+func residentPerBlock(b *testing.B, n, nslots int) float64 {
+	var before, after runtime.MemStats
+	buf := make([]uint64, 4096)
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	e := New(Config{MaxBlocksPerContext: -1})
+	p := benchProfile(b)
+	slots := make([]Slot, nslots)
+	for i := range slots {
+		slots[i] = Slot{fmt.Sprintf("inst-%03d", i/8), i % 8}
+		if _, err := e.RegisterSlot(ctxA, p, slots[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ops := make([]Op, 1)
+	for done := 0; done < n; done += len(buf) {
+		m := min(len(buf), n-done)
+		for j := 0; j < m; j++ {
+			buf[j] = benchKey(done + j)
+		}
+		s := slots[(done/len(buf))%nslots]
+		ops[0] = Op{Kind: OpStore, Slot: s, Tier: EngineTier((done / len(buf)) % 3), Hashes: buf[:m]}
+		if err := e.Apply(ctxA, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st, _ := e.Stats(ctxA); st.Blocks != n {
+		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(e)
+	e.Close()
+	return float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n)
+}

@@ -1,0 +1,301 @@
+package engine
+
+import (
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+
+	"github.com/conductor-go/conductor/hashing"
+)
+
+// Tiers are cumulative token counts: Device <= CPULocal <= CPUShare <= Disk.
+type Tiers struct {
+	Device, CPULocal, CPUShare, Disk int64
+}
+
+// RankHit is the result of one registered rank.
+type RankHit struct {
+	Rank int
+	Tiers
+}
+
+// InstanceHit is the result of one instance. Its Tiers are the maximum over its Ranks
+// (never a concatenation of ranks); longest_matched is Disk. dp is Ranks[i].Device.
+type InstanceHit struct {
+	InstanceID string
+	Ranks      []RankHit
+	Tiers
+}
+
+// Result receives a query answer. Reuse one per goroutine: after warm-up a query
+// allocates nothing. Instances and their Ranks are valid until the next query into it.
+type Result struct {
+	// Instances are sorted by InstanceID; ranks ascending. Registered ranks without any hit
+	// are present with zero counts.
+	Instances []InstanceHit
+
+	chain  hashing.Chain
+	keys   sliceKeys
+	ranks  []RankHit
+	counts [][4]int64 // per slot number: the four tier counts
+	alive  []uint64   // 4 tiers x w words
+	words  []uint64   // one record's bitsets, 3 x w words
+}
+
+// Query is one prefix lookup.
+type Query struct {
+	Key       ContextKey
+	Tokens    []int32
+	CacheSalt string // "" means no salt
+	// InstanceFilter restricts the answer to one instance; "" means every instance.
+	InstanceFilter string
+}
+
+// keySource yields the projected keys of consecutive blocks, computed lazily: the walk
+// asks for block i only once it has reached it.
+type keySource interface {
+	Next() (uint64, error)
+}
+
+// sliceKeys serves precomputed keys (tests, benchmarks, callers that already hashed).
+type sliceKeys struct {
+	keys []uint64
+	i    int
+}
+
+func (s *sliceKeys) Next() (uint64, error) {
+	k := s.keys[s.i]
+	s.i++
+	return k, nil
+}
+
+// Query answers q into res. An unknown context, a context without engine slots, or a filter
+// naming no registered instance give empty Instances and a nil error, and create nothing.
+// A token the profile cannot hash (*hashing.TokenError) gives an error and empty Instances.
+func (e *Engine) Query(q *Query, res *Result) error {
+	res.Instances = res.Instances[:0]
+	c := e.lookup(q.Key)
+	if c == nil {
+		return nil
+	}
+	v := c.state.Load()
+	insts, mask := v.slots.selectInstances(q.InstanceFilter)
+	if insts == nil {
+		return nil
+	}
+	res.chain.Reset(&c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
+	return res.run(v, insts, mask, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
+}
+
+// QueryKeys is Query with the block keys already computed: keys[i] is the projected key of
+// block i and positions the number of queried token positions (the count clamp for a
+// partial last block). It serves callers that hash elsewhere, and benchmarks of the walk.
+func (e *Engine) QueryKeys(key ContextKey, keys []uint64, positions int, instanceFilter string, res *Result) error {
+	res.Instances = res.Instances[:0]
+	c := e.lookup(key)
+	if c == nil {
+		return nil
+	}
+	v := c.state.Load()
+	insts, mask := v.slots.selectInstances(instanceFilter)
+	if insts == nil {
+		return nil
+	}
+	res.keys = sliceKeys{keys: keys}
+	err := res.run(v, insts, mask, &res.keys, len(keys), int64(positions), key.BlockSize)
+	res.keys = sliceKeys{}
+	return err
+}
+
+// selectInstances returns the instances a query covers and the bitset of their slots, or
+// nil when there are none.
+func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
+	if filter == "" {
+		if len(st.insts) == 0 {
+			return nil, nil
+		}
+		return st.insts, st.all
+	}
+	i, ok := st.byID[filter]
+	if !ok {
+		return nil, nil
+	}
+	return st.insts[i : i+1], st.insts[i].mask
+}
+
+func (r *Result) run(v *view, insts []instSlots, mask []uint64, src keySource, nblocks int, positions, bs int64) error {
+	w := len(mask)
+	if need := w * 64; len(r.counts) < need {
+		r.counts = make([][4]int64, need)
+	}
+	var err error
+	if w == 1 {
+		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
+	} else {
+		err = r.walkN(v.tab, src, nblocks, positions, bs, mask)
+	}
+	if err != nil {
+		return err
+	}
+	r.assemble(insts)
+	return nil
+}
+
+// drop records pos as tier t's count of every slot in word j of gone.
+func (r *Result) drop(t, j int, gone uint64, pos int64) {
+	for ; gone != 0; gone &= gone - 1 {
+		r.counts[j*64+bits.TrailingZeros64(gone)][t] = pos
+	}
+}
+
+// walk1 is the walk for contexts whose slot numbers fit one word (up to 64 slots).
+//
+// alive sets shrink block by block: device needs the slot's device bit, cpu_local its
+// device or cpu_local bit, cpu_share any shared cpu owner or the local predicate, disk any
+// shared owner or the slot's own disk bit or the cpu_local predicate. A slot leaving a set
+// at block i gets min(i*bs, positions) for that tier. This is the upstream nested-phase
+// walk (one cursor per tier, each accepting the tiers above it) at a few word operations
+// per block.
+func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
+	a0, a1, a2, a3 := mask, mask, mask, mask
+	end := nblocks
+	for i := 0; i < nblocks; i++ {
+		key, err := src.Next()
+		if err != nil {
+			r.Instances = r.Instances[:0]
+			return fmt.Errorf("hash query block %d: %w", i, err)
+		}
+		rec, ok := tab.find(key)
+		if !ok {
+			end = i
+			break
+		}
+		meta := atomic.LoadUint64(&rec[recMeta])
+		dev := atomic.LoadUint64(&rec[recBits])
+		loc := atomic.LoadUint64(&rec[recBits+1])
+		dsk := atomic.LoadUint64(&rec[recBits+2])
+		if atomic.LoadUint64(&rec[recKey]) != key {
+			end = i // freed and reused while we read it: the block is gone
+			break
+		}
+		local := dev | loc
+		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
+		if meta&metaSharedCPU == 0 {
+			n2 &= local
+			if meta&metaSharedDisk == 0 {
+				n3 &= local | dsk
+			}
+		}
+		if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
+			pos := min(int64(i)*bs, positions)
+			r.drop(0, 0, a0&^n0, pos)
+			r.drop(1, 0, a1&^n1, pos)
+			r.drop(2, 0, a2&^n2, pos)
+			r.drop(3, 0, a3&^n3, pos)
+			a0, a1, a2, a3 = n0, n1, n2, n3
+			if a3 == 0 {
+				return nil
+			}
+		}
+	}
+	pos := min(int64(end)*bs, positions)
+	r.drop(0, 0, a0, pos)
+	r.drop(1, 0, a1, pos)
+	r.drop(2, 0, a2, pos)
+	r.drop(3, 0, a3, pos)
+	return nil
+}
+
+// walkN is walk1 for any number of bitset words.
+func (r *Result) walkN(tab *table, src keySource, nblocks int, positions, bs int64, mask []uint64) error {
+	w := len(mask)
+	if cap(r.alive) < 4*w {
+		r.alive = make([]uint64, 4*w)
+		r.words = make([]uint64, 3*w)
+	}
+	alive, words := r.alive[:4*w], r.words[:3*w]
+	for t := 0; t < 4; t++ {
+		copy(alive[t*w:(t+1)*w], mask)
+	}
+	end := nblocks
+	for i := 0; i < nblocks; i++ {
+		key, err := src.Next()
+		if err != nil {
+			r.Instances = r.Instances[:0]
+			return fmt.Errorf("hash query block %d: %w", i, err)
+		}
+		rec, ok := tab.find(key)
+		if !ok {
+			end = i
+			break
+		}
+		meta := atomic.LoadUint64(&rec[recMeta])
+		for j := range words {
+			words[j] = atomic.LoadUint64(&rec[recBits+j])
+		}
+		if atomic.LoadUint64(&rec[recKey]) != key {
+			end = i
+			break
+		}
+		shCPU, shAny := meta&metaSharedCPU != 0, meta&(metaSharedCPU|metaSharedDisk) != 0
+		pos := min(int64(i)*bs, positions)
+		var any3 uint64
+		for j := 0; j < w; j++ {
+			dev, loc, dsk := words[j], words[w+j], words[2*w+j]
+			local := dev | loc
+			a0, a1, a2, a3 := alive[j], alive[w+j], alive[2*w+j], alive[3*w+j]
+			n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
+			if !shCPU {
+				n2 &= local
+			}
+			if !shAny {
+				n3 &= local | dsk
+			}
+			if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
+				r.drop(0, j, a0&^n0, pos)
+				r.drop(1, j, a1&^n1, pos)
+				r.drop(2, j, a2&^n2, pos)
+				r.drop(3, j, a3&^n3, pos)
+				alive[j], alive[w+j], alive[2*w+j], alive[3*w+j] = n0, n1, n2, n3
+			}
+			any3 |= n3
+		}
+		if any3 == 0 {
+			return nil
+		}
+	}
+	pos := min(int64(end)*bs, positions)
+	for t := 0; t < 4; t++ {
+		for j := 0; j < w; j++ {
+			r.drop(t, j, alive[t*w+j], pos)
+		}
+	}
+	return nil
+}
+
+// assemble turns the per-slot counts into per-rank and per-instance hits.
+func (r *Result) assemble(insts []instSlots) {
+	nr := 0
+	for i := range insts {
+		nr += len(insts[i].ranks)
+	}
+	if cap(r.ranks) < nr {
+		r.ranks = make([]RankHit, nr)
+	}
+	ranks := r.ranks[:nr]
+	for i := range insts {
+		in := &insts[i]
+		hit := InstanceHit{InstanceID: in.id, Ranks: ranks[:len(in.ranks):len(in.ranks)]}
+		ranks = ranks[len(in.ranks):]
+		for k, rs := range in.ranks {
+			cn := &r.counts[rs.slot]
+			t := Tiers{Device: cn[0], CPULocal: cn[1], CPUShare: cn[2], Disk: cn[3]}
+			hit.Ranks[k] = RankHit{Rank: rs.rank, Tiers: t}
+			hit.Device = max(hit.Device, t.Device)
+			hit.CPULocal = max(hit.CPULocal, t.CPULocal)
+			hit.CPUShare = max(hit.CPUShare, t.CPUShare)
+			hit.Disk = max(hit.Disk, t.Disk)
+		}
+		r.Instances = append(r.Instances, hit)
+	}
+}

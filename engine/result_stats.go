@@ -1,0 +1,5 @@
+package engine
+
+// BlocksHashed is the number of blocks the last Query into r hashed: the walk stops at the
+// first block that no queried slot can use, so this is the query's hashing cost.
+func (r *Result) BlocksHashed() int { return r.chain.Hashed() }
