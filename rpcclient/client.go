@@ -1,0 +1,234 @@
+// Package rpcclient is a small Go client for the conductor coro_rpc channel (the one the
+// upstream Python client uses): tests, the load generator and benchmarks speak the real
+// wire through it. Like the upstream C++ client it keeps one TCP connection behind a
+// mutex; any transport failure closes that connection, and the caller dials again.
+package rpcclient
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/conductor-go/conductor/wire"
+)
+
+// DefaultConnectTimeout is used by Dial when connectTimeout <= 0; it matches the upstream
+// client's connect_timeout_ms default.
+const DefaultConnectTimeout = time.Second
+
+var (
+	// ErrTimeout wraps every failure caused by the call's context deadline or a socket
+	// timeout; Code maps it to RPC_TIMEOUT.
+	ErrTimeout = errors.New("rpcclient: request timed out")
+	// ErrClosed is returned by calls on a client that was closed, or whose connection was
+	// dropped after an earlier transport failure.
+	ErrClosed = errors.New("rpcclient: connection closed")
+	// ErrProtocol means the server answered with a frame that does not belong to the
+	// request (wrong sequence number); the connection is dropped.
+	ErrProtocol = errors.New("rpcclient: protocol violation")
+)
+
+// Client calls one conductor RPC server. Safe for concurrent use; calls are serialised
+// over the single connection, as upstream does.
+type Client struct {
+	conn    net.Conn
+	closed  atomic.Bool
+	maxBody int
+
+	mu   sync.Mutex // serialises calls and guards the fields below
+	br   *bufio.Reader
+	wbuf []byte
+	seq  uint32
+	dead error // why the connection is unusable, once it is
+
+	dlMu   sync.Mutex // guards active: lets a late context callback know its call is over
+	active uint32     // sequence number of the call in flight, 0 when none
+}
+
+// Dial connects to addr ("host:port").
+func Dial(addr string, connectTimeout time.Duration) (*Client, error) {
+	if connectTimeout <= 0 {
+		connectTimeout = DefaultConnectTimeout
+	}
+	conn, err := net.DialTimeout("tcp", addr, connectTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("rpcclient: dial %s: %w", addr, err)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	return &Client{conn: conn, br: bufio.NewReaderSize(conn, 64<<10), maxBody: wire.DefaultRPCMaxBody}, nil
+}
+
+// Close closes the connection; calls in flight fail. Repeated calls are safe.
+func (c *Client) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	return c.conn.Close()
+}
+
+// Code maps an error returned by this client to the upstream client's ErrorCode: nil is
+// OK, timeouts are RPC_TIMEOUT, everything else (connection, framework, decoding) is
+// RPC_FAIL.
+func Code(err error) wire.RPCErrorCode {
+	switch {
+	case err == nil:
+		return wire.RPCCodeOK
+	case errors.Is(err, ErrTimeout):
+		return wire.RPCCodeRPCTimeout
+	default:
+		return wire.RPCCodeRPCFail
+	}
+}
+
+// Query runs ConductorService::Query, filling res (its slices are reused, so a loop that
+// passes the same res allocates little). Instance ids alias a buffer private to this call
+// and stay valid. The code is the business result; err reports transport, framework or
+// decoding failures.
+func (c *Client) Query(ctx context.Context, q *wire.RPCQueryRequest, res *wire.RPCQueryResult) (wire.RPCErrorCode, error) {
+	body, err := c.call(ctx, wire.FuncQuery, func(dst []byte) []byte { return wire.AppendRPCQueryRequest(dst, q) })
+	if err != nil {
+		return 0, err
+	}
+	return wire.DecodeRPCQueryResponse(body, res)
+}
+
+// Register runs ConductorService::Register.
+func (c *Client) Register(ctx context.Context, cfg *wire.RPCServiceConfig) (wire.RPCRegisterResult, wire.RPCErrorCode, error) {
+	body, err := c.call(ctx, wire.FuncRegister, func(dst []byte) []byte { return wire.AppendRPCServiceConfig(dst, cfg) })
+	if err != nil {
+		return wire.RPCRegisterResult{}, 0, err
+	}
+	return wire.DecodeRPCRegisterResponse(body)
+}
+
+// Unregister runs ConductorService::Unregister.
+func (c *Client) Unregister(ctx context.Context, instanceID, tenantID string, dpRank int32) (wire.RPCUnregisterResult, wire.RPCErrorCode, error) {
+	body, err := c.call(ctx, wire.FuncUnregister, func(dst []byte) []byte {
+		return wire.AppendRPCUnregisterArgs(dst, instanceID, tenantID, dpRank)
+	})
+	if err != nil {
+		return wire.RPCUnregisterResult{}, 0, err
+	}
+	return wire.DecodeRPCUnregisterResponse(body)
+}
+
+// GetGlobalView runs ConductorService::GetGlobalView (no business error code upstream).
+func (c *Client) GetGlobalView(ctx context.Context) (wire.RPCGlobalView, error) {
+	body, err := c.call(ctx, wire.FuncGetGlobalView, nil)
+	if err != nil {
+		return wire.RPCGlobalView{}, err
+	}
+	return wire.DecodeRPCGlobalView(body)
+}
+
+// ListServices runs ConductorService::ListServices (no business error code upstream).
+func (c *Client) ListServices(ctx context.Context) ([]wire.RPCServiceConfig, error) {
+	body, err := c.call(ctx, wire.FuncListServices, nil)
+	if err != nil {
+		return nil, err
+	}
+	return wire.DecodeRPCServiceList(body)
+}
+
+// call sends one request and returns the body of its successful response. encode appends
+// the argument body; nil means a method without parameters (empty body).
+func (c *Client) call(ctx context.Context, fn uint32, encode func([]byte) []byte) ([]byte, error) {
+	method := wire.RPCFunctionName(fn)
+	if err := ctx.Err(); err != nil {
+		return nil, c.ctxError(method, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		return nil, fmt.Errorf("%s: %w", method, ErrClosed)
+	}
+	if c.dead != nil {
+		return nil, fmt.Errorf("%s: %w (after: %v)", method, ErrClosed, c.dead)
+	}
+	c.seq++
+	if c.seq == 0 { // 0 marks "no call in flight"
+		c.seq = 1
+	}
+	seq := c.seq
+
+	frame, start := wire.BeginRPCRequest(c.wbuf[:0], seq, fn)
+	if encode != nil {
+		frame = encode(frame)
+	}
+	if err := wire.FinishRPCRequest(frame, start); err != nil {
+		return nil, fmt.Errorf("%s: %w", method, err)
+	}
+	c.wbuf = frame
+
+	deadline, _ := ctx.Deadline() // zero time: no deadline
+	if err := c.conn.SetDeadline(deadline); err != nil {
+		return nil, c.drop(ctx, method, err)
+	}
+	c.dlMu.Lock()
+	c.active = seq
+	c.dlMu.Unlock()
+	stop := context.AfterFunc(ctx, func() {
+		// Cancellation interrupts blocking I/O by expiring the deadline, but only if
+		// this call is still the one in flight.
+		c.dlMu.Lock()
+		if c.active == seq {
+			_ = c.conn.SetDeadline(time.Unix(1, 0))
+		}
+		c.dlMu.Unlock()
+	})
+	defer func() {
+		stop()
+		c.dlMu.Lock()
+		c.active = 0
+		c.dlMu.Unlock()
+	}()
+
+	if _, err := c.conn.Write(frame); err != nil {
+		return nil, c.drop(ctx, method, err)
+	}
+	// A fresh body buffer per call: decoded strings alias it and must outlive the call.
+	h, body, err := wire.ReadRPCResponse(c.br, nil, c.maxBody)
+	if err != nil {
+		return nil, c.drop(ctx, method, err)
+	}
+	if h.SeqNum != seq {
+		return nil, c.drop(ctx, method, fmt.Errorf("%w: response seq %d for request %d", ErrProtocol, h.SeqNum, seq))
+	}
+	if h.ErrCode != 0 {
+		fe, err := wire.DecodeRPCFrameworkError(h.ErrCode, body)
+		if err != nil {
+			return nil, fmt.Errorf("%s: framework error %d: %w", method, h.ErrCode, err)
+		}
+		return nil, fmt.Errorf("%s: %w", method, fe)
+	}
+	return body, nil
+}
+
+// drop closes the connection after a transport failure (the stream may hold a late
+// response, so it cannot be reused) and classifies the error.
+func (c *Client) drop(ctx context.Context, method string, err error) error {
+	c.dead = err
+	_ = c.conn.Close()
+	if cerr := ctx.Err(); cerr != nil {
+		return c.ctxError(method, cerr)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%s: %w: %w", method, ErrTimeout, err)
+	}
+	return fmt.Errorf("%s: %w", method, err)
+}
+
+func (c *Client) ctxError(method string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%s: %w: %w", method, ErrTimeout, err)
+	}
+	return fmt.Errorf("%s: %w", method, err)
+}

@@ -1,0 +1,347 @@
+package rpcclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/wire"
+)
+
+func hx(t testing.TB, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Golden bodies from reference-notes.md §2.3 (requests the client must send, responses
+// the fake server plays back).
+const (
+	goldenQueryArgs = "1c1a00f9 07 64656661756c74 01 6d 00 1000000000000000 03 01000000 02000000 03000000 00 00"
+	goldenQueryResp = "ccd2d5ad0101016530000000000000000100000000000000002000000000000000010000" +
+		"000000000000200000000000000020000000000000003000000000000000300000000000" +
+		"00002000000000000000200000000000000030000000000000003000000000000000"
+	goldenRegArgs    = "102aa7f2147463703a2f2f3132372e302e302e313a353535370000000000016d000764656661756c7401651000000000000000000000000007766c6c6d5f76310b7368613235365f63626f72013000086c6f7736345f6265"
+	goldenRegResp    = "a80190d8 01 01 65 01"
+	goldenUnregArgs  = "1aca8199 01 65 07 64656661756c74 00000000"
+	goldenUnregResp  = "5c3854f3 00 2ff8ffff"
+	goldenViewResp   = "58de0b3a01000000010764656661756c74016d00100000000000000007766c6c6d5f76310b7368613235365f63626f7201304034653131393564663032306465353965306436356133336134323739663131383365376165346535643938306533303966386235356164666632653631633365086c6f7736345f626501016502000000000000000001000000000000002a00000000000000"
+	goldenListResp   = "f8427866 00"
+	goldenQueryError = "ccd2d5ad 00 30f8ffff" // CONDUCTOR_UNAVAILABLE
+)
+
+// fakeServer answers each request with handle's frame (nil: never answer). It records
+// the request bodies it saw per function id.
+type fakeServer struct {
+	ln     net.Listener
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	seen   map[uint32][][]byte
+	conns  []net.Conn
+	handle func(h wire.RPCRequestHeader, body []byte) []byte
+}
+
+func startFake(t *testing.T, handle func(h wire.RPCRequestHeader, body []byte) []byte) *fakeServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &fakeServer{ln: ln, seen: map[uint32][][]byte{}, handle: handle}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, conn)
+			s.mu.Unlock()
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				s.serve(conn)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		s.mu.Lock()
+		for _, c := range s.conns {
+			_ = c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+	return s
+}
+
+func (s *fakeServer) serve(conn net.Conn) {
+	br := bufio.NewReader(conn)
+	for {
+		h, body, err := wire.ReadRPCRequest(br, nil, 0)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		s.seen[h.FunctionID] = append(s.seen[h.FunctionID], body)
+		s.mu.Unlock()
+		if out := s.handle(h, body); out != nil {
+			if _, err := conn.Write(out); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func (s *fakeServer) addr() string { return s.ln.Addr().String() }
+
+// goldenHandler answers every method with its golden response.
+func goldenHandler(t *testing.T) func(wire.RPCRequestHeader, []byte) []byte {
+	resp := map[uint32][]byte{
+		wire.FuncQuery:         hx(t, goldenQueryResp),
+		wire.FuncRegister:      hx(t, goldenRegResp),
+		wire.FuncUnregister:    hx(t, goldenUnregResp),
+		wire.FuncGetGlobalView: hx(t, goldenViewResp),
+		wire.FuncListServices:  hx(t, goldenListResp),
+	}
+	return func(h wire.RPCRequestHeader, _ []byte) []byte {
+		body, ok := resp[h.FunctionID]
+		if !ok {
+			return wire.AppendRPCFrameworkError(nil, h.SeqNum, wire.RPCErrcFunctionNotRegistered, "function not registered")
+		}
+		return wire.AppendRPCResponse(nil, h.SeqNum, 0, body)
+	}
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func dial(t *testing.T, addr string) *Client {
+	t.Helper()
+	c, err := Dial(addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestClientAgainstGoldenServer(t *testing.T) {
+	srv := startFake(t, goldenHandler(t))
+	c := dial(t, srv.addr())
+	ctx := ctxTimeout(t, 5*time.Second)
+
+	var res wire.RPCQueryResult
+	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: []int32{1, 2, 3}}
+	ec, err := c.Query(ctx, &q, &res)
+	if err != nil || ec != wire.RPCCodeOK {
+		t.Fatalf("Query: %v %v", ec, err)
+	}
+	if len(res.Instances) != 1 || res.Instances[0].InstanceID != "e" || res.Instances[0].Hit.LongestMatchTokens != 48 ||
+		res.Instances[0].Hit.RankMatches[0] != (wire.RPCRankTiers{Rank: 0, Device: 32, CPULocal: 32, CPUShare: 48, Disk: 48}) {
+		t.Fatalf("Query result %+v", res)
+	}
+
+	cfg := wire.RPCServiceConfig{Endpoint: "tcp://127.0.0.1:5557", ModelName: "m", TenantID: "default", InstanceID: "e",
+		BlockSize: 16, HashProfile: wire.RPCHashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}}
+	rr, ec, err := c.Register(ctx, &cfg)
+	if err != nil || ec != wire.RPCCodeOK || rr != (wire.RPCRegisterResult{InstanceID: "e", IsNew: true}) {
+		t.Fatalf("Register: %+v %v %v", rr, ec, err)
+	}
+
+	ur, ec, err := c.Unregister(ctx, "e", "default", 0)
+	if err != nil || ec != wire.RPCCodeServiceNotFound || ur.RemovedKey != "" {
+		t.Fatalf("Unregister: %+v %v %v", ur, ec, err)
+	}
+
+	gv, err := c.GetGlobalView(ctx)
+	if err != nil || gv.ContextCount != 1 || len(gv.Contexts) != 1 || gv.Contexts[0].PrefixCount != 42 ||
+		len(gv.Contexts[0].InstanceRanks) != 1 || fmt.Sprint(gv.Contexts[0].InstanceRanks[0].Ranks) != "[0 1]" {
+		t.Fatalf("GetGlobalView: %+v %v", gv, err)
+	}
+
+	list, err := c.ListServices(ctx)
+	if err != nil || len(list) != 0 {
+		t.Fatalf("ListServices: %v %v", list, err)
+	}
+
+	// The client sent exactly the golden argument bodies, and empty bodies for the
+	// methods without parameters.
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	for fn, want := range map[uint32][]byte{
+		wire.FuncQuery: hx(t, goldenQueryArgs), wire.FuncRegister: hx(t, goldenRegArgs),
+		wire.FuncUnregister: hx(t, goldenUnregArgs), wire.FuncGetGlobalView: {}, wire.FuncListServices: {},
+	} {
+		got := srv.seen[fn]
+		if len(got) != 1 || !bytes.Equal(got[0], want) {
+			t.Errorf("%s request body %x, want %x", wire.RPCFunctionName(fn), got, want)
+		}
+	}
+}
+
+func TestClientBusinessAndFrameworkErrors(t *testing.T) {
+	var calls int
+	srv := startFake(t, func(h wire.RPCRequestHeader, _ []byte) []byte {
+		calls++
+		if calls == 1 {
+			return wire.AppendRPCFrameworkError(nil, h.SeqNum, wire.RPCErrcInvalidArguments, "invalid rpc arg")
+		}
+		return wire.AppendRPCResponse(nil, h.SeqNum, 0, hx(t, goldenQueryError))
+	})
+	c := dial(t, srv.addr())
+	ctx := ctxTimeout(t, 5*time.Second)
+	var res wire.RPCQueryResult
+	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16}}
+
+	_, err := c.Query(ctx, &q, &res)
+	var fe *wire.RPCFrameworkError
+	if !errors.As(err, &fe) || fe.Code != wire.RPCErrcInvalidArguments || fe.Msg != "invalid rpc arg" || Code(err) != wire.RPCCodeRPCFail {
+		t.Fatalf("framework error: %v", err)
+	}
+	// A framework error keeps the connection usable.
+	ec, err := c.Query(ctx, &q, &res)
+	if err != nil || ec != wire.RPCCodeConductorUnavailable || len(res.Instances) != 0 {
+		t.Fatalf("business error: %v %v", ec, err)
+	}
+}
+
+func TestClientTimeoutWhenServerNeverAnswers(t *testing.T) {
+	srv := startFake(t, func(wire.RPCRequestHeader, []byte) []byte { return nil })
+	c := dial(t, srv.addr())
+	var res wire.RPCQueryResult
+	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16}, Tokens: []int32{1}}
+
+	start := time.Now()
+	_, err := c.Query(ctxTimeout(t, 150*time.Millisecond), &q, &res)
+	elapsed := time.Since(start)
+	if !errors.Is(err, ErrTimeout) || Code(err) != wire.RPCCodeRPCTimeout {
+		t.Fatalf("got %v (code %v), want a timeout", err, Code(err))
+	}
+	if elapsed < 100*time.Millisecond || elapsed > 3*time.Second {
+		t.Fatalf("timed out after %v", elapsed)
+	}
+	// The stream may still carry the late answer: the connection is dropped.
+	_, err = c.ListServices(ctxTimeout(t, time.Second))
+	if !errors.Is(err, ErrClosed) || Code(err) != wire.RPCCodeRPCFail {
+		t.Fatalf("after timeout: %v", err)
+	}
+}
+
+func TestClientCancel(t *testing.T) {
+	srv := startFake(t, func(wire.RPCRequestHeader, []byte) []byte { return nil })
+	c := dial(t, srv.addr())
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	_, err := c.GetGlobalView(ctx)
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrTimeout) {
+		t.Fatalf("cancel: %v", err)
+	}
+	if _, err := c.GetGlobalView(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("already cancelled: %v", err)
+	}
+}
+
+func TestClientRejectsWrongSequence(t *testing.T) {
+	srv := startFake(t, func(h wire.RPCRequestHeader, _ []byte) []byte {
+		return wire.AppendRPCResponse(nil, h.SeqNum+7, 0, hx(t, goldenListResp))
+	})
+	c := dial(t, srv.addr())
+	if _, err := c.ListServices(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("wrong seq: %v", err)
+	}
+	if _, err := c.ListServices(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after protocol error: %v", err)
+	}
+}
+
+func TestClientConcurrentCallsMatchSequence(t *testing.T) {
+	// The server answers each query with one instance named after the filter it got,
+	// so a mixed-up response would be visible.
+	srv := startFake(t, func(h wire.RPCRequestHeader, body []byte) []byte {
+		var q wire.RPCQueryRequest
+		if err := wire.DecodeRPCQueryRequest(body, &q); err != nil {
+			return wire.AppendRPCFrameworkError(nil, h.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
+		}
+		res := wire.RPCQueryResult{Instances: []wire.RPCInstanceHit{{InstanceID: q.InstanceFilter,
+			Hit: wire.RPCCacheHitResult{LongestMatchTokens: int64(len(q.Tokens))}}}}
+		out, start := wire.BeginRPCResponse(nil, h.SeqNum, 0)
+		out, _ = wire.AppendRPCQueryResult(out, &res)
+		_ = wire.FinishRPCResponse(out, start)
+		return out
+	})
+	c := dial(t, srv.addr())
+	ctx := ctxTimeout(t, 20*time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res wire.RPCQueryResult
+			for i := range 50 {
+				id := fmt.Sprintf("g%d-%d", g, i)
+				q := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16},
+					Tokens: make([]int32, g*10+i), InstanceFilter: id, HasInstanceFilter: true}
+				ec, err := c.Query(ctx, &q, &res)
+				if err != nil || ec != wire.RPCCodeOK {
+					errs <- fmt.Errorf("%s: %v %v", id, ec, err)
+					return
+				}
+				if len(res.Instances) != 1 || res.Instances[0].InstanceID != id || res.Instances[0].Hit.LongestMatchTokens != int64(g*10+i) {
+					errs <- fmt.Errorf("%s: got %+v", id, res.Instances)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestDialFailureAndClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if _, err := Dial(addr, 500*time.Millisecond); err == nil || Code(err) != wire.RPCCodeRPCFail {
+		t.Fatalf("dial closed port: %v", err)
+	}
+
+	srv := startFake(t, goldenHandler(t))
+	c := dial(t, srv.addr())
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if _, err := c.ListServices(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after close: %v", err)
+	}
+	if Code(nil) != wire.RPCCodeOK {
+		t.Fatal("Code(nil) is not OK")
+	}
+}

@@ -1,0 +1,271 @@
+package wire
+
+import (
+	"encoding/binary"
+	"math"
+	"slices"
+	"unsafe"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// QueryRequest is a decoded POST /query body. It is decoded without allocation: the
+// strings alias the request body (valid only while the body is), and Tokens is the
+// caller's buffer, reused across requests.
+type QueryRequest struct {
+	Model, LoraName, TenantID, InstanceID, CacheSalt string
+	// HasInstanceID tells an explicit instance_id filter (even "") from none: upstream
+	// filters on any instance_id sent, and an empty one matches no instance.
+	HasInstanceID bool
+	BlockSize     int64
+	Tokens        []int32
+}
+
+// Slots of the /query fields other than token_ids, in validation order.
+const (
+	qModel = iota
+	qBlockSize
+	qTenantID
+	qLoraName
+	qCacheSalt
+	qInstanceID
+	qFields
+)
+
+// qTokenIDs marks token_ids, which is decoded during the walk instead of being stored.
+const qTokenIDs = -2
+
+func querySlot(key []byte) int {
+	switch string(key) {
+	case "model":
+		return qModel
+	case "block_size":
+		return qBlockSize
+	case "token_ids":
+		return qTokenIDs
+	case "tenant_id":
+		return qTenantID
+	case "lora_name":
+		return qLoraName
+	case "cache_salt":
+		return qCacheSalt
+	case "instance_id":
+		return qInstanceID
+	}
+	return -1
+}
+
+// httpTokenErr is a token_ids failure found during the walk; it is reported only if the
+// body parses and the fields checked before token_ids are valid, and it is a value so
+// the success path allocates nothing.
+type httpTokenErr struct {
+	reason, msg string
+	index       int
+}
+
+const (
+	msgTokensType    = "token_ids must be an array of integers or a binary of little-endian int32"
+	msgTokensBinLen  = "token_ids binary length must be a multiple of 4"
+	msgTokenRange    = "token_ids element is outside the int32 range"
+	msgTokenNotInt   = "token_ids element must be an integer"
+	msgBlockSizeQury = "block_size must be a positive integer"
+)
+
+// DecodeQueryRequest strictly decodes a POST /query body into q: q.Tokens is truncated and
+// refilled, the other fields are overwritten (and unspecified after an error). Checks run
+// in upstream's order: body shape, unknown fields, model, block_size, token_ids,
+// tenant_id, lora_name, cache_salt, instance_id. Token ids are decoded in the same pass
+// that validates the body, so an 8K-token prompt is read once.
+func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
+	q.Tokens = q.Tokens[:0]
+	if rerr := httpCheckRoot(body); rerr != nil {
+		return rerr
+	}
+	var m httpMap
+	if rerr := m.open(body); rerr != nil {
+		return rerr
+	}
+	var vals [qFields][]byte
+	var st httpStrictMap
+	var tokErr httpTokenErr
+	hasTokens := false
+	for {
+		key, done, ok := m.next()
+		if !ok {
+			return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
+		}
+		if done {
+			break
+		}
+		slot := -1
+		if key != nil {
+			slot = querySlot(key)
+		}
+		if slot == qTokenIDs {
+			// A repeated token_ids replaces the earlier one, like any duplicate key.
+			q.Tokens, m.rest, tokErr, ok = httpDecodeTokens(m.rest, q.Tokens[:0])
+			if !ok {
+				return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
+			}
+			hasTokens = true
+			continue
+		}
+		raw, ok := m.value()
+		if !ok {
+			return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
+		}
+		if slot >= 0 {
+			vals[slot] = raw
+		} else if key != nil && st.unknown == nil {
+			st.unknown = key
+		}
+	}
+	if len(m.rest) != 0 {
+		return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
+	}
+	st.hasBad = m.nonStringKey
+	if rerr := st.finish(""); rerr != nil {
+		return rerr
+	}
+
+	model, rerr := httpRequiredBytes(vals[qModel], "model")
+	if rerr != nil {
+		return rerr
+	}
+	q.Model = httpAlias(model)
+	if q.BlockSize, rerr = httpPositiveInt(vals[qBlockSize], "block_size", msgBlockSizeQury); rerr != nil {
+		return rerr
+	}
+	if !hasTokens {
+		return newRequestError(ReasonMissing, "token_ids", "token_ids is required")
+	}
+	if tokErr.reason != "" {
+		return &RequestError{Msg: tokErr.msg, Reason: tokErr.reason, Field: "token_ids", Index: tokErr.index}
+	}
+	tenant, rerr := httpOptionalBytes(vals[qTenantID], "tenant_id")
+	if rerr != nil {
+		return rerr
+	}
+	q.TenantID = httpAlias(tenant)
+	if q.TenantID == "" {
+		q.TenantID = tenantDefault
+	}
+	lora, rerr := httpOptionalBytes(vals[qLoraName], "lora_name")
+	if rerr != nil {
+		return rerr
+	}
+	q.LoraName = httpAlias(lora)
+	q.CacheSalt = ""
+	if raw := vals[qCacheSalt]; raw != nil && raw[0] != 0xc0 {
+		salt, ok := httpString(raw)
+		if !ok {
+			return newRequestError(ReasonInvalidType, "cache_salt", "cache_salt must be a string or nil")
+		}
+		q.CacheSalt = httpAlias(salt)
+	}
+	inst, rerr := httpOptionalBytes(vals[qInstanceID], "instance_id")
+	if rerr != nil {
+		return rerr
+	}
+	q.InstanceID, q.HasInstanceID = httpAlias(inst), vals[qInstanceID] != nil
+	return nil
+}
+
+// httpAlias views b as a string without copying; the caller owns the lifetime rule.
+func httpAlias(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
+}
+
+// httpDecodeTokens decodes the token_ids value at the start of b into dst and returns the
+// bytes after it. A semantic failure (wrong type, element out of range, bad bin length)
+// comes back in terr while the rest of the value is still stepped over, so that a later
+// malformed byte can win; ok=false means b is not parsable.
+func httpDecodeTokens(b []byte, dst []int32) (_ []int32, _ []byte, terr httpTokenErr, ok bool) {
+	if len(b) == 0 {
+		return dst, b, terr, false
+	}
+	switch lead := b[0]; {
+	case lead&0xf0 == 0x90 || lead == 0xdc || lead == 0xdd:
+		return httpDecodeTokenArray(b, dst)
+	case lead == 0xc4 || lead == 0xc5 || lead == 0xc6:
+		v, rest, err := msgp.ReadBytesZC(b)
+		if err != nil {
+			return dst, b, terr, false
+		}
+		if len(v)%4 != 0 {
+			return dst, rest, httpTokenErr{ReasonInvalidValue, msgTokensBinLen, -1}, true
+		}
+		n := len(v) / 4
+		dst = slices.Grow(dst, n)[:n]
+		for i := range dst {
+			dst[i] = int32(binary.LittleEndian.Uint32(v[4*i:]))
+		}
+		return dst, rest, terr, true
+	}
+	rest, ok := httpSkip(b, 1)
+	return dst, rest, httpTokenErr{ReasonInvalidType, msgTokensType, -1}, ok
+}
+
+// httpDecodeTokenArray decodes an array of int32-range integers of any msgpack width.
+// The widths encoders pick for token ids (fixint and 8/16/32-bit) are decoded inline;
+// the rest, and the tail where fewer than 8 bytes are left, go through httpReadInt.
+func httpDecodeTokenArray(b []byte, dst []int32) (_ []int32, _ []byte, terr httpTokenErr, ok bool) {
+	n32, rest, err := msgp.ReadArrayHeaderBytes(b)
+	// Every element takes at least one byte: a larger count is a lie, and believing it
+	// would size the buffer from an attacker's header.
+	if err != nil || uint64(n32) > uint64(len(rest)) {
+		return dst, b, terr, false
+	}
+	n := int(n32)
+	dst = slices.Grow(dst, n)[:n]
+	for i := range n {
+		if len(rest) == 0 {
+			return dst[:i], rest, terr, false
+		}
+		switch c := rest[0]; {
+		case c <= 0x7f:
+			dst[i] = int32(c)
+			rest = rest[1:]
+			continue
+		case c >= 0xe0:
+			dst[i] = int32(int8(c))
+			rest = rest[1:]
+			continue
+		case len(rest) >= 8 && (uint(c)-0xcc < 3 || uint(c)-0xd0 < 3):
+			// uint8/16/32 (what Python's msgpack writes) and int8/16/32 (what Go's
+			// encoders write) with one 8-byte load and shifts: prompts mix 16- and 32-bit
+			// ids at random, so a switch per width would mispredict; the signedness test
+			// is stable within one client's array.
+			nb := uint(0x040201) >> (8 * (uint(c) & 3)) & 0xff // value bytes: 1, 2 or 4
+			x := binary.BigEndian.Uint64(rest) << 8            // value in the top nb bytes
+			v := int64(x >> (64 - 8*nb))
+			if c >= 0xd0 {
+				v = int64(x) >> (64 - 8*nb)
+			}
+			if v <= math.MaxInt32 {
+				dst[i] = int32(v)
+				rest = rest[1+nb:]
+				continue
+			}
+		}
+		v, kind, after := httpReadInt(rest)
+		switch {
+		case kind == httpIntShort:
+			return dst[:i], rest, terr, false
+		case kind == httpIntNotInt:
+			terr = httpTokenErr{ReasonInvalidType, msgTokenNotInt, i}
+			rest, ok = httpSkip(rest, uint64(n-i))
+			return dst[:i], rest, terr, ok
+		case kind == httpIntTooBig || v < math.MinInt32 || v > math.MaxInt32:
+			terr = httpTokenErr{ReasonOutOfRange, msgTokenRange, i}
+			rest, ok = httpSkip(after, uint64(n-i-1))
+			return dst[:i], rest, terr, ok
+		}
+		dst[i] = int32(v)
+		rest = after
+	}
+	return dst, rest, terr, true
+}
