@@ -1,0 +1,861 @@
+package ingest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/ingest/zmqtest"
+)
+
+// recorder is a Handler that keeps what it was given.
+type recorder struct {
+	mu       sync.Mutex
+	seqs     []uint64
+	payloads [][]byte
+	stale    []string
+	restarts [][2]uint64
+	reject   func(seq uint64) error
+	// gate, when set for a seq, makes HandleBatch signal entered and block until released.
+	gateSeq  uint64
+	gated    bool
+	entered  chan struct{}
+	release  chan struct{}
+	lastCall time.Time
+}
+
+func (r *recorder) HandleBatch(seq uint64, payload []byte) error {
+	r.mu.Lock()
+	gated := r.gated && seq == r.gateSeq
+	reject := r.reject
+	r.mu.Unlock()
+	if gated {
+		close(r.entered)
+		<-r.release
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastCall = time.Now()
+	if reject != nil {
+		if err := reject(seq); err != nil {
+			return err
+		}
+	}
+	r.seqs = append(r.seqs, seq)
+	r.payloads = append(r.payloads, bytes.Clone(payload))
+	return nil
+}
+
+func (r *recorder) OnStale(reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stale = append(r.stale, reason)
+}
+
+func (r *recorder) OnPublisherRestart(lastSeq, firstSeq uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restarts = append(r.restarts, [2]uint64{lastSeq, firstSeq})
+}
+
+func (r *recorder) applied() []uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]uint64(nil), r.seqs...)
+}
+
+func (r *recorder) staleReasons() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.stale...)
+}
+
+// fastConfig keeps every timer short so failure paths finish quickly.
+func fastConfig(endpoint, replay string) SubscriberConfig {
+	return SubscriberConfig{
+		Name:                  "test",
+		Endpoint:              endpoint,
+		ReplayEndpoint:        replay,
+		PollTimeout:           10 * time.Millisecond,
+		ReplayTimeout:         200 * time.Millisecond,
+		ReplayRecoveryTimeout: 2 * time.Second,
+		ReconnectDelay:        20 * time.Millisecond,
+		Logger:                testLogger(),
+	}
+}
+
+// testLogger shows the subscriber's log lines with CONDUCTOR_TEST_LOG=1.
+func testLogger() *slog.Logger {
+	if os.Getenv("CONDUCTOR_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func newPub(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
+	t.Helper()
+	p, err := zmqtest.NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// startSub starts a subscriber and waits until the publisher sees its subscription.
+func startSub(t *testing.T, cfg SubscriberConfig, h Handler, p *zmqtest.Publisher) *Subscriber {
+	t.Helper()
+	s, err := NewSubscriber(cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func publish(t *testing.T, p *zmqtest.Publisher, payloads ...string) {
+	t.Helper()
+	for _, s := range payloads {
+		if _, err := p.Publish([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func seqRange(lo, hi uint64) []uint64 {
+	var out []uint64
+	for s := lo; s < hi; s++ {
+		out = append(out, s)
+	}
+	return out
+}
+
+func equalSeqs(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestHappyPath(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	p.Skip(5)                                              // a subscriber joining late takes its first message as the baseline
+	big := bytes.Repeat([]byte("0123456789abcdef"), 20000) // beyond the initial receive buffer
+	var want [][]byte
+	for i := range 100 {
+		payload := []byte(fmt.Sprintf("batch-%d", i))
+		if i == 50 {
+			payload = big
+		}
+		want = append(want, payload)
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "100 batches", func() bool { return s.Stats().Applied == 100 })
+	if got := h.applied(); !equalSeqs(got, seqRange(5, 105)) {
+		t.Fatalf("seqs = %v", got)
+	}
+	h.mu.Lock()
+	for i := range want {
+		if !bytes.Equal(h.payloads[i], want[i]) {
+			t.Fatalf("payload %d differs (len %d, want %d)", i, len(h.payloads[i]), len(want[i]))
+		}
+	}
+	h.mu.Unlock()
+	st := s.Stats()
+	if st.Received != 100 || st.Gaps != 0 || st.Dropped != 0 || st.Duplicates != 0 || st.Stale ||
+		st.ConsumeErrors != 0 || st.LastEventUnixNano == 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestTopicIgnored(t *testing.T) {
+	p := newPub(t, zmqtest.Config{Topic: "kv@not-this-service"})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	topics := []string{"", "kv@not-this-service", "SGLang", "\x00\xff", strings.Repeat("t", 5000)}
+	for i, topic := range topics {
+		if err := p.SendRaw([]byte(topic), zmqtest.SeqFrame(uint64(i)), []byte(topic+"payload")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Skip(uint64(len(topics)))
+	publish(t, p, "via-publisher-topic")
+	waitUntil(t, "all topics", func() bool { return s.Stats().Applied == uint64(len(topics)+1) })
+	if got := h.applied(); !equalSeqs(got, seqRange(0, uint64(len(topics)+1))) {
+		t.Fatalf("seqs = %v", got)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, topic := range topics {
+		if string(h.payloads[i]) != topic+"payload" {
+			t.Fatalf("payload %d = %q", i, h.payloads[i])
+		}
+	}
+}
+
+func TestMalformedMessagesAreDropped(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	bad := [][][]byte{
+		{[]byte(""), zmqtest.SeqFrame(0)},                                  // truncated: 2 frames
+		{[]byte(""), zmqtest.SeqFrame(0), []byte("p"), []byte("extra")},    // 4 frames
+		{[]byte(""), zmqtest.SeqFrame(0), []byte("p"), {}, {}, {}, {}, {}}, // many frames
+		{[]byte(""), make([]byte, 7), []byte("p")},                         // short sequence
+		{[]byte(""), make([]byte, 9), []byte("p")},                         // long sequence
+		{[]byte(""), zmqtest.SeqFrame(1 << 63), []byte("p")},               // above INT64_MAX
+		{[]byte("")}, // 1 frame
+	}
+	for _, m := range bad {
+		if err := p.SendRaw(m...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(t, p, "a", "b")
+	waitUntil(t, "valid batches", func() bool { return s.Stats().Applied == 2 })
+	st := s.Stats()
+	if st.ConsumeErrors != uint64(len(bad)) || st.Received != uint64(len(bad))+2 || st.Stale {
+		t.Fatalf("stats = %+v", st)
+	}
+	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) {
+		t.Fatalf("seqs = %v", got)
+	}
+}
+
+func TestDuplicatesAndOlderDropped(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	for _, seq := range []uint64{0, 1, 2, 3, 2, 1, 3, 4} {
+		if err := p.SendRaw(nil, zmqtest.SeqFrame(seq), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "received", func() bool { return s.Stats().Received == 8 })
+	st := s.Stats()
+	if got := h.applied(); !equalSeqs(got, seqRange(0, 5)) || st.Duplicates != 3 || st.Gaps != 0 || st.Restarts != 0 {
+		t.Fatalf("seqs = %v, stats = %+v", got, st)
+	}
+}
+
+func TestGapRecoveredByReplay(t *testing.T) {
+	for _, withTopic := range []bool{false, true} {
+		t.Run(fmt.Sprintf("topic=%v", withTopic), func(t *testing.T) {
+			p := newPub(t, zmqtest.Config{Topic: "kv", ReplayEndpoint: "tcp://127.0.0.1:*", ReplayWithTopic: withTopic})
+			h := &recorder{}
+			s := startSub(t, fastConfig(p.Endpoint(), p.ReplayEndpoint()), h, p)
+			publish(t, p, "b0", "b1", "b2")
+			for i := 3; i <= 6; i++ {
+				p.Lose([]byte(fmt.Sprintf("b%d", i)))
+			}
+			publish(t, p, "b7", "b8")
+			waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 9 })
+			time.Sleep(50 * time.Millisecond) // anything applied twice would show up now
+			if got := h.applied(); !equalSeqs(got, seqRange(0, 9)) {
+				t.Fatalf("seqs = %v", got)
+			}
+			h.mu.Lock()
+			for i, pl := range h.payloads {
+				if string(pl) != fmt.Sprintf("b%d", i) {
+					t.Errorf("payload %d = %q", i, pl)
+				}
+			}
+			h.mu.Unlock()
+			st := s.Stats()
+			if st.Dropped != 4 || st.Gaps != 1 || st.ReplaysOK != 1 || st.ReplaysFailed != 0 || st.Stale {
+				t.Fatalf("stats = %+v", st)
+			}
+			if req := p.ReplayRequests(); len(req) != 1 || req[0] != 3 {
+				t.Fatalf("replay requests = %v", req)
+			}
+		})
+	}
+}
+
+func TestSecondGapDuringRecovery(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	p.SetResponder(func(from uint64, send func(...[]byte) error) {
+		time.Sleep(150 * time.Millisecond) // let live batches pile up behind the gap
+		p.ReplayFromRing(from, send)
+	})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), p.ReplayEndpoint()), h, p)
+	publish(t, p, "0")
+	p.Lose([]byte("1"))
+	publish(t, p, "2")
+	p.Lose([]byte("3"))
+	publish(t, p, "4", "5")
+	waitUntil(t, "both gaps", func() bool { return s.Stats().Applied == 6 })
+	st := s.Stats()
+	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) || st.Gaps != 2 || st.Dropped != 2 || st.ReplaysOK != 2 {
+		t.Fatalf("seqs = %v, stats = %+v", got, st)
+	}
+	if req := p.ReplayRequests(); len(req) != 2 || req[0] != 1 || req[1] != 3 {
+		t.Fatalf("replay requests = %v", req)
+	}
+}
+
+func TestGapWithoutReplayGoesStale(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	publish(t, p, "0", "1")
+	p.Skip(2)
+	publish(t, p, "4")
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	publish(t, p, "5", "6")
+	time.Sleep(50 * time.Millisecond)
+	st := s.Stats()
+	reasons := h.staleReasons()
+	if len(reasons) != 1 || !strings.Contains(reasons[0], "gap") {
+		t.Fatalf("stale reasons = %q", reasons)
+	}
+	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
+		t.Fatalf("seqs = %v, stats = %+v", got, st)
+	}
+}
+
+func TestUnrecoverableReplayGoesStale(t *testing.T) {
+	cases := []struct {
+		name      string
+		responder func(p *zmqtest.Publisher) zmqtest.Responder
+		skip      bool // burn the missing seqs instead of keeping them for replay
+		applied   []uint64
+		reason    string
+	}{
+		{
+			name: "end marker only",
+			responder: func(*zmqtest.Publisher) zmqtest.Responder {
+				return func(_ uint64, send func(...[]byte) error) {
+					_ = send([]byte{}, zmqtest.SeqFrame(zmqtest.EndMarkerSeq), nil)
+				}
+			},
+			applied: []uint64{0, 1},
+			reason:  "without progress",
+		},
+		{
+			name: "end marker before boundary",
+			responder: func(p *zmqtest.Publisher) zmqtest.Responder {
+				return func(from uint64, send func(...[]byte) error) {
+					_ = send([]byte{}, zmqtest.SeqFrame(from), []byte("replayed"))
+					_ = send([]byte{}, zmqtest.SeqFrame(zmqtest.EndMarkerSeq), nil)
+				}
+			},
+			applied: []uint64{0, 1, 2},
+			reason:  "did not contain every missing sequence",
+		},
+		{
+			name:    "ring lacks the missing batches",
+			skip:    true,
+			applied: []uint64{0, 1},
+			reason:  "skipped sequence",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+			if tc.responder != nil {
+				p.SetResponder(tc.responder(p))
+			}
+			h := &recorder{}
+			s := startSub(t, fastConfig(p.Endpoint(), p.ReplayEndpoint()), h, p)
+			publish(t, p, "0", "1")
+			if tc.skip {
+				p.Skip(2)
+			} else {
+				p.Lose([]byte("2"))
+				p.Lose([]byte("3"))
+			}
+			publish(t, p, "4", "5")
+			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+			time.Sleep(30 * time.Millisecond)
+			reasons := h.staleReasons()
+			st := s.Stats()
+			if len(reasons) != 1 || !strings.Contains(reasons[0], tc.reason) {
+				t.Fatalf("stale reasons = %q", reasons)
+			}
+			if got := h.applied(); !equalSeqs(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
+				t.Fatalf("seqs = %v, stats = %+v", got, st)
+			}
+		})
+	}
+}
+
+func TestReplayTimeoutGoesStaleAtDeadline(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	p.SetResponder(zmqtest.Silent)
+	h := &recorder{}
+	cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
+	cfg.ReplayTimeout = 100 * time.Millisecond
+	cfg.ReplayRecoveryTimeout = 500 * time.Millisecond
+	s := startSub(t, cfg, h, p)
+	publish(t, p, "0")
+	p.Lose([]byte("1"))
+	start := time.Now()
+	publish(t, p, "2", "3")
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	elapsed := time.Since(start)
+	if elapsed < 450*time.Millisecond || elapsed > 1500*time.Millisecond {
+		t.Fatalf("stale after %v, want about the 500ms recovery timeout", elapsed)
+	}
+	st := s.Stats()
+	reasons := h.staleReasons()
+	if len(reasons) != 1 || !strings.Contains(reasons[0], "deadline") {
+		t.Fatalf("stale reasons = %q", reasons)
+	}
+	// The buffered live boundary is never applied out of order.
+	if got := h.applied(); !equalSeqs(got, []uint64{0}) || st.ReplayRetries < 2 || st.ReplaysFailed != 1 {
+		t.Fatalf("seqs = %v, stats = %+v", got, st)
+	}
+	if req := p.ReplayRequests(); len(req) < 3 {
+		t.Fatalf("replay requests = %v, want retries", req)
+	}
+}
+
+func TestMalformedReplayRetriedUntilDeadline(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	p.SetResponder(zmqtest.Malformed)
+	h := &recorder{}
+	cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
+	cfg.ReplayRecoveryTimeout = 400 * time.Millisecond
+	s := startSub(t, cfg, h, p)
+	publish(t, p, "0")
+	p.Lose([]byte("1"))
+	start := time.Now()
+	publish(t, p, "2")
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	if elapsed := time.Since(start); elapsed < 350*time.Millisecond {
+		t.Fatalf("stale after %v: malformed replies must be retried until the deadline", elapsed)
+	}
+	st := s.Stats()
+	if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "deadline") {
+		t.Fatalf("stale reasons = %q", reasons)
+	}
+	if st.ReplayRetries < 3 || len(p.ReplayRequests()) < 3 {
+		t.Fatalf("stats = %+v, requests = %v", st, p.ReplayRequests())
+	}
+	if got := h.applied(); !equalSeqs(got, []uint64{0}) {
+		t.Fatalf("seqs = %v", got)
+	}
+}
+
+func TestRecoveryBufferLimits(t *testing.T) {
+	t.Run("messages", func(t *testing.T) {
+		p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+		p.SetResponder(zmqtest.Silent)
+		h := &recorder{}
+		cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
+		cfg.MaxRecoveryMessages = 3
+		cfg.ReplayRecoveryTimeout = 10 * time.Second
+		s := startSub(t, cfg, h, p)
+		publish(t, p, "0")
+		p.Lose([]byte("1"))
+		publish(t, p, "2", "3", "4")
+		time.Sleep(50 * time.Millisecond)
+		if s.Stats().Stale {
+			t.Fatal("stale with the buffer at its limit, not over it")
+		}
+		publish(t, p, "5")
+		waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+		if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "limit") {
+			t.Fatalf("stale reasons = %q", reasons)
+		}
+	})
+	t.Run("bytes include the topic", func(t *testing.T) {
+		topic := strings.Repeat("t", 60)
+		p := newPub(t, zmqtest.Config{Topic: topic, ReplayEndpoint: "tcp://127.0.0.1:*"})
+		p.SetResponder(zmqtest.Silent)
+		h := &recorder{}
+		cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
+		cfg.MaxRecoveryBytes = 100 // one 60+30 byte message fits, two do not; payloads alone would
+		cfg.ReplayRecoveryTimeout = 10 * time.Second
+		s := startSub(t, cfg, h, p)
+		payload := strings.Repeat("p", 30)
+		publish(t, p, payload)
+		p.Lose([]byte(payload))
+		publish(t, p, payload)
+		time.Sleep(50 * time.Millisecond)
+		if s.Stats().Stale {
+			t.Fatal("stale with one message buffered")
+		}
+		publish(t, p, payload)
+		waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+		if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "limit") {
+			t.Fatalf("stale reasons = %q", reasons)
+		}
+	})
+}
+
+func TestHandlerErrorGoesStaleWithoutAdvancing(t *testing.T) {
+	for _, replay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replay=%v", replay), func(t *testing.T) {
+			cfg := zmqtest.Config{}
+			if replay {
+				cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
+			}
+			p := newPub(t, cfg)
+			h := &recorder{reject: func(seq uint64) error {
+				if seq == 2 {
+					return errors.New("batch data_parallel_rank conflicts with trusted registration")
+				}
+				return nil
+			}}
+			s := startSub(t, fastConfig(p.Endpoint(), p.ReplayEndpoint()), h, p)
+			publish(t, p, "0", "1")
+			if replay {
+				p.Lose([]byte("2")) // rejected while replayed
+			}
+			publish(t, p, "x", "y")
+			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+			publish(t, p, "z")
+			time.Sleep(30 * time.Millisecond)
+			st := s.Stats()
+			reasons := h.staleReasons()
+			if len(reasons) != 1 || !strings.Contains(reasons[0], "data_parallel_rank") {
+				t.Fatalf("stale reasons = %q", reasons)
+			}
+			if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
+				t.Fatalf("seqs = %v, stats = %+v", got, st)
+			}
+		})
+	}
+}
+
+func TestStopWaitsForInFlightBatch(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{gated: true, gateSeq: 3, entered: make(chan struct{}), release: make(chan struct{})}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	stopPub := make(chan struct{})
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for {
+			select {
+			case <-stopPub:
+				return
+			default:
+			}
+			if _, err := p.Publish([]byte("traffic")); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}()
+	defer func() { close(stopPub); <-pubDone }()
+	<-h.entered
+	stopped := make(chan struct{})
+	go func() { s.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while HandleBatch was running")
+	case <-time.After(150 * time.Millisecond):
+	}
+	releasedAt := time.Now()
+	close(h.release)
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Stop did not return after the batch finished")
+	}
+	n := len(h.applied())
+	h.mu.Lock()
+	last := h.lastCall
+	h.mu.Unlock()
+	if last.Sub(releasedAt) > 100*time.Millisecond {
+		t.Fatalf("batches delivered %v after release", last.Sub(releasedAt))
+	}
+	time.Sleep(30 * time.Millisecond)
+	if len(h.applied()) != n {
+		t.Fatal("batches delivered after Stop returned")
+	}
+	done := make(chan struct{})
+	go func() { s.Stop(); s.Stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Fatal("second Stop blocked")
+	}
+}
+
+func TestStartAndStopLifecycle(t *testing.T) {
+	h := &recorder{}
+	if _, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1"}, nil); err == nil {
+		t.Fatal("nil handler accepted")
+	}
+	if _, err := NewSubscriber(SubscriberConfig{}, h); err == nil {
+		t.Fatal("empty endpoint accepted")
+	}
+	if _, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", PollTimeout: -1}, h); err == nil {
+		t.Fatal("negative timeout accepted")
+	}
+	for _, ep := range []string{"tcp://127.0.0.1", "bogus://x", "tcp://127.0.0.1:notaport", "127.0.0.1:5557"} {
+		s, err := NewSubscriber(SubscriberConfig{Endpoint: ep}, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.Start()
+		if err == nil || !strings.HasPrefix(err.Error(), "failed to start ZMQ client: ") {
+			t.Fatalf("Start(%q) = %v", ep, err)
+		}
+		s.Stop()
+	}
+	bad, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", ReplayEndpoint: "tcp://127.0.0.1"}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Start(); err == nil || !strings.Contains(err.Error(), "replay") {
+		t.Fatalf("Start with a malformed replay endpoint = %v", err)
+	}
+	// Nobody listens yet: connecting is not an error. Stop wakes the poll at once rather
+	// than waiting out PollTimeout.
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", PollTimeout: 10 * time.Second}, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err == nil {
+		t.Fatal("second Start accepted")
+	}
+	time.Sleep(20 * time.Millisecond) // let the goroutine block in poll
+	t0 := time.Now()
+	s.Stop()
+	s.Stop()
+	if d := time.Since(t0); d > 500*time.Millisecond {
+		t.Fatalf("Stop took %v", d)
+	}
+	if err := s.Start(); err == nil {
+		t.Fatal("Start after Stop accepted")
+	}
+	never, _ := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1"}, h)
+	never.Stop()
+}
+
+// rebind binds a new publisher on the endpoints of one just closed.
+func rebind(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
+	t.Helper()
+	var err error
+	for range 50 {
+		var p *zmqtest.Publisher
+		if p, err = zmqtest.NewPublisher(cfg); err == nil {
+			t.Cleanup(func() { _ = p.Close() })
+			return p
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal(err)
+	return nil
+}
+
+func TestPublisherRestart(t *testing.T) {
+	t.Run("no replay", func(t *testing.T) {
+		p1 := newPub(t, zmqtest.Config{})
+		h := &recorder{}
+		s := startSub(t, fastConfig(p1.Endpoint(), ""), h, p1)
+		for range 10 {
+			publish(t, p1, "old")
+		}
+		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
+		ep := p1.Endpoint()
+		if err := p1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		p2 := rebind(t, zmqtest.Config{Endpoint: ep})
+		if err := p2.WaitSubscribers(1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			publish(t, p2, "new")
+		}
+		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 15 })
+		st := s.Stats()
+		want := append(seqRange(0, 10), seqRange(0, 5)...)
+		if got := h.applied(); !equalSeqs(got, want) || st.Restarts != 1 || st.Stale || st.Reconnects < 1 {
+			t.Fatalf("seqs = %v, stats = %+v", got, st)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.restarts) != 1 || h.restarts[0] != [2]uint64{9, 0} {
+			t.Fatalf("restart notifications = %v", h.restarts)
+		}
+	})
+	t.Run("no replay, stream numbered from 1", func(t *testing.T) {
+		p1 := newPub(t, zmqtest.Config{})
+		h := &recorder{}
+		s := startSub(t, fastConfig(p1.Endpoint(), ""), h, p1)
+		p1.Skip(1) // the Mooncake master numbers from 1
+		for range 10 {
+			publish(t, p1, "old")
+		}
+		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
+		ep := p1.Endpoint()
+		if err := p1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		p2 := rebind(t, zmqtest.Config{Endpoint: ep})
+		p2.Skip(1)
+		if err := p2.WaitSubscribers(1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		publish(t, p2, "new1", "new2", "new3")
+		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 13 })
+		st := s.Stats()
+		want := append(seqRange(1, 11), seqRange(1, 4)...)
+		if got := h.applied(); !equalSeqs(got, want) || st.Restarts != 1 || st.Stale || st.Gaps != 0 {
+			t.Fatalf("seqs = %v, stats = %+v", got, st)
+		}
+	})
+	t.Run("replay recovers batches sent before reconnect", func(t *testing.T) {
+		p1 := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+		h := &recorder{}
+		s := startSub(t, fastConfig(p1.Endpoint(), p1.ReplayEndpoint()), h, p1)
+		for range 10 {
+			publish(t, p1, "old")
+		}
+		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
+		cfg := zmqtest.Config{Endpoint: p1.Endpoint(), ReplayEndpoint: p1.ReplayEndpoint()}
+		if err := p1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		p2 := rebind(t, cfg)
+		publish(t, p2, "new0", "new1") // before the SUB is back: lost on the PUB side
+		if err := p2.WaitSubscribers(1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		publish(t, p2, "new2", "new3")
+		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 14 })
+		st := s.Stats()
+		want := append(seqRange(0, 10), seqRange(0, 4)...)
+		if got := h.applied(); !equalSeqs(got, want) || st.Restarts != 1 || st.Stale {
+			t.Fatalf("seqs = %v, stats = %+v", got, st)
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for i := range 4 {
+			if got := string(h.payloads[10+i]); got != fmt.Sprintf("new%d", i) {
+				t.Fatalf("payload %d after restart = %q", i, got)
+			}
+		}
+	})
+}
+
+func TestLivePathAllocatesNothing(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &countHandler{}
+	s, err := NewSubscriber(fastConfig(p.Endpoint(), ""), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Drive the receive path on this goroutine (it owns the sockets here).
+	if err := s.open(); err != nil {
+		t.Fatal(err)
+	}
+	defer s.z.free()
+	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	payload := bytes.Repeat([]byte{7}, 5000)
+	const runs = 200
+	for range runs + 10 {
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func() {
+		for {
+			n, err := s.pumpSub()
+			if err != nil {
+				panic(err)
+			}
+			if n > 0 {
+				return
+			}
+		}
+	}
+	for range 5 {
+		next()
+	}
+	if allocs := testing.AllocsPerRun(runs, next); allocs != 0 {
+		t.Fatalf("live path allocates %v per message", allocs)
+	}
+	if h.n != runs+6 || s.Stats().Applied != runs+6 {
+		t.Fatalf("handled %d, stats %+v", h.n, s.Stats())
+	}
+}
+
+type countHandler struct{ n int }
+
+func (c *countHandler) HandleBatch(uint64, []byte) error { c.n++; return nil }
+func (c *countHandler) OnStale(string)                   {}
+
+func TestPendingBuffer(t *testing.T) {
+	var p pendingBuf
+	for _, seq := range []uint64{10, 12, 11, 15, 13} {
+		p.insert(seq, 3, []byte(fmt.Sprint(seq)))
+	}
+	if _, found := p.search(12); !found {
+		t.Fatal("12 not found")
+	}
+	if _, found := p.search(14); found {
+		t.Fatal("14 found")
+	}
+	if p.len() != 5 || p.bytes != 15 {
+		t.Fatalf("len %d bytes %d", p.len(), p.bytes)
+	}
+	var got []string
+	for p.len() > 0 {
+		m := p.first()
+		got = append(got, fmt.Sprintf("%d:%s", m.seq, p.payload(m)))
+		p.pop()
+	}
+	if strings.Join(got, " ") != "10:10 11:11 12:12 13:13 15:15" || p.bytes != 0 {
+		t.Fatalf("drained %v, bytes %d", got, p.bytes)
+	}
+	payload := bytes.Repeat([]byte{1}, 5000)
+	cycle := func() {
+		for i := range uint64(64) {
+			p.insert(100+i, 5000, payload)
+		}
+		for p.len() > 0 {
+			_ = p.payload(p.first())
+			p.pop()
+		}
+	}
+	cycle()
+	if allocs := testing.AllocsPerRun(20, cycle); allocs != 0 {
+		t.Fatalf("buffer cycle allocates %v", allocs)
+	}
+}

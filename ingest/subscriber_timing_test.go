@@ -1,0 +1,161 @@
+package ingest
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/ingest/zmqtest"
+)
+
+// vllmBatch builds a realistic vLLM KVEventBatch payload: one BlockStored event of 64
+// block hashes (uint64) over 1024 token ids, about 5.7 KB of msgpack.
+func vllmBatch() []byte {
+	b := msgp.AppendArrayHeader(nil, 3)
+	b = msgp.AppendFloat64(b, 1.7e9)
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendMapHeader(b, 8)
+	b = msgp.AppendString(b, "type")
+	b = msgp.AppendString(b, "BlockStored")
+	b = msgp.AppendString(b, "block_hashes")
+	b = msgp.AppendArrayHeader(b, 64)
+	h := uint64(0x9e3779b97f4a7c15)
+	for range 64 {
+		h = h*6364136223846793005 + 1442695040888963407
+		b = msgp.AppendUint64(b, h)
+	}
+	b = msgp.AppendString(b, "parent_block_hash")
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, "token_ids")
+	b = msgp.AppendArrayHeader(b, 1024)
+	for i := range 1024 {
+		b = msgp.AppendInt(b, 100000+i*37%50000)
+	}
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt(b, 16)
+	b = msgp.AppendString(b, "lora_id")
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, "medium")
+	b = msgp.AppendString(b, "GPU")
+	b = msgp.AppendString(b, "lora_name")
+	b = msgp.AppendNil(b)
+	return msgp.AppendNil(b)
+}
+
+type benchHandler struct{ n atomic.Int64 }
+
+func (h *benchHandler) HandleBatch(uint64, []byte) error { h.n.Add(1); return nil }
+func (h *benchHandler) OnStale(string)                   {}
+
+// maxInFlight keeps the publisher from queueing unbounded memory ahead of the subscriber,
+// so the figure is sustained throughput.
+const maxInFlight = 5000
+
+// BenchmarkSubscriberThroughput: batches/s through one subscriber over tcp loopback, from
+// publish to HandleBatch, with a trivial handler.
+func BenchmarkSubscriberThroughput(b *testing.B) {
+	p, err := zmqtest.NewPublisher(zmqtest.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	h := &benchHandler{}
+	s, err := NewSubscriber(SubscriberConfig{Name: "bench", Endpoint: p.Endpoint()}, h)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer s.Stop()
+	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		b.Fatal(err)
+	}
+	payload := vllmBatch()
+	b.SetBytes(int64(len(payload)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		for int64(i)-h.n.Load() >= maxInFlight {
+			time.Sleep(50 * time.Microsecond)
+		}
+		if _, err := p.Publish(payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for h.n.Load() < int64(b.N) {
+		time.Sleep(50 * time.Microsecond)
+	}
+	b.StopTimer() // the deferred Stop and Close are not part of the figure
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "batches/s")
+	if st := s.Stats(); st.Gaps != 0 || st.Stale {
+		b.Fatalf("stats = %+v", st)
+	}
+}
+
+// BenchmarkPebbeSubBaseline is the same stream read with pebbe/zmq4's RecvMessageBytes,
+// for comparison with the subscriber's one-call receive shim.
+func BenchmarkPebbeSubBaseline(b *testing.B) {
+	p, err := zmqtest.NewPublisher(zmqtest.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	var n atomic.Int64
+	ready := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sub, err := zmq.NewSocket(zmq.SUB)
+		if err == nil {
+			err = sub.SetSubscribe("")
+		}
+		if err == nil {
+			err = sub.SetRcvtimeo(100 * time.Millisecond)
+		}
+		if err == nil {
+			err = sub.Connect(p.Endpoint())
+		}
+		ready <- err
+		if err != nil {
+			return
+		}
+		defer sub.Close()
+		last := time.Now()
+		for n.Load() < int64(b.N) && time.Since(last) < 5*time.Second {
+			if msg, err := sub.RecvMessageBytes(0); err == nil && len(msg) == 3 {
+				n.Add(1)
+				last = time.Now()
+			}
+		}
+	}()
+	if err := <-ready; err != nil {
+		b.Fatal(err)
+	}
+	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		b.Fatal(err)
+	}
+	payload := vllmBatch()
+	b.SetBytes(int64(len(payload)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		for int64(i)-n.Load() >= maxInFlight {
+			time.Sleep(50 * time.Microsecond)
+		}
+		if _, err := p.Publish(payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-done
+	if n.Load() != int64(b.N) {
+		b.Fatalf("received %d of %d", n.Load(), b.N)
+	}
+	b.StopTimer() // the deferred Stop and Close are not part of the figure
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "batches/s")
+}

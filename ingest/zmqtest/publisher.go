@@ -1,0 +1,397 @@
+// Package zmqtest provides an in-process engine-style KV-event publisher for tests, end-to-end
+// runs and load simulation: a PUB endpoint that sends [topic, u64 BE seq, payload] batches
+// like vLLM's ZmqEventPublisher, and an optional ROUTER replay endpoint that serves the
+// legacy replay protocol from a ring of recent batches. Faults (lost batches, raw malformed
+// messages, silent or broken replay) can be injected.
+package zmqtest
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// EndMarkerSeq is the sequence of the replay end marker (sent with an empty payload).
+const EndMarkerSeq = ^uint64(0)
+
+// DefaultBufferSteps is vLLM's default replay ring size (KVEventsConfig.buffer_steps).
+const DefaultBufferSteps = 10000
+
+// Config describes a publisher. Endpoints default to a free port on 127.0.0.1.
+type Config struct {
+	// Endpoint is the PUB bind address; "" binds "tcp://127.0.0.1:*".
+	Endpoint string
+	// ReplayEndpoint is the ROUTER bind address; "" means no replay endpoint. Use
+	// "tcp://127.0.0.1:*" for a free port.
+	ReplayEndpoint string
+	// Topic is the first frame of every batch (vLLM's default is "").
+	Topic string
+	// BufferSteps is how many recent batches the replay ring keeps; 0 = DefaultBufferSteps.
+	BufferSteps int
+	// ReplayWithTopic makes replay replies ["", topic, seq, payload] (newer vLLM) instead
+	// of ["", seq, payload].
+	ReplayWithTopic bool
+}
+
+// Responder answers one replay request whose start sequence is from. send writes one
+// reply message (the frames after the requester's identity, starting with the empty
+// delimiter). It runs on the replay goroutine.
+type Responder func(from uint64, send func(frames ...[]byte) error)
+
+// Silent is a Responder that never answers.
+func Silent(uint64, func(...[]byte) error) {}
+
+// Malformed is a Responder that answers every request with one reply whose sequence
+// frame is 7 bytes long.
+func Malformed(from uint64, send func(...[]byte) error) {
+	_ = send([]byte{}, make([]byte, 7), []byte("x"))
+}
+
+// Publisher is a running in-process publisher. Its methods are safe for concurrent use.
+type Publisher struct {
+	cfg   Config
+	ctx   *zmq.Context
+	topic []byte
+
+	mu        sync.Mutex
+	pub       *zmq.Socket // XPUB, so subscriptions can be waited for
+	endpoint  string
+	seq       uint64
+	seqBuf    [8]byte
+	ring      []ringSlot
+	subs      int
+	responder Responder
+	requests  []uint64
+	closed    bool
+
+	replayEndpoint string
+	stop           chan struct{}
+	done           chan struct{}
+}
+
+type ringSlot struct {
+	seq     uint64
+	payload []byte
+	used    bool
+}
+
+// NewPublisher binds the endpoints and starts serving replay requests.
+func NewPublisher(cfg Config) (*Publisher, error) {
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = "tcp://127.0.0.1:*"
+	}
+	if cfg.BufferSteps <= 0 {
+		cfg.BufferSteps = DefaultBufferSteps
+	}
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("zmqtest: new context: %w", err)
+	}
+	p := &Publisher{cfg: cfg, ctx: ctx, topic: []byte(cfg.Topic)}
+	if err := p.bindPub(); err != nil {
+		_ = ctx.Term()
+		return nil, err
+	}
+	if cfg.ReplayEndpoint != "" {
+		p.ring = make([]ringSlot, cfg.BufferSteps)
+		p.stop = make(chan struct{})
+		p.done = make(chan struct{})
+		ready := make(chan error, 1)
+		go p.serveReplay(ready)
+		if err := <-ready; err != nil {
+			_ = p.pub.Close()
+			_ = ctx.Term()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (p *Publisher) bindPub() error {
+	s, err := p.ctx.NewSocket(zmq.XPUB)
+	if err != nil {
+		return fmt.Errorf("zmqtest: new PUB socket: %w", err)
+	}
+	err = errors.Join(s.SetLinger(0), s.SetSndhwm(0), s.SetXpubVerbose(1))
+	if err == nil {
+		err = s.Bind(p.cfg.Endpoint)
+	}
+	var ep string
+	if err == nil {
+		ep, err = s.GetLastEndpoint()
+	}
+	if err != nil {
+		_ = s.Close()
+		return fmt.Errorf("zmqtest: bind PUB %q: %w", p.cfg.Endpoint, err)
+	}
+	p.pub, p.endpoint = s, connectable(ep)
+	return nil
+}
+
+// connectable turns a wildcard bind address into one a local client can connect to.
+func connectable(ep string) string {
+	ep = strings.Replace(ep, "//0.0.0.0:", "//127.0.0.1:", 1)
+	return strings.Replace(ep, "//[::]:", "//[::1]:", 1)
+}
+
+// Endpoint is the address subscribers connect to (the bound port filled in).
+func (p *Publisher) Endpoint() string { return p.endpoint }
+
+// ReplayEndpoint is the replay ROUTER's connectable address, or "" without replay.
+func (p *Publisher) ReplayEndpoint() string { return p.replayEndpoint }
+
+// NextSeq is the sequence the next Publish will use.
+func (p *Publisher) NextSeq() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
+// Publish sends payload as the next batch and keeps it for replay. It returns its seq.
+func (p *Publisher) Publish(payload []byte) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, errors.New("zmqtest: publisher closed")
+	}
+	seq := p.seq
+	binary.BigEndian.PutUint64(p.seqBuf[:], seq)
+	if err := p.sendLocked(p.topic, p.seqBuf[:], payload); err != nil {
+		return 0, fmt.Errorf("zmqtest: publish seq %d: %w", seq, err)
+	}
+	p.recordLocked(seq, payload)
+	p.seq++
+	return seq, nil
+}
+
+// Lose takes the next sequence number for payload and keeps it for replay without sending
+// it, as if the PUB socket had dropped it.
+func (p *Publisher) Lose(payload []byte) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seq := p.seq
+	p.recordLocked(seq, payload)
+	p.seq++
+	return seq
+}
+
+// Skip burns n sequence numbers: nothing is sent and nothing can be replayed.
+func (p *Publisher) Skip(n uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.seq += n
+}
+
+// SendRaw sends frames as one multipart message on the PUB socket, bypassing sequencing.
+func (p *Publisher) SendRaw(frames ...[]byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("zmqtest: publisher closed")
+	}
+	if err := p.sendLocked(frames...); err != nil {
+		return fmt.Errorf("zmqtest: send raw: %w", err)
+	}
+	return nil
+}
+
+// SeqFrame encodes seq as a sequence frame (8 bytes, big-endian).
+func SeqFrame(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(nil, seq)
+}
+
+func (p *Publisher) sendLocked(frames ...[]byte) error {
+	for i, f := range frames {
+		flag := zmq.SNDMORE
+		if i == len(frames)-1 {
+			flag = 0
+		}
+		if _, err := p.pub.SendBytes(f, flag); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Publisher) recordLocked(seq uint64, payload []byte) {
+	if p.ring == nil {
+		return
+	}
+	s := &p.ring[seq%uint64(len(p.ring))]
+	s.seq, s.used = seq, true
+	s.payload = append(s.payload[:0], payload...)
+}
+
+// WaitSubscribers waits until at least n subscriptions have reached the publisher, so
+// batches published afterwards are not lost to the subscriber's connection setup. It
+// counts subscriptions since the publisher was created (a reconnecting subscriber counts
+// again).
+func (p *Publisher) WaitSubscribers(n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return errors.New("zmqtest: publisher closed")
+		}
+		for {
+			msg, err := p.pub.RecvBytes(zmq.DONTWAIT)
+			if err != nil {
+				break
+			}
+			if len(msg) > 0 && msg[0] == 1 {
+				p.subs++
+			}
+		}
+		subs := p.subs
+		p.mu.Unlock()
+		if subs >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("zmqtest: %d of %d subscribers after %v", subs, n, timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// SetResponder replaces how replay requests are answered; nil restores ReplayFromRing.
+func (p *Publisher) SetResponder(r Responder) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.responder = r
+}
+
+// ReplayRequests returns the start sequences of the replay requests received so far.
+func (p *Publisher) ReplayRequests() []uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]uint64(nil), p.requests...)
+}
+
+// ReplayFromRing is the default Responder, the legacy protocol: every kept batch with
+// seq >= from, in order, then the end marker. Custom responders may wrap it.
+func (p *Publisher) ReplayFromRing(from uint64, send func(frames ...[]byte) error) {
+	type batch struct {
+		seq     uint64
+		payload []byte
+	}
+	p.mu.Lock()
+	var out []batch
+	lo := uint64(0)
+	if p.seq > uint64(len(p.ring)) {
+		lo = p.seq - uint64(len(p.ring))
+	}
+	for seq := max(from, lo); seq < p.seq; seq++ {
+		s := p.ring[seq%uint64(len(p.ring))]
+		if s.used && s.seq == seq {
+			out = append(out, batch{seq, append([]byte(nil), s.payload...)})
+		}
+	}
+	p.mu.Unlock()
+	for _, b := range out {
+		if send(p.replyFrames(b.seq, b.payload)...) != nil {
+			return
+		}
+	}
+	_ = send(p.replyFrames(EndMarkerSeq, nil)...)
+}
+
+func (p *Publisher) replyFrames(seq uint64, payload []byte) [][]byte {
+	if p.cfg.ReplayWithTopic {
+		return [][]byte{{}, p.topic, SeqFrame(seq), payload}
+	}
+	return [][]byte{{}, SeqFrame(seq), payload}
+}
+
+// serveReplay owns the ROUTER socket for the publisher's lifetime.
+func (p *Publisher) serveReplay(ready chan<- error) {
+	defer close(p.done)
+	r, err := p.ctx.NewSocket(zmq.ROUTER)
+	if err != nil {
+		ready <- fmt.Errorf("zmqtest: new ROUTER socket: %w", err)
+		return
+	}
+	defer r.Close()
+	// SNDHWM 0: a ROUTER silently drops replies to a full peer, which would turn a
+	// large replay into a spurious "skipped sequence".
+	err = errors.Join(r.SetLinger(0), r.SetSndhwm(0))
+	if err == nil {
+		err = r.Bind(p.cfg.ReplayEndpoint)
+	}
+	var ep string
+	if err == nil {
+		ep, err = r.GetLastEndpoint()
+	}
+	if err != nil {
+		ready <- fmt.Errorf("zmqtest: bind ROUTER %q: %w", p.cfg.ReplayEndpoint, err)
+		return
+	}
+	p.replayEndpoint = connectable(ep)
+	ready <- nil
+	poller := zmq.NewPoller()
+	poller.Add(r, zmq.POLLIN)
+	for {
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		polled, err := poller.Poll(10 * time.Millisecond)
+		if err != nil || len(polled) == 0 {
+			continue
+		}
+		msg, err := r.RecvMessageBytes(0)
+		if err != nil || len(msg) != 3 || len(msg[1]) != 0 || len(msg[2]) != 8 {
+			continue // not a legacy replay request
+		}
+		id, from := msg[0], binary.BigEndian.Uint64(msg[2])
+		p.mu.Lock()
+		p.requests = append(p.requests, from)
+		resp := p.responder
+		p.mu.Unlock()
+		if resp == nil {
+			resp = p.ReplayFromRing
+		}
+		resp(from, func(frames ...[]byte) error {
+			if _, err := r.SendBytes(id, zmq.SNDMORE); err != nil {
+				return err
+			}
+			for i, f := range frames {
+				flag := zmq.SNDMORE
+				if i == len(frames)-1 {
+					flag = 0
+				}
+				if _, err := r.SendBytes(f, flag); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+}
+
+// Close stops the replay goroutine, closes the sockets and terminates the context, so the
+// ports are free again when it returns. It is idempotent.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	if p.stop != nil {
+		close(p.stop)
+		<-p.done
+	}
+	p.mu.Lock()
+	err := p.pub.Close()
+	p.mu.Unlock()
+	return errors.Join(err, p.ctx.Term())
+}

@@ -1,0 +1,173 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/conductor-go/conductor/engine"
+)
+
+// AppConfig configures a whole conductor process.
+type AppConfig struct {
+	// HTTPPort is the HTTP port; 0 binds a free port (logged).
+	HTTPPort int
+	// RPCPort is the RPC port; 0 binds a free port, negative disables RPC. (In the config
+	// file, rpc_server_port 0 disables RPC: see FileConfig.AppConfig.)
+	RPCPort int
+	// Services are registered at start; a failing one is logged and skipped.
+	Services []ServiceConfig
+	// SkippedServices counts invalid config entries, for the startup summary.
+	SkippedServices int
+	// ConfigPath is logged in the startup summary.
+	ConfigPath string
+	Logger     *slog.Logger
+	// BindAddress is the interface to listen on ("" = all interfaces, as upstream).
+	BindAddress string
+	// Engine options (zero values take the engine defaults).
+	MaxBlocksPerContext int
+	// Extra HTTP routes, served beside /metrics, /healthz and /readyz.
+	ExtraRoutes map[string]fasthttp.RequestHandler
+	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
+	DisableMetrics bool
+}
+
+// App is a running conductor: engine, service layer, HTTP and RPC listeners.
+type App struct {
+	log     *slog.Logger
+	Engine  *engine.Engine
+	Service *Service
+	HTTP    *HTTPServer
+	RPC     *RPCServer
+	// Metrics is nil when disabled.
+	Metrics *Metrics
+	// HTTPAddr and RPCAddr are the bound addresses (RPCAddr empty when RPC is disabled).
+	HTTPAddr string
+	RPCAddr  string
+
+	ready atomic.Bool
+
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
+// and registers the static services of the configuration file. A static service that fails
+// is logged and skipped.
+func Start(cfg AppConfig) (*App, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	started := time.Now()
+	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log})
+	svc := NewService(ServiceOptions{Engine: eng, Logger: log})
+	app := &App{log: log, Engine: eng, Service: svc}
+	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
+	for path, fn := range cfg.ExtraRoutes {
+		routes[path] = fn
+	}
+	if !cfg.DisableMetrics {
+		app.Metrics = NewMetrics(svc)
+		routes["/metrics"] = app.Metrics.Handler()
+	}
+
+	httpLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.HTTPPort)))
+	if err != nil {
+		eng.Close()
+		return nil, fmt.Errorf("listen http_server_port %d: %w", cfg.HTTPPort, err)
+	}
+	app.HTTPAddr = httpLn.Addr().String()
+	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics})
+	app.wg.Add(1)
+	go func() {
+		defer app.wg.Done()
+		if err := app.HTTP.Serve(httpLn); err != nil {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+	log.Info("http server listening", "addr", app.HTTPAddr)
+
+	if cfg.RPCPort >= 0 {
+		rpcLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.RPCPort)))
+		if err != nil {
+			app.Stop()
+			return nil, fmt.Errorf("listen rpc_server_port %d: %w", cfg.RPCPort, err)
+		}
+		app.RPCAddr = rpcLn.Addr().String()
+		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics})
+		app.wg.Add(1)
+		go func() {
+			defer app.wg.Done()
+			app.RPC.Serve(rpcLn)
+		}()
+		log.Info("rpc server listening", "addr", app.RPCAddr)
+	} else {
+		log.Info("rpc server disabled")
+	}
+
+	ok, failed := 0, cfg.SkippedServices
+	for i := range cfg.Services {
+		c := &cfg.Services[i]
+		if _, serr := svc.Register(c); serr != nil {
+			failed++
+			log.Error("static service failed to start", "service", c.Key(), "err", serr)
+			continue
+		}
+		ok++
+	}
+	app.ready.Store(true)
+	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
+		"static_failed", failed, "config", cfg.ConfigPath, "startup", time.Since(started).String())
+	return app, nil
+}
+
+// Stop shuts down in order: stop accepting (HTTP, RPC), stop subscribers, close the engine.
+// It is idempotent.
+func (a *App) Stop() {
+	a.stopOnce.Do(func() {
+		a.ready.Store(false)
+		a.Service.BeginStop()
+		if a.HTTP != nil {
+			if err := a.HTTP.Shutdown(); err != nil {
+				a.log.Warn("http shutdown", "err", err)
+			}
+		}
+		if a.RPC != nil {
+			a.RPC.Close()
+		}
+		a.wg.Wait()
+		n := len(a.Service.Services())
+		a.Service.Stop()
+		a.Engine.Close()
+		a.log.Info("conductor stopped", "services", n)
+	})
+}
+
+// Ready reports whether the listeners are up and the static services were subscribed
+// (and Stop has not begun).
+func (a *App) Ready() bool { return a.ready.Load() }
+
+// healthz answers liveness: the process serves HTTP.
+func healthz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString("ok\n")
+}
+
+// readyz answers readiness in JSON: 200 once listening with static services subscribed,
+// 503 before that and while stopping.
+func (a *App) readyz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	if !a.Ready() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"ready":false}`)
+		return
+	}
+	ctx.SetBodyString(`{"ready":true,"services":` + strconv.Itoa(len(a.Service.Services())) + `}`)
+}

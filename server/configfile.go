@@ -1,0 +1,240 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"sort"
+)
+
+// Default ports of the contract.
+const (
+	DefaultHTTPPort = 13333
+	DefaultRPCPort  = 13334
+)
+
+// FileConfig is the parsed conductor configuration file.
+type FileConfig struct {
+	Path     string
+	Found    bool // false: the file was missing, defaults apply
+	HTTPPort int
+	RPCPort  int // 0 disables RPC
+	// Services are the valid kvevent_instance entries, ordered by entry name.
+	Services []ServiceConfig
+	// Skipped describes each invalid entry that was left out (the others still start).
+	Skipped []error
+}
+
+// LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
+// (Found false). An unreadable file, malformed JSON, a non-object root or a malformed port
+// is an error naming the file. Invalid kvevent_instance entries are skipped and reported
+// in Skipped, as upstream does.
+//
+// Unlike upstream (which zeroes http_server_port when the key is absent from an existing
+// file), an absent port keeps its default: the contract documents 13333 as the default.
+func LoadConfigFile(path string) (FileConfig, error) {
+	cfg := FileConfig{Path: path, HTTPPort: DefaultHTTPPort, RPCPort: DefaultRPCPort}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return cfg, nil
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("config file %s: %w", path, err)
+	}
+	cfg.Found = true
+	var root map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&root); err != nil {
+		return cfg, fmt.Errorf("config file %s: malformed JSON: %w", path, err)
+	}
+	if root == nil {
+		return cfg, fmt.Errorf("config file %s: root must be a JSON object", path)
+	}
+	if dec.More() {
+		return cfg, fmt.Errorf("config file %s: trailing data after the JSON object", path)
+	}
+	for _, p := range []struct {
+		key string
+		dst *int
+	}{{"http_server_port", &cfg.HTTPPort}, {"rpc_server_port", &cfg.RPCPort}} {
+		raw, ok := root[p.key]
+		if !ok {
+			continue
+		}
+		port, err := jsonInt(raw)
+		if err != nil || port < 0 || port > 65535 {
+			return cfg, fmt.Errorf("config file %s: %s must be an integer port in 0..65535", path, p.key)
+		}
+		*p.dst = int(port)
+	}
+	raw, ok := root["kvevent_instance"]
+	if !ok || string(raw) == "null" {
+		return cfg, nil
+	}
+	var entries map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &entries); err != nil {
+		return cfg, fmt.Errorf("config file %s: kvevent_instance must be an object: %w", path, err)
+	}
+	names := make([]string, 0, len(entries))
+	for name := range entries {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		svc, err := parseConfigEntry(name, entries[name])
+		if err != nil {
+			cfg.Skipped = append(cfg.Skipped, fmt.Errorf("kvevent_instance %q: %w", name, err))
+			continue
+		}
+		cfg.Services = append(cfg.Services, svc)
+	}
+	return cfg, nil
+}
+
+// parseConfigEntry applies the per-entry rules of reference notes §1.5, then the same
+// validation as every other registration path.
+func parseConfigEntry(name string, raw json.RawMessage) (ServiceConfig, error) {
+	var entry map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&entry); err != nil || entry == nil {
+		return ServiceConfig{}, errors.New("entry must be an object")
+	}
+	var r Registration
+	var err error
+	if r.Type, err = optString(entry, "type", ""); err != nil {
+		return ServiceConfig{}, err
+	}
+	if _, ok := ParsePublisherKind(r.Type); !ok {
+		return ServiceConfig{}, fmt.Errorf("type must be vLLM, SGLang or Mooncake, got %q", r.Type)
+	}
+	// Upstream reads these leniently (non-strings become "") and checks emptiness later.
+	r.Endpoint = looseString(entry["endpoint"])
+	r.ReplayEndpoint = looseString(entry["replay_endpoint"])
+	r.ModelName = looseString(entry["modelname"])
+	if r.LoraName, err = optString(entry, "lora_name", ""); err != nil {
+		return ServiceConfig{}, err
+	}
+	if r.TenantID, err = optString(entry, "tenant_id", ""); err != nil {
+		return ServiceConfig{}, err
+	}
+	r.InstanceID = name
+	if v, ok := entry["instance_id"]; ok {
+		var s string
+		if json.Unmarshal(v, &s) != nil || s == "" {
+			return ServiceConfig{}, errors.New("instance_id must be a non-empty string")
+		}
+		r.InstanceID = s
+	}
+	bs, ok := entry["block_size"]
+	if !ok {
+		return ServiceConfig{}, errors.New("block_size is required")
+	}
+	if r.BlockSize, err = jsonInt(bs); err != nil {
+		return ServiceConfig{}, fmt.Errorf("block_size: %w", err)
+	}
+	dp, ok := entry["dp_rank"]
+	if !ok {
+		return ServiceConfig{}, errors.New("dp_rank is required")
+	}
+	if r.DPRank, err = jsonInt(dp); err != nil || r.DPRank < 0 || r.DPRank > maxDPRank {
+		return ServiceConfig{}, errors.New("dp_rank must be an integer in 0..2147483647")
+	}
+	if g, ok := entry["cache_group"]; ok && string(g) != "null" {
+		v, err := jsonInt(g)
+		if err != nil || v != 0 {
+			return ServiceConfig{}, errors.New("cache_group must be null or 0")
+		}
+		r.CacheGroup = &v
+	}
+	if err := parseConfigProfile(entry["hash_profile"], &r); err != nil {
+		return ServiceConfig{}, err
+	}
+	cfg, verr := r.Resolve()
+	if verr != nil {
+		return ServiceConfig{}, verr
+	}
+	return cfg, nil
+}
+
+func parseConfigProfile(raw json.RawMessage, r *Registration) error {
+	if raw == nil {
+		return errors.New("hash_profile is required")
+	}
+	var p map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &p); err != nil || p == nil {
+		return errors.New("hash_profile must be an object")
+	}
+	for k := range p {
+		switch k {
+		case "strategy", "algorithm", "python_hash_seed", "index_projection":
+		default:
+			return fmt.Errorf("hash_profile: unknown key %q", k)
+		}
+	}
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"strategy", &r.Strategy}, {"algorithm", &r.Algorithm}, {"index_projection", &r.IndexProjection}} {
+		v, ok := p[f.key]
+		if !ok || json.Unmarshal(v, f.dst) != nil {
+			return fmt.Errorf("hash_profile.%s must be a string", f.key)
+		}
+	}
+	sglang := r.Strategy == "sglang" || r.Strategy == "sglang_bigram"
+	if v, ok := p["python_hash_seed"]; ok {
+		if json.Unmarshal(v, &r.PythonHashSeed) != nil {
+			return errors.New("hash_profile.python_hash_seed must be a string")
+		}
+	} else if !sglang {
+		return errors.New("hash_profile.python_hash_seed is required for vllm_v1")
+	}
+	return nil
+}
+
+// jsonInt accepts a JSON integer that fits int64 (no fraction, no exponent).
+func jsonInt(raw json.RawMessage) (int64, error) {
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return 0, errors.New("must be an integer")
+	}
+	v, err := n.Int64()
+	if err != nil {
+		return 0, errors.New("must be an integer in int64 range")
+	}
+	return v, nil
+}
+
+func optString(entry map[string]json.RawMessage, key, def string) (string, error) {
+	v, ok := entry[key]
+	if !ok {
+		return def, nil
+	}
+	var s string
+	if err := json.Unmarshal(v, &s); err != nil {
+		return "", fmt.Errorf("%s must be a string", key)
+	}
+	return s, nil
+}
+
+func looseString(raw json.RawMessage) string {
+	var s string
+	if raw == nil || json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// AppConfig turns the file into the process configuration: rpc_server_port 0 disables RPC.
+func (f *FileConfig) AppConfig() AppConfig {
+	rpc := f.RPCPort
+	if rpc == 0 {
+		rpc = -1
+	}
+	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path}
+}

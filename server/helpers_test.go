@@ -1,0 +1,254 @@
+package server
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/ingest/zmqtest"
+)
+
+// testLogger logs only warnings and errors unless -v is given with CONDUCTOR_TEST_LOG=1.
+func testLogger() *slog.Logger {
+	level := slog.LevelError
+	if os.Getenv("CONDUCTOR_TEST_LOG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// startApp starts an in-process conductor on free loopback ports and stops it at cleanup.
+func startApp(t testing.TB, rpc bool) *App {
+	t.Helper()
+	cfg := AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1"}
+	if rpc {
+		cfg.RPCPort = 0
+	}
+	app, err := Start(cfg)
+	if err != nil {
+		t.Fatalf("start app: %v", err)
+	}
+	t.Cleanup(app.Stop)
+	return app
+}
+
+// msgpackPost sends a msgpack body and decodes the msgpack response into a generic value.
+func msgpackPost(t testing.TB, app *App, path string, body []byte) (int, map[string]any) {
+	t.Helper()
+	return doHTTP(t, app, http.MethodPost, path, "application/msgpack", body)
+}
+
+func doHTTP(t testing.TB, app *App, method, path, ctype string, body []byte) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+app.HTTPAddr+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) == 0 {
+		return resp.StatusCode, nil
+	}
+	v, rest, err := msgp.ReadIntfBytes(raw)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("%s %s: response is not one msgpack value: %v (%x)", method, path, err, raw)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		t.Fatalf("%s %s: response is %T, want map", method, path, v)
+	}
+	return resp.StatusCode, m
+}
+
+// mp builds msgpack maps from ordered key/value pairs for requests.
+func mp(kv ...any) []byte {
+	var b []byte
+	b = msgp.AppendMapHeader(b, uint32(len(kv)/2))
+	for i := 0; i < len(kv); i += 2 {
+		b = msgp.AppendString(b, kv[i].(string))
+		var err error
+		b, err = msgp.AppendIntf(b, kv[i+1])
+		if err != nil {
+			panic(err)
+		}
+	}
+	return b
+}
+
+func profileMap(strategy, algorithm, seed, projection string) map[string]any {
+	m := map[string]any{"strategy": strategy, "algorithm": algorithm, "index_projection": projection}
+	if seed != "" {
+		m["python_hash_seed"] = seed
+	}
+	return m
+}
+
+func vllmProfile() map[string]any { return profileMap("vllm_v1", "sha256_cbor", "0", "low64_be") }
+
+// registerBody is a valid vLLM registration; extra pairs override or add fields.
+func registerBody(endpoint, instance string, dp int, extra ...any) []byte {
+	fields := []any{
+		"endpoint", endpoint, "type", "vLLM", "modelname", "m", "instance_id", instance,
+		"block_size", 16, "dp_rank", dp, "hash_profile", vllmProfile(),
+	}
+	for i := 0; i < len(extra); i += 2 {
+		replaced := false
+		for j := 0; j < len(fields); j += 2 {
+			if fields[j] == extra[i] {
+				fields[j+1] = extra[i+1]
+				replaced = true
+			}
+		}
+		if !replaced {
+			fields = append(fields, extra[i], extra[i+1])
+		}
+	}
+	return mp(fields...)
+}
+
+// blockKeys computes the projected keys of the prompt's blocks with the conductor's own
+// hashing, the way the engine computes the hashes it publishes (checked against the shared
+// vectors in package hashing).
+func blockKeys(t testing.TB, strategy, algorithm, seed, projection string, bs int, lora, salt string, tokens []int32) []uint64 {
+	t.Helper()
+	p, err := hashing.Resolve(strategy, algorithm, seed, projection)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c hashing.Chain
+	c.Reset(&p, bs, lora, salt, tokens)
+	keys := make([]uint64, 0, c.NumBlocks())
+	for i := 0; i < c.NumBlocks(); i++ {
+		k, err := c.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+func seqTokens(n int, start int32) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		out[i] = start + int32(i)
+	}
+	return out
+}
+
+// vllmBatch encodes a vLLM KVEventBatch [ts, [events], dp_rank] with map events.
+func vllmBatch(dp int, events ...[]byte) []byte {
+	var b []byte
+	b = msgp.AppendArrayHeader(b, 3)
+	b = msgp.AppendFloat64(b, float64(time.Now().UnixNano())/1e9)
+	b = msgp.AppendArrayHeader(b, uint32(len(events)))
+	for _, e := range events {
+		b = append(b, e...)
+	}
+	return msgp.AppendInt(b, dp)
+}
+
+func stored(hashes []uint64, medium string) []byte {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return mp("type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", nil,
+		"block_size", 16, "lora_id", nil, "medium", medium, "lora_name", nil)
+}
+
+func removed(hashes []uint64, medium string) []byte {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	return mp("type", "BlockRemoved", "block_hashes", hs, "medium", medium)
+}
+
+func newPublisher(t testing.TB, replay bool) *zmqtest.Publisher {
+	t.Helper()
+	cfg := zmqtest.Config{}
+	if replay {
+		cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
+	}
+	p, err := zmqtest.NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t testing.TB, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: %v", what, err)
+}
+
+// queryBody builds a /query body with token ids as an array.
+func queryBody(model string, bs int, tokens []int32, extra ...any) []byte {
+	ts := make([]any, len(tokens))
+	for i, v := range tokens {
+		ts[i] = v
+	}
+	return mp(append([]any{"model", model, "block_size", bs, "token_ids", ts}, extra...)...)
+}
+
+// hits extracts the instance map of a query response.
+func hits(t testing.TB, resp map[string]any) map[string]any {
+	t.Helper()
+	inst, ok := resp["instances"].(map[string]any)
+	if !ok {
+		t.Fatalf("response has no instances map: %v", resp)
+	}
+	return inst
+}
+
+func tierOf(t testing.TB, inst map[string]any, id, tier string) int64 {
+	t.Helper()
+	m, ok := inst[id].(map[string]any)
+	if !ok {
+		t.Fatalf("instance %q missing in %v", id, inst)
+	}
+	return asInt(t, m[tier])
+}
+
+func asInt(t testing.TB, v any) int64 {
+	t.Helper()
+	switch x := v.(type) {
+	case int64:
+		return x
+	case uint64:
+		return int64(x)
+	}
+	t.Fatalf("not an integer: %T %v", v, v)
+	return 0
+}
+
+func errf(format string, a ...any) error { return fmt.Errorf(format, a...) }

@@ -1,0 +1,207 @@
+package server
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/conductor-go/conductor/engine"
+)
+
+// Metrics holds the conductor's Prometheus metrics. Query-path updates are lock-free
+// atomics (client_golang counters and histograms); per-service and per-context figures are
+// read from the subscribers and the engine at scrape time, costing the hot paths nothing.
+// A nil *Metrics disables every update.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	queries      *prometheus.CounterVec
+	queryErrors  *prometheus.CounterVec
+	queryLatency *prometheus.HistogramVec
+	queryBlocks  prometheus.Histogram
+	httpRequests *prometheus.CounterVec
+	rpcRequests  *prometheus.CounterVec
+
+	// Pre-resolved children for the hot path (no label hashing per query).
+	httpQueries, rpcQueries           prometheus.Counter
+	httpQueryLatency, rpcQueryLatency prometheus.Observer
+	httpQueryOK                       prometheus.Counter
+}
+
+// NewMetrics registers every metric of the service layer in a new registry.
+func NewMetrics(svc *Service) *Metrics {
+	m := &Metrics{reg: prometheus.NewRegistry()}
+	m.queries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conductor_queries_total", Help: "Prefix-hit queries answered, by protocol."}, []string{"protocol"})
+	m.queryErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conductor_query_errors_total", Help: "Queries rejected or failed, by protocol."}, []string{"protocol"})
+	m.queryLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "conductor_query_duration_seconds", Help: "Query handling time in the server (decode, hash, walk, encode).",
+		Buckets: prometheus.ExponentialBuckets(5e-6, 2, 18)}, []string{"protocol"})
+	m.queryBlocks = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "conductor_query_blocks_hashed", Help: "Blocks hashed per query (the walk stops at the first miss).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 18)})
+	m.httpRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conductor_http_requests_total", Help: "HTTP requests by route and status."}, []string{"route", "status"})
+	m.rpcRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "conductor_rpc_requests_total", Help: "RPC requests by function and result code."}, []string{"function", "code"})
+	m.reg.MustRegister(m.queries, m.queryErrors, m.queryLatency, m.queryBlocks, m.httpRequests, m.rpcRequests,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{svc: svc})
+	m.httpQueries = m.queries.WithLabelValues("http")
+	m.rpcQueries = m.queries.WithLabelValues("rpc")
+	m.httpQueryLatency = m.queryLatency.WithLabelValues("http")
+	m.rpcQueryLatency = m.queryLatency.WithLabelValues("rpc")
+	m.httpQueryOK = m.httpRequests.WithLabelValues("/query", "200")
+	return m
+}
+
+// Registry exposes the registry (tests, embedding).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the Prometheus text exposition.
+func (m *Metrics) Handler() fasthttp.RequestHandler {
+	return fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+}
+
+// observeHTTPQuery records one /query: its latency, outcome and blocks hashed.
+func (m *Metrics) observeHTTPQuery(start time.Time, status int, blocks int) {
+	if m == nil {
+		return
+	}
+	m.httpQueries.Inc()
+	m.httpQueryLatency.Observe(time.Since(start).Seconds())
+	if status == http.StatusOK {
+		m.httpQueryOK.Inc()
+		m.queryBlocks.Observe(float64(blocks))
+		return
+	}
+	m.queryErrors.WithLabelValues("http").Inc()
+	m.httpRequests.WithLabelValues("/query", strconv.Itoa(status)).Inc()
+}
+
+func (m *Metrics) observeRPCQuery(start time.Time, ok bool, blocks int) {
+	if m == nil {
+		return
+	}
+	m.rpcQueries.Inc()
+	m.rpcQueryLatency.Observe(time.Since(start).Seconds())
+	if ok {
+		m.queryBlocks.Observe(float64(blocks))
+	} else {
+		m.queryErrors.WithLabelValues("rpc").Inc()
+	}
+}
+
+// observeHTTP counts a non-query HTTP request.
+func (m *Metrics) observeHTTP(route string, status int) {
+	if m == nil {
+		return
+	}
+	m.httpRequests.WithLabelValues(route, strconv.Itoa(status)).Inc()
+}
+
+// observeRPC counts one RPC request by function name and business code.
+func (m *Metrics) observeRPC(function, code string) {
+	if m == nil {
+		return
+	}
+	m.rpcRequests.WithLabelValues(function, code).Inc()
+}
+
+// stateCollector reads per-service and per-context figures at scrape time.
+type stateCollector struct{ svc *Service }
+
+var (
+	descSvcReceived = prometheus.NewDesc("conductor_service_messages_received_total",
+		"ZMQ messages received from the publisher.", []string{"service", "type"}, nil)
+	descSvcApplied = prometheus.NewDesc("conductor_service_messages_applied_total",
+		"Batches handed to the index in sequence order.", []string{"service", "type"}, nil)
+	descSvcEvents = prometheus.NewDesc("conductor_service_events_total",
+		"Events by outcome: applied, rejected (invalid), ignored (medium not indexed).", []string{"service", "type", "outcome"}, nil)
+	descSvcBlocks = prometheus.NewDesc("conductor_service_blocks_applied_total",
+		"Block hashes stored or removed.", []string{"service", "type"}, nil)
+	descSvcRejected = prometheus.NewDesc("conductor_service_rejected_total",
+		"Messages rejected, by reason.", []string{"service", "type", "reason"}, nil)
+	descSvcGaps = prometheus.NewDesc("conductor_service_sequence_gaps_total",
+		"Sequence gaps detected.", []string{"service", "type"}, nil)
+	descSvcDropped = prometheus.NewDesc("conductor_service_sequences_missed_total",
+		"Sequence numbers missing in gaps.", []string{"service", "type"}, nil)
+	descSvcReplays = prometheus.NewDesc("conductor_service_replays_total",
+		"Replay recoveries by result.", []string{"service", "type", "result"}, nil)
+	descSvcStale = prometheus.NewDesc("conductor_service_stale",
+		"1 when the source is stale (its entries are retracted until it is registered again).", []string{"service", "type"}, nil)
+	descSvcAge = prometheus.NewDesc("conductor_service_last_event_age_seconds",
+		"Seconds since the last message from the publisher (absent before the first).", []string{"service", "type"}, nil)
+	descCtxBlocks = prometheus.NewDesc("conductor_context_blocks",
+		"Distinct blocks indexed (prefix_count).", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descCtxSlots = prometheus.NewDesc("conductor_context_slots",
+		"Registered engine (instance, rank) slots.", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descCtxEvictions = prometheus.NewDesc("conductor_context_evicted_blocks_total",
+		"Blocks evicted by the per-context capacity bound.", []string{"tenant", "model", "lora", "block_size"}, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcStale, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, s := range c.svc.Stats() {
+		k, t := s.Key, s.Config.Kind.String()
+		st := &s.Stats
+		cnt := func(d *prometheus.Desc, v uint64, extra ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{k, t}, extra...)...)
+		}
+		cnt(descSvcReceived, st.Received)
+		cnt(descSvcApplied, st.Applied)
+		cnt(descSvcGaps, st.Gaps)
+		cnt(descSvcDropped, st.Dropped)
+		cnt(descSvcReplays, st.ReplaysOK, "ok")
+		cnt(descSvcReplays, st.ReplaysFailed, "failed")
+		cnt(descSvcRejected, st.ConsumeErrors, "malformed_message")
+		cnt(descSvcRejected, st.Rejected, "batch_rejected")
+		cnt(descSvcRejected, st.Duplicates, "duplicate_sequence")
+		if s.HasHandler {
+			h := &s.Handler
+			cnt(descSvcRejected, h.BatchesDropped, "invalid_envelope")
+			cnt(descSvcEvents, h.EventsApplied, "applied")
+			cnt(descSvcEvents, h.EventsRejected, "rejected")
+			cnt(descSvcEvents, h.EventsIgnored, "ignored")
+			cnt(descSvcBlocks, h.BlocksApplied)
+		}
+		stale := 0.0
+		if st.Stale {
+			stale = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descSvcStale, prometheus.GaugeValue, stale, k, t)
+		if st.LastEventUnixNano > 0 {
+			age := now.Sub(time.Unix(0, st.LastEventUnixNano)).Seconds()
+			ch <- prometheus.MustNewConstMetric(descSvcAge, prometheus.GaugeValue, age, k, t)
+		}
+	}
+	eng := c.svc.Engine()
+	for _, v := range eng.GlobalView() {
+		st, ok := eng.Stats(v.Key)
+		if !ok {
+			continue
+		}
+		labels := contextLabels(v.Key)
+		ch <- prometheus.MustNewConstMetric(descCtxBlocks, prometheus.GaugeValue, float64(st.Blocks), labels...)
+		ch <- prometheus.MustNewConstMetric(descCtxSlots, prometheus.GaugeValue, float64(st.Slots), labels...)
+		ch <- prometheus.MustNewConstMetric(descCtxEvictions, prometheus.CounterValue, float64(st.EvictedBlocks), labels...)
+	}
+}
+
+func contextLabels(k engine.ContextKey) []string {
+	return []string{k.TenantID, k.ModelName, k.LoraName, strconv.FormatInt(k.BlockSize, 10)}
+}

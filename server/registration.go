@@ -1,0 +1,222 @@
+package server
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
+)
+
+// PublisherKind is a registered publisher's type. Its numeric values are the RPC wire enum
+// (upstream PublisherKind: vLLM 0, Mooncake 1, SGLang 2).
+type PublisherKind int32
+
+// Publisher kinds.
+const (
+	KindVLLM     PublisherKind = 0
+	KindMooncake PublisherKind = 1
+	KindSGLang   PublisherKind = 2
+)
+
+// ParsePublisherKind maps the case-sensitive type names of the contract to a kind.
+func ParsePublisherKind(s string) (PublisherKind, bool) {
+	switch s {
+	case "vLLM":
+		return KindVLLM, true
+	case "Mooncake":
+		return KindMooncake, true
+	case "SGLang":
+		return KindSGLang, true
+	}
+	return 0, false
+}
+
+// String returns the contract's name of the kind.
+func (k PublisherKind) String() string {
+	switch k {
+	case KindVLLM:
+		return "vLLM"
+	case KindMooncake:
+		return "Mooncake"
+	case KindSGLang:
+		return "SGLang"
+	}
+	return "PublisherKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// IsEngine reports whether the kind publishes engine-local tiers for a query instance
+// (vLLM, SGLang), as opposed to shared Mooncake Store objects.
+func (k PublisherKind) IsEngine() bool { return k == KindVLLM || k == KindSGLang }
+
+// ServiceConfig is one validated publisher registration.
+type ServiceConfig struct {
+	Endpoint       string
+	ReplayEndpoint string
+	Kind           PublisherKind
+	ModelName      string
+	LoraName       string
+	TenantID       string
+	InstanceID     string
+	BlockSize      int64
+	DPRank         int
+	// CacheGroup is nil when absent; only 0 is accepted otherwise.
+	CacheGroup *int64
+	Profile    hashing.Profile
+}
+
+// Key is the service key `instance_id|tenant_id|dp_rank`.
+func (c *ServiceConfig) Key() string {
+	return ServiceKey(c.InstanceID, c.TenantID, c.DPRank)
+}
+
+// ServiceKey builds the service key `instance_id|tenant_id|dp_rank`.
+func ServiceKey(instanceID, tenantID string, dpRank int) string {
+	return instanceID + "|" + tenantID + "|" + strconv.Itoa(dpRank)
+}
+
+// Context is the registration's index context.
+func (c *ServiceConfig) Context() engine.ContextKey {
+	return engine.ContextKey{TenantID: c.TenantID, ModelName: c.ModelName, LoraName: c.LoraName, BlockSize: c.BlockSize}
+}
+
+// Slot is the registration's (instance, rank) slot in its context.
+func (c *ServiceConfig) Slot() engine.Slot {
+	return engine.Slot{InstanceID: c.InstanceID, DPRank: c.DPRank}
+}
+
+// Equal reports whether two registrations are the same configuration (an identical
+// re-registration is idempotent; anything else under the same key is a conflict).
+func (c *ServiceConfig) Equal(o *ServiceConfig) bool {
+	if (c.CacheGroup == nil) != (o.CacheGroup == nil) {
+		return false
+	}
+	if c.CacheGroup != nil && *c.CacheGroup != *o.CacheGroup {
+		return false
+	}
+	return c.Endpoint == o.Endpoint && c.ReplayEndpoint == o.ReplayEndpoint && c.Kind == o.Kind &&
+		c.ModelName == o.ModelName && c.LoraName == o.LoraName && c.TenantID == o.TenantID &&
+		c.InstanceID == o.InstanceID && c.BlockSize == o.BlockSize && c.DPRank == o.DPRank &&
+		c.Profile.Equal(o.Profile) && c.Profile.Seed == o.Profile.Seed
+}
+
+// Registration is unvalidated registration input, whichever protocol or file it came from.
+// Resolve validates it once for all of them.
+type Registration struct {
+	Endpoint       string
+	ReplayEndpoint string
+	Type           string
+	ModelName      string
+	LoraName       string
+	TenantID       string
+	InstanceID     string
+	BlockSize      int64
+	DPRank         int64
+	CacheGroup     *int64
+
+	Strategy        string
+	Algorithm       string
+	PythonHashSeed  string
+	IndexProjection string
+	// RootDigest is only carried by the RPC wire: empty, or it must equal the derived root.
+	RootDigest string
+}
+
+const maxDPRank = 1<<31 - 1
+
+// Resolve validates the registration and resolves its hash profile. Field names in errors
+// are the HTTP names (modelname, type, hash_profile.<key>).
+func (r *Registration) Resolve() (ServiceConfig, *Error) {
+	var cfg ServiceConfig
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"type", r.Type}, {"modelname", r.ModelName}, {"instance_id", r.InstanceID},
+	} {
+		if f.v == "" {
+			return cfg, invalidField("invalid_value", f.name, f.name+" must not be empty")
+		}
+	}
+	kind, ok := ParsePublisherKind(r.Type)
+	if !ok {
+		return cfg, invalidField("invalid_value", "type", "type must be vLLM, SGLang or Mooncake")
+	}
+	if r.BlockSize <= 0 {
+		return cfg, invalidField("out_of_range", "block_size", "block_size must be greater than zero")
+	}
+	if r.DPRank < 0 || r.DPRank > maxDPRank {
+		return cfg, invalidField("out_of_range", "dp_rank", "dp_rank must be in 0..2147483647")
+	}
+	if r.CacheGroup != nil && *r.CacheGroup != 0 {
+		return cfg, invalidField("unsupported", "cache_group", "cache_group: only 0 is supported")
+	}
+	profile, err := hashing.Resolve(r.Strategy, r.Algorithm, r.PythonHashSeed, r.IndexProjection)
+	if err != nil {
+		field := "hash_profile"
+		if fe, ok := err.(*hashing.FieldError); ok {
+			field = "hash_profile." + fe.Field
+		}
+		return cfg, invalidField("invalid_value", field, "hash_profile: "+err.Error())
+	}
+	if r.RootDigest != "" && r.RootDigest != profile.RootHex() {
+		return cfg, invalidField("invalid_value", "hash_profile.root_digest",
+			"root_digest does not match python_hash_seed and hash selectors")
+	}
+	tenant := r.TenantID
+	if tenant == "" {
+		tenant = "default"
+	}
+	cfg = ServiceConfig{
+		Endpoint:       r.Endpoint,
+		ReplayEndpoint: r.ReplayEndpoint,
+		Kind:           kind,
+		ModelName:      r.ModelName,
+		LoraName:       r.LoraName,
+		TenantID:       tenant,
+		InstanceID:     r.InstanceID,
+		BlockSize:      r.BlockSize,
+		DPRank:         int(r.DPRank),
+		Profile:        profile,
+	}
+	if r.CacheGroup != nil {
+		g := *r.CacheGroup
+		cfg.CacheGroup = &g
+	}
+	return cfg, nil
+}
+
+// Code classifies a service-level failure; each protocol maps it to its own status.
+type Code int
+
+// Service error codes.
+const (
+	CodeInvalidParams Code = iota + 1 // HTTP 400, RPC INVALID_PARAMS
+	CodeNotFound                      // HTTP 404, RPC SERVICE_NOT_FOUND
+	CodeUnavailable                   // HTTP 503, RPC CONDUCTOR_UNAVAILABLE
+	CodeInternal                      // HTTP 500, RPC INTERNAL_ERROR
+)
+
+// Error is a service-level failure. Reason and Field follow the HTTP contract when the
+// failure concerns validation (Reason empty for operational errors).
+type Error struct {
+	Code   Code
+	Reason string
+	Field  string
+	// Index is the offending array element when HasIndex is set.
+	Index    int
+	HasIndex bool
+	Msg      string
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("%s (%s: %s)", e.Msg, e.Reason, e.Field)
+	}
+	return e.Msg
+}
+
+func invalidField(reason, field, msg string) *Error {
+	return &Error{Code: CodeInvalidParams, Reason: reason, Field: field, Msg: msg}
+}
+
+func invalidRegistration(format string, args ...any) *Error {
+	return &Error{Code: CodeInvalidParams, Reason: "invalid_registration", Msg: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,368 @@
+package server
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/wire"
+)
+
+// RPCServer serves the coro_rpc/struct_pack wire of the upstream Python client over TCP.
+type RPCServer struct {
+	svc     *Service
+	metrics *Metrics
+	log     *slog.Logger
+	maxBody int
+
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// RPCOptions configures the RPC listener.
+type RPCOptions struct {
+	Service *Service
+	Logger  *slog.Logger
+	// MaxBody bounds one request body (0: wire.DefaultRPCMaxBody).
+	MaxBody int
+	// Metrics, when set, records queries and requests.
+	Metrics *Metrics
+}
+
+// NewRPCServer builds the RPC listener; call Serve with a listener.
+func NewRPCServer(opts RPCOptions) *RPCServer {
+	s := &RPCServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, maxBody: opts.MaxBody, conns: make(map[net.Conn]struct{})}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = wire.DefaultRPCMaxBody
+	}
+	return s
+}
+
+// Serve accepts connections until Close. Each connection is served by its own goroutine.
+func (s *RPCServer) Serve(ln net.Listener) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			s.log.Error("rpc accept failed; listener stopped", "err", err)
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.serveConn(c)
+	}
+}
+
+// Close stops accepting, closes every connection and waits for their goroutines.
+func (s *RPCServer) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// rpcConn is one connection's reusable state: a query allocates nothing once warm.
+type rpcConn struct {
+	s      *RPCServer
+	c      net.Conn
+	r      *bufio.Reader
+	w      *bufio.Writer
+	in     []byte
+	out    []byte
+	qreq   wire.RPCQueryRequest
+	q      engine.Query
+	res    engine.Result
+	rpcRes wire.RPCQueryResult
+}
+
+func (s *RPCServer) serveConn(c net.Conn) {
+	defer func() {
+		c.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	rc := &rpcConn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
+	for {
+		hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
+		if body != nil && cap(body) > cap(rc.in) {
+			rc.in = body[:0]
+		}
+		if err != nil {
+			if errors.Is(err, wire.ErrRPCSerializeType) {
+				rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, "unsupported serialize_type")
+				if rc.flush() != nil {
+					return
+				}
+				continue
+			}
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err)
+			}
+			return
+		}
+		if err := rc.dispatch(hdr, body); err != nil {
+			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
+				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err)
+			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
+			_ = rc.flush()
+			return
+		}
+		if rc.flush() != nil {
+			return
+		}
+	}
+}
+
+func (rc *rpcConn) flush() error {
+	if _, err := rc.w.Write(rc.out); err != nil {
+		return err
+	}
+	if rc.r.Buffered() > 0 {
+		// More pipelined requests are already here: answer them before flushing.
+		return nil
+	}
+	return rc.w.Flush()
+}
+
+// rpcCode maps a service error to the wire's business error code.
+func rpcCode(e *Error) wire.RPCErrorCode {
+	switch e.Code {
+	case CodeInvalidParams:
+		return wire.RPCCodeInvalidParams
+	case CodeNotFound:
+		return wire.RPCCodeServiceNotFound
+	case CodeUnavailable:
+		return wire.RPCCodeConductorUnavailable
+	}
+	return wire.RPCCodeInternalError
+}
+
+// dispatch decodes one request, calls the service and leaves the response frame in rc.out.
+// An error means the body was malformed: the connection is closed.
+func (rc *rpcConn) dispatch(hdr wire.RPCRequestHeader, body []byte) error {
+	out, start := wire.BeginRPCResponse(rc.out[:0], hdr.SeqNum, 0)
+	var err error
+	switch hdr.FunctionID {
+	case wire.FuncQuery:
+		out, err = rc.query(out, body)
+	case wire.FuncRegister:
+		out, err = rc.register(out, body)
+	case wire.FuncUnregister:
+		out, err = rc.unregister(out, body)
+	case wire.FuncGetGlobalView:
+		if len(body) != 0 {
+			return errors.New("GetGlobalView takes no arguments")
+		}
+		out, err = wire.AppendRPCGlobalView(out, rpcGlobalView(rc.s.svc))
+		rc.s.metrics.observeRPC("GetGlobalView", "OK")
+	case wire.FuncListServices:
+		if len(body) != 0 {
+			return errors.New("ListServices takes no arguments")
+		}
+		out = wire.AppendRPCServiceList(out, rpcServiceList(rc.s.svc.Services()))
+		rc.s.metrics.observeRPC("ListServices", "OK")
+	default:
+		rc.s.metrics.observeRPC("unknown", "function_not_registered")
+		rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcFunctionNotRegistered,
+			"the function is not registered")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ferr := wire.FinishRPCResponse(out, start); ferr != nil {
+		return ferr
+	}
+	rc.out = out
+	return nil
+}
+
+func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
+	start := time.Now()
+	if err := wire.DecodeRPCQueryRequest(body, &rc.qreq); err != nil {
+		return out, err
+	}
+	q := &rc.q
+	ctx := &rc.qreq.Context
+	q.Key = engine.ContextKey{TenantID: ctx.TenantID, ModelName: ctx.ModelName, LoraName: ctx.LoraName, BlockSize: ctx.BlockSize}
+	q.Tokens = rc.qreq.Tokens
+	q.CacheSalt = rc.qreq.CacheSalt
+	q.InstanceFilter = rc.qreq.InstanceFilter
+	serr := rc.s.svc.Query(q, &rc.res)
+	*q = engine.Query{}
+	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
+	if serr != nil {
+		return wire.AppendRPCQueryError(out, rpcCode(serr)), nil
+	}
+	res := &rc.rpcRes
+	res.Instances = res.Instances[:0]
+	for i := range rc.res.Instances {
+		inst := &rc.res.Instances[i]
+		// Grow by reslicing so each element keeps its DP/RankMatches capacity from earlier queries.
+		if len(res.Instances) < cap(res.Instances) {
+			res.Instances = res.Instances[:len(res.Instances)+1]
+		} else {
+			res.Instances = append(res.Instances, wire.RPCInstanceHit{})
+		}
+		ih := &res.Instances[len(res.Instances)-1]
+		ih.InstanceID = inst.InstanceID
+		hit := &ih.Hit
+		hit.LongestMatchTokens = inst.Disk
+		hit.Device, hit.CPULocal, hit.CPUShare, hit.Disk = inst.Device, inst.CPULocal, inst.CPUShare, inst.Disk
+		hit.DP = hit.DP[:0]
+		hit.RankMatches = hit.RankMatches[:0]
+		for _, r := range inst.Ranks {
+			hit.DP = append(hit.DP, wire.RPCRankValue{Rank: int64(r.Rank), Value: r.Device})
+			hit.RankMatches = append(hit.RankMatches, wire.RPCRankTiers{Rank: int64(r.Rank), Device: r.Device,
+				CPULocal: r.CPULocal, CPUShare: r.CPUShare, Disk: r.Disk})
+		}
+	}
+	out, err := wire.AppendRPCQueryResult(out, res)
+	for i := range res.Instances {
+		res.Instances[i].InstanceID = "" // drop references into the engine's slot table
+	}
+	return out, err
+}
+
+func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
+	var c wire.RPCServiceConfig
+	if err := wire.DecodeRPCServiceConfig(body, &c); err != nil {
+		return out, err
+	}
+	if !c.PublisherKind.Valid() {
+		return wire.AppendRPCRegisterError(out, wire.RPCCodeInvalidParams), nil
+	}
+	r := Registration{
+		Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, Type: c.PublisherKind.String(),
+		ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,
+		BlockSize: c.BlockSize, DPRank: int64(c.DPRank),
+		Strategy: c.HashProfile.Strategy, Algorithm: c.HashProfile.Algorithm,
+		PythonHashSeed: c.HashProfile.PythonHashSeed, IndexProjection: c.HashProfile.IndexProjection,
+		RootDigest: c.HashProfile.RootDigest,
+	}
+	if c.HasCacheGroup {
+		g := c.CacheGroup
+		r.CacheGroup = &g
+	}
+	cfg, isNew, serr := rc.s.svc.RegisterInput(&r)
+	if serr != nil {
+		rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr)
+		rc.s.metrics.observeRPC("Register", rpcCode(serr).String())
+		return wire.AppendRPCRegisterError(out, rpcCode(serr)), nil
+	}
+	rc.s.metrics.observeRPC("Register", "OK")
+	return wire.AppendRPCRegisterResult(out, wire.RPCRegisterResult{InstanceID: cfg.InstanceID, IsNew: isNew}), nil
+}
+
+func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
+	id, tenant, rank, err := wire.DecodeRPCUnregisterArgs(body)
+	if err != nil {
+		return out, err
+	}
+	key, serr := rc.s.svc.Unregister(id, tenant, int(rank))
+	if serr != nil {
+		rc.s.metrics.observeRPC("Unregister", rpcCode(serr).String())
+		return wire.AppendRPCUnregisterError(out, rpcCode(serr)), nil
+	}
+	rc.s.metrics.observeRPC("Unregister", "OK")
+	return wire.AppendRPCUnregisterResult(out, wire.RPCUnregisterResult{RemovedKey: key}), nil
+}
+
+func rpcProfile(c *ServiceConfig) wire.RPCHashProfile {
+	p := &c.Profile
+	return wire.RPCHashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
+		RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()}
+}
+
+func rpcServiceList(svcs []ServiceConfig) []wire.RPCServiceConfig {
+	out := make([]wire.RPCServiceConfig, len(svcs))
+	for i := range svcs {
+		c := &svcs[i]
+		out[i] = wire.RPCServiceConfig{
+			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: wire.RPCPublisherKind(c.Kind),
+			ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,
+			BlockSize: c.BlockSize, DPRank: int32(c.DPRank), HashProfile: rpcProfile(c),
+		}
+		if c.CacheGroup != nil {
+			out[i].CacheGroup, out[i].HasCacheGroup = *c.CacheGroup, true
+		}
+	}
+	return out
+}
+
+func rpcGlobalView(svc *Service) *wire.RPCGlobalView {
+	views, serr := svc.GlobalView()
+	v := &wire.RPCGlobalView{}
+	// While stopping, an empty view: GetGlobalView has no error channel on the wire.
+	if serr != nil {
+		return v
+	}
+	for i := range views {
+		cv := &views[i]
+		p := &cv.Profile
+		ctx := wire.RPCContextView{
+			Context: wire.RPCContextKey{TenantID: cv.Key.TenantID, ModelName: cv.Key.ModelName, LoraName: cv.Key.LoraName, BlockSize: cv.Key.BlockSize},
+			Profile: wire.RPCHashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
+				RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()},
+			PrefixCount: cv.PrefixCount,
+		}
+		for _, inst := range cv.Instances {
+			ir := wire.RPCInstanceRanks{InstanceID: inst.InstanceID}
+			for _, r := range inst.Ranks {
+				ir.Ranks = append(ir.Ranks, int64(r))
+			}
+			ctx.InstanceRanks = append(ctx.InstanceRanks, ir)
+		}
+		v.Contexts = append(v.Contexts, ctx)
+	}
+	v.ContextCount = int32(len(v.Contexts))
+	return v
+}

@@ -1,0 +1,272 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest"
+)
+
+// Subscription is a running event consumer for one registered service.
+type Subscription interface {
+	Stop()
+	Stats() ingest.SubscriberStats
+}
+
+// SubscribeFunc starts consuming the events of a validated registration. The default is
+// ingest-backed (ZMQ); tests may substitute it.
+type SubscribeFunc func(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error)
+
+// ServiceOptions configures a Service.
+type ServiceOptions struct {
+	Engine    *engine.Engine
+	Logger    *slog.Logger
+	Subscribe SubscribeFunc // nil: ZMQ subscribers from package ingest
+	// OnChange, if set, is called after every successful register or unregister (state file).
+	OnChange func()
+}
+
+type registration struct {
+	cfg ServiceConfig
+	sub Subscription
+}
+
+// Service is the business layer shared by the HTTP routes and the RPC listener: every
+// registration, unregistration and query goes through it, so validation is written once.
+type Service struct {
+	eng       *engine.Engine
+	log       *slog.Logger
+	subscribe SubscribeFunc
+	onChange  func()
+
+	mu        sync.Mutex
+	services  map[string]*registration // by service key
+	endpoints map[string]string        // endpoint -> service key
+	stopping  atomic.Bool
+	stopOnce  sync.Once
+}
+
+// NewService builds the service layer over an engine.
+func NewService(opts ServiceOptions) *Service {
+	s := &Service{
+		eng:       opts.Engine,
+		log:       opts.Logger,
+		subscribe: opts.Subscribe,
+		onChange:  opts.OnChange,
+		services:  make(map[string]*registration),
+		endpoints: make(map[string]string),
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.subscribe == nil {
+		s.subscribe = SubscribeZMQ
+	}
+	return s
+}
+
+// Engine returns the index the service serves.
+func (s *Service) Engine() *engine.Engine { return s.eng }
+
+var errStopping = &Error{Code: CodeUnavailable, Msg: "conductor is stopping"}
+
+// RegisterInput validates raw registration input and registers it.
+func (s *Service) RegisterInput(r *Registration) (cfg ServiceConfig, isNew bool, err *Error) {
+	cfg, err = r.Resolve()
+	if err != nil {
+		return cfg, false, err
+	}
+	isNew, err = s.Register(&cfg)
+	return cfg, isNew, err
+}
+
+// Register registers a validated configuration and starts consuming its events. An
+// identical configuration already registered succeeds with isNew false.
+func (s *Service) Register(cfg *ServiceConfig) (isNew bool, err *Error) {
+	if s.stopping.Load() {
+		return false, errStopping
+	}
+	key := cfg.Key()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping.Load() {
+		return false, errStopping
+	}
+	if cur, ok := s.services[key]; ok {
+		if cur.cfg.Equal(cfg) {
+			return false, nil
+		}
+		return false, invalidRegistration("conflicting registration for service key %s", key)
+	}
+	if other, ok := s.endpoints[cfg.Endpoint]; ok {
+		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other)
+	}
+	ctx := cfg.Context()
+	slotCreated := false
+	if cfg.Kind.IsEngine() {
+		created, rerr := s.eng.RegisterSlot(ctx, cfg.Profile, cfg.Slot())
+		if rerr != nil {
+			if errors.Is(rerr, engine.ErrProfileConflict) {
+				return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+			}
+			return false, &Error{Code: CodeInternal, Msg: fmt.Sprintf("register %s: %v", key, rerr)}
+		}
+		slotCreated = created
+	} else if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
+		return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+	}
+	sub, serr := s.subscribe(cfg, s.eng, s.log)
+	if serr != nil {
+		if slotCreated {
+			s.eng.UnregisterSlot(ctx, cfg.Slot())
+		}
+		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
+		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
+	}
+	s.services[key] = &registration{cfg: *cfg, sub: sub}
+	s.endpoints[cfg.Endpoint] = key
+	s.log.Info("service registered", "service", key, "type", cfg.Kind.String(), "endpoint", cfg.Endpoint,
+		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", cfg.LoraName,
+		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName())
+	if s.onChange != nil {
+		s.onChange()
+	}
+	return true, nil
+}
+
+// Unregister stops consuming a service's events (waiting for its in-flight batch) and
+// removes what it contributed to the index. It returns the removed service key.
+func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *Error) {
+	if tenantID == "" {
+		tenantID = "default"
+	}
+	if instanceID == "" {
+		return "", invalidField("invalid_value", "instance_id", "instance_id must not be empty")
+	}
+	if dpRank < 0 {
+		return "", invalidField("invalid_value", "dp_rank", "dp_rank must be a non-negative int")
+	}
+	if s.stopping.Load() {
+		return "", errStopping
+	}
+	key := ServiceKey(instanceID, tenantID, dpRank)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reg, ok := s.services[key]
+	if !ok {
+		return "", &Error{Code: CodeNotFound, Msg: "service not found: " + key}
+	}
+	reg.sub.Stop()
+	s.retract(&reg.cfg)
+	delete(s.services, key)
+	delete(s.endpoints, reg.cfg.Endpoint)
+	s.log.Info("service unregistered", "service", key, "endpoint", reg.cfg.Endpoint)
+	if s.onChange != nil {
+		s.onChange()
+	}
+	return key, nil
+}
+
+// retract removes everything a stopped service contributed.
+func (s *Service) retract(cfg *ServiceConfig) {
+	if cfg.Kind.IsEngine() {
+		s.eng.UnregisterSlot(cfg.Context(), cfg.Slot())
+	} else {
+		s.eng.RetractSource(cfg.Endpoint)
+	}
+}
+
+// Query answers a prefix-hit query. It reads the index without locks.
+func (s *Service) Query(q *engine.Query, res *engine.Result) *Error {
+	if s.stopping.Load() {
+		return errStopping
+	}
+	if q.Key.ModelName == "" {
+		return invalidField("invalid_value", "model", "model must not be empty")
+	}
+	if q.Key.BlockSize <= 0 {
+		return invalidField("out_of_range", "block_size", "block_size must be a positive integer")
+	}
+	if q.Key.TenantID == "" {
+		q.Key.TenantID = "default"
+	}
+	if err := s.eng.Query(q, res); err != nil {
+		return queryError(err)
+	}
+	return nil
+}
+
+// Services lists the active registrations ordered by service key.
+func (s *Service) Services() []ServiceConfig {
+	s.mu.Lock()
+	out := make([]ServiceConfig, 0, len(s.services))
+	for _, r := range s.services {
+		out = append(out, r.cfg)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	return out
+}
+
+// ServiceStats is one service's key, configuration and subscriber counters.
+type ServiceStats struct {
+	Key    string
+	Config ServiceConfig
+	Stats  ingest.SubscriberStats
+	// Handler holds the event handler's counters when HasHandler (ZMQ subscriptions).
+	Handler    ingest.HandlerStats
+	HasHandler bool
+}
+
+// handlerStatser is implemented by subscriptions that expose their event handler's counters.
+type handlerStatser interface{ HandlerStats() ingest.HandlerStats }
+
+// Stats returns every service's subscriber counters, ordered by service key.
+func (s *Service) Stats() []ServiceStats {
+	s.mu.Lock()
+	out := make([]ServiceStats, 0, len(s.services))
+	for k, r := range s.services {
+		st := ServiceStats{Key: k, Config: r.cfg, Stats: r.sub.Stats()}
+		if hs, ok := r.sub.(handlerStatser); ok {
+			st.Handler, st.HasHandler = hs.HandlerStats(), true
+		}
+		out = append(out, st)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// GlobalView returns the indexed contexts.
+func (s *Service) GlobalView() ([]engine.ContextView, *Error) {
+	if s.stopping.Load() {
+		return nil, errStopping
+	}
+	return s.eng.GlobalView(), nil
+}
+
+// Stopping reports whether Stop has begun.
+func (s *Service) Stopping() bool { return s.stopping.Load() }
+
+// BeginStop makes every later request answer "unavailable" (HTTP 503, RPC
+// CONDUCTOR_UNAVAILABLE) while in-flight ones finish.
+func (s *Service) BeginStop() { s.stopping.Store(true) }
+
+// Stop refuses new work and stops every subscriber, once. Registrations are kept in memory
+// (the process is exiting); the engine is closed by its owner.
+func (s *Service) Stop() {
+	s.stopping.Store(true)
+	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, r := range s.services {
+			r.sub.Stop()
+		}
+		s.log.Info("service layer stopped", "services", len(s.services))
+	})
+}

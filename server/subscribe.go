@@ -1,0 +1,57 @@
+package server
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/wire"
+)
+
+// zmqSubscription pairs a ZMQ subscriber with the handler that applies its events.
+type zmqSubscription struct {
+	sub     *ingest.Subscriber
+	handler *ingest.EventHandler
+}
+
+func (z *zmqSubscription) Stop()                         { z.sub.Stop() }
+func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() }
+
+// HandlerStats exposes the event handler's counters (for metrics).
+func (z *zmqSubscription) HandlerStats() ingest.HandlerStats { return z.handler.Stats() }
+
+func publisherOf(k PublisherKind) wire.Publisher {
+	switch k {
+	case KindSGLang:
+		return wire.PublisherSGLang
+	case KindMooncake:
+		return wire.PublisherMooncake
+	}
+	return wire.PublisherVLLM
+}
+
+// SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
+// vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler.
+func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error) {
+	key := cfg.Key()
+	replay := cfg.ReplayEndpoint
+	if cfg.Kind == KindMooncake && replay != "" {
+		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
+		replay = ""
+	}
+	h := ingest.NewEventHandler(ingest.Source{
+		Name: key, Kind: publisherOf(cfg.Kind), Endpoint: cfg.Endpoint,
+		Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile,
+	}, eng, log)
+	sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{
+		Name: key, Endpoint: cfg.Endpoint, ReplayEndpoint: replay, Logger: log,
+	}, h)
+	if err != nil {
+		return nil, fmt.Errorf("failed to start ZMQ client: %w", err)
+	}
+	if err := sub.Start(); err != nil {
+		return nil, err // already "failed to start ZMQ client: ..."
+	}
+	return &zmqSubscription{sub: sub, handler: h}, nil
+}
