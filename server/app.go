@@ -27,7 +27,10 @@ type AppConfig struct {
 	SkippedServices int
 	// ConfigPath is logged in the startup summary.
 	ConfigPath string
-	Logger     *slog.Logger
+	// StateFile is where services registered over HTTP/RPC are persisted and restored
+	// from at start ("" disables).
+	StateFile string
+	Logger    *slog.Logger
 	// BindAddress is the interface to listen on ("" = all interfaces, as upstream).
 	BindAddress string
 	// Engine options (zero values take the engine defaults).
@@ -115,16 +118,20 @@ func Start(cfg AppConfig) (*App, error) {
 	ok, failed := 0, cfg.SkippedServices
 	for i := range cfg.Services {
 		c := &cfg.Services[i]
-		if _, serr := svc.Register(c); serr != nil {
+		if _, serr := svc.RegisterStatic(c); serr != nil {
 			failed++
 			log.Error("static service failed to start", "service", c.Key(), "err", serr)
 			continue
 		}
 		ok++
 	}
+	restored := 0
+	if cfg.StateFile != "" {
+		restored = app.restoreState(cfg.StateFile)
+	}
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
-		"static_failed", failed, "config", cfg.ConfigPath, "startup", time.Since(started).String())
+		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "config", cfg.ConfigPath, "startup", time.Since(started).String())
 	return app, nil
 }
 
@@ -170,4 +177,38 @@ func (a *App) readyz(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetBodyString(`{"ready":true,"services":` + strconv.Itoa(len(a.Service.Services())) + `}`)
+}
+
+// restoreState registers the services of the state file and then keeps the file current.
+// A corrupt file is set aside and reported; an unreadable one is reported and left alone,
+// and persistence stays off so that it is not overwritten.
+func (a *App) restoreState(path string) int {
+	sf := &StateFile{Path: path}
+	st, err := sf.Load()
+	if err != nil {
+		a.log.Error("state file not restored", "path", path, "err", err, "set_aside", st.SetAside)
+		if st.SetAside == "" {
+			return 0
+		}
+	}
+	for _, skipped := range st.Skipped {
+		a.log.Error("state file entry skipped", "err", skipped)
+	}
+	n := 0
+	for i := range st.Services {
+		c := &st.Services[i]
+		isNew, serr := a.Service.Register(c)
+		switch {
+		case serr != nil:
+			a.log.Error("persisted service not restored", "service", c.Key(), "err", serr)
+		case isNew:
+			n++
+		}
+	}
+	a.Service.SetPersist(sf.Save)
+	// Rewrite once so that the file matches what is registered now.
+	a.Service.mu.Lock()
+	a.Service.persistLocked()
+	a.Service.mu.Unlock()
+	return n
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
 )
 
@@ -26,6 +27,9 @@ type FileConfig struct {
 	Services []ServiceConfig
 	// Skipped describes each invalid entry that was left out (the others still start).
 	Skipped []error
+	// StateFile persists services registered over HTTP/RPC: the "state_file" key, default
+	// conductor_state.json beside the config file; "" disables.
+	StateFile string
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -36,7 +40,8 @@ type FileConfig struct {
 // Unlike upstream (which zeroes http_server_port when the key is absent from an existing
 // file), an absent port keeps its default: the contract documents 13333 as the default.
 func LoadConfigFile(path string) (FileConfig, error) {
-	cfg := FileConfig{Path: path, HTTPPort: DefaultHTTPPort, RPCPort: DefaultRPCPort}
+	cfg := FileConfig{Path: path, HTTPPort: DefaultHTTPPort, RPCPort: DefaultRPCPort,
+		StateFile: filepath.Join(filepath.Dir(path), StateFileName)}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return cfg, nil
@@ -70,6 +75,11 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: %s must be an integer port in 0..65535", path, p.key)
 		}
 		*p.dst = int(port)
+	}
+	if raw, ok := root["state_file"]; ok {
+		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
+			return cfg, fmt.Errorf("config file %s: state_file must be a string", path)
+		}
 	}
 	raw, ok := root["kvevent_instance"]
 	if !ok || string(raw) == "null" {
@@ -124,8 +134,8 @@ func parseConfigEntry(name string, raw json.RawMessage) (ServiceConfig, error) {
 	}
 	r.InstanceID = name
 	if v, ok := entry["instance_id"]; ok {
-		var s string
-		if json.Unmarshal(v, &s) != nil || s == "" {
+		s, ok := jsonString(v)
+		if !ok || s == "" {
 			return ServiceConfig{}, errors.New("instance_id must be a non-empty string")
 		}
 		r.InstanceID = s
@@ -180,14 +190,14 @@ func parseConfigProfile(raw json.RawMessage, r *Registration) error {
 		key string
 		dst *string
 	}{{"strategy", &r.Strategy}, {"algorithm", &r.Algorithm}, {"index_projection", &r.IndexProjection}} {
-		v, ok := p[f.key]
-		if !ok || json.Unmarshal(v, f.dst) != nil {
+		var ok bool
+		if *f.dst, ok = jsonString(p[f.key]); !ok {
 			return fmt.Errorf("hash_profile.%s must be a string", f.key)
 		}
 	}
 	sglang := r.Strategy == "sglang" || r.Strategy == "sglang_bigram"
 	if v, ok := p["python_hash_seed"]; ok {
-		if json.Unmarshal(v, &r.PythonHashSeed) != nil {
+		if r.PythonHashSeed, ok = jsonString(v); !ok {
 			return errors.New("hash_profile.python_hash_seed must be a string")
 		}
 	} else if !sglang {
@@ -196,10 +206,11 @@ func parseConfigProfile(raw json.RawMessage, r *Registration) error {
 	return nil
 }
 
-// jsonInt accepts a JSON integer that fits int64 (no fraction, no exponent).
+// jsonInt accepts a JSON integer that fits int64 (no fraction, no exponent). A quoted
+// number is a string, not an integer: json.Number alone would accept "16".
 func jsonInt(raw json.RawMessage) (int64, error) {
 	var n json.Number
-	if err := json.Unmarshal(raw, &n); err != nil {
+	if len(raw) == 0 || raw[0] == '"' || json.Unmarshal(raw, &n) != nil || n == "" {
 		return 0, errors.New("must be an integer")
 	}
 	v, err := n.Int64()
@@ -214,18 +225,25 @@ func optString(entry map[string]json.RawMessage, key, def string) (string, error
 	if !ok {
 		return def, nil
 	}
-	var s string
-	if err := json.Unmarshal(v, &s); err != nil {
+	s, ok := jsonString(v)
+	if !ok {
 		return "", fmt.Errorf("%s must be a string", key)
 	}
 	return s, nil
 }
 
-func looseString(raw json.RawMessage) string {
+// jsonString decodes a JSON string. Null is not a string: json.Unmarshal would accept it
+// into a string without error and leave "", turning an invalid entry into a default.
+func jsonString(raw json.RawMessage) (string, bool) {
 	var s string
-	if raw == nil || json.Unmarshal(raw, &s) != nil {
-		return ""
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
 	}
+	return s, true
+}
+
+func looseString(raw json.RawMessage) string {
+	s, _ := jsonString(raw)
 	return s
 }
 
@@ -236,5 +254,5 @@ func (f *FileConfig) AppConfig() AppConfig {
 		rpc = -1
 	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
-		SkippedServices: len(f.Skipped), ConfigPath: f.Path}
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile}
 }

@@ -27,13 +27,16 @@ type ServiceOptions struct {
 	Engine    *engine.Engine
 	Logger    *slog.Logger
 	Subscribe SubscribeFunc // nil: ZMQ subscribers from package ingest
-	// OnChange, if set, is called after every successful register or unregister (state file).
-	OnChange func()
+	// Persist, if set, is called with the services registered over HTTP or RPC (not the
+	// static ones from the config file) after every change, to keep the state file current.
+	Persist func([]ServiceConfig) error
 }
 
 type registration struct {
 	cfg ServiceConfig
 	sub Subscription
+	// static: registered from the config file at start (not persisted in the state file).
+	static bool
 }
 
 // Service is the business layer shared by the HTTP routes and the RPC listener: every
@@ -42,7 +45,7 @@ type Service struct {
 	eng       *engine.Engine
 	log       *slog.Logger
 	subscribe SubscribeFunc
-	onChange  func()
+	persist   func([]ServiceConfig) error
 
 	mu        sync.Mutex
 	services  map[string]*registration // by service key
@@ -57,7 +60,7 @@ func NewService(opts ServiceOptions) *Service {
 		eng:       opts.Engine,
 		log:       opts.Logger,
 		subscribe: opts.Subscribe,
-		onChange:  opts.OnChange,
+		persist:   opts.Persist,
 		services:  make(map[string]*registration),
 		endpoints: make(map[string]string),
 	}
@@ -88,6 +91,23 @@ func (s *Service) RegisterInput(r *Registration) (cfg ServiceConfig, isNew bool,
 // Register registers a validated configuration and starts consuming its events. An
 // identical configuration already registered succeeds with isNew false.
 func (s *Service) Register(cfg *ServiceConfig) (isNew bool, err *Error) {
+	return s.register(cfg, false)
+}
+
+// RegisterStatic registers a service from the config file: like Register, but it is not
+// written to the state file (the config file already brings it back).
+func (s *Service) RegisterStatic(cfg *ServiceConfig) (isNew bool, err *Error) {
+	return s.register(cfg, true)
+}
+
+// SetPersist installs the persistence hook (after start-up registration).
+func (s *Service) SetPersist(fn func([]ServiceConfig) error) {
+	s.mu.Lock()
+	s.persist = fn
+	s.mu.Unlock()
+}
+
+func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Error) {
 	if s.stopping.Load() {
 		return false, errStopping
 	}
@@ -107,18 +127,25 @@ func (s *Service) Register(cfg *ServiceConfig) (isNew bool, err *Error) {
 		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other)
 	}
 	ctx := cfg.Context()
+	if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
+		return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+	}
+	// The engine cannot drop a context, so a registration that would create one must not
+	// create it before its subscriber is known to start: a failed subscribe would leave an
+	// empty context pinning this (possibly wrong) hash profile until restart. Such a context
+	// is registered right after the subscriber starts, long before the publisher can have
+	// completed the ZMQ handshake and sent anything (s.mu keeps every other registration
+	// out meanwhile). In an existing context the slot is registered first, so that no
+	// event is rejected for an unknown slot, and removed again if subscribing fails.
+	_, ctxExists := s.eng.ContextProfile(ctx)
+	slotFirst := cfg.Kind.IsEngine() && ctxExists
 	slotCreated := false
-	if cfg.Kind.IsEngine() {
-		created, rerr := s.eng.RegisterSlot(ctx, cfg.Profile, cfg.Slot())
+	if slotFirst {
+		created, rerr := s.registerSlot(cfg, key)
 		if rerr != nil {
-			if errors.Is(rerr, engine.ErrProfileConflict) {
-				return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
-			}
-			return false, &Error{Code: CodeInternal, Msg: fmt.Sprintf("register %s: %v", key, rerr)}
+			return false, rerr
 		}
 		slotCreated = created
-	} else if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
-		return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
 	}
 	sub, serr := s.subscribe(cfg, s.eng, s.log)
 	if serr != nil {
@@ -128,15 +155,34 @@ func (s *Service) Register(cfg *ServiceConfig) (isNew bool, err *Error) {
 		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
 		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
 	}
-	s.services[key] = &registration{cfg: *cfg, sub: sub}
+	if cfg.Kind.IsEngine() && !slotFirst {
+		if _, rerr := s.registerSlot(cfg, key); rerr != nil {
+			sub.Stop()
+			return false, rerr
+		}
+	}
+	s.services[key] = &registration{cfg: *cfg, sub: sub, static: static}
 	s.endpoints[cfg.Endpoint] = key
 	s.log.Info("service registered", "service", key, "type", cfg.Kind.String(), "endpoint", cfg.Endpoint,
 		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", cfg.LoraName,
 		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName())
-	if s.onChange != nil {
-		s.onChange()
+	if !static {
+		s.persistLocked()
 	}
 	return true, nil
+}
+
+// registerSlot adds an engine registration's (instance, rank) to its context, creating
+// the context on first use.
+func (s *Service) registerSlot(cfg *ServiceConfig, key string) (created bool, err *Error) {
+	created, rerr := s.eng.RegisterSlot(cfg.Context(), cfg.Profile, cfg.Slot())
+	if rerr != nil {
+		if errors.Is(rerr, engine.ErrProfileConflict) {
+			return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+		}
+		return false, &Error{Code: CodeInternal, Msg: fmt.Sprintf("register %s: %v", key, rerr)}
+	}
+	return created, nil
 }
 
 // Unregister stops consuming a service's events (waiting for its in-flight batch) and
@@ -166,10 +212,28 @@ func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *
 	delete(s.services, key)
 	delete(s.endpoints, reg.cfg.Endpoint)
 	s.log.Info("service unregistered", "service", key, "endpoint", reg.cfg.Endpoint)
-	if s.onChange != nil {
-		s.onChange()
+	if !reg.static {
+		s.persistLocked()
 	}
 	return key, nil
+}
+
+// persistLocked hands the dynamic registrations to the persistence hook; a failure is
+// logged (the registration itself stands).
+func (s *Service) persistLocked() {
+	if s.persist == nil {
+		return
+	}
+	var dyn []ServiceConfig
+	for _, r := range s.services {
+		if !r.static {
+			dyn = append(dyn, r.cfg)
+		}
+	}
+	sort.Slice(dyn, func(i, j int) bool { return dyn[i].Key() < dyn[j].Key() })
+	if err := s.persist(dyn); err != nil {
+		s.log.Error("could not persist registrations; they will not survive a restart", "err", err)
+	}
 }
 
 // retract removes everything a stopped service contributed.

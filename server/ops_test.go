@@ -1,0 +1,302 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// scrape fetches /metrics and parses the text exposition.
+func scrape(t *testing.T, app *App) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d", resp.StatusCode)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse metrics: %v\n%s", err, body)
+	}
+	return fams
+}
+
+// metricValue sums the samples of a family whose labels include every given pair.
+func metricValue(fams map[string]*dto.MetricFamily, name string, labels ...string) (float64, bool) {
+	f, ok := fams[name]
+	if !ok {
+		return 0, false
+	}
+	sum, found := 0.0, false
+	for _, m := range f.GetMetric() {
+		match := true
+		for i := 0; i < len(labels); i += 2 {
+			has := false
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+					has = true
+				}
+			}
+			match = match && has
+		}
+		if !match {
+			continue
+		}
+		found = true
+		switch {
+		case m.Counter != nil:
+			sum += m.Counter.GetValue()
+		case m.Gauge != nil:
+			sum += m.Gauge.GetValue()
+		case m.Histogram != nil:
+			sum += float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return sum, found
+}
+
+func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
+	app := startApp(t, false)
+	pub := newPublisher(t, false)
+	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-a", 0)); code != http.StatusOK {
+		t.Fatalf("register: %d %v", code, resp)
+	}
+	if err := pub.WaitSubscribers(1, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	before := scrape(t, app)
+	if v, _ := metricValue(before, "conductor_queries_total", "protocol", "http"); v != 0 {
+		t.Fatalf("queries before any query = %v", v)
+	}
+	tokens := seqTokens(64, 1)
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
+	for i := 0; i < 3; i++ {
+		if _, err := pub.Publish(vllmBatch(0, stored(keys[i:i+1], "GPU"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A malformed payload: counted as a dropped envelope, nothing applied.
+	if _, err := pub.Publish([]byte{0xc1}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "events applied", func() error {
+		f := scrape(t, app)
+		if v, _ := metricValue(f, "conductor_service_events_total", "service", "engine-a|default|0", "outcome", "applied"); v != 3 {
+			return errf("applied events = %v", v)
+		}
+		if v, _ := metricValue(f, "conductor_service_rejected_total", "reason", "invalid_envelope"); v != 1 {
+			return errf("invalid envelopes = %v", v)
+		}
+		return nil
+	})
+	for i := 0; i < 5; i++ {
+		msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
+	}
+	msgpackPost(t, app, "/query", mp("model", "", "block_size", 16, "token_ids", []any{}))
+	f := scrape(t, app)
+	checks := []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"conductor_queries_total", []string{"protocol", "http"}, 6},
+		{"conductor_query_errors_total", []string{"protocol", "http"}, 1},
+		{"conductor_query_duration_seconds", []string{"protocol", "http"}, 6},
+		{"conductor_query_blocks_hashed", nil, 5},
+		{"conductor_http_requests_total", []string{"route", "/query", "status", "200"}, 5},
+		{"conductor_http_requests_total", []string{"route", "/register", "status", "200"}, 1},
+		{"conductor_service_messages_received_total", []string{"service", "engine-a|default|0"}, 4},
+		{"conductor_service_blocks_applied_total", nil, 3},
+		{"conductor_service_stale", nil, 0},
+		{"conductor_context_blocks", []string{"model", "m"}, 3},
+		{"conductor_context_slots", []string{"model", "m"}, 1},
+	}
+	for _, c := range checks {
+		got, ok := metricValue(f, c.name, c.labels...)
+		if !ok || got != c.want {
+			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		}
+	}
+	// Blocks hashed: a full-hit 64-token query hashes 4 blocks, the walk stops at block 3.
+	if h := f["conductor_query_blocks_hashed"].GetMetric()[0].GetHistogram(); h.GetSampleSum() != 5*4 {
+		t.Errorf("blocks hashed sum = %v, want 20", h.GetSampleSum())
+	}
+	if _, ok := f["process_resident_memory_bytes"]; !ok {
+		t.Error("process metrics missing")
+	}
+	if _, ok := metricValue(f, "conductor_service_last_event_age_seconds"); !ok {
+		t.Error("last event age missing")
+	}
+}
+
+func TestMetricsDisabled(t *testing.T) {
+	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(), DisableMetrics: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(app.Stop)
+	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/metrics with metrics disabled: %d, want 404", resp.StatusCode)
+	}
+	if code, _ := msgpackPost(t, app, "/query", queryBody("m", 16, seqTokens(16, 1))); code != http.StatusOK {
+		t.Errorf("query with metrics disabled: %d", code)
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	app := startApp(t, false)
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + app.HTTPAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	code, body := get("/readyz")
+	var ready map[string]any
+	if err := json.Unmarshal([]byte(body), &ready); err != nil || code != 200 || ready["ready"] != true {
+		t.Errorf("/readyz after start = %d %q", code, body)
+	}
+	app.ready.Store(false) // as during start-up, before static services are subscribed
+	if code, _ := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz before ready = %d, want 503", code)
+	}
+	app.ready.Store(true)
+	app.Service.BeginStop()
+	app.ready.Store(false)
+	if code, _ := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz while stopping = %d, want 503", code)
+	}
+	if code, _ := get("/healthz"); code != 200 {
+		t.Errorf("/healthz while stopping = %d", code)
+	}
+}
+
+func startWithState(t *testing.T, path string) *App {
+	t.Helper()
+	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(), StateFile: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return app
+}
+
+func TestStateFileRestoresRegistrations(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state", StateFileName)
+	pub := newPublisher(t, false)
+	app := startWithState(t, path)
+	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-a", 0, "lora_name", "l1")); code != 200 {
+		t.Fatalf("register: %d %v", code, resp)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil || !strings.Contains(string(data), `"instance_id": "engine-a"`) {
+		t.Fatalf("state file after register: %v %s", err, data)
+	}
+	// Simulate a crash: the process goes away without unregistering anything.
+	app.Stop()
+
+	app2 := startWithState(t, path)
+	defer app2.Stop()
+	svcs := app2.Service.Services()
+	if len(svcs) != 1 || svcs[0].InstanceID != "engine-a" || svcs[0].LoraName != "l1" || svcs[0].Endpoint != pub.Endpoint() {
+		t.Fatalf("restored services = %+v", svcs)
+	}
+	// Re-subscribed: events published now reach the new process's index.
+	if err := pub.WaitSubscribers(1, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(32, 1)
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "l1", "", tokens)
+	ev := mp("type", "BlockStored", "block_hashes", []any{keys[0], keys[1]}, "parent_block_hash", nil, "token_ids", nil,
+		"block_size", 16, "lora_id", 1, "medium", "GPU", "lora_name", "l1")
+	eventually(t, "hits after restart", func() error {
+		if _, err := pub.Publish(vllmBatch(0, ev)); err != nil {
+			return err
+		}
+		_, r := msgpackPost(t, app2, "/query", queryBody("m", 16, tokens, "lora_name", "l1"))
+		if got := tierOf(t, hits(t, r), "engine-a", "device"); got != 32 {
+			return errf("device = %d", got)
+		}
+		return nil
+	})
+	if code, _ := msgpackPost(t, app2, "/unregister", mp("instance_id", "engine-a", "dp_rank", 0)); code != 200 {
+		t.Fatal("unregister failed")
+	}
+	data, _ = os.ReadFile(path)
+	if strings.Contains(string(data), "engine-a") {
+		t.Errorf("state file still lists the unregistered service: %s", data)
+	}
+}
+
+func TestCorruptStateFileIsSetAside(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, StateFileName)
+	if err := os.WriteFile(path, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app := startWithState(t, path)
+	defer app.Stop()
+	if n := len(app.Service.Services()); n != 0 {
+		t.Errorf("services from a corrupt state file: %d", n)
+	}
+	matches, _ := filepath.Glob(path + ".corrupt-*")
+	if len(matches) != 1 {
+		t.Fatalf("corrupt file not set aside: %v", matches)
+	}
+	if b, _ := os.ReadFile(matches[0]); string(b) != "{not json" {
+		t.Errorf("set-aside content changed: %q", b)
+	}
+	// The conductor keeps working and writes a fresh state file.
+	pub := newPublisher(t, false)
+	if code, _ := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-b", 0)); code != 200 {
+		t.Fatal("register after corrupt state failed")
+	}
+	var doc map[string]any
+	b, _ := os.ReadFile(path)
+	if err := json.Unmarshal(b, &doc); err != nil || len(doc["services"].([]any)) != 1 {
+		t.Errorf("new state file = %s (%v)", b, err)
+	}
+}
+
+func TestStateFileInvalidEntrySkipped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), StateFileName)
+	pub := newPublisher(t, false)
+	doc := `{"version":1,"services":[
+	 {"endpoint":"` + pub.Endpoint() + `","type":"vLLM","modelname":"m","instance_id":"ok","block_size":16,"dp_rank":0,
+	  "hash_profile":{"strategy":"vllm_v1","algorithm":"sha256","python_hash_seed":"0","index_projection":"low64_be"}},
+	 {"endpoint":"tcp://127.0.0.1:1","type":"vLLM","modelname":"m","instance_id":"bad","block_size":16,"dp_rank":0,
+	  "hash_profile":{"strategy":"vllm_v1","algorithm":"md5","python_hash_seed":"0","index_projection":"low64_be"}}]}`
+	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app := startWithState(t, path)
+	defer app.Stop()
+	svcs := app.Service.Services()
+	if len(svcs) != 1 || svcs[0].InstanceID != "ok" || svcs[0].Profile.AlgorithmName() != "sha256" {
+		t.Fatalf("services = %+v", svcs)
+	}
+}
