@@ -1,0 +1,337 @@
+// Package httpclient is a Go client for Conductor's HTTP indexer API: the five msgpack
+// routes POST /register, /unregister, /query and GET /services, /global_view, with the
+// request and response shapes of the contract (indexer-http-api.txt).
+//
+// The encoders (Append*Request) and decoders (Decode*) are exported on their own so that
+// tests and tools can build exact request bytes or read captured bodies without a
+// network. Client.Query is the hot path: with a QueryResult reused across calls it
+// allocates nothing in steady state.
+package httpclient
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+	"github.com/valyala/fasthttp"
+)
+
+// DefaultPort is used when an address names a host without a port and without a scheme,
+// the shorthand an operator types for a conductor ("10.0.0.1").
+const DefaultPort = 13333
+
+// DefaultTimeout bounds each call when Options.Timeout is zero.
+const DefaultTimeout = 5 * time.Second
+
+const contentType = "application/msgpack"
+
+// Options configures a Client.
+type Options struct {
+	// Timeout bounds each call from sending the request to reading the whole response.
+	// Zero means DefaultTimeout.
+	Timeout time.Duration
+	// MaxConns caps concurrent connections to the server; zero means fasthttp's default.
+	MaxConns int
+}
+
+// Client calls one conductor. It is safe for concurrent use.
+type Client struct {
+	base    string // normalized "http://host:port[/prefix]", for messages
+	hc      *fasthttp.HostClient
+	timeout time.Duration
+	// Full request URIs, built once so calls do not concatenate strings.
+	registerURI, unregisterURI, queryURI, servicesURI, viewURI string
+}
+
+// New returns a client for the conductor at addr: "http://host:port", "https://host",
+// "host:port" or "host" (DefaultPort). A path after the host is kept as a prefix for
+// every route, for conductors behind a reverse proxy.
+func New(addr string, opts Options) (*Client, error) {
+	raw := strings.TrimSpace(addr)
+	schemeless := !strings.Contains(raw, "://")
+	if schemeless {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("parse address %q: %w", addr, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("address %q: scheme must be http or https", addr)
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("address %q: missing host", addr)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("address %q: only scheme, host, port and path are allowed", addr)
+	}
+	port := u.Port()
+	if port == "" {
+		switch {
+		case schemeless:
+			port = strconv.Itoa(DefaultPort)
+		case u.Scheme == "https":
+			port = "443"
+		default:
+			port = "80"
+		}
+	}
+	hostPort := net.JoinHostPort(u.Hostname(), port)
+	prefix := strings.TrimRight(u.EscapedPath(), "/")
+	c := &Client{
+		base:    u.Scheme + "://" + hostPort + prefix,
+		timeout: opts.Timeout,
+	}
+	if c.timeout <= 0 {
+		c.timeout = DefaultTimeout
+	}
+	c.hc = &fasthttp.HostClient{
+		Addr:       hostPort,
+		IsTLS:      u.Scheme == "https",
+		Name:       "conductor-httpclient",
+		MaxConns:   opts.MaxConns,
+		RetryIfErr: retryIfSafe,
+	}
+	c.registerURI = c.base + "/register"
+	c.unregisterURI = c.base + "/unregister"
+	c.queryURI = c.base + "/query"
+	c.servicesURI = c.base + "/services"
+	c.viewURI = c.base + "/global_view"
+	return c, nil
+}
+
+// retryIfSafe lets fasthttp retry a request whose keep-alive connection turned out to be
+// closed, but only for calls without side effects: a retried /unregister could report 404
+// for a service it had just removed.
+func retryIfSafe(req *fasthttp.Request, attempts int, _ error) (resetTimeout, retry bool) {
+	if attempts >= 3 {
+		return false, false
+	}
+	if req.Header.IsGet() {
+		return false, true
+	}
+	return false, bytes.HasSuffix(req.URI().Path(), []byte("/query"))
+}
+
+// Addr returns the normalized base address, e.g. "http://127.0.0.1:13333".
+func (c *Client) Addr() string { return c.base }
+
+// Close drops idle connections. The Client stays usable.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+// Error is a non-2xx reply. Validation failures (400) carry Reason and usually Field or
+// Index; service-level failures carry only Message.
+type Error struct {
+	Status  int
+	Message string
+	Reason  string
+	Field   string
+	// Index is the offending array element when HasIndex is set.
+	Index    int64
+	HasIndex bool
+}
+
+// Error formats the reply as "<error> (reason: <reason>, field: <field>, index: <i>)",
+// leaving out the parts the server did not send.
+func (e *Error) Error() string {
+	var sb strings.Builder
+	sb.WriteString(e.Message)
+	parts := 0
+	add := func(name, val string) {
+		if parts == 0 {
+			sb.WriteString(" (")
+		} else {
+			sb.WriteString(", ")
+		}
+		parts++
+		sb.WriteString(name)
+		sb.WriteString(": ")
+		sb.WriteString(val)
+	}
+	if e.Reason != "" {
+		add("reason", e.Reason)
+	}
+	if e.Field != "" {
+		add("field", e.Field)
+	}
+	if e.HasIndex {
+		add("index", strconv.FormatInt(e.Index, 10))
+	}
+	if parts > 0 {
+		sb.WriteString(")")
+	}
+	return sb.String()
+}
+
+// DecodeError builds the Error for a non-2xx reply. A body that is not the contract's
+// error map (a proxy's HTML page, say) becomes the message, or the status text when empty.
+func DecodeError(status int, body []byte) *Error {
+	e := &Error{Status: status}
+	err := decodeMap(body, "error response", func(key, v []byte) ([]byte, error) {
+		var err error
+		switch string(key) {
+		case "error":
+			e.Message, v, err = readString(v)
+		case "reason":
+			e.Reason, v, err = readString(v)
+		case "field":
+			e.Field, v, err = readString(v)
+		case "index":
+			e.Index, v, err = readInt(v)
+			e.HasIndex = err == nil
+		default:
+			v, err = msgp.Skip(v)
+		}
+		return v, err
+	})
+	if err != nil {
+		*e = Error{Status: status, Message: strings.TrimSpace(string(body))}
+		if len(e.Message) > 200 {
+			e.Message = e.Message[:200] + "..."
+		}
+	}
+	if e.Message == "" {
+		e.Message = "HTTP " + strconv.Itoa(status) + " " + fasthttp.StatusMessage(status)
+	}
+	return e
+}
+
+// ConnError means no reply came back: the server refused or dropped the connection, or
+// did not answer within the timeout.
+type ConnError struct {
+	Addr string
+	Err  error
+}
+
+// Error names the address so an operator sees which conductor was unreachable.
+func (e *ConnError) Error() string { return "cannot reach " + e.Addr + ": " + e.Err.Error() }
+
+// Unwrap returns the transport error.
+func (e *ConnError) Unwrap() error { return e.Err }
+
+// roundTrip sends req and leaves the reply in resp. A transport failure is a *ConnError
+// and a non-2xx reply an *Error; the caller decodes a 2xx body.
+func (c *Client) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error {
+	if err := c.hc.DoTimeout(req, resp, c.timeout); err != nil {
+		if errors.Is(err, fasthttp.ErrTimeout) {
+			err = fmt.Errorf("no response within %s: %w", c.timeout, err)
+		}
+		return &ConnError{Addr: c.base, Err: err}
+	}
+	if s := resp.StatusCode(); s < 200 || s > 299 {
+		return DecodeError(s, resp.Body())
+	}
+	return nil
+}
+
+// post sets the method, URI and content type of a msgpack POST.
+func post(req *fasthttp.Request, uri string) {
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI(uri)
+	req.Header.SetContentType(contentType)
+}
+
+// get sends a GET and hands the 2xx body to fn, which must not keep it: the buffer goes
+// back to fasthttp's pool on return.
+func (c *Client) get(uri string, fn func(body []byte) error) error {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.SetRequestURI(uri)
+	if err := c.roundTrip(req, resp); err != nil {
+		return err
+	}
+	return fn(resp.Body())
+}
+
+// Query asks for the cached prefix of q.TokenIDs and decodes the answer into res, which
+// may be reused across calls (see DecodeQueryResult).
+func (c *Client) Query(q *QueryRequest, res *QueryResult) error {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	post(req, c.queryURI)
+	// Encode straight into the request's pooled body buffer.
+	buf := req.SwapBody(nil)
+	req.SwapBody(AppendQueryRequest(buf[:0], q))
+	if err := c.roundTrip(req, resp); err != nil {
+		return err
+	}
+	if err := DecodeQueryResult(res, resp.Body()); err != nil {
+		return fmt.Errorf("decode /query response: %w", err)
+	}
+	return nil
+}
+
+// Register registers a publisher.
+func (c *Client) Register(r *RegisterRequest) (RegisterResult, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	post(req, c.registerURI)
+	buf := req.SwapBody(nil)
+	req.SwapBody(AppendRegisterRequest(buf[:0], r))
+	if err := c.roundTrip(req, resp); err != nil {
+		return RegisterResult{}, err
+	}
+	res, err := DecodeRegisterResult(resp.Body())
+	if err != nil {
+		return res, fmt.Errorf("decode /register response: %w", err)
+	}
+	return res, nil
+}
+
+// Unregister removes a publisher.
+func (c *Client) Unregister(r *UnregisterRequest) (UnregisterResult, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	post(req, c.unregisterURI)
+	buf := req.SwapBody(nil)
+	req.SwapBody(AppendUnregisterRequest(buf[:0], r))
+	if err := c.roundTrip(req, resp); err != nil {
+		return UnregisterResult{}, err
+	}
+	res, err := DecodeUnregisterResult(resp.Body())
+	if err != nil {
+		return res, fmt.Errorf("decode /unregister response: %w", err)
+	}
+	return res, nil
+}
+
+// Services lists the registered publishers.
+func (c *Client) Services() (ServiceList, error) {
+	var l ServiceList
+	err := c.get(c.servicesURI, func(body []byte) error {
+		var err error
+		if l, err = DecodeServiceList(body); err != nil {
+			return fmt.Errorf("decode /services response: %w", err)
+		}
+		return nil
+	})
+	return l, err
+}
+
+// GlobalView returns the snapshot of indexed contexts.
+func (c *Client) GlobalView() (GlobalView, error) {
+	var g GlobalView
+	err := c.get(c.viewURI, func(body []byte) error {
+		var err error
+		if g, err = DecodeGlobalView(body); err != nil {
+			return fmt.Errorf("decode /global_view response: %w", err)
+		}
+		return nil
+	})
+	return g, err
+}

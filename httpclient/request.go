@@ -1,0 +1,180 @@
+package httpclient
+
+import (
+	"encoding/binary"
+	"slices"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// HashProfile describes how a publisher hashes its blocks. In requests only the four
+// selectors are sent; RootDigest is derived by the server and only appears in responses.
+// The JSON names are the contract's, so a registration file can be decoded straight into
+// a RegisterRequest and views print the same keys the server sends.
+type HashProfile struct {
+	Strategy        string `json:"strategy"`
+	Algorithm       string `json:"algorithm"`
+	PythonHashSeed  string `json:"python_hash_seed,omitempty"`
+	RootDigest      string `json:"root_digest,omitempty"`
+	IndexProjection string `json:"index_projection"`
+}
+
+// RegisterRequest is the body of POST /register, in the contract's HTTP field names.
+// Optional string fields that are empty are left out of the request, which the server
+// treats exactly like the default ("" lora, tenant "default", no replay endpoint).
+type RegisterRequest struct {
+	Endpoint       string      `json:"endpoint"`
+	ReplayEndpoint string      `json:"replay_endpoint,omitempty"`
+	Type           string      `json:"type"`
+	ModelName      string      `json:"modelname"`
+	LoraName       string      `json:"lora_name,omitempty"`
+	TenantID       string      `json:"tenant_id,omitempty"`
+	InstanceID     string      `json:"instance_id"`
+	BlockSize      int64       `json:"block_size"`
+	DPRank         int64       `json:"dp_rank"`
+	CacheGroup     *int64      `json:"cache_group,omitempty"`
+	HashProfile    HashProfile `json:"hash_profile"`
+}
+
+// UnregisterRequest is the body of POST /unregister. An empty TenantID is left out and
+// means "default".
+type UnregisterRequest struct {
+	InstanceID string `json:"instance_id"`
+	TenantID   string `json:"tenant_id,omitempty"`
+	DPRank     int64  `json:"dp_rank"`
+}
+
+// QueryRequest is the body of POST /query. Empty optional strings are left out: an empty
+// InstanceID queries every instance of the context, an empty CacheSalt means no salt.
+type QueryRequest struct {
+	Model      string
+	BlockSize  int64
+	TokenIDs   []int32
+	LoraName   string
+	TenantID   string
+	InstanceID string
+	CacheSalt  string
+	// BinaryTokens sends token_ids as a msgpack bin of little-endian int32 values instead
+	// of an array: 4 bytes per token whatever its value, and no per-element parsing on
+	// the server.
+	BinaryTokens bool
+}
+
+// AppendRegisterRequest appends r as a msgpack map to dst.
+func AppendRegisterRequest(dst []byte, r *RegisterRequest) []byte {
+	n := uint32(7) // endpoint, type, modelname, instance_id, block_size, dp_rank, hash_profile
+	for _, s := range [...]string{r.ReplayEndpoint, r.LoraName, r.TenantID} {
+		if s != "" {
+			n++
+		}
+	}
+	if r.CacheGroup != nil {
+		n++
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendKV(dst, "endpoint", r.Endpoint)
+	dst = appendOptKV(dst, "replay_endpoint", r.ReplayEndpoint)
+	dst = appendKV(dst, "type", r.Type)
+	dst = appendKV(dst, "modelname", r.ModelName)
+	dst = appendOptKV(dst, "lora_name", r.LoraName)
+	dst = appendOptKV(dst, "tenant_id", r.TenantID)
+	dst = appendKV(dst, "instance_id", r.InstanceID)
+	dst = msgp.AppendString(dst, "block_size")
+	dst = msgp.AppendInt64(dst, r.BlockSize)
+	dst = msgp.AppendString(dst, "dp_rank")
+	dst = msgp.AppendInt64(dst, r.DPRank)
+	if r.CacheGroup != nil {
+		dst = msgp.AppendString(dst, "cache_group")
+		dst = msgp.AppendInt64(dst, *r.CacheGroup)
+	}
+	dst = msgp.AppendString(dst, "hash_profile")
+	return appendProfileRequest(dst, &r.HashProfile)
+}
+
+// appendProfileRequest writes the selectors of p. python_hash_seed is left out when empty
+// because the contract makes it optional (and ignored) for the sglang strategies;
+// root_digest is never sent since the server refuses it as input.
+func appendProfileRequest(dst []byte, p *HashProfile) []byte {
+	n := uint32(3)
+	if p.PythonHashSeed != "" {
+		n++
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendKV(dst, "strategy", p.Strategy)
+	dst = appendKV(dst, "algorithm", p.Algorithm)
+	dst = appendOptKV(dst, "python_hash_seed", p.PythonHashSeed)
+	return appendKV(dst, "index_projection", p.IndexProjection)
+}
+
+// AppendUnregisterRequest appends r as a msgpack map to dst.
+func AppendUnregisterRequest(dst []byte, r *UnregisterRequest) []byte {
+	n := uint32(2)
+	if r.TenantID != "" {
+		n++
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendKV(dst, "instance_id", r.InstanceID)
+	dst = appendOptKV(dst, "tenant_id", r.TenantID)
+	dst = msgp.AppendString(dst, "dp_rank")
+	return msgp.AppendInt64(dst, r.DPRank)
+}
+
+// AppendQueryRequest appends q as a msgpack map to dst. It allocates nothing once dst has
+// room, so a caller that keeps its buffer can query in a loop without garbage.
+func AppendQueryRequest(dst []byte, q *QueryRequest) []byte {
+	n := uint32(3)
+	for _, s := range [...]string{q.LoraName, q.TenantID, q.InstanceID, q.CacheSalt} {
+		if s != "" {
+			n++
+		}
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendKV(dst, "model", q.Model)
+	dst = appendOptKV(dst, "lora_name", q.LoraName)
+	dst = msgp.AppendString(dst, "block_size")
+	dst = msgp.AppendInt64(dst, q.BlockSize)
+	dst = appendOptKV(dst, "tenant_id", q.TenantID)
+	dst = appendOptKV(dst, "instance_id", q.InstanceID)
+	dst = appendOptKV(dst, "cache_salt", q.CacheSalt)
+	dst = msgp.AppendString(dst, "token_ids")
+	if q.BinaryTokens {
+		return appendTokensBin(dst, q.TokenIDs)
+	}
+	dst = msgp.AppendArrayHeader(dst, uint32(len(q.TokenIDs)))
+	dst = slices.Grow(dst, 5*len(q.TokenIDs)) // int32 encodes in at most 5 bytes
+	for _, t := range q.TokenIDs {
+		dst = msgp.AppendInt32(dst, t)
+	}
+	return dst
+}
+
+// appendTokensBin writes the bin header, then the little-endian words in place, so a
+// large prompt costs one copy rather than an intermediate byte slice.
+func appendTokensBin(dst []byte, toks []int32) []byte {
+	size := 4 * len(toks)
+	switch {
+	case size <= 0xff:
+		dst = append(dst, 0xc4, byte(size))
+	case size <= 0xffff:
+		dst = append(dst, 0xc5, byte(size>>8), byte(size))
+	default:
+		dst = append(dst, 0xc6, byte(size>>24), byte(size>>16), byte(size>>8), byte(size))
+	}
+	dst = slices.Grow(dst, size)
+	for _, t := range toks {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(t))
+	}
+	return dst
+}
+
+func appendKV(dst []byte, key, val string) []byte {
+	dst = msgp.AppendString(dst, key)
+	return msgp.AppendString(dst, val)
+}
+
+func appendOptKV(dst []byte, key, val string) []byte {
+	if val == "" {
+		return dst
+	}
+	return appendKV(dst, key, val)
+}
