@@ -72,6 +72,18 @@ type SubscriberConfig struct {
 	MaxRecoveryMessages int
 	// MaxRecoveryBytes bounds their bytes (topic plus payload).
 	MaxRecoveryBytes int
+	// CatchUpOnStart asks the replay endpoint, right after Start and without waiting for
+	// a live batch, for everything the publisher still buffers, so that batches
+	// published before the subscriber existed are applied too; it is repeated after a
+	// detected publisher restart. It is best effort: the publisher's ring rarely
+	// reaches back to sequence 0, and the index starts empty, so history older than
+	// the ring can only make answers under-report. A replay that starts later than
+	// asked is accepted, and a catch-up that fails (no reply within ReplayTimeout, no
+	// replay server, a malformed reply) is counted and the first live batch becomes
+	// the baseline; neither marks the source stale. Once a replayed batch has been
+	// applied, any later gap is recovered under the strict rules. Ignored without a
+	// ReplayEndpoint.
+	CatchUpOnStart bool
 	// Logger receives the subscriber's log lines; nil discards them.
 	Logger *slog.Logger
 }
@@ -84,13 +96,21 @@ type SubscriberStats struct {
 	Duplicates    uint64 // live or replayed batches dropped as already applied
 	Gaps          uint64 // gaps detected in the live stream
 	ReplaysOK     uint64 // recoveries that closed their gap
-	ReplaysFailed uint64 // recoveries that ended with the source stale
+	ReplaysFailed uint64 // gap recoveries that ended with the source stale
 	ReplayRetries uint64 // replay attempts that failed and were retried
 	ConsumeErrors uint64 // malformed live messages (frame count, sequence length or range)
 	Rejected      uint64 // batches the handler rejected
 	Restarts      uint64 // publisher restarts detected (sequence reset)
 	Reconnects    uint64 // SUB reconnections to the publisher
-	Stale         bool
+	// CatchUps counts catch-ups (CatchUpOnStart) that completed, including those that
+	// found nothing to replay.
+	CatchUps uint64
+	// CatchUpsFailed counts catch-ups that did not complete. Before any replayed batch
+	// was applied the source carries on from the live stream and stays fresh. After
+	// one, the strict rules hold: a timeout continues as a gap recovery (counted under
+	// Replays*), and a skipped sequence or a full buffer makes the source stale.
+	CatchUpsFailed uint64
+	Stale          bool
 	// LastEventUnixNano is when the last live message arrived (0 = never).
 	LastEventUnixNano int64
 }
@@ -99,6 +119,7 @@ type counters struct {
 	received, applied, dropped, duplicates, gaps  atomic.Uint64
 	replaysOK, replaysFailed, replayRetries       atomic.Uint64
 	consumeErrors, rejected, restarts, reconnects atomic.Uint64
+	catchUps, catchUpsFailed                      atomic.Uint64
 	stale                                         atomic.Bool
 	lastEvent                                     atomic.Int64
 }
@@ -251,6 +272,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Rejected:          s.st.rejected.Load(),
 		Restarts:          s.st.restarts.Load(),
 		Reconnects:        s.st.reconnects.Load(),
+		CatchUps:          s.st.catchUps.Load(),
+		CatchUpsFailed:    s.st.catchUpsFailed.Load(),
 		Stale:             s.st.stale.Load(),
 		LastEventUnixNano: s.st.lastEvent.Load(),
 	}
@@ -270,6 +293,9 @@ func (s *Subscriber) run(ready chan<- error) {
 	}
 	ready <- nil
 	s.log.Info("ZMQ subscriber started", "replay_endpoint", s.cfg.ReplayEndpoint)
+	if s.catchUp {
+		s.startCatchUp(time.Now())
+	}
 	for !s.stop.Load() {
 		if s.stale {
 			// A stale source stays stale until it is unregistered: close the sockets so

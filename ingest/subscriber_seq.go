@@ -10,11 +10,16 @@ import (
 // seqState is the subscriber goroutine's view of the stream: what has been applied, what
 // is buffered while a gap is being recovered, and the recovery in progress.
 type seqState struct {
-	replay bool   // a replay endpoint is configured
-	base   bool   // a first message has set the baseline
-	next   uint64 // next sequence number to apply
-	hiNext uint64 // highest sequence seen + 1; gaps are counted against it
-	stale  bool
+	replay  bool   // a replay endpoint is configured
+	catchUp bool   // CatchUpOnStart, with replay
+	base    bool   // the baseline is set: next is meaningful
+	next    uint64 // next sequence number to apply
+	hiNext  uint64 // highest sequence seen + 1; gaps are counted against it
+	// liveTop is the highest sequence received live + 1 (0: none since the stream
+	// began). Unlike next and hiNext it never moves for replayed batches, so a live
+	// batch 0 that arrives after a catch-up replayed it is not taken for a restart.
+	liveTop uint64
+	stale   bool
 
 	connectedOnce bool // the SUB has connected at least once
 	reconnected   bool // it reconnected since the last batch was applied
@@ -36,10 +41,15 @@ type recovery struct {
 	recvDeadline time.Time // ReplayTimeout after the last reply of the open attempt
 	attempts     int
 	progress     bool // a replayed batch was applied
+	// catchUp: a best-effort catch-up (CatchUpOnStart), not a gap. Until its first
+	// replayed batch sets the baseline (base), it tolerates a replay that starts late
+	// and ends without marking the source stale when it fails.
+	catchUp bool
 }
 
 func (s *Subscriber) initSeq() {
 	s.replay = s.cfg.ReplayEndpoint != ""
+	s.catchUp = s.replay && s.cfg.CatchUpOnStart
 }
 
 // onLiveMessage validates the n-frame message in s.buf and hands it to live.
@@ -86,19 +96,24 @@ func (s *Subscriber) consumeError(now time.Time, format string, args ...any) {
 
 // live handles one well-formed live batch.
 func (s *Subscriber) live(now time.Time, seq uint64, topicLen int, payload []byte) {
-	if !s.base {
-		// The first message ever is the baseline; nothing before it is requested.
-		s.base = true
-		s.next, s.hiNext = seq, seq
-	}
-	if seq < s.next {
+	if s.base && seq < s.next {
 		if !s.isRestart(seq) {
 			s.st.duplicates.Add(1)
 			return
 		}
-		s.restart(seq)
+		s.restart(now, seq)
 	}
-	if seq > s.hiNext {
+	if !s.base && !s.rec.active {
+		// The first message is the baseline (unless a catch-up, still looking for one,
+		// buffers it); nothing before it is requested.
+		s.base = true
+		s.next, s.hiNext = seq, seq
+	}
+	if s.liveTop <= seq {
+		s.liveTop = seq + 1
+	}
+	// While a catch-up has no baseline, gaps count only between live batches.
+	if (s.base || s.pend.len() > 0) && seq > s.hiNext {
 		missing := seq - s.hiNext
 		s.st.gaps.Add(1)
 		s.st.dropped.Add(missing)
@@ -109,8 +124,29 @@ func (s *Subscriber) live(now time.Time, seq uint64, topicLen int, payload []byt
 		s.hiNext = seq + 1
 	}
 	if s.rec.active {
-		s.bufferLive(seq, topicLen, payload)
-		return
+		if !s.rec.catchUp || s.base || s.fits(topicLen+len(payload)) {
+			s.bufferLive(seq, topicLen, payload)
+			return
+		}
+		// A catch-up that would overflow the buffer before it found a baseline is
+		// given up: the buffered live batches become the stream, as without catch-up.
+		s.catchUpFailed(fmt.Sprintf("recovery buffer limit reached (%d messages, %d bytes buffered)",
+			s.pend.len(), s.pend.bytes))
+		if s.stale {
+			return
+		}
+		if !s.base {
+			s.base = true
+			s.next, s.hiNext = seq, seq+1
+		}
+		if s.rec.active {
+			s.bufferLive(seq, topicLen, payload)
+			return
+		}
+		if seq < s.next {
+			s.st.duplicates.Add(1)
+			return
+		}
 	}
 	if seq == s.next {
 		s.apply(seq, payload)
@@ -130,7 +166,7 @@ func (s *Subscriber) live(now time.Time, seq uint64, topicLen int, payload []byt
 // sequence right after the SUB reconnected is also taken as one, because the first
 // batches of a new publisher are often sent before the SUB has reconnected.
 func (s *Subscriber) isRestart(seq uint64) bool {
-	if seq == 0 && s.next >= 2 {
+	if seq == 0 && s.next >= 2 && s.liveTop >= 2 {
 		return true
 	}
 	if !s.reconnected && s.z != nil {
@@ -142,15 +178,18 @@ func (s *Subscriber) isRestart(seq uint64) bool {
 
 // restart re-baselines on a publisher restart. With replay (vLLM, SGLang: sequences start
 // at 0 per process) the new stream is expected from 0, so batches it sent before the SUB
-// reconnected count as a gap and are replayed. Without replay the first batch seen is the
-// new baseline, as at startup: the Mooncake master numbers from 1, so a missing start
-// cannot be told from a stream that begins there.
-func (s *Subscriber) restart(seq uint64) {
+// reconnected count as a gap and are replayed; with CatchUpOnStart they are caught up
+// instead, so that a new publisher whose ring no longer reaches 0 does not make the
+// source stale (the handler has just dropped the old publisher's state, so the lost
+// start can only under-report). Without replay the first batch seen is the new
+// baseline, as at startup: the Mooncake master numbers from 1, so a missing start cannot
+// be told from a stream that begins there.
+func (s *Subscriber) restart(now time.Time, seq uint64) {
 	last := s.next - 1
 	s.st.restarts.Add(1)
 	s.log.Warn("ZMQ publisher restarted (sequence reset)", "last_seq", last, "seq", seq)
 	if s.rec.active {
-		s.rec.active = false
+		s.rec.active, s.rec.catchUp = false, false
 		s.z.closeDealer()
 		s.log.Info("replay recovery abandoned after publisher restart")
 	}
@@ -159,9 +198,14 @@ func (s *Subscriber) restart(seq uint64) {
 	if s.replay {
 		s.next, s.hiNext = 0, 0
 	}
+	s.liveTop = 0
 	s.reconnected = false
 	if s.rh != nil {
 		s.rh.OnPublisherRestart(last, seq)
+	}
+	if s.catchUp {
+		s.base = false
+		s.startCatchUp(now)
 	}
 }
 
@@ -179,6 +223,11 @@ func (s *Subscriber) apply(seq uint64, payload []byte) bool {
 	return true
 }
 
+// fits tells whether one more buffered message of cost bytes stays within the limits.
+func (s *Subscriber) fits(cost int) bool {
+	return s.pend.len()+1 <= s.cfg.MaxRecoveryMessages && s.pend.bytes+cost <= s.cfg.MaxRecoveryBytes
+}
+
 // bufferLive keeps a live batch that arrived during recovery. It returns false when the
 // recovery limits were exceeded and the source went stale.
 func (s *Subscriber) bufferLive(seq uint64, topicLen int, payload []byte) bool {
@@ -187,7 +236,7 @@ func (s *Subscriber) bufferLive(seq uint64, topicLen int, payload []byte) bool {
 		return true
 	}
 	cost := topicLen + len(payload)
-	if s.pend.len()+1 > s.cfg.MaxRecoveryMessages || s.pend.bytes+cost > s.cfg.MaxRecoveryBytes {
+	if !s.fits(cost) {
 		s.markStale(fmt.Sprintf("recovery buffer limit exceeded (%d messages, %d bytes buffered; limits %d, %d)",
 			s.pend.len(), s.pend.bytes, s.cfg.MaxRecoveryMessages, s.cfg.MaxRecoveryBytes))
 		return false
@@ -214,12 +263,46 @@ func (s *Subscriber) startRecovery(now time.Time) {
 	s.driveRecovery(now)
 }
 
+// startCatchUp asks for everything the publisher still buffers (from s.next, 0 before
+// any baseline), without waiting for a live batch. Live batches are buffered meanwhile,
+// as during a gap recovery.
+func (s *Subscriber) startCatchUp(now time.Time) {
+	s.rec = recovery{
+		active:   true,
+		catchUp:  true,
+		from:     s.next,
+		deadline: now.Add(s.cfg.ReplayRecoveryTimeout),
+		retryAt:  now,
+	}
+	s.log.Info("catch-up started", "from", s.next)
+	s.driveRecovery(now)
+}
+
+// catchUpFailed ends a catch-up that found no baseline, without marking the source
+// stale: the buffered live batches, if any, become the stream, and otherwise the next
+// live batch is the baseline, as without catch-up.
+func (s *Subscriber) catchUpFailed(reason string) {
+	s.z.closeDealer()
+	s.rec.active, s.rec.catchUp = false, false
+	s.st.catchUpsFailed.Add(1)
+	s.log.Warn("catch-up failed; continuing from the live stream", "err", reason, "attempts", s.rec.attempts)
+	if until, ok := s.pend.min(); ok {
+		s.base = true
+		s.next, s.hiNext = until, max(s.hiNext, until)
+		s.flush()
+	}
+}
+
 // driveRecovery enforces the recovery deadline and opens or times out attempts.
 func (s *Subscriber) driveRecovery(now time.Time) {
 	if !s.rec.active {
 		return
 	}
 	if !now.Before(s.rec.deadline) {
+		if s.rec.catchUp && !s.base {
+			s.catchUpFailed(fmt.Sprintf("deadline %v exceeded", s.cfg.ReplayRecoveryTimeout))
+			return
+		}
 		until, _ := s.pend.min()
 		s.markStale(fmt.Sprintf("replay recovery deadline exceeded after %d attempts (next %d, live boundary %d)",
 			s.rec.attempts, s.next, until))
@@ -247,8 +330,20 @@ func (s *Subscriber) driveRecovery(now time.Time) {
 }
 
 // attemptFailed drops the current attempt; another opens after ReconnectDelay, until
-// the recovery deadline.
+// the recovery deadline. A catch-up is not retried: before its baseline it ends, after
+// it (replayed batches applied) the rest of the window must be closed, so it carries on
+// as a strict gap recovery.
 func (s *Subscriber) attemptFailed(now time.Time, reason string) {
+	if s.rec.active && s.rec.catchUp {
+		if !s.base {
+			s.catchUpFailed(reason)
+			return
+		}
+		s.rec.catchUp = false
+		s.st.catchUpsFailed.Add(1)
+		s.log.Warn("catch-up interrupted after replayed batches; recovering the rest as a gap",
+			"next", s.next, "err", reason)
+	}
 	s.z.closeDealer()
 	s.st.replayRetries.Add(1)
 	s.rec.retryAt = now.Add(s.cfg.ReconnectDelay)
@@ -317,6 +412,23 @@ func (s *Subscriber) onReplayMessage(n int) {
 
 // onReplayBatch applies replayed batches below the live boundary, in order, once each.
 func (s *Subscriber) onReplayBatch(seq uint64, payload []byte) {
+	if s.rec.catchUp && !s.base {
+		// The first batch of a catch-up sets the baseline, wherever the publisher's ring
+		// starts; when the live stream is already buffered from an older batch, that is
+		// where the stream starts.
+		s.base = true
+		until, bounded := s.pend.min()
+		if bounded && seq >= until {
+			s.next = until
+			s.finishRecovery()
+			return
+		}
+		s.next = seq
+		if seq > s.rec.from {
+			s.log.Info("catch-up starts after the requested sequence: older batches are no longer buffered",
+				"requested", s.rec.from, "first", seq)
+		}
+	}
 	if seq < s.next {
 		s.st.duplicates.Add(1)
 		return
@@ -344,6 +456,17 @@ func (s *Subscriber) onReplayBatch(seq uint64, payload []byte) {
 // onReplayEnd handles the end marker: the publisher has nothing more after what it sent.
 func (s *Subscriber) onReplayEnd() {
 	until, bounded := s.pend.min()
+	if s.rec.catchUp {
+		// Nothing replayed: the buffered live batches (or the next one) start the stream.
+		// Live batches missing after the replayed ones (sent after the publisher read
+		// its ring, before the SUB had joined) are recovered strictly by the flush.
+		if !s.base && bounded {
+			s.base = true
+			s.next = until
+		}
+		s.finishRecovery()
+		return
+	}
 	if !bounded || s.next >= until {
 		s.finishRecovery()
 		return
@@ -361,8 +484,28 @@ func (s *Subscriber) onReplayEnd() {
 func (s *Subscriber) finishRecovery() {
 	s.z.closeDealer()
 	s.rec.active = false
-	s.st.replaysOK.Add(1)
-	s.log.Info("replay recovery complete", "from", s.rec.from, "next", s.next, "attempts", s.rec.attempts)
+	// An unbounded replay (after a reconnect, or a catch-up) may apply past every live
+	// batch seen; later live batches are not gaps for that.
+	s.hiNext = max(s.hiNext, s.next)
+	if !s.rec.catchUp {
+		s.st.replaysOK.Add(1)
+		s.log.Info("replay recovery complete", "from", s.rec.from, "next", s.next, "attempts", s.rec.attempts)
+		s.flush()
+		return
+	}
+	s.rec.catchUp = false
+	s.st.catchUps.Add(1)
+	s.log.Info("catch-up complete", "from", s.rec.from, "next", s.next, "baseline", s.base)
+	if s.base {
+		if until, ok := s.pend.min(); ok && until > s.next {
+			// Published after the ring was read but before the SUB had joined: a gap in
+			// the established window, recovered strictly by flush.
+			missing := until - s.next
+			s.st.gaps.Add(1)
+			s.st.dropped.Add(missing)
+			s.log.Warn("ZMQ sequence gap after catch-up", "expected", s.next, "got", until, "missing", missing)
+		}
+	}
 	s.flush()
 }
 
@@ -405,7 +548,12 @@ func (s *Subscriber) markStale(reason string) {
 	s.stale = true
 	if s.rec.active {
 		s.rec.active = false
-		s.st.replaysFailed.Add(1)
+		if s.rec.catchUp {
+			s.st.catchUpsFailed.Add(1)
+		} else {
+			s.st.replaysFailed.Add(1)
+		}
+		s.rec.catchUp = false
 	}
 	if s.z != nil {
 		s.z.closeDealer()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -23,11 +24,12 @@ type recorder struct {
 	restarts [][2]uint64
 	reject   func(seq uint64) error
 	// gate, when set for a seq, makes HandleBatch signal entered and block until released.
-	gateSeq  uint64
-	gated    bool
-	entered  chan struct{}
-	release  chan struct{}
-	lastCall time.Time
+	gateSeq   uint64
+	gated     bool
+	entered   chan struct{}
+	release   chan struct{}
+	lastCall  time.Time
+	firstCall time.Time
 }
 
 func (r *recorder) HandleBatch(seq uint64, payload []byte) error {
@@ -42,6 +44,9 @@ func (r *recorder) HandleBatch(seq uint64, payload []byte) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lastCall = time.Now()
+	if r.firstCall.IsZero() {
+		r.firstCall = r.lastCall
+	}
 	if reject != nil {
 		if err := reject(seq); err != nil {
 			return err
@@ -857,5 +862,308 @@ func TestPendingBuffer(t *testing.T) {
 	cycle()
 	if allocs := testing.AllocsPerRun(20, cycle); allocs != 0 {
 		t.Fatalf("buffer cycle allocates %v", allocs)
+	}
+}
+
+func catchUpConfig(p *zmqtest.Publisher) SubscriberConfig {
+	cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
+	cfg.CatchUpOnStart = true
+	return cfg
+}
+
+// checkPayloads asserts that the handler got payload "b<seq>" for every batch.
+func checkPayloads(t *testing.T, h *recorder) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, pl := range h.payloads {
+		if want := fmt.Sprintf("b%d", h.seqs[i]); string(pl) != want {
+			t.Fatalf("payload of seq %d = %q, want %q", h.seqs[i], pl, want)
+		}
+	}
+}
+
+// publishSeqs publishes payloads "b<seq>" for the next n sequence numbers.
+func publishSeqs(t *testing.T, p *zmqtest.Publisher, n int) {
+	t.Helper()
+	for range n {
+		publish(t, p, fmt.Sprintf("b%d", p.NextSeq()))
+	}
+}
+
+func TestCatchUpOnStartReplaysEverything(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	publishSeqs(t, p, 5) // nobody subscribed: only the ring keeps them
+	h := &recorder{}
+	s := startSub(t, catchUpConfig(p), h, p)
+	waitUntil(t, "catch-up", func() bool { return s.Stats().CatchUps == 1 })
+	publishSeqs(t, p, 1)
+	waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 6 })
+	time.Sleep(50 * time.Millisecond) // anything applied twice would show up now
+	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) {
+		t.Fatalf("seqs = %v", got)
+	}
+	checkPayloads(t, h)
+	st := s.Stats()
+	if st.Stale || st.CatchUpsFailed != 0 || st.Gaps != 0 || st.ReplaysOK != 0 || st.Duplicates != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if req := p.ReplayRequests(); len(req) != 1 || req[0] != 0 {
+		t.Fatalf("replay requests = %v", req)
+	}
+}
+
+func TestCatchUpAcceptsRingStartingLate(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 3})
+	publishSeqs(t, p, 8) // the ring keeps 5, 6, 7
+	h := &recorder{}
+	s := startSub(t, catchUpConfig(p), h, p)
+	waitUntil(t, "catch-up", func() bool { return s.Stats().CatchUps == 1 })
+	publishSeqs(t, p, 2)
+	waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 5 })
+	if got := h.applied(); !equalSeqs(got, seqRange(5, 10)) {
+		t.Fatalf("seqs = %v", got)
+	}
+	checkPayloads(t, h)
+	st := s.Stats()
+	if st.Stale || st.CatchUpsFailed != 0 || st.Gaps != 0 || st.Dropped != 0 || len(h.staleReasons()) != 0 {
+		t.Fatalf("stats = %+v, stale reasons %q", st, h.staleReasons())
+	}
+	// The window is established: a later gap the ring cannot fill is strict again.
+	p.Skip(2)
+	publishSeqs(t, p, 1)
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	st = s.Stats()
+	if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "skipped sequence") {
+		t.Fatalf("stale reasons = %q", reasons)
+	}
+	if st.ReplaysFailed != 1 || st.CatchUpsFailed != 0 || st.Gaps != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestCatchUpFailureIsNotStale(t *testing.T) {
+	t.Run("silent replay, live batches waiting", func(t *testing.T) {
+		p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+		p.SetResponder(zmqtest.Silent)
+		publishSeqs(t, p, 3)
+		h := &recorder{}
+		cfg := catchUpConfig(p)
+		cfg.ReplayTimeout = 150 * time.Millisecond
+		start := time.Now()
+		s := startSub(t, cfg, h, p)
+		publishSeqs(t, p, 2) // buffered while the catch-up waits
+		waitUntil(t, "buffered batches", func() bool { return s.Stats().Applied == 2 })
+		h.mu.Lock()
+		first := h.firstCall
+		h.mu.Unlock()
+		if d := first.Sub(start); d < 140*time.Millisecond {
+			t.Fatalf("first batch applied %v after Start, before the catch-up timed out", d)
+		}
+		publishSeqs(t, p, 1)
+		waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 3 })
+		st := s.Stats()
+		if got := h.applied(); !equalSeqs(got, seqRange(3, 6)) {
+			t.Fatalf("seqs = %v", got)
+		}
+		if st.Stale || st.CatchUpsFailed != 1 || st.CatchUps != 0 || st.ReplaysFailed != 0 || len(h.staleReasons()) != 0 {
+			t.Fatalf("stats = %+v", st)
+		}
+		if req := p.ReplayRequests(); len(req) != 1 || req[0] != 0 {
+			t.Fatalf("replay requests = %v (a catch-up is not retried)", req)
+		}
+	})
+	t.Run("no replay server", func(t *testing.T) {
+		p := newPub(t, zmqtest.Config{})
+		h := &recorder{}
+		cfg := fastConfig(p.Endpoint(), "tcp://"+freeAddr(t))
+		cfg.CatchUpOnStart = true
+		cfg.ReplayTimeout = 100 * time.Millisecond
+		s := startSub(t, cfg, h, p)
+		waitUntil(t, "catch-up failure", func() bool { return s.Stats().CatchUpsFailed == 1 })
+		p.Skip(4)
+		publishSeqs(t, p, 2) // the first live batch is the baseline, as without catch-up
+		waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 2 })
+		if got, st := h.applied(), s.Stats(); !equalSeqs(got, seqRange(4, 6)) || st.Stale || st.Gaps != 0 {
+			t.Fatalf("seqs = %v, stats = %+v", got, st)
+		}
+	})
+	t.Run("buffer limit", func(t *testing.T) {
+		p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+		p.SetResponder(zmqtest.Silent)
+		h := &recorder{}
+		cfg := catchUpConfig(p)
+		cfg.ReplayTimeout = 10 * time.Second // only the limit can end the catch-up
+		cfg.ReplayRecoveryTimeout = 10 * time.Second
+		cfg.MaxRecoveryMessages = 2
+		s := startSub(t, cfg, h, p)
+		publishSeqs(t, p, 4)
+		waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 4 })
+		if got, st := h.applied(), s.Stats(); !equalSeqs(got, seqRange(0, 4)) || st.Stale || st.CatchUpsFailed != 1 {
+			t.Fatalf("seqs = %v, stats = %+v", got, st)
+		}
+	})
+}
+
+// freeAddr returns a 127.0.0.1 port nobody listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+func TestCatchUpWithNothingToReplay(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	h := &recorder{}
+	s := startSub(t, catchUpConfig(p), h, p)
+	waitUntil(t, "catch-up", func() bool { return s.Stats().CatchUps == 1 })
+	if got := h.applied(); len(got) != 0 {
+		t.Fatalf("replayed %v from an empty publisher", got)
+	}
+	publishSeqs(t, p, 3)
+	waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 3 })
+	st := s.Stats()
+	if got := h.applied(); !equalSeqs(got, seqRange(0, 3)) || st.Stale || st.CatchUpsFailed != 0 || st.Gaps != 0 {
+		t.Fatalf("seqs = %v, stats = %+v", got, st)
+	}
+	checkPayloads(t, h)
+}
+
+func TestCatchUpWhileLiveStreams(t *testing.T) {
+	for _, delay := range []time.Duration{0, 60 * time.Millisecond} {
+		t.Run(fmt.Sprintf("replay delay %v", delay), func(t *testing.T) {
+			p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+			p.SetResponder(func(from uint64, send func(...[]byte) error) {
+				time.Sleep(delay) // live batches pile up behind the catch-up
+				p.ReplayFromRing(from, send)
+			})
+			publishSeqs(t, p, 20)
+			const total = 220
+			stopPub := make(chan struct{})
+			pubDone := make(chan error, 1)
+			go func() {
+				for p.NextSeq() < total {
+					select {
+					case <-stopPub:
+						pubDone <- nil
+						return
+					default:
+					}
+					if _, err := p.Publish([]byte(fmt.Sprintf("b%d", p.NextSeq()))); err != nil {
+						pubDone <- err
+						return
+					}
+					time.Sleep(500 * time.Microsecond)
+				}
+				pubDone <- nil
+			}()
+			h := &recorder{}
+			s, err := NewSubscriber(catchUpConfig(p), h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Start(); err != nil {
+				close(stopPub)
+				<-pubDone
+				t.Fatal(err)
+			}
+			t.Cleanup(s.Stop)
+			err = <-pubDone
+			close(stopPub)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, "every batch", func() bool { return s.Stats().Applied >= total || s.Stats().Stale })
+			time.Sleep(50 * time.Millisecond)
+			st := s.Stats()
+			if got := h.applied(); !equalSeqs(got, seqRange(0, total)) || st.Stale {
+				t.Fatalf("seqs = %v, stats = %+v", got, st)
+			}
+			checkPayloads(t, h)
+			if st.CatchUps != 1 || st.CatchUpsFailed != 0 || st.ReplaysFailed != 0 {
+				t.Fatalf("stats = %+v", st)
+			}
+		})
+	}
+}
+
+func TestCatchUpInterruptedAfterProgressIsStrict(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	p.SetResponder(func(from uint64, send func(...[]byte) error) {
+		if from == 0 { // the catch-up: two batches, then silence
+			for seq := range uint64(2) {
+				_ = send([]byte{}, zmqtest.SeqFrame(seq), []byte(fmt.Sprintf("b%d", seq)))
+			}
+			return
+		}
+		p.ReplayFromRing(from, send)
+	})
+	publishSeqs(t, p, 5)
+	h := &recorder{}
+	cfg := catchUpConfig(p)
+	cfg.ReplayTimeout = 100 * time.Millisecond
+	s := startSub(t, cfg, h, p)
+	publishSeqs(t, p, 1)
+	waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 6 })
+	time.Sleep(30 * time.Millisecond)
+	st := s.Stats()
+	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) || st.Stale {
+		t.Fatalf("seqs = %v, stats = %+v", got, st)
+	}
+	checkPayloads(t, h)
+	if st.CatchUpsFailed != 1 || st.CatchUps != 0 || st.ReplaysOK != 1 || st.ReplayRetries != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if req := p.ReplayRequests(); len(req) != 2 || req[0] != 0 || req[1] != 2 {
+		t.Fatalf("replay requests = %v", req)
+	}
+}
+
+func TestCatchUpAfterPublisherRestart(t *testing.T) {
+	for _, steps := range []int{0, 3} {
+		t.Run(fmt.Sprintf("buffer steps %d", steps), func(t *testing.T) {
+			p1 := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+			h := &recorder{}
+			s := startSub(t, catchUpConfig(p1), h, p1)
+			waitUntil(t, "catch-up", func() bool { return s.Stats().CatchUps == 1 })
+			publishSeqs(t, p1, 10)
+			waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
+			cfg := zmqtest.Config{Endpoint: p1.Endpoint(), ReplayEndpoint: p1.ReplayEndpoint(), BufferSteps: steps}
+			if err := p1.Close(); err != nil {
+				t.Fatal(err)
+			}
+			p2 := rebind(t, cfg)
+			publishSeqs(t, p2, 6) // before the SUB is back: only the new ring has them
+			if err := p2.WaitSubscribers(1, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			publishSeqs(t, p2, 1) // reveals the restart; the ring then holds 4, 5, 6
+			waitUntil(t, "catch-up after restart", func() bool { return s.Stats().CatchUps == 2 || s.Stats().Stale })
+			publishSeqs(t, p2, 1)
+			first := uint64(0)
+			if steps == 3 {
+				first = 4 // the new ring no longer reaches 0: history before 4 is unknown
+			}
+			want := append(seqRange(0, 10), seqRange(first, 8)...)
+			waitUntil(t, "second stream", func() bool { return len(h.applied()) >= len(want) || s.Stats().Stale })
+			time.Sleep(30 * time.Millisecond)
+			st := s.Stats()
+			if got := h.applied(); !equalSeqs(got, want) || st.Stale || st.Restarts != 1 || st.CatchUps != 2 {
+				t.Fatalf("seqs = %v, stats = %+v, stale reasons %q", got, st, h.staleReasons())
+			}
+			checkPayloads(t, h)
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if len(h.restarts) != 1 || h.restarts[0][0] != 9 {
+				t.Fatalf("restart notifications = %v", h.restarts)
+			}
+		})
 	}
 }

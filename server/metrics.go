@@ -135,6 +135,10 @@ var (
 		"Sequence numbers missing in gaps.", []string{"service", "type"}, nil)
 	descSvcReplays = prometheus.NewDesc("conductor_service_replays_total",
 		"Replay recoveries by result.", []string{"service", "type", "result"}, nil)
+	descSvcCatchUps = prometheus.NewDesc("conductor_service_catchups_total",
+		"Catch-ups of the publisher's replay buffer at subscribe time, by result.", []string{"service", "type", "result"}, nil)
+	descSvcRestarts = prometheus.NewDesc("conductor_service_publisher_restarts_total",
+		"Publisher restarts detected (sequence reset); the source's previous entries were retracted.", []string{"service", "type"}, nil)
 	descSvcStale = prometheus.NewDesc("conductor_service_stale",
 		"1 when the source is stale (its entries are retracted until it is registered again).", []string{"service", "type"}, nil)
 	descSvcAge = prometheus.NewDesc("conductor_service_last_event_age_seconds",
@@ -149,7 +153,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
-		descSvcGaps, descSvcDropped, descSvcReplays, descSvcStale, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions} {
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions} {
 		ch <- d
 	}
 }
@@ -168,6 +172,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cnt(descSvcDropped, st.Dropped)
 		cnt(descSvcReplays, st.ReplaysOK, "ok")
 		cnt(descSvcReplays, st.ReplaysFailed, "failed")
+		cnt(descSvcCatchUps, st.CatchUps, "ok")
+		cnt(descSvcCatchUps, st.CatchUpsFailed, "failed")
+		cnt(descSvcRestarts, st.Restarts)
 		cnt(descSvcRejected, st.ConsumeErrors, "malformed_message")
 		cnt(descSvcRejected, st.Rejected, "batch_rejected")
 		cnt(descSvcRejected, st.Duplicates, "duplicate_sequence")

@@ -300,3 +300,37 @@ func TestStateFileInvalidEntrySkipped(t *testing.T) {
 		t.Fatalf("services = %+v", svcs)
 	}
 }
+
+// TestRestartCatchesUpFromReplay: events a replay-capable publisher sent while the
+// conductor was down are fetched from its replay buffer when the persisted registration is
+// restored, without waiting for new traffic.
+func TestRestartCatchesUpFromReplay(t *testing.T) {
+	path := filepath.Join(t.TempDir(), StateFileName)
+	pub := newPublisher(t, true)
+	app := startWithState(t, path)
+	body := registerBody(pub.Endpoint(), "engine-r", 0, "replay_endpoint", pub.ReplayEndpoint())
+	if code, resp := msgpackPost(t, app, "/register", body); code != 200 {
+		t.Fatalf("register: %d %v", code, resp)
+	}
+	app.Stop()
+
+	tokens := seqTokens(48, 7)
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
+	for i := range keys {
+		if _, err := pub.Publish(vllmBatch(0, stored(keys[i:i+1], "GPU"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	app2 := startWithState(t, path)
+	defer app2.Stop()
+	eventually(t, "caught up from the replay buffer", func() error {
+		_, r := msgpackPost(t, app2, "/query", queryBody("m", 16, tokens))
+		if got := tierOf(t, hits(t, r), "engine-r", "device"); got != 48 {
+			return errf("device = %d, want 48", got)
+		}
+		return nil
+	})
+	if st := app2.Service.Stats(); len(st) != 1 || st[0].Stats.CatchUps != 1 || st[0].Stats.Stale {
+		t.Errorf("subscriber stats after catch-up: %+v", st)
+	}
+}

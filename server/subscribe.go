@@ -46,6 +46,10 @@ func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Sub
 	}, eng, log)
 	sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{
 		Name: key, Endpoint: cfg.Endpoint, ReplayEndpoint: replay, Logger: log,
+		// Ask the publisher for what it still buffers as soon as we subscribe (after a
+		// restart of the conductor, or a new registration): a warm index at once. Best
+		// effort: an unanswered catch-up never marks the source stale.
+		CatchUpOnStart: replay != "",
 	}, h)
 	if err != nil {
 		return nil, fmt.Errorf("failed to start ZMQ client: %w", err)

@@ -20,6 +20,9 @@ func main() {
 }
 
 func run() int {
+	// Installed first, so that a signal during start-up still means a clean exit 0.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	level, levelErr := parseLevel(os.Getenv("CONDUCTOR_LOG_LEVEL"))
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if levelErr != nil {
@@ -45,8 +48,6 @@ func run() int {
 		fmt.Fprintf(os.Stderr, "mooncake_conductor: %v\n", err)
 		return 1
 	}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	s := <-sig
 	log.Info("signal received; shutting down", "signal", s.String())
 	app.Stop()
