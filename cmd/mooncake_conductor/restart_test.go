@@ -1,0 +1,83 @@
+package main
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/ingest/zmqtest"
+)
+
+// TestBinaryKill9RestartKeepsServices: a service registered over HTTP survives kill -9 of
+// the process; the restarted binary re-registers it from the state file, re-subscribes,
+// and catches up on what the publisher buffered while it was down.
+func TestBinaryKill9RestartKeepsServices(t *testing.T) {
+	dir := t.TempDir()
+	pub, err := zmqtest.NewPublisher(zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	port := freePort(t)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	config := writeJSON(t, dir, map[string]any{"http_server_port": port, "rpc_server_port": 0, "kvevent_instance": map[string]any{}})
+
+	first := startConductor(t, config)
+	first.waitHTTP("127.0.0.1:" + strconv.Itoa(port))
+	reg := mp("endpoint", pub.Endpoint(), "replay_endpoint", pub.ReplayEndpoint(), "type", "vLLM", "modelname", "m",
+		"instance_id", "engine-k", "block_size", 16, "dp_rank", 0,
+		"hash_profile", map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"})
+	if code, resp := call(t, http.MethodPost, base+"/register", reg); code != 200 {
+		t.Fatalf("register: %d %v", code, resp)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "conductor_state.json")); err != nil {
+		t.Fatalf("state file not written beside the config: %v", err)
+	}
+	if err := first.cmd.Process.Kill(); err != nil { // SIGKILL: no shutdown path runs
+		t.Fatal(err)
+	}
+	first.waitExit(5 * time.Second)
+
+	// While the conductor is down the engine caches a prompt.
+	tokens := make([]int32, 32)
+	for i := range tokens {
+		tokens[i] = int32(100 + i)
+	}
+	if _, err := pub.Publish(vllmBatch(vllmKeys(t, tokens))); err != nil {
+		t.Fatal(err)
+	}
+
+	second := startConductor(t, config)
+	second.waitHTTP("127.0.0.1:" + strconv.Itoa(port))
+	code, svcs := call(t, http.MethodGet, base+"/services", nil)
+	if code != 200 || num(svcs["count"]) != 1 {
+		t.Fatalf("services after restart: %d %v", code, svcs)
+	}
+	if id := svcs["services"].([]any)[0].(map[string]any)["InstanceID"]; id != "engine-k" {
+		t.Fatalf("restored service = %v", id)
+	}
+	ts := make([]any, len(tokens))
+	for i, v := range tokens {
+		ts[i] = v
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, r := call(t, http.MethodPost, base+"/query", mp("model", "m", "block_size", 16, "token_ids", ts))
+		inst, _ := r["instances"].(map[string]any)["engine-k"].(map[string]any)
+		if inst != nil && num(inst["device"]) == 32 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no hits after restart: %v\n%s", r, second.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(second.out.String(), "restored_services=1") {
+		t.Errorf("startup summary does not report the restored service:\n%s", second.out.String())
+	}
+	second.terminate()
+}
