@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +53,9 @@ type EventHandler struct {
 	ctxScratch []byte
 	lastCtxRaw []byte
 	lastCtx    engine.ContextKey
+	// lastBackend: a master stream names one backend over and over; reusing its string
+	// saves an allocation per event.
+	lastBackend string
 
 	batches, batchesDropped, applied, rejected, ignored, blocks atomic.Uint64
 }
@@ -339,19 +343,21 @@ func (h *EventHandler) flushMooncake(seq uint64) {
 }
 
 // eventContext returns the event's context key, reusing the previous one when the raw
-// fields are unchanged.
+// fields are unchanged. Each field is length-prefixed: with a separator byte instead, a
+// tenant "a\x00b" and model "c" would read the same as tenant "a" and model "b\x00c",
+// and the cache would apply one context's events to the other.
 func (h *EventHandler) eventContext(ev *wire.Event) engine.ContextKey {
 	raw := h.ctxScratch[:0]
+	raw = binary.AppendUvarint(raw, uint64(len(ev.TenantID)))
 	raw = append(raw, ev.TenantID...)
-	raw = append(raw, 0)
+	raw = binary.AppendUvarint(raw, uint64(len(ev.ModelName.Bytes)))
 	raw = append(raw, ev.ModelName.Bytes...)
-	raw = append(raw, 0)
+	raw = binary.AppendUvarint(raw, uint64(len(ev.LoraName.Bytes)))
 	raw = append(raw, ev.LoraName.Bytes...)
-	raw = append(raw, 0)
+	h.ctxScratch = raw
 	if bytes.Equal(raw, h.lastCtxRaw) && h.lastCtx.BlockSize == ev.BlockSize.Int && h.lastCtx.ModelName != "" {
 		return h.lastCtx
 	}
-	h.ctxScratch = raw
 	h.lastCtxRaw = append(h.lastCtxRaw[:0], raw...)
 	h.lastCtx = engine.ContextKey{TenantID: string(ev.TenantID), ModelName: string(ev.ModelName.Bytes),
 		LoraName: string(ev.LoraName.Bytes), BlockSize: ev.BlockSize.Int}
@@ -421,7 +427,10 @@ func (h *EventHandler) mooncakeOp(ev *wire.Event) (engine.ContextKey, engine.Op,
 		return key, op, false, errMooncakeSeq
 	}
 	op.Source = h.src.Endpoint
-	op.Backend = string(ev.BackendID)
+	if string(ev.BackendID) != h.lastBackend {
+		h.lastBackend = string(ev.BackendID)
+	}
+	op.Backend = h.lastBackend
 	op.Hash = hash
 	if ev.Type == wire.EventBlockStored {
 		op.Kind = engine.OpSharedStore
