@@ -1,0 +1,316 @@
+// Package loadgen measures /query at fixed concurrency and prompt shape: it indexes a
+// known set of prompts through a simulated fleet, then sends prompts that fully hit,
+// half hit or miss them from N concurrent clients for a fixed time, reporting latency
+// percentiles, queries per second and the conductor's CPU time per query.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/bench/report"
+	"github.com/conductor-go/conductor/bench/sim"
+)
+
+// Shape is how much of a query prompt is indexed.
+type Shape string
+
+// Shapes.
+const (
+	// ShapeHit: the whole prompt is a prefix of an indexed prompt.
+	ShapeHit Shape = "hit"
+	// ShapeHalf: the first half is indexed, the rest is new.
+	ShapeHalf Shape = "half"
+	// ShapeMiss: nothing is indexed.
+	ShapeMiss Shape = "miss"
+)
+
+// ParseShape accepts a shape name.
+func ParseShape(s string) (Shape, error) {
+	switch sh := Shape(s); sh {
+	case ShapeHit, ShapeHalf, ShapeMiss:
+		return sh, nil
+	}
+	return "", fmt.Errorf("prompt shape %q: want hit, half or miss", s)
+}
+
+// Sampler reads the conductor process's RSS and CPU time.
+type Sampler func() (rssBytes uint64, cpu time.Duration, err error)
+
+// Config configures a load run.
+type Config struct {
+	// Addr is the conductor's HTTP address.
+	Addr string
+	// Instances engines (one rank each) hold IndexedBlocks distinct blocks between them.
+	Instances     int
+	IndexedBlocks int
+	BlockSize     int
+	Hash          sim.HashSpec
+	Model         string
+	// PromptTokens, Shapes and Concurrency span the measured grid.
+	PromptTokens []int
+	Shapes       []Shape
+	Concurrency  []int
+	// Duration is how long each cell runs (0 = 1 s); every cell sends at least one query
+	// per client.
+	Duration time.Duration
+	// BinaryTokens sends prompts as int32 bins.
+	BinaryTokens bool
+	// Sample reads the conductor's CPU time and RSS (nil: no CPU per query).
+	Sample Sampler
+	Seed   uint64
+	// Progress gets one line per cell (nil = silent).
+	Progress io.Writer
+}
+
+// Cell is one (prompt length, shape, concurrency) measurement.
+type Cell struct {
+	PromptTokens int            `json:"prompt_tokens"`
+	Shape        Shape          `json:"shape"`
+	Concurrency  int            `json:"concurrency"`
+	Queries      int            `json:"queries"`
+	QPS          float64        `json:"queries_per_second"`
+	Latency      report.Latency `json:"latency"`
+	// CPUPerQueryUS is the conductor's CPU time per query (the harness's too when the
+	// conductor runs in-process); 0 when unknown.
+	CPUPerQueryUS float64 `json:"cpu_per_query_us,omitempty"`
+	// Wrong counts answers whose longest match differed from the prompt's shape.
+	Wrong int `json:"wrong_answers"`
+}
+
+// Result is a whole load run.
+type Result struct {
+	Instances     int          `json:"instances"`
+	BlockSize     int          `json:"block_size"`
+	Hash          sim.HashSpec `json:"hash_profile"`
+	IndexedBlocks uint64       `json:"indexed_blocks"`
+	// PopulateSeconds is the time to publish the index and have it applied.
+	PopulateSeconds   float64 `json:"populate_seconds"`
+	PopulateBlocksSec float64 `json:"populate_blocks_per_second"`
+	RSSBytes          uint64  `json:"rss_bytes,omitempty"`
+	BinaryTokens      bool    `json:"binary_tokens"`
+	Cells             []Cell  `json:"cells"`
+}
+
+// bodiesPerCell is how many distinct prompts each cell cycles through, so the server
+// does not see one prompt over and over.
+const bodiesPerCell = 16
+
+type prompt struct {
+	body     []byte
+	owner    int   // instance that holds the indexed part
+	expected int64 // longest_matched the owner must report
+}
+
+// Run indexes the prompts, measures every cell, and unregisters the fleet.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Instances <= 0 || cfg.BlockSize <= 0 || cfg.IndexedBlocks <= 0 || len(cfg.PromptTokens) == 0 {
+		return nil, errors.New("loadgen: instances, block size, indexed blocks and prompt lengths must be positive")
+	}
+	if cfg.Duration <= 0 {
+		cfg.Duration = time.Second
+	}
+	if cfg.Model == "" {
+		cfg.Model = "loadgen"
+	}
+	maxLen := 0
+	for _, l := range cfg.PromptTokens {
+		maxLen = max(maxLen, l)
+	}
+	// Indexed prompts are as long as the longest query, whole hash-id runs.
+	ids := (maxLen + sim.TokensPerHashID - 1) / sim.TokensPerHashID
+	perPrompt := ids * sim.TokensPerHashID / cfg.BlockSize
+	nPrompts := (cfg.IndexedBlocks + perPrompt - 1) / perPrompt
+	perInstance := (nPrompts + cfg.Instances - 1) / cfg.Instances * perPrompt
+	f, err := sim.NewFleet(sim.FleetConfig{
+		Instances: cfg.Instances, DPRanks: 1, Kind: kindOf(cfg.Hash), Hash: cfg.Hash, Model: cfg.Model,
+		BlockSize: cfg.BlockSize, Cache: sim.CacheConfig{Device: perInstance}, Publish: true, InstancePrefix: "load-",
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	cl := client.New(cfg.Addr, time.Minute)
+	defer cl.Close()
+	defer f.Unregister(cl)
+	if err := f.Register(cl, 15*time.Second); err != nil {
+		return nil, err
+	}
+	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens}
+
+	start := time.Now()
+	var toks []int32
+	var keys []uint64
+	promptIDs := func(p int) []uint32 {
+		out := make([]uint32, ids)
+		for j := range out {
+			out[j] = uint32(p*ids + j)
+		}
+		return out
+	}
+	for p := 0; p < nPrompts; p++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		toks = sim.AppendPrompt(toks[:0], cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
+		if keys, err = f.Hasher().AppendKeys(keys[:0], toks); err != nil {
+			return nil, err
+		}
+		if _, err := f.Rank(p%cfg.Instances, 0).Store(toks, keys, sim.Now()); err != nil {
+			return nil, err
+		}
+	}
+	count, err := f.Drain(cl, 5*time.Minute)
+	if err != nil {
+		return nil, fmt.Errorf("populate: %w", err)
+	}
+	res.PopulateSeconds = time.Since(start).Seconds()
+	res.IndexedBlocks = count
+	res.PopulateBlocksSec = float64(f.Stats().Stored) / res.PopulateSeconds
+	if count != uint64(f.UnionBlocks()) {
+		return nil, fmt.Errorf("populate: conductor indexes %d blocks, fleet holds %d", count, f.UnionBlocks())
+	}
+	if cfg.Sample != nil {
+		if rss, _, err := cfg.Sample(); err == nil {
+			res.RSSBytes = rss
+		}
+	}
+	if cfg.Progress != nil {
+		fmt.Fprintf(cfg.Progress, "indexed %d blocks on %d instances in %.1fs\n", count, cfg.Instances, res.PopulateSeconds)
+	}
+
+	rng := rand.New(rand.NewPCG(cfg.Seed, 99))
+	ids2 := make([]string, cfg.Instances)
+	for i := range ids2 {
+		ids2[i] = f.InstanceID(i)
+	}
+	for _, L := range cfg.PromptTokens {
+		for _, sh := range cfg.Shapes {
+			prompts := make([]prompt, bodiesPerCell)
+			for k := range prompts {
+				p := rng.IntN(nPrompts)
+				q := client.Query{Model: cfg.Model, BlockSize: cfg.BlockSize, BinaryTokens: cfg.BinaryTokens}
+				toks = toks[:0]
+				cached := 0
+				switch sh {
+				case ShapeHit:
+					cached = L
+				case ShapeHalf:
+					cached = L / 2
+				}
+				full := sim.AppendPrompt(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
+				toks = append(toks, full[:cached]...)
+				// Fresh tokens come from another seed: they share nothing with the index.
+				fresh := sim.AppendPrompt(nil, cfg.Seed+1+uint64(k), promptIDs(p), L-cached, 0)
+				toks = append(toks, fresh...)
+				q.Tokens = toks
+				prompts[k] = prompt{body: client.AppendQuery(nil, &q), owner: p % cfg.Instances,
+					expected: int64(cached / cfg.BlockSize * cfg.BlockSize)}
+			}
+			for _, conc := range cfg.Concurrency {
+				cell, err := measure(ctx, &cfg, ids2, prompts, L, sh, conc)
+				if err != nil {
+					return res, err
+				}
+				res.Cells = append(res.Cells, cell)
+				if cfg.Progress != nil {
+					fmt.Fprintf(cfg.Progress, "  %6d tokens %-4s x%d: %7.0f q/s  p50 %7.1fus  p99 %7.1fus\n",
+						L, sh, conc, cell.QPS, cell.Latency.P50US, cell.Latency.P99US)
+				}
+			}
+		}
+	}
+	return res, nil
+}
+
+func kindOf(h sim.HashSpec) sim.Kind {
+	if h.Strategy == "vllm_v1" {
+		return sim.KindVLLM
+	}
+	return sim.KindSGLang
+}
+
+// measure runs one cell: conc clients send the prompts round-robin for cfg.Duration.
+func measure(ctx context.Context, cfg *Config, ids []string, prompts []prompt, L int, sh Shape, conc int) (Cell, error) {
+	cell := Cell{PromptTokens: L, Shape: sh, Concurrency: conc}
+	type worker struct {
+		lat   []time.Duration
+		wrong int
+		err   error
+	}
+	ws := make([]worker, conc)
+	var cpu0 time.Duration
+	if cfg.Sample != nil {
+		_, cpu0, _ = cfg.Sample()
+	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(cfg.Duration)
+	for g := range ws {
+		wg.Add(1)
+		go func(w *worker, g int) {
+			defer wg.Done()
+			cl := client.New(cfg.Addr, time.Minute)
+			defer cl.Close()
+			var res client.Result
+			res.SetInstances(ids)
+			w.lat = make([]time.Duration, 0, 1<<14)
+			for k := g; ; k++ {
+				p := &prompts[k%len(prompts)]
+				t := time.Now()
+				if err := cl.QueryRaw(p.body, &res); err != nil {
+					w.err = err
+					return
+				}
+				done := time.Now()
+				w.lat = append(w.lat, done.Sub(t))
+				if !answerMatches(&res, p) {
+					w.wrong++
+				}
+				if done.After(deadline) || ctx.Err() != nil {
+					return
+				}
+			}
+		}(&ws[g], g)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	var all []time.Duration
+	for i := range ws {
+		if ws[i].err != nil {
+			return cell, fmt.Errorf("%d tokens %s x%d: %w", L, sh, conc, ws[i].err)
+		}
+		all = append(all, ws[i].lat...)
+		cell.Wrong += ws[i].wrong
+	}
+	cell.Queries = len(all)
+	cell.QPS = float64(len(all)) / elapsed.Seconds()
+	cell.Latency = report.Summarize(all)
+	if cfg.Sample != nil {
+		if _, cpu1, err := cfg.Sample(); err == nil && len(all) > 0 {
+			cell.CPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
+		}
+	}
+	return cell, nil
+}
+
+// answerMatches checks the owner's longest match and that no other instance claims more.
+func answerMatches(res *client.Result, p *prompt) bool {
+	for i := range res.Known {
+		k := &res.Known[i]
+		want := int64(0)
+		if i == p.owner {
+			want = p.expected
+		}
+		if !k.Present || k.LongestMatched != want {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,62 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/bench/target"
+)
+
+// TestLoadgenGrid: against a real in-process conductor, every cell of a small grid sends
+// queries whose answers match their shape exactly (hit = whole prompt on its owner,
+// half = half of it, miss = nothing anywhere), and the index holds what was published.
+func TestLoadgenGrid(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	var progress bytes.Buffer
+	res, err := Run(context.Background(), Config{
+		Addr: c.Addr, Instances: 3, IndexedBlocks: 1500, BlockSize: 16, Hash: sim.VLLMHash("sha256", "0"),
+		PromptTokens: []int{256, 1000}, Shapes: []Shape{ShapeHit, ShapeHalf, ShapeMiss}, Concurrency: []int{1, 2},
+		Duration: 30 * time.Millisecond, Seed: 4, Progress: &progress,
+		Sample: func() (uint64, time.Duration, error) {
+			s, err := c.Sample()
+			return s.RSSBytes, s.CPU, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Indexed prompts are whole 512-token runs: 2 runs = 64 blocks each, 24 prompts.
+	if res.IndexedBlocks != 24*64 || res.PopulateSeconds <= 0 || res.RSSBytes == 0 {
+		t.Fatalf("setup %+v", res)
+	}
+	if len(res.Cells) != 12 {
+		t.Fatalf("%d cells, want 12", len(res.Cells))
+	}
+	for _, cell := range res.Cells {
+		if cell.Queries < cell.Concurrency || cell.Wrong != 0 || cell.QPS <= 0 || cell.Latency.P50US <= 0 {
+			t.Errorf("cell %+v", cell)
+		}
+	}
+	if progress.Len() == 0 {
+		t.Error("no progress output")
+	}
+}
+
+// TestParseShape accepts the three shapes only.
+func TestParseShape(t *testing.T) {
+	for _, s := range []string{"hit", "half", "miss"} {
+		if _, err := ParseShape(s); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := ParseShape("full"); err == nil {
+		t.Error("unknown shape accepted")
+	}
+}

@@ -1,0 +1,226 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/bench/report"
+	"github.com/conductor-go/conductor/bench/sim"
+)
+
+// conductorRun is the conductor policy's state: a publishing fleet registered with the
+// conductor, and the query and verification machinery around the router loop.
+type conductorRun struct {
+	cfg   *Config
+	fleet *sim.Fleet
+	cl    *client.Client
+	res   client.Result
+	q     client.Query
+	cr    ConductorResult
+	lat   []time.Duration
+	toks  []int32
+	rng   *rand.Rand
+}
+
+func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorResult, error) {
+	l, err := newLoop(cfg, true)
+	if err != nil {
+		return PolicyResult{}, nil, err
+	}
+	defer l.fleet.Close()
+	fc := l.fleet.Config()
+	c := &conductorRun{
+		cfg: cfg, fleet: l.fleet, cl: cfg.Client,
+		q:   client.Query{Model: fc.Model, Lora: fc.Lora, Tenant: fc.Tenant, BlockSize: fc.BlockSize, BinaryTokens: cfg.BinaryTokens},
+		lat: make([]time.Duration, 0, cfg.Workload.Len()),
+		rng: rand.New(rand.NewPCG(cfg.Seed, 77)),
+	}
+	c.cr.Addr = c.cl.Addr()
+	ids := make([]string, l.fleet.Instances())
+	for i := range ids {
+		ids[i] = l.fleet.InstanceID(i)
+	}
+	c.res.SetInstances(ids)
+	defer l.fleet.Unregister(c.cl)
+	if err := l.fleet.Register(c.cl, 15*time.Second); err != nil {
+		return PolicyResult{}, nil, err
+	}
+	// One marker round trip proves every stream is live before anything is measured.
+	if _, err := c.drain(); err != nil {
+		return PolicyResult{}, nil, fmt.Errorf("first events never reached the conductor: %w", err)
+	}
+	var cpu0 time.Duration
+	if cfg.Sample != nil {
+		if rss, cpu, err := cfg.Sample(); err == nil {
+			c.cr.RSSStartBytes, cpu0 = rss, cpu
+		}
+	}
+	if cfg.VerifyEvery > 0 {
+		l.after = func(i int) error {
+			if (i+1)%cfg.VerifyEvery != 0 || i+1 == cfg.Workload.Len() {
+				return nil
+			}
+			return c.checkpoint(i)
+		}
+	}
+	n, d := l.fleet.Instances(), l.fleet.DPRanks()
+	instMatch := make([]int64, n)
+	rankMatch := make([]int64, d)
+	turn := 0
+	choose := func(_ int, tokens []int32, _ []uint64, lm *loadModel) (int, int, int64, error) {
+		c.q.Tokens = tokens
+		t := time.Now()
+		if err := c.cl.Query(&c.q, &c.res); err != nil {
+			return 0, 0, 0, err
+		}
+		c.lat = append(c.lat, time.Since(t))
+		for i := range instMatch {
+			instMatch[i] = c.res.Known[i].LongestMatched
+		}
+		inst := pickLongest(instMatch, lm.instLoad, cfg.LoadSlack, turn%n)
+		ir := &c.res.Known[inst]
+		for r := range rankMatch {
+			rankMatch[r] = 0
+			if r < len(ir.Ranks) && ir.RankSeen[r] {
+				rankMatch[r] = ir.Ranks[r].Disk
+			}
+		}
+		rank := pickLongest(rankMatch, lm.rankLoad[inst], cfg.LoadSlack, turn%d)
+		turn++
+		return inst, rank, rankMatch[rank], nil
+	}
+	started := time.Now()
+	pr, err := l.run(ctx, PolicyConductor, choose)
+	if err != nil {
+		return pr, &c.cr, err
+	}
+	lastPublish := time.Now()
+	count, err := c.drain()
+	if err != nil {
+		return pr, &c.cr, fmt.Errorf("final drain: %w", err)
+	}
+	applied := time.Now()
+	c.cr.DrainSeconds = applied.Sub(lastPublish).Seconds()
+	c.cr.PrefixCount = count
+	c.cr.FleetBlocks = l.fleet.UnionBlocks()
+	if err := c.verifySample(cfg.Workload.Len()-1, cfg.VerifySamples); err != nil {
+		return pr, &c.cr, err
+	}
+	st := l.fleet.Stats()
+	c.cr.Batches, c.cr.Events, c.cr.StoredBlocks, c.cr.RemovedBlocks, c.cr.EventBytes = st.Batches, st.Events, st.Stored, st.Removed, st.Bytes
+	span := applied.Sub(started).Seconds()
+	c.cr.EventsPerSec = float64(st.Events) / span
+	c.cr.BlocksPerSec = float64(st.Stored+st.Removed) / span
+	c.cr.Queries = len(c.lat)
+	c.cr.QPS = float64(len(c.lat)) / pr.WallSeconds
+	c.cr.Latency = report.Summarize(c.lat)
+	c.cr.StaleAnswers = l.stale
+	c.cr.StaleRate = float64(l.stale) / float64(max(1, len(c.lat)))
+	for i := 0; i < n; i++ {
+		for r := 0; r < d; r++ {
+			c.cr.Replays += l.fleet.Rank(i, r).Publisher().Replays()
+		}
+	}
+	if cfg.Sample != nil {
+		if rss, cpu, err := cfg.Sample(); err == nil {
+			c.cr.RSSEndBytes = rss
+			c.cr.CPUSeconds = (cpu - cpu0).Seconds()
+			if count > 0 && rss > c.cr.RSSStartBytes {
+				c.cr.BytesPerBlock = float64(rss-c.cr.RSSStartBytes) / float64(count)
+			}
+		}
+	}
+	if c.cr.Mismatches > 0 {
+		return pr, &c.cr, fmt.Errorf("conductor answers differ from the simulated caches in %d of %d checks; first: %s",
+			c.cr.Mismatches, c.cr.Checks, c.cr.FirstMismatch)
+	}
+	if uint64(c.cr.FleetBlocks) != count {
+		return pr, &c.cr, fmt.Errorf("conductor prefix_count %d, simulated fleet holds %d distinct blocks", count, c.cr.FleetBlocks)
+	}
+	return pr, &c.cr, nil
+}
+
+// drain waits until the conductor has applied every published event (sim.Fleet.Drain).
+func (c *conductorRun) drain() (uint64, error) {
+	return c.fleet.Drain(c.cl, c.cfg.QuiesceTimeout)
+}
+
+// checkpoint drains the event streams after request i and compares answers.
+func (c *conductorRun) checkpoint(i int) error {
+	if _, err := c.drain(); err != nil {
+		return fmt.Errorf("checkpoint after request %d: %w", i, err)
+	}
+	return c.verifySample(i, c.cfg.VerifySamples)
+}
+
+// verifySample compares the conductor's answers with the simulated caches for n prompts:
+// the most recent requests up to last, the upcoming ones, and random earlier ones. The
+// conductor must have applied every event (drain) beforehand.
+func (c *conductorRun) verifySample(last, n int) error {
+	w := c.cfg.Workload
+	idx := make([]int, 0, n)
+	for k := 0; k < n/4 && last-k >= 0; k++ {
+		idx = append(idx, last-k)
+	}
+	for k := 1; k <= n/4 && last+k < w.Len(); k++ {
+		idx = append(idx, last+k)
+	}
+	for len(idx) < n {
+		idx = append(idx, c.rng.IntN(last+1))
+	}
+	for _, i := range idx {
+		if err := c.verify(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verify queries request i's prompt and checks every rank's tier counts.
+func (c *conductorRun) verify(i int) error {
+	w := c.cfg.Workload
+	c.toks = w.Prompt(c.toks[:0], i)
+	keys := w.Keys(i)
+	q := c.q
+	q.Tokens = c.toks
+	if err := c.cl.Query(&q, &c.res); err != nil {
+		return fmt.Errorf("verify request %d: %w", i, err)
+	}
+	bs := int64(w.BlockSize())
+	for inst := range c.res.Known {
+		k := &c.res.Known[inst]
+		var best client.Tiers
+		for r := 0; r < c.fleet.DPRanks(); r++ {
+			m := c.fleet.Rank(inst, r).Match(keys)
+			want := client.Tiers{Device: int64(m.Device) * bs, CPULocal: int64(m.CPULocal) * bs,
+				CPUShare: int64(m.CPULocal) * bs, Disk: int64(m.Disk) * bs}
+			best.Device, best.CPULocal = max(best.Device, want.Device), max(best.CPULocal, want.CPULocal)
+			best.CPUShare, best.Disk = max(best.CPUShare, want.CPUShare), max(best.Disk, want.Disk)
+			var got client.Tiers
+			if k.Present && r < len(k.Ranks) && k.RankSeen[r] {
+				got = k.Ranks[r]
+			} else {
+				c.mismatch(fmt.Sprintf("request %d: %s rank %d missing from the answer", i, c.fleet.InstanceID(inst), r))
+				continue
+			}
+			c.cr.Checks++
+			if got != want {
+				c.mismatch(fmt.Sprintf("request %d: %s rank %d: conductor %+v, engine holds %+v", i, c.fleet.InstanceID(inst), r, got, want))
+			}
+		}
+		if k.Present && (k.Tiers != best || k.LongestMatched != best.Disk) {
+			c.mismatch(fmt.Sprintf("request %d: %s: conductor %+v (longest %d), ranks say %+v", i, c.fleet.InstanceID(inst), k.Tiers, k.LongestMatched, best))
+		}
+	}
+	return nil
+}
+
+func (c *conductorRun) mismatch(s string) {
+	c.cr.Mismatches++
+	if c.cr.FirstMismatch == "" {
+		c.cr.FirstMismatch = s
+	}
+}

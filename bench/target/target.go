@@ -1,0 +1,156 @@
+// Package target starts or attaches to the conductor a benchmark measures: an external
+// process given by URL (and optionally its pid), a binary the harness spawns on free
+// ports, or a conductor running inside the harness process.
+package target
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/server"
+)
+
+// Mode says how the conductor runs relative to the harness.
+type Mode string
+
+// Modes.
+const (
+	ModeExternal  Mode = "external"
+	ModeSpawned   Mode = "spawned"
+	ModeInProcess Mode = "in-process"
+)
+
+// Conductor is a conductor under test.
+type Conductor struct {
+	// Addr is host:port of its HTTP API.
+	Addr string
+	Mode Mode
+	// PID is the process to sample for RSS and CPU (0 = unknown). For ModeInProcess it
+	// is the harness itself, so samples include the simulator.
+	PID  int
+	stop func()
+}
+
+// Sample reads the conductor process's RSS and CPU time.
+func (c *Conductor) Sample() (Sample, error) {
+	if c.PID <= 0 {
+		return Sample{}, errors.New("conductor pid unknown (pass --pid)")
+	}
+	return ReadProc(c.PID)
+}
+
+// Stop stops a spawned or in-process conductor; an external one is left running.
+func (c *Conductor) Stop() {
+	if c.stop != nil {
+		c.stop()
+		c.stop = nil
+	}
+}
+
+// External attaches to a running conductor at url; pid may be 0.
+func External(url string, pid int) *Conductor {
+	return &Conductor{Addr: client.New(url, 0).Addr(), Mode: ModeExternal, PID: pid}
+}
+
+// InProcess starts a conductor inside this process on a free 127.0.0.1 port with RPC
+// disabled.
+func InProcess(log *slog.Logger) (*Conductor, error) {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	app, err := server.Start(server.AppConfig{
+		HTTPPort:    0,
+		RPCPort:     -1,
+		BindAddress: "127.0.0.1",
+		Logger:      log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start in-process conductor: %w", err)
+	}
+	return &Conductor{Addr: app.HTTPAddr, Mode: ModeInProcess, PID: os.Getpid(), stop: app.Stop}, nil
+}
+
+// freePort asks the kernel for an unused TCP port on 127.0.0.1.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Spawn runs the conductor binary at bin with a temporary configuration (free HTTP port,
+// RPC off, no state file) and waits until it answers. Its stderr goes to logw.
+func Spawn(bin string, logw io.Writer) (*Conductor, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "conductor-bench-")
+	if err != nil {
+		return nil, fmt.Errorf("spawn: %w", err)
+	}
+	cfg, err := json.Marshal(map[string]any{
+		"http_server_port": port, "rpc_server_port": 0, "state_file": "", "kvevent_instance": map[string]any{},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("spawn: encode config: %w", err)
+	}
+	path := filepath.Join(dir, "conductor.json")
+	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		return nil, fmt.Errorf("spawn: write config: %w", err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+path, "CONDUCTOR_LOG_LEVEL=warn")
+	cmd.Stdout, cmd.Stderr = logw, logw
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("spawn %s: %w", bin, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		os.RemoveAll(dir)
+	}
+	c := &Conductor{Addr: "127.0.0.1:" + strconv.Itoa(port), Mode: ModeSpawned, PID: cmd.Process.Pid, stop: stop}
+	cl := client.New(c.Addr, time.Second)
+	defer cl.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := cl.PrefixCount("", "", "", 1)
+		var se *client.StatusError
+		if err == nil || errors.As(err, &se) || errors.Is(err, client.ErrNoContext) {
+			return c, nil // it answered
+		}
+		select {
+		case werr := <-exited:
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("spawn %s: exited before answering: %v", bin, werr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("spawn %s: no answer on %s: %w", bin, c.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

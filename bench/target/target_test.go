@@ -1,0 +1,95 @@
+package target
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/client"
+)
+
+// TestReadProc: the harness reads its own RSS and a CPU time that grows with work.
+func TestReadProc(t *testing.T) {
+	s0, err := ReadProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s0.RSSBytes < 1<<20 {
+		t.Fatalf("RSS %d bytes is implausibly small", s0.RSSBytes)
+	}
+	x := 0
+	for start := time.Now(); time.Since(start) < 60*time.Millisecond; {
+		x++
+	}
+	s1, err := ReadProc(os.Getpid())
+	if err != nil || s1.CPU <= s0.CPU {
+		t.Fatalf("cpu %v -> %v (%v), spun %d", s0.CPU, s1.CPU, err, x)
+	}
+	if _, err := ReadProc(-1); err == nil {
+		t.Fatal("no error for pid -1")
+	}
+}
+
+// TestInProcessAndExternal: an in-process conductor answers, samples the harness
+// process, and an External handle to it talks to the same server.
+func TestInProcessAndExternal(t *testing.T) {
+	c, err := InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	if c.Mode != ModeInProcess || c.PID != os.Getpid() {
+		t.Fatalf("conductor %+v", c)
+	}
+	if _, err := c.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	ext := External("http://"+c.Addr+"/", 0)
+	if ext.Addr != c.Addr || ext.Mode != ModeExternal {
+		t.Fatalf("external %+v", ext)
+	}
+	if _, err := ext.Sample(); err == nil {
+		t.Fatal("sample without pid succeeded")
+	}
+	cl := client.New(ext.Addr, time.Second)
+	defer cl.Close()
+	var res client.Result
+	if err := cl.Query(&client.Query{Model: "none", BlockSize: 16, Tokens: []int32{1, 2}}, &res); err != nil || res.Count() != 0 {
+		t.Fatalf("query on empty conductor: %v, %d instances", err, res.Count())
+	}
+	ext.Stop() // leaves the server running
+	if err := cl.Query(&client.Query{Model: "none", BlockSize: 16, Tokens: []int32{1}}, &res); err != nil {
+		t.Fatalf("external Stop stopped the server: %v", err)
+	}
+}
+
+// TestSpawnFailure: a binary that exits before answering is reported, not waited on.
+func TestSpawnFailure(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "fake-conductor")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho failing >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	_, err := Spawn(bin, &syncWriter{b: &logs})
+	if err == nil || !strings.Contains(err.Error(), "exited before answering") {
+		t.Fatalf("spawn error %v", err)
+	}
+	if _, err := Spawn(filepath.Join(t.TempDir(), "missing"), nil); err == nil {
+		t.Fatal("missing binary spawned")
+	}
+}
+
+// syncWriter guards a builder written by the child's output copier.
+type syncWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}

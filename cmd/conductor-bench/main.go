@@ -1,0 +1,405 @@
+// Command conductor-bench drives the conductor with simulated engines:
+//
+//	conductor-bench replay --trace ../shared/traces/conversation_trace.jsonl --instances 16
+//	conductor-bench load --instances 8 --blocks 1000000 --prompt-tokens 2048,8192,32768
+//
+// replay routes a Mooncake trace through the conductor and compares the prefix-cache hit
+// rate with oracle, random and round-robin routing of the same fleet; load measures
+// /query latency and throughput at fixed concurrency and prompt shape. Both print tables
+// and write JSON under bench/results/. See bench/README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/bench/loadgen"
+	"github.com/conductor-go/conductor/bench/replay"
+	"github.com/conductor-go/conductor/bench/report"
+	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/bench/target"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage: conductor-bench <command> [flags]
+
+commands:
+  replay   replay a request trace through the conductor and compare routing policies
+  load     measure /query latency and throughput at fixed concurrency and prompt shape
+
+Run "conductor-bench <command> -h" for the flags of a command.
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch args[0] {
+	case "replay":
+		err = runReplay(ctx, args[1:], stdout, stderr)
+	case "load":
+		err = runLoad(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "conductor-bench %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+// conductorFlags select the conductor under test (shared by both commands).
+type conductorFlags struct {
+	url, bin string
+	pid      int
+	verbose  bool
+}
+
+func (c *conductorFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.url, "conductor", "", "URL of a running conductor (e.g. http://127.0.0.1:13333); default: start one in-process")
+	fs.StringVar(&c.bin, "conductor-bin", "", "spawn this mooncake_conductor binary on free ports (clean RSS and CPU figures)")
+	fs.IntVar(&c.pid, "pid", 0, "pid of the --conductor process, to read its RSS and CPU time from /proc")
+	fs.BoolVar(&c.verbose, "v", false, "log the in-process conductor at info level")
+}
+
+func (c *conductorFlags) start(stderr io.Writer) (*target.Conductor, error) {
+	switch {
+	case c.url != "" && c.bin != "":
+		return nil, errors.New("--conductor and --conductor-bin are exclusive")
+	case c.url != "":
+		return target.External(c.url, c.pid), nil
+	case c.bin != "":
+		return target.Spawn(c.bin, stderr)
+	}
+	level := slog.LevelWarn
+	if c.verbose {
+		level = slog.LevelInfo
+	}
+	return target.InProcess(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})))
+}
+
+func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
+	if c.PID <= 0 {
+		return nil
+	}
+	return func() (uint64, time.Duration, error) {
+		s, err := c.Sample()
+		return s.RSSBytes, s.CPU, err
+	}
+}
+
+func hashSpec(engine, algo, seed string) (sim.Kind, sim.HashSpec, error) {
+	kind, err := sim.ParseKind(engine)
+	if err != nil {
+		return 0, sim.HashSpec{}, err
+	}
+	if kind == sim.KindSGLang {
+		return kind, sim.SGLangHash(), nil
+	}
+	return kind, sim.VLLMHash(algo, seed), nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		v, err := strconv.Atoi(f)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("%q: want positive integers separated by commas", s)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf conductorFlags
+	cf.register(fs)
+	tracePath := fs.String("trace", "", `trace file (JSON lines), or "synthetic:N" for N generated chat requests`)
+	maxReq := fs.Int("max-requests", 0, "replay only the first N requests (0 = all)")
+	instances := fs.Int("instances", 16, "engine instances")
+	dpRanks := fs.Int("dp-ranks", 1, "data-parallel ranks per instance (each its own cache and publisher)")
+	blockSize := fs.Int("block-size", 16, "tokens per KV block")
+	engine := fs.String("engine", "vllm", "engine kind: vllm or sglang")
+	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
+	seed := fs.String("python-hash-seed", "0", "vLLM PYTHONHASHSEED")
+	style := fs.String("events", "minimal", "vLLM event fields: minimal or current (adds extra_keys, group_idx, kv_cache_spec_kind)")
+	devTokens := fs.Int("device-tokens", 1<<20, "device (GPU) KV cache per rank, in tokens")
+	cpuTokens := fs.Int("cpu-tokens", 0, "SGLang host-memory tier per rank, in tokens (0 = none)")
+	diskTokens := fs.Int("disk-tokens", 0, "SGLang disk tier per rank, in tokens (0 = none; needs --cpu-tokens)")
+	policies := fs.String("policies", "conductor,oracle,random,round-robin", "routing policies to compare")
+	speed := fs.Float64("speed", 0, "pace relative to trace time (1 = real time); 0 = as fast as possible")
+	slack := fs.Int("load-slack", 4, "skip instances serving more than this many requests above the least loaded; -1 = pure longest match")
+	prefill := fs.Float64("prefill-tps", 10000, "simulated prefill speed of one rank, tokens/s (load model)")
+	decode := fs.Float64("decode-ms", 20, "simulated decode time per output token, ms (load model)")
+	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array")
+	verifyEvery := fs.Int("verify-every", 0, "drain and compare conductor answers with the engines every N requests (0 = at the end only)")
+	verifySamples := fs.Int("verify-samples", 32, "prompts compared per verification")
+	model := fs.String("model", "bench-model", "model name of the simulated context")
+	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic token runs")
+	rngSeed := fs.Uint64("seed", 1, "seed of the random policy")
+	results := fs.String("results", "bench/results", "directory for the JSON result")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *tracePath == "" {
+		return errors.New("--trace is required")
+	}
+	kind, hs, err := hashSpec(*engine, *algo, *seed)
+	if err != nil {
+		return err
+	}
+	var evStyle sim.EventStyle
+	switch *style {
+	case "minimal":
+	case "current":
+		evStyle = sim.StyleCurrent
+	default:
+		return fmt.Errorf("--events %q: want minimal or current", *style)
+	}
+	var pols []replay.Policy
+	for _, p := range splitList(*policies) {
+		pol, err := replay.ParsePolicy(p)
+		if err != nil {
+			return err
+		}
+		pols = append(pols, pol)
+	}
+	var reqs []replay.Request
+	if n, ok := strings.CutPrefix(*tracePath, "synthetic:"); ok {
+		count, err := strconv.Atoi(n)
+		if err != nil || count <= 0 {
+			return fmt.Errorf("--trace %q: want synthetic:N", *tracePath)
+		}
+		reqs = replay.SyntheticTrace(count, *tokenSeed)
+	} else if reqs, err = replay.LoadTraceFile(*tracePath, *maxReq); err != nil {
+		return err
+	}
+	if *maxReq > 0 && len(reqs) > *maxReq {
+		reqs = reqs[:*maxReq]
+	}
+	t0 := time.Now()
+	w, err := replay.NewWorkload(reqs, replay.WorkloadConfig{Hash: hs, BlockSize: *blockSize, Seed: *tokenSeed})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "hashed %d requests (%d blocks) in %.1fs\n", w.Len(), w.Blocks(), time.Since(t0).Seconds())
+	cfg := replay.Config{
+		Workload: w,
+		Fleet: sim.FleetConfig{
+			Instances: *instances, DPRanks: *dpRanks, Kind: kind, Hash: hs, Model: *model, BlockSize: *blockSize,
+			Cache: sim.CacheConfig{Device: *devTokens / *blockSize, CPU: *cpuTokens / *blockSize, Disk: *diskTokens / *blockSize},
+			Style: evStyle,
+		},
+		Policies: pols, Speed: *speed, LoadSlack: *slack, PrefillTPS: *prefill, DecodeMsPerToken: *decode,
+		Seed: *rngSeed, BinaryTokens: *binary, VerifyEvery: *verifyEvery, VerifySamples: *verifySamples,
+		Progress: stderr,
+	}
+	var cond *target.Conductor
+	for _, p := range pols {
+		if p == replay.PolicyConductor {
+			if cond, err = cf.start(stderr); err != nil {
+				return err
+			}
+			defer cond.Stop()
+			cfg.Client = client.New(cond.Addr, time.Minute)
+			defer cfg.Client.Close()
+			if s := sampler(cond); s != nil {
+				cfg.Sample = replay.Sampler(s)
+			}
+		}
+	}
+	res, runErr := replay.Run(ctx, cfg)
+	if res == nil {
+		return runErr
+	}
+	printReplay(stdout, *tracePath, res, cond)
+	path, err := report.WriteJSON(*results, "replay", map[string]any{"trace": *tracePath, "conductor_mode": modeOf(cond), "result": res})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "results: %s\n", path)
+	return runErr
+}
+
+func modeOf(c *target.Conductor) string {
+	if c == nil {
+		return ""
+	}
+	return string(c.Mode)
+}
+
+func pct(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) }
+
+func printReplay(w io.Writer, trace string, r *replay.Result, cond *target.Conductor) {
+	bs := r.BlockSize
+	t := report.Table{
+		Title: fmt.Sprintf("Replay %s: %d requests, %d prompt tokens; %d x %d %s ranks, block %d, device %d tokens/rank",
+			trace, r.Requests, r.PromptTokens, r.Instances, r.DPRanks, r.Engine, bs, r.DeviceBlocks*bs),
+		Header: []string{"routing", "hit rate", "device hit", "imbalance", "peak active", "wall s"},
+	}
+	for _, p := range r.Policies {
+		t.Add(p.Policy, pct(p.HitRate), pct(p.DeviceHitRate), fmt.Sprintf("%.2f", p.Imbalance), p.PeakActive, fmt.Sprintf("%.1f", p.WallSeconds))
+	}
+	t.Notes = append(t.Notes, fmt.Sprintf("upper bound (one engine, unlimited cache): %s; load slack %d; speed %g (0 = as fast as possible)",
+		pct(r.InfiniteCacheHitRate), r.LoadSlack, r.Speed))
+	fmt.Fprintln(w)
+	_ = t.Fprint(w)
+	c := r.Conductor
+	if c == nil {
+		return
+	}
+	ct := report.Table{Title: fmt.Sprintf("\nConductor (%s, %s)", modeOf(cond), c.Addr), Header: []string{"metric", "value"}, LeftAlign: true}
+	ct.Add("queries/s (router loop)", fmt.Sprintf("%.0f", c.QPS))
+	ct.Add("query latency p50 / p99 / p999", fmt.Sprintf("%.0f / %.0f / %.0f us", c.Latency.P50US, c.Latency.P99US, c.Latency.P999US))
+	ct.Add("events applied/s", fmt.Sprintf("%.0f (%.0f block hashes/s)", c.EventsPerSec, c.BlocksPerSec))
+	ct.Add("events published", fmt.Sprintf("%d in %d batches, %.1f MiB", c.Events, c.Batches, float64(c.EventBytes)/(1<<20)))
+	ct.Add("drain after last event", fmt.Sprintf("%.3f s", c.DrainSeconds))
+	ct.Add("indexed blocks (prefix_count)", fmt.Sprintf("%d (engines hold %d)", c.PrefixCount, c.FleetBlocks))
+	if c.RSSEndBytes > 0 {
+		what := "conductor"
+		if cond != nil && cond.Mode == target.ModeInProcess {
+			what = "harness+conductor"
+		}
+		ct.Add("RSS "+what, fmt.Sprintf("%.1f MiB (start %.1f MiB)", float64(c.RSSEndBytes)/(1<<20), float64(c.RSSStartBytes)/(1<<20)))
+		ct.Add("bytes per indexed block", fmt.Sprintf("%.0f (RSS growth / prefix_count)", c.BytesPerBlock))
+		ct.Add("CPU time "+what, fmt.Sprintf("%.1f s", c.CPUSeconds))
+	}
+	ct.Add("stale answers (events in flight)", fmt.Sprintf("%d (%s)", c.StaleAnswers, pct(c.StaleRate)))
+	ct.Add("verified rank answers", fmt.Sprintf("%d checks, %d mismatches", c.Checks, c.Mismatches))
+	if c.Replays > 0 {
+		ct.Add("replay requests served", c.Replays)
+	}
+	_ = ct.Fprint(w)
+}
+
+func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("load", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf conductorFlags
+	cf.register(fs)
+	instances := fs.Int("instances", 8, "engine instances holding the index")
+	blocks := fs.Int("blocks", 1_000_000, "distinct blocks to index")
+	blockSize := fs.Int("block-size", 16, "tokens per KV block")
+	engine := fs.String("engine", "vllm", "engine kind: vllm or sglang")
+	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
+	seed := fs.String("python-hash-seed", "0", "vLLM PYTHONHASHSEED")
+	lens := fs.String("prompt-tokens", "2048,8192,32768", "query prompt lengths")
+	shapes := fs.String("shapes", "hit,half,miss", "prompt shapes: hit, half, miss")
+	conc := fs.String("concurrency", "1,4", "concurrent clients")
+	dur := fs.Duration("duration", time.Second, "time per cell")
+	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array")
+	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
+	results := fs.String("results", "bench/results", "directory for the JSON result")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	_, hs, err := hashSpec(*engine, *algo, *seed)
+	if err != nil {
+		return err
+	}
+	L, err := intList(*lens)
+	if err != nil {
+		return fmt.Errorf("--prompt-tokens %w", err)
+	}
+	C, err := intList(*conc)
+	if err != nil {
+		return fmt.Errorf("--concurrency %w", err)
+	}
+	var S []loadgen.Shape
+	for _, s := range splitList(*shapes) {
+		sh, err := loadgen.ParseShape(s)
+		if err != nil {
+			return err
+		}
+		S = append(S, sh)
+	}
+	cond, err := cf.start(stderr)
+	if err != nil {
+		return err
+	}
+	defer cond.Stop()
+	cfg := loadgen.Config{
+		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
+		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, Seed: *tokenSeed,
+		Progress: stderr,
+	}
+	if s := sampler(cond); s != nil {
+		cfg.Sample = loadgen.Sampler(s)
+	}
+	res, runErr := loadgen.Run(ctx, cfg)
+	if res == nil {
+		return runErr
+	}
+	cpuWhat := "server CPU/q"
+	if cond.Mode == target.ModeInProcess {
+		cpuWhat = "process CPU/q"
+	}
+	t := report.Table{
+		Title: fmt.Sprintf("/query load (%s conductor): %d instances, %d indexed blocks, block %d, %s tokens",
+			cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize, map[bool]string{true: "binary", false: "array"}[res.BinaryTokens]),
+		Header: []string{"tokens", "shape", "clients", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "wrong"},
+	}
+	for _, c := range res.Cells {
+		cpu := "-"
+		if c.CPUPerQueryUS > 0 {
+			cpu = fmt.Sprintf("%.1f", c.CPUPerQueryUS)
+		}
+		t.Add(c.PromptTokens, c.Shape, c.Concurrency, fmt.Sprintf("%.0f", c.QPS), fmt.Sprintf("%.1f", c.Latency.P50US),
+			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, c.Wrong)
+	}
+	t.Notes = append(t.Notes, fmt.Sprintf("index built in %.1fs (%.0f blocks/s applied)", res.PopulateSeconds, res.PopulateBlocksSec))
+	if res.RSSBytes > 0 {
+		t.Notes = append(t.Notes, fmt.Sprintf("RSS after indexing: %.1f MiB", float64(res.RSSBytes)/(1<<20)))
+	}
+	fmt.Fprintln(stdout)
+	_ = t.Fprint(stdout)
+	path, err := report.WriteJSON(*results, "load", map[string]any{"conductor_mode": string(cond.Mode), "result": res})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "results: %s\n", path)
+	for _, c := range res.Cells {
+		if c.Wrong > 0 && runErr == nil {
+			runErr = fmt.Errorf("%d tokens %s x%d: %d answers did not match the indexed prompts", c.PromptTokens, c.Shape, c.Concurrency, c.Wrong)
+		}
+	}
+	return runErr
+}
