@@ -54,9 +54,12 @@ pytest: build venv
 # Every test: formatting, vet, Go tests under the race detector, every benchmark once, Python.
 test: fmtcheck vet gotest pytest
 
-# Microbenchmarks plus a short trace replay (see bench/README.md for the knobs).
+# Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
+# --max-requests for the full trace).
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 200ms ./...
+	$(GO) run ./cmd/conductor-bench replay --trace ../shared/traces/conversation_trace.jsonl \
+		--instances 16 --block-size 16 --max-requests 2000
 
 # Each fuzz target for a bounded time (FUZZTIME per target).
 fuzz: deps
