@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -146,13 +147,17 @@ func (s *RPCServer) serveConn(c net.Conn) {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err)
 			}
+			// Answers to the good requests pipelined before the bad frame are still owed.
+			rc.closingFlush()
 			return
 		}
 		if err := rc.dispatch(hdr, body); err != nil {
 			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
 				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err)
 			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
-			_ = rc.flush()
+			if _, err := rc.w.Write(rc.out); err == nil {
+				rc.closingFlush()
+			}
 			return
 		}
 		if rc.flush() != nil {
@@ -165,11 +170,39 @@ func (rc *rpcConn) flush() error {
 	if _, err := rc.w.Write(rc.out); err != nil {
 		return err
 	}
-	if rc.r.Buffered() > 0 {
-		// More pipelined requests are already here: answer them before flushing.
+	if rc.nextFrameBuffered() {
+		// The next pipelined request is already here whole: answer it before flushing, so
+		// a burst of requests costs one write.
 		return nil
 	}
 	return rc.w.Flush()
+}
+
+// closingFlushTimeout bounds the last write to a connection being dropped, so a peer that
+// stopped reading cannot hold its goroutine.
+const closingFlushTimeout = 2 * time.Second
+
+// closingFlush sends what is still buffered before the connection is closed.
+func (rc *rpcConn) closingFlush() {
+	_ = rc.c.SetWriteDeadline(time.Now().Add(closingFlushTimeout))
+	_ = rc.w.Flush()
+}
+
+// nextFrameBuffered reports whether a complete request frame is waiting in the read
+// buffer. Only then may a response wait for the next one: with part of a frame buffered
+// the server would block reading the rest while holding answers the client may be
+// waiting for before it sends that rest.
+func (rc *rpcConn) nextFrameBuffered() bool {
+	n := rc.r.Buffered()
+	if n < wire.RPCRequestHeaderSize {
+		return false
+	}
+	hb, err := rc.r.Peek(wire.RPCRequestHeaderSize)
+	if err != nil {
+		return false
+	}
+	length := uint64(binary.LittleEndian.Uint32(hb[12:])) + uint64(binary.LittleEndian.Uint32(hb[16:]))
+	return uint64(n) >= uint64(wire.RPCRequestHeaderSize)+length
 }
 
 // rpcCode maps a service error to the wire's business error code.
