@@ -5,7 +5,8 @@
 // The encoders (Append*Request) and decoders (Decode*) are exported on their own so that
 // tests and tools can build exact request bytes or read captured bodies without a
 // network. Client.Query is the hot path: with a QueryResult reused across calls it
-// allocates nothing in steady state.
+// allocates nothing in steady state. A goroutine querying in a loop (a router, a load
+// generator) uses a Session, which also sends pre-encoded bodies and returns raw answers.
 package httpclient
 
 import (
@@ -43,6 +44,7 @@ type Options struct {
 // Client calls one conductor. It is safe for concurrent use.
 type Client struct {
 	base    string // normalized "http://host:port[/prefix]", for messages
+	host    string // "host:port" the connections go to
 	hc      *fasthttp.HostClient
 	timeout time.Duration
 	// Full request URIs, built once so calls do not concatenate strings.
@@ -86,6 +88,7 @@ func New(addr string, opts Options) (*Client, error) {
 	prefix := strings.TrimRight(u.EscapedPath(), "/")
 	c := &Client{
 		base:    u.Scheme + "://" + hostPort + prefix,
+		host:    hostPort,
 		timeout: opts.Timeout,
 	}
 	if c.timeout <= 0 {
@@ -121,6 +124,10 @@ func retryIfSafe(req *fasthttp.Request, attempts int, _ error) (resetTimeout, re
 
 // Addr returns the normalized base address, e.g. "http://127.0.0.1:13333".
 func (c *Client) Addr() string { return c.base }
+
+// Host returns the "host:port" the client connects to, without scheme or path prefix:
+// the form to print next to process figures or hand to tools that take a bare address.
+func (c *Client) Host() string { return c.host }
 
 // Close drops idle connections. The Client stays usable.
 func (c *Client) Close() { c.hc.CloseIdleConnections() }
@@ -253,7 +260,8 @@ func (c *Client) get(uri string, fn func(body []byte) error) error {
 }
 
 // Query asks for the cached prefix of q.TokenIDs and decodes the answer into res, which
-// may be reused across calls (see DecodeQueryResult).
+// may be reused across calls (see DecodeQueryResult). A goroutine that queries in a loop
+// saves the per-call pool round trip with a Session (NewSession).
 func (c *Client) Query(q *QueryRequest, res *QueryResult) error {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()

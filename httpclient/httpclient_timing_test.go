@@ -79,10 +79,8 @@ func BenchmarkDecodeQueryResult(b *testing.B) {
 	}
 }
 
-// BenchmarkClientQuery measures the full round trip over loopback TCP against a fasthttp
-// server answering with a prepared 16-instance body.
-func BenchmarkClientQuery(b *testing.B) {
-	body := benchQueryBody(b)
+// startBenchServer serves body on every request from a fasthttp server on loopback.
+func startBenchServer(b *testing.B, body []byte) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -93,8 +91,14 @@ func BenchmarkClientQuery(b *testing.B) {
 	}}
 	done := make(chan struct{})
 	go func() { _ = srv.Serve(ln); close(done) }()
-	defer func() { _ = srv.Shutdown(); <-done }()
-	c, err := New(ln.Addr().String(), Options{})
+	b.Cleanup(func() { _ = srv.Shutdown(); <-done })
+	return ln.Addr().String()
+}
+
+// BenchmarkClientQuery measures the full round trip over loopback TCP against a fasthttp
+// server answering with a prepared 16-instance body.
+func BenchmarkClientQuery(b *testing.B) {
+	c, err := New(startBenchServer(b, benchQueryBody(b)), Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -106,5 +110,40 @@ func BenchmarkClientQuery(b *testing.B) {
 		if err := c.Query(&q, &res); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkSessionQuery measures the same round trip through a Session: encoding each
+// time, sending a pre-encoded body (the load generator's loop), and taking the raw
+// answer without decoding it.
+func BenchmarkSessionQuery(b *testing.B) {
+	c, err := New(startBenchServer(b, benchQueryBody(b)), Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(2048)}
+	body := AppendQueryRequest(nil, &q)
+	var res QueryResult
+	for _, form := range []string{"encode", "encoded", "raw"} {
+		b.Run(form, func(b *testing.B) {
+			s := c.NewSession()
+			defer s.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				var err error
+				switch form {
+				case "encode":
+					err = s.Query(&q, &res)
+				case "encoded":
+					err = s.QueryEncoded(body, &res)
+				default:
+					_, err = s.QueryRaw(body)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package httpclient
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -195,46 +196,33 @@ func (h *InstanceHit) decode(b []byte) ([]byte, error) {
 		if err != nil {
 			return b, fmt.Errorf("key: %w", err)
 		}
+		// Tier keys are matched in this switch rather than in a shared helper: this loop
+		// is most of decoding a query answer, which sits inside every measured round trip.
+		// "npu" is what the upstream C++ server calls the device tier; accepting it lets
+		// the CLI read that server too.
 		switch string(key) {
 		case "longest_matched":
 			h.LongestMatched, b, err = readInt(b)
+		case "device", "npu":
+			h.Device, b, err = readInt(b)
+		case "cpu_local":
+			h.CPULocal, b, err = readInt(b)
+		case "cpu_share":
+			h.CPUShare, b, err = readInt(b)
+		case "disk":
+			h.Disk, b, err = readInt(b)
 		case "dp":
 			b, err = h.decodeRanks(b, false)
 		case "rank_matches":
 			b, err = h.decodeRanks(b, true)
 		default:
-			var ok bool
-			if b, ok, err = decodeTier(&h.TierCounts, key, b); !ok && err == nil {
-				b, err = msgp.Skip(b)
-			}
+			b, err = msgp.Skip(b)
 		}
 		if err != nil {
 			return b, fmt.Errorf("%s: %w", key, err)
 		}
 	}
 	return b, nil
-}
-
-// decodeTier reads the value of a tier key into t and reports whether key was a tier.
-// "npu" is what the upstream C++ server calls the device tier; accepting it lets the CLI
-// read that server too.
-func decodeTier(t *TierCounts, key, b []byte) ([]byte, bool, error) {
-	var dst *int64
-	switch string(key) {
-	case "device", "npu":
-		dst = &t.Device
-	case "cpu_local":
-		dst = &t.CPULocal
-	case "cpu_share":
-		dst = &t.CPUShare
-	case "disk":
-		dst = &t.Disk
-	default:
-		return b, false, nil
-	}
-	v, b, err := readInt(b)
-	*dst = v
-	return b, true, err
 }
 
 // decodeRanks reads the "dp" map (rank -> device count) or, when tiers is set, the
@@ -268,6 +256,7 @@ func (h *InstanceHit) decodeRanks(b []byte, tiers bool) ([]byte, error) {
 	return b, nil
 }
 
+// decodeRankTiers reads one rank's tier map (same keys as an instance's tiers).
 func decodeRankTiers(t *TierCounts, b []byte) ([]byte, error) {
 	n, b, err := msgp.ReadMapHeaderBytes(b)
 	if err != nil {
@@ -278,8 +267,16 @@ func decodeRankTiers(t *TierCounts, b []byte) ([]byte, error) {
 		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
 			return b, fmt.Errorf("key: %w", err)
 		}
-		var ok bool
-		if b, ok, err = decodeTier(t, key, b); !ok && err == nil {
+		switch string(key) {
+		case "device", "npu":
+			t.Device, b, err = readInt(b)
+		case "cpu_local":
+			t.CPULocal, b, err = readInt(b)
+		case "cpu_share":
+			t.CPUShare, b, err = readInt(b)
+		case "disk":
+			t.Disk, b, err = readInt(b)
+		default:
 			b, err = msgp.Skip(b)
 		}
 		if err != nil {
@@ -347,12 +344,35 @@ func parseDecimal(s []byte) (int64, bool) {
 	return v, true
 }
 
-// readInt reads an integer that may be encoded signed or unsigned, or nil as 0.
+// readInt reads an integer that may be encoded signed or unsigned, or nil as 0. The
+// encodings a server writes for counts are decoded inline, since a query answer is mostly
+// integers; anything else goes to msgp for its range checks and its error.
 func readInt(b []byte) (int64, []byte, error) {
-	if msgp.IsNil(b) {
-		o, err := msgp.ReadNilBytes(b)
-		return 0, o, err
+	if len(b) > 0 {
+		switch c := b[0]; {
+		case c <= 0x7f: // positive fixint
+			return int64(c), b[1:], nil
+		case c >= 0xe0: // negative fixint
+			return int64(int8(c)), b[1:], nil
+		case c == 0xcc && len(b) >= 2: // uint8
+			return int64(b[1]), b[2:], nil
+		case c == 0xcd && len(b) >= 3: // uint16
+			return int64(binary.BigEndian.Uint16(b[1:])), b[3:], nil
+		case c == 0xce && len(b) >= 5: // uint32
+			return int64(binary.BigEndian.Uint32(b[1:])), b[5:], nil
+		case c == 0xd0 && len(b) >= 2: // int8
+			return int64(int8(b[1])), b[2:], nil
+		case c == 0xd1 && len(b) >= 3: // int16
+			return int64(int16(binary.BigEndian.Uint16(b[1:]))), b[3:], nil
+		case c == 0xd2 && len(b) >= 5: // int32
+			return int64(int32(binary.BigEndian.Uint32(b[1:]))), b[5:], nil
+		case c == 0xd3 && len(b) >= 9: // int64
+			return int64(binary.BigEndian.Uint64(b[1:])), b[9:], nil
+		case c == 0xc0: // nil
+			return 0, b[1:], nil
+		}
 	}
+	// uint64 (range-checked), truncated input and non-integers.
 	return msgp.ReadInt64Bytes(b)
 }
 

@@ -2,6 +2,7 @@ package httpclient
 
 import (
 	"encoding/json"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -265,6 +266,42 @@ func TestDecodeError(t *testing.T) {
 		e := DecodeError(c.status, c.body)
 		if e.Status != c.status || e.Error() != c.want {
 			t.Errorf("status %d: got %d %q, want %q", c.status, e.Status, e.Error(), c.want)
+		}
+	}
+}
+
+// TestReadIntMatchesMsgp: the inline integer decoder agrees with msgp's on every integer
+// encoding at its boundaries, on nil, and fails like msgp on truncated input, an
+// out-of-range uint64 and non-integers.
+func TestReadIntMatchesMsgp(t *testing.T) {
+	var bodies [][]byte
+	for _, v := range []int64{0, 1, 127, 128, 255, 256, 65535, 65536, 1<<32 - 1, 1 << 32, math.MaxInt64,
+		-1, -32, -33, -128, -129, -32768, -32769, math.MinInt32, math.MinInt32 - 1, math.MinInt64} {
+		bodies = append(bodies, msgp.AppendInt64(nil, v))
+	}
+	for _, v := range []uint64{0, 200, 60000, 4e9, math.MaxInt64} {
+		bodies = append(bodies, msgp.AppendUint64(nil, v))
+	}
+	// Wide encodings of small values, which msgp's writer never emits but others may.
+	bodies = append(bodies, []byte{0xcc, 5}, []byte{0xcd, 0, 5}, []byte{0xce, 0, 0, 0, 5},
+		[]byte{0xcf, 0, 0, 0, 0, 0, 0, 0, 5}, []byte{0xd0, 5}, []byte{0xd1, 0xff, 0xfb},
+		[]byte{0xd2, 0, 0, 0, 5}, []byte{0xd3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfb})
+	for _, b := range bodies {
+		b = append(b, 0x01) // a following value must be left in place
+		want, wrest, werr := msgp.ReadInt64Bytes(b)
+		got, rest, err := readInt(b)
+		if err != nil || werr != nil || got != want || len(rest) != len(wrest) || rest[0] != 0x01 {
+			t.Errorf("% x: got %d (%d left, %v), msgp %d (%d left, %v)", b, got, len(rest), err, want, len(wrest), werr)
+		}
+	}
+	if v, rest, err := readInt([]byte{0xc0, 0x01}); v != 0 || err != nil || len(rest) != 1 {
+		t.Errorf("nil: %d %v %d left", v, err, len(rest))
+	}
+	for _, bad := range [][]byte{nil, {0xcc}, {0xcd, 1}, {0xce, 1, 2, 3}, {0xd0}, {0xd1, 1}, {0xd2, 1, 2, 3},
+		{0xd3, 1, 2, 3, 4, 5, 6, 7}, msgp.AppendUint64(nil, math.MaxUint64), msgp.AppendString(nil, "7"),
+		msgp.AppendFloat64(nil, 1)} {
+		if _, _, err := readInt(bad); err == nil {
+			t.Errorf("% x: no error", bad)
 		}
 	}
 }

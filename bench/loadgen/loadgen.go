@@ -13,9 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
 	"github.com/conductor-go/conductor/bench/report"
 	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // Shape is how much of a query prompt is indexed.
@@ -136,7 +136,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer f.Close()
-	cl := client.New(cfg.Addr, time.Minute)
+	cl, err := httpclient.New(cfg.Addr, httpclient.Options{Timeout: time.Minute})
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
 	defer cl.Close()
 	defer f.Unregister(cl)
 	if err := f.Register(cl, 15*time.Second); err != nil {
@@ -186,16 +189,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, 99))
-	ids2 := make([]string, cfg.Instances)
-	for i := range ids2 {
-		ids2[i] = f.InstanceID(i)
-	}
 	for _, L := range cfg.PromptTokens {
 		for _, sh := range cfg.Shapes {
 			prompts := make([]prompt, bodiesPerCell)
 			for k := range prompts {
 				p := rng.IntN(nPrompts)
-				q := client.Query{Model: cfg.Model, BlockSize: cfg.BlockSize, BinaryTokens: cfg.BinaryTokens}
+				q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens}
 				toks = toks[:0]
 				cached := 0
 				switch sh {
@@ -209,12 +208,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				// Fresh tokens come from another seed: they share nothing with the index.
 				fresh := sim.AppendPrompt(nil, cfg.Seed+1+uint64(k), promptIDs(p), L-cached, 0)
 				toks = append(toks, fresh...)
-				q.Tokens = toks
-				prompts[k] = prompt{body: client.AppendQuery(nil, &q), owner: p % cfg.Instances,
+				q.TokenIDs = toks
+				prompts[k] = prompt{body: httpclient.AppendQueryRequest(nil, &q), owner: p % cfg.Instances,
 					expected: int64(cached / cfg.BlockSize * cfg.BlockSize)}
 			}
 			for _, conc := range cfg.Concurrency {
-				cell, err := measure(ctx, &cfg, ids2, prompts, L, sh, conc)
+				cell, err := measure(ctx, &cfg, f, prompts, L, sh, conc)
 				if err != nil {
 					return res, err
 				}
@@ -237,7 +236,9 @@ func kindOf(h sim.HashSpec) sim.Kind {
 }
 
 // measure runs one cell: conc clients send the prompts round-robin for cfg.Duration.
-func measure(ctx context.Context, cfg *Config, ids []string, prompts []prompt, L int, sh Shape, conc int) (Cell, error) {
+// Each worker has a Client of its own (so its own connection, as a router process would)
+// and a Session, whose pre-encoded sends keep encoding and pooling out of the latency.
+func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L int, sh Shape, conc int) (Cell, error) {
 	cell := Cell{PromptTokens: L, Shape: sh, Concurrency: conc}
 	type worker struct {
 		lat   []time.Duration
@@ -256,21 +257,28 @@ func measure(ctx context.Context, cfg *Config, ids []string, prompts []prompt, L
 		wg.Add(1)
 		go func(w *worker, g int) {
 			defer wg.Done()
-			cl := client.New(cfg.Addr, time.Minute)
+			cl, err := httpclient.New(cfg.Addr, httpclient.Options{Timeout: time.Minute})
+			if err != nil {
+				w.err = err
+				return
+			}
 			defer cl.Close()
-			var res client.Result
-			res.SetInstances(ids)
+			s := cl.NewSession()
+			defer s.Close()
+			var res httpclient.QueryResult
+			var hits []*httpclient.InstanceHit
 			w.lat = make([]time.Duration, 0, 1<<14)
 			for k := g; ; k++ {
 				p := &prompts[k%len(prompts)]
 				t := time.Now()
-				if err := cl.QueryRaw(p.body, &res); err != nil {
+				if err := s.QueryEncoded(p.body, &res); err != nil {
 					w.err = err
 					return
 				}
 				done := time.Now()
 				w.lat = append(w.lat, done.Sub(t))
-				if !answerMatches(&res, p) {
+				hits = f.Hits(hits, &res)
+				if !answerMatches(hits, p) {
 					w.wrong++
 				}
 				if done.After(deadline) || ctx.Err() != nil {
@@ -300,15 +308,15 @@ func measure(ctx context.Context, cfg *Config, ids []string, prompts []prompt, L
 	return cell, nil
 }
 
-// answerMatches checks the owner's longest match and that no other instance claims more.
-func answerMatches(res *client.Result, p *prompt) bool {
-	for i := range res.Known {
-		k := &res.Known[i]
+// answerMatches checks, given the answer filed by instance (sim.Fleet.Hits), the owner's
+// longest match and that no other instance claims more.
+func answerMatches(hits []*httpclient.InstanceHit, p *prompt) bool {
+	for i, h := range hits {
 		want := int64(0)
 		if i == p.owner {
 			want = p.expected
 		}
-		if !k.Present || k.LongestMatched != want {
+		if h == nil || h.LongestMatched != want {
 			return false
 		}
 	}

@@ -6,9 +6,9 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
 	"github.com/conductor-go/conductor/bench/report"
 	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // conductorRun is the conductor policy's state: a publishing fleet registered with the
@@ -16,13 +16,17 @@ import (
 type conductorRun struct {
 	cfg   *Config
 	fleet *sim.Fleet
-	cl    *client.Client
-	res   client.Result
-	q     client.Query
-	cr    ConductorResult
-	lat   []time.Duration
-	toks  []int32
-	rng   *rand.Rand
+	cl    *httpclient.Client
+	// s sends the router loop's queries: its reused request keeps pooling out of the
+	// measured latency.
+	s    *httpclient.Session
+	res  httpclient.QueryResult
+	hits []*httpclient.InstanceHit // res filed by fleet instance (sim.Fleet.Hits)
+	q    httpclient.QueryRequest
+	cr   ConductorResult
+	lat  []time.Duration
+	toks []int32
+	rng  *rand.Rand
 }
 
 func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorResult, error) {
@@ -34,16 +38,14 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 	fc := l.fleet.Config()
 	c := &conductorRun{
 		cfg: cfg, fleet: l.fleet, cl: cfg.Client,
-		q:   client.Query{Model: fc.Model, Lora: fc.Lora, Tenant: fc.Tenant, BlockSize: fc.BlockSize, BinaryTokens: cfg.BinaryTokens},
+		q: httpclient.QueryRequest{Model: fc.Model, LoraName: fc.Lora, TenantID: fc.Tenant, BlockSize: int64(fc.BlockSize),
+			BinaryTokens: cfg.BinaryTokens},
 		lat: make([]time.Duration, 0, cfg.Workload.Len()),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 77)),
 	}
-	c.cr.Addr = c.cl.Addr()
-	ids := make([]string, l.fleet.Instances())
-	for i := range ids {
-		ids[i] = l.fleet.InstanceID(i)
-	}
-	c.res.SetInstances(ids)
+	c.cr.Addr = c.cl.Host()
+	c.s = c.cl.NewSession()
+	defer c.s.Close()
 	defer l.fleet.Unregister(c.cl)
 	if err := l.fleet.Register(c.cl, 15*time.Second); err != nil {
 		return PolicyResult{}, nil, err
@@ -71,21 +73,26 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 	rankMatch := make([]int64, d)
 	turn := 0
 	choose := func(_ int, tokens []int32, _ []uint64, lm *loadModel) (int, int, int64, error) {
-		c.q.Tokens = tokens
+		c.q.TokenIDs = tokens
 		t := time.Now()
-		if err := c.cl.Query(&c.q, &c.res); err != nil {
+		if err := c.s.Query(&c.q, &c.res); err != nil {
 			return 0, 0, 0, err
 		}
 		c.lat = append(c.lat, time.Since(t))
-		for i := range instMatch {
-			instMatch[i] = c.res.Known[i].LongestMatched
+		c.hits = l.fleet.Hits(c.hits, &c.res)
+		for i, h := range c.hits {
+			instMatch[i] = 0
+			if h != nil {
+				instMatch[i] = h.LongestMatched
+			}
 		}
 		inst := pickLongest(instMatch, lm.instLoad, cfg.LoadSlack, turn%n)
-		ir := &c.res.Known[inst]
 		for r := range rankMatch {
 			rankMatch[r] = 0
-			if r < len(ir.Ranks) && ir.RankSeen[r] {
-				rankMatch[r] = ir.Ranks[r].Disk
+			if h := c.hits[inst]; h != nil {
+				if rh := h.Rank(int64(r)); rh != nil {
+					rankMatch[r] = rh.Disk
+				}
 			}
 		}
 		rank := pickLongest(rankMatch, lm.rankLoad[inst], cfg.LoadSlack, turn%d)
@@ -185,34 +192,35 @@ func (c *conductorRun) verify(i int) error {
 	c.toks = w.Prompt(c.toks[:0], i)
 	keys := w.Keys(i)
 	q := c.q
-	q.Tokens = c.toks
-	if err := c.cl.Query(&q, &c.res); err != nil {
+	q.TokenIDs = c.toks
+	if err := c.s.Query(&q, &c.res); err != nil {
 		return fmt.Errorf("verify request %d: %w", i, err)
 	}
 	bs := int64(w.BlockSize())
-	for inst := range c.res.Known {
-		k := &c.res.Known[inst]
-		var best client.Tiers
+	c.hits = c.fleet.Hits(c.hits, &c.res)
+	for inst, k := range c.hits {
+		var best httpclient.TierCounts
 		for r := 0; r < c.fleet.DPRanks(); r++ {
 			m := c.fleet.Rank(inst, r).Match(keys)
-			want := client.Tiers{Device: int64(m.Device) * bs, CPULocal: int64(m.CPULocal) * bs,
+			want := httpclient.TierCounts{Device: int64(m.Device) * bs, CPULocal: int64(m.CPULocal) * bs,
 				CPUShare: int64(m.CPULocal) * bs, Disk: int64(m.Disk) * bs}
 			best.Device, best.CPULocal = max(best.Device, want.Device), max(best.CPULocal, want.CPULocal)
 			best.CPUShare, best.Disk = max(best.CPUShare, want.CPUShare), max(best.Disk, want.Disk)
-			var got client.Tiers
-			if k.Present && r < len(k.Ranks) && k.RankSeen[r] {
-				got = k.Ranks[r]
-			} else {
+			var rh *httpclient.RankHit
+			if k != nil {
+				rh = k.Rank(int64(r))
+			}
+			if rh == nil {
 				c.mismatch(fmt.Sprintf("request %d: %s rank %d missing from the answer", i, c.fleet.InstanceID(inst), r))
 				continue
 			}
 			c.cr.Checks++
-			if got != want {
-				c.mismatch(fmt.Sprintf("request %d: %s rank %d: conductor %+v, engine holds %+v", i, c.fleet.InstanceID(inst), r, got, want))
+			if rh.TierCounts != want {
+				c.mismatch(fmt.Sprintf("request %d: %s rank %d: conductor %+v, engine holds %+v", i, c.fleet.InstanceID(inst), r, rh.TierCounts, want))
 			}
 		}
-		if k.Present && (k.Tiers != best || k.LongestMatched != best.Disk) {
-			c.mismatch(fmt.Sprintf("request %d: %s: conductor %+v (longest %d), ranks say %+v", i, c.fleet.InstanceID(inst), k.Tiers, k.LongestMatched, best))
+		if k != nil && (k.TierCounts != best || k.LongestMatched != best.Disk) {
+			c.mismatch(fmt.Sprintf("request %d: %s: conductor %+v (longest %d), ranks say %+v", i, c.fleet.InstanceID(inst), k.TierCounts, k.LongestMatched, best))
 		}
 	}
 	return nil

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/bench/target"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // TestLoadTrace parses the Mooncake trace format and rejects inconsistent lines.
@@ -127,14 +127,17 @@ func TestLoadModel(t *testing.T) {
 }
 
 // startConductor runs an in-process conductor for one test.
-func startConductor(t *testing.T) *client.Client {
+func startConductor(t *testing.T) *httpclient.Client {
 	t.Helper()
 	c, err := target.InProcess(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	cl := client.New(c.Addr, 10*time.Second)
+	cl, err := httpclient.New(c.Addr, httpclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(cl.Close)
 	return cl
 }

@@ -9,9 +9,9 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
 	"github.com/conductor-go/conductor/bench/report"
 	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // Policy is a routing policy.
@@ -63,7 +63,7 @@ type Config struct {
 	// Seed drives the random policy.
 	Seed uint64
 	// Client talks to the conductor (required for PolicyConductor).
-	Client *client.Client
+	Client *httpclient.Client
 	// BinaryTokens sends prompts as int32 bins instead of msgpack arrays.
 	BinaryTokens bool
 	// Sample reads the conductor's RSS and CPU; nil skips those figures.

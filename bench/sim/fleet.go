@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // FleetConfig describes a simulated fleet: Instances engine instances of DPRanks
@@ -36,15 +36,17 @@ type FleetConfig struct {
 type Fleet struct {
 	cfg    FleetConfig
 	ids    []string
+	index  map[string]int // instance id -> position in ids
 	ranks  [][]*Rank
 	hub    *Hub
 	hasher *Hasher
 	marker []int32
 	keys   []uint64
 
-	registered []client.Registration
+	registered []httpclient.RegisterRequest
 	markerGen  uint32
-	drainRes   *client.Result
+	drainRes   httpclient.QueryResult
+	drainHits  []*httpclient.InstanceHit
 }
 
 // NewFleet builds the fleet and, when cfg.Publish is set, binds every rank's endpoints
@@ -70,7 +72,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	if isSGLang != (cfg.Kind == KindSGLang) {
 		return nil, fmt.Errorf("fleet: %s engines cannot use hash strategy %s", cfg.Kind, cfg.Hash.Strategy)
 	}
-	f := &Fleet{cfg: cfg, hasher: h}
+	f := &Fleet{cfg: cfg, hasher: h, index: make(map[string]int, cfg.Instances)}
 	if cfg.Publish {
 		if f.hub, err = NewHub(); err != nil {
 			return nil, err
@@ -78,6 +80,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	}
 	for i := 0; i < cfg.Instances; i++ {
 		f.ids = append(f.ids, fmt.Sprintf("%s%d", cfg.InstancePrefix, i))
+		f.index[f.ids[i]] = i
 		var rs []*Rank
 		for d := 0; d < cfg.DPRanks; d++ {
 			var sink Sink
@@ -116,6 +119,25 @@ func (f *Fleet) DPRanks() int { return f.cfg.DPRanks }
 // InstanceID is the router-facing id of instance i.
 func (f *Fleet) InstanceID(i int) string { return f.ids[i] }
 
+// Hits files a /query answer by instance: dst[i] is instance i's entry, nil when the
+// answer leaves it out; entries of ids outside the fleet are ignored. It reuses dst (pass
+// the previous result) and allocates nothing then; the pointers are valid until res is
+// decoded again. It only reads the fleet, so concurrent callers may share it.
+func (f *Fleet) Hits(dst []*httpclient.InstanceHit, res *httpclient.QueryResult) []*httpclient.InstanceHit {
+	if cap(dst) < len(f.ids) {
+		dst = make([]*httpclient.InstanceHit, len(f.ids))
+	}
+	dst = dst[:len(f.ids)]
+	clear(dst)
+	for j := range res.Instances {
+		h := &res.Instances[j]
+		if i, ok := f.index[h.InstanceID]; ok {
+			dst[i] = h
+		}
+	}
+	return dst
+}
+
 // Rank returns rank d of instance i.
 func (f *Fleet) Rank(i, d int) *Rank { return f.ranks[i][d] }
 
@@ -123,15 +145,17 @@ func (f *Fleet) Rank(i, d int) *Rank { return f.ranks[i][d] }
 func (f *Fleet) Hasher() *Hasher { return f.hasher }
 
 // Registrations returns one /register request per rank.
-func (f *Fleet) Registrations() []client.Registration {
-	var out []client.Registration
+func (f *Fleet) Registrations() []httpclient.RegisterRequest {
+	var out []httpclient.RegisterRequest
 	for i, rs := range f.ranks {
 		for _, r := range rs {
-			reg := client.Registration{
-				Type: f.cfg.Kind.String(), Model: f.cfg.Model, Lora: f.cfg.Lora, Tenant: f.cfg.Tenant,
-				InstanceID: f.ids[i], BlockSize: f.cfg.BlockSize, DPRank: r.dpRank,
-				Strategy: f.cfg.Hash.Strategy, Algorithm: f.cfg.Hash.Algorithm,
-				PythonHashSeed: f.cfg.Hash.PythonHashSeed, IndexProjection: f.cfg.Hash.IndexProjection,
+			reg := httpclient.RegisterRequest{
+				Type: f.cfg.Kind.String(), ModelName: f.cfg.Model, LoraName: f.cfg.Lora, TenantID: f.cfg.Tenant,
+				InstanceID: f.ids[i], BlockSize: int64(f.cfg.BlockSize), DPRank: int64(r.dpRank),
+				HashProfile: httpclient.HashProfile{
+					Strategy: f.cfg.Hash.Strategy, Algorithm: f.cfg.Hash.Algorithm,
+					PythonHashSeed: f.cfg.Hash.PythonHashSeed, IndexProjection: f.cfg.Hash.IndexProjection,
+				},
 			}
 			if r.pub != nil {
 				reg.Endpoint, reg.ReplayEndpoint = r.pub.Endpoint(), r.pub.ReplayEndpoint()
@@ -243,11 +267,11 @@ func Now() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
 // Register registers every rank with the conductor and waits for its subscriptions.
 // On error the ranks registered so far stay registered; call Unregister.
-func (f *Fleet) Register(cl *client.Client, timeout time.Duration) error {
+func (f *Fleet) Register(cl *httpclient.Client, timeout time.Duration) error {
 	regs := f.Registrations()
 	for i := range regs {
-		if err := cl.Register(&regs[i]); err != nil {
-			return err
+		if _, err := cl.Register(&regs[i]); err != nil {
+			return fmt.Errorf("register %s rank %d: %w", regs[i].InstanceID, regs[i].DPRank, err)
 		}
 		f.registered = append(f.registered, regs[i])
 	}
@@ -259,10 +283,10 @@ func (f *Fleet) Register(cl *client.Client, timeout time.Duration) error {
 
 // Unregister removes every rank Register registered, so an external conductor can be
 // reused; errors are ignored because the conductor may already be gone.
-func (f *Fleet) Unregister(cl *client.Client) {
+func (f *Fleet) Unregister(cl *httpclient.Client) {
 	for i := range f.registered {
 		r := &f.registered[i]
-		_ = cl.Unregister(r.InstanceID, r.Tenant, r.DPRank)
+		_, _ = cl.Unregister(&httpclient.UnregisterRequest{InstanceID: r.InstanceID, TenantID: r.TenantID, DPRank: r.DPRank})
 	}
 	f.registered = f.registered[:0]
 }
@@ -271,21 +295,18 @@ func (f *Fleet) Unregister(cl *client.Client) {
 // publishes a marker block on every rank and polls until the conductor reports the
 // marker on all of them (each stream is applied in order). It returns the context's
 // prefix_count at that moment, not counting the marker, and then retracts the marker.
-func (f *Fleet) Drain(cl *client.Client, timeout time.Duration) (uint64, error) {
+func (f *Fleet) Drain(cl *httpclient.Client, timeout time.Duration) (uint64, error) {
 	f.markerGen++
 	marker, err := f.publishMarker(f.markerGen)
 	if err != nil {
 		return 0, err
 	}
-	if f.drainRes == nil {
-		f.drainRes = &client.Result{}
-		f.drainRes.SetInstances(f.ids)
-	}
-	q := client.Query{Model: f.cfg.Model, Lora: f.cfg.Lora, Tenant: f.cfg.Tenant, BlockSize: f.cfg.BlockSize, Tokens: marker}
+	q := httpclient.QueryRequest{Model: f.cfg.Model, LoraName: f.cfg.Lora, TenantID: f.cfg.Tenant,
+		BlockSize: int64(f.cfg.BlockSize), TokenIDs: marker}
 	deadline := time.Now().Add(timeout)
 	pause := 100 * time.Microsecond
 	for {
-		if err := cl.Query(&q, f.drainRes); err != nil {
+		if err := cl.Query(&q, &f.drainRes); err != nil {
 			return 0, fmt.Errorf("drain: %w", err)
 		}
 		if f.markerEverywhere() {
@@ -297,7 +318,7 @@ func (f *Fleet) Drain(cl *client.Client, timeout time.Duration) (uint64, error) 
 		time.Sleep(pause)
 		pause = min(2*pause, 20*time.Millisecond)
 	}
-	count, err := cl.PrefixCount(f.cfg.Model, f.cfg.Lora, f.cfg.Tenant, f.cfg.BlockSize)
+	count, err := f.prefixCount(cl)
 	if err != nil {
 		return 0, fmt.Errorf("drain: %w", err)
 	}
@@ -314,16 +335,33 @@ func (f *Fleet) Drain(cl *client.Client, timeout time.Duration) (uint64, error) 
 // device of every rank.
 func (f *Fleet) markerEverywhere() bool {
 	bs := int64(f.cfg.BlockSize)
-	for i := range f.drainRes.Known {
-		k := &f.drainRes.Known[i]
-		if !k.Present {
+	f.drainHits = f.Hits(f.drainHits, &f.drainRes)
+	for _, h := range f.drainHits {
+		if h == nil {
 			return false
 		}
 		for d := 0; d < f.cfg.DPRanks; d++ {
-			if d >= len(k.Ranks) || !k.RankSeen[d] || k.Ranks[d].Device < bs {
+			if r := h.Rank(int64(d)); r == nil || r.Device < bs {
 				return false
 			}
 		}
 	}
 	return true
+}
+
+// prefixCount reads the fleet's context's prefix_count from /global_view.
+func (f *Fleet) prefixCount(cl *httpclient.Client) (uint64, error) {
+	view, err := cl.GlobalView()
+	if err != nil {
+		return 0, err
+	}
+	for i := range view.Contexts {
+		c := &view.Contexts[i]
+		if c.ModelName == f.cfg.Model && c.LoraName == f.cfg.Lora && c.TenantID == f.cfg.Tenant &&
+			c.BlockSize == int64(f.cfg.BlockSize) {
+			return uint64(c.PrefixCount), nil
+		}
+	}
+	return 0, fmt.Errorf("context model %q lora %q tenant %q block_size %d not in /global_view",
+		f.cfg.Model, f.cfg.Lora, f.cfg.Tenant, f.cfg.BlockSize)
 }

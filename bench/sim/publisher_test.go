@@ -139,7 +139,7 @@ func TestFleetPublishes(t *testing.T) {
 	}
 	defer f.Close()
 	regs := f.Registrations()
-	if len(regs) != 4 || regs[3].InstanceID != "sim-1" || regs[3].DPRank != 1 || regs[3].Tenant != "default" ||
+	if len(regs) != 4 || regs[3].InstanceID != "sim-1" || regs[3].DPRank != 1 || regs[3].TenantID != "default" ||
 		regs[0].Endpoint == regs[1].Endpoint || regs[0].ReplayEndpoint == "" {
 		t.Fatalf("registrations %+v", regs)
 	}

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/server"
 )
 
@@ -58,9 +58,14 @@ func (c *Conductor) Stop() {
 	}
 }
 
-// External attaches to a running conductor at url; pid may be 0.
-func External(url string, pid int) *Conductor {
-	return &Conductor{Addr: client.New(url, 0).Addr(), Mode: ModeExternal, PID: pid}
+// External attaches to a running conductor at url (any address httpclient.New accepts);
+// pid may be 0.
+func External(url string, pid int) (*Conductor, error) {
+	cl, err := httpclient.New(url, httpclient.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("conductor address: %w", err)
+	}
+	return &Conductor{Addr: cl.Host(), Mode: ModeExternal, PID: pid}, nil
 }
 
 // InProcess starts a conductor inside this process on a free 127.0.0.1 port with RPC
@@ -132,13 +137,17 @@ func Spawn(bin string, logw io.Writer) (*Conductor, error) {
 		os.RemoveAll(dir)
 	}
 	c := &Conductor{Addr: "127.0.0.1:" + strconv.Itoa(port), Mode: ModeSpawned, PID: cmd.Process.Pid, stop: stop}
-	cl := client.New(c.Addr, time.Second)
+	cl, err := httpclient.New(c.Addr, httpclient.Options{Timeout: time.Second})
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("spawn %s: %w", bin, err)
+	}
 	defer cl.Close()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		_, err := cl.PrefixCount("", "", "", 1)
-		var se *client.StatusError
-		if err == nil || errors.As(err, &se) || errors.Is(err, client.ErrNoContext) {
+		_, err := cl.GlobalView()
+		var he *httpclient.Error
+		if err == nil || errors.As(err, &he) {
 			return c, nil // it answered
 		}
 		select {

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // TestReadProc: the harness reads its own RSS and a CPU time that grows with work.
@@ -47,21 +47,27 @@ func TestInProcessAndExternal(t *testing.T) {
 	if _, err := c.Sample(); err != nil {
 		t.Fatal(err)
 	}
-	ext := External("http://"+c.Addr+"/", 0)
-	if ext.Addr != c.Addr || ext.Mode != ModeExternal {
-		t.Fatalf("external %+v", ext)
+	ext, err := External("http://"+c.Addr+"/", 0)
+	if err != nil || ext.Addr != c.Addr || ext.Mode != ModeExternal {
+		t.Fatalf("external %+v, %v", ext, err)
+	}
+	if _, err := External("ftp://"+c.Addr, 0); err == nil {
+		t.Fatal("External accepted a non-HTTP address")
 	}
 	if _, err := ext.Sample(); err == nil {
 		t.Fatal("sample without pid succeeded")
 	}
-	cl := client.New(ext.Addr, time.Second)
+	cl, err := httpclient.New(ext.Addr, httpclient.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer cl.Close()
-	var res client.Result
-	if err := cl.Query(&client.Query{Model: "none", BlockSize: 16, Tokens: []int32{1, 2}}, &res); err != nil || res.Count() != 0 {
-		t.Fatalf("query on empty conductor: %v, %d instances", err, res.Count())
+	var res httpclient.QueryResult
+	if err := cl.Query(&httpclient.QueryRequest{Model: "none", BlockSize: 16, TokenIDs: []int32{1, 2}}, &res); err != nil || len(res.Instances) != 0 {
+		t.Fatalf("query on empty conductor: %v, %d instances", err, len(res.Instances))
 	}
 	ext.Stop() // leaves the server running
-	if err := cl.Query(&client.Query{Model: "none", BlockSize: 16, Tokens: []int32{1}}, &res); err != nil {
+	if err := cl.Query(&httpclient.QueryRequest{Model: "none", BlockSize: 16, TokenIDs: []int32{1}}, &res); err != nil {
 		t.Fatalf("external Stop stopped the server: %v", err)
 	}
 }

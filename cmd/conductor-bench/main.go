@@ -23,12 +23,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/client"
 	"github.com/conductor-go/conductor/bench/loadgen"
 	"github.com/conductor-go/conductor/bench/replay"
 	"github.com/conductor-go/conductor/bench/report"
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/bench/target"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 func main() {
@@ -93,7 +93,7 @@ func (c *conductorFlags) start(stderr io.Writer) (*target.Conductor, error) {
 	case c.url != "" && c.bin != "":
 		return nil, errors.New("--conductor and --conductor-bin are exclusive")
 	case c.url != "":
-		return target.External(c.url, c.pid), nil
+		return target.External(c.url, c.pid)
 	case c.bin != "":
 		return target.Spawn(c.bin, stderr)
 	}
@@ -239,7 +239,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				return err
 			}
 			defer cond.Stop()
-			cfg.Client = client.New(cond.Addr, time.Minute)
+			if cfg.Client, err = httpclient.New(cond.Addr, httpclient.Options{Timeout: time.Minute}); err != nil {
+				return err
+			}
 			defer cfg.Client.Close()
 			if s := sampler(cond); s != nil {
 				cfg.Sample = replay.Sampler(s)
