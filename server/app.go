@@ -206,9 +206,12 @@ func (a *App) restoreState(path string) int {
 		}
 	}
 	a.Service.SetPersist(sf.Save)
-	// Rewrite once so that the file matches what is registered now.
-	a.Service.mu.Lock()
-	a.Service.persistLocked()
-	a.Service.mu.Unlock()
+	if len(st.Services) > 0 || len(st.Skipped) > 0 {
+		// Rewrite once so that the file matches what is registered now (entries that no
+		// longer validate, or whose registration failed, were logged above).
+		a.Service.mu.Lock()
+		a.Service.persistLocked()
+		a.Service.mu.Unlock()
+	}
 	return n
 }
