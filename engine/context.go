@@ -43,6 +43,7 @@ const (
 	reqUnregister
 	reqClearShared
 	reqRetractSource
+	reqDropIfEmpty
 	reqSync // test hook: runs fn on the writer goroutine
 )
 
@@ -54,7 +55,10 @@ type request struct {
 	source, backend string
 	fn              func(*context)
 	isNew           bool
-	done            chan struct{}
+	// dropped reports that the context was dropped (reqDropIfEmpty) before this request:
+	// nothing was done, and the caller looks the context up again.
+	dropped bool
+	done    chan struct{}
 }
 
 // bindingKey identifies a shared binding within a context (the tenant is in the context key).
@@ -102,6 +106,8 @@ type context struct {
 	gen        uint64 // last sharedCount generation handed out
 	evictHist  []int  // eviction scratch
 	evictScr   []uint64
+	// dropped: removed by DropEmptyContext; later requests do nothing.
+	dropped bool
 }
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
@@ -145,6 +151,10 @@ func (c *context) run() {
 }
 
 func (c *context) handle(r *request) {
+	if c.dropped {
+		r.dropped = true
+		return
+	}
 	switch r.kind {
 	case reqApply:
 		for i := range r.ops {
@@ -158,6 +168,11 @@ func (c *context) handle(r *request) {
 		c.dropBindings(func(k bindingKey) bool { return k.source == r.source && k.backend == r.backend })
 	case reqRetractSource:
 		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
+	case reqDropIfEmpty:
+		if len(c.slots) == 0 && c.tab.live == 0 && len(c.bindings) == 0 {
+			c.dropped = true
+			r.dropped = true
+		}
 	case reqSync:
 		r.fn(c)
 	}

@@ -214,20 +214,59 @@ func (e *Engine) getOrCreate(key ContextKey, p hashing.Profile) (*context, error
 // on first use. isNew is false for a repeated registration. A profile that is not Equal
 // to the context's gives ErrProfileConflict and changes nothing.
 func (e *Engine) RegisterSlot(key ContextKey, p hashing.Profile, slot Slot) (isNew bool, err error) {
-	c, err := e.getOrCreate(key, p)
-	if err != nil {
-		return false, err
+	for {
+		c, err := e.getOrCreate(key, p)
+		if err != nil {
+			return false, err
+		}
+		if !c.profile.Equal(p) {
+			return false, ErrProfileConflict
+		}
+		r := e.getReq()
+		r.kind = reqRegister
+		r.slot = slot
+		err = c.do(r)
+		isNew, dropped := r.isNew, r.dropped
+		e.putReq(r)
+		if !dropped {
+			return isNew, err
+		}
+		// DropEmptyContext removed the context meanwhile: create it anew.
 	}
-	if !c.profile.Equal(p) {
-		return false, ErrProfileConflict
+}
+
+// DropEmptyContext removes the context of key if it holds no slot, no block and no shared
+// binding, and reports whether it did. It lets a registration that created a context and
+// then failed (its subscriber could not start) leave nothing behind, not even the hash
+// profile the context would otherwise pin until restart.
+func (e *Engine) DropEmptyContext(key ContextKey) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
+	}
+	old := *e.ctxs.Load()
+	c := old[key]
+	if c == nil {
+		return false
 	}
 	r := e.getReq()
-	r.kind = reqRegister
-	r.slot = slot
-	err = c.do(r)
-	isNew = r.isNew
+	r.kind = reqDropIfEmpty
+	err := c.do(r)
+	dropped := err == nil && r.dropped
 	e.putReq(r)
-	return isNew, err
+	if !dropped {
+		return false
+	}
+	m := make(map[ContextKey]*context, len(old))
+	for k, v := range old {
+		if k != key {
+			m[k] = v
+		}
+	}
+	e.ctxs.Store(&m)
+	close(c.quit)
+	return true
 }
 
 // CheckProfile reports whether a registration with profile p may bind to the context of
@@ -276,7 +315,11 @@ func (e *Engine) Apply(key ContextKey, ops []Op) error {
 	r.kind = reqApply
 	r.ops = ops
 	err := c.do(r)
+	dropped := r.dropped
 	e.putReq(r)
+	if dropped || (err == ErrClosed && e.lookup(key) != c) {
+		return ErrUnknownContext
+	}
 	return err
 }
 

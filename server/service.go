@@ -130,17 +130,13 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 	if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
 		return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
 	}
-	// The engine cannot drop a context, so a registration that would create one must not
-	// create it before its subscriber is known to start: a failed subscribe would leave an
-	// empty context pinning this (possibly wrong) hash profile until restart. Such a context
-	// is registered right after the subscriber starts, long before the publisher can have
-	// completed the ZMQ handshake and sent anything (s.mu keeps every other registration
-	// out meanwhile). In an existing context the slot is registered first, so that no
-	// event is rejected for an unknown slot, and removed again if subscribing fails.
-	_, ctxExists := s.eng.ContextProfile(ctx)
-	slotFirst := cfg.Kind.IsEngine() && ctxExists
+	// The slot is registered before the subscriber starts, so that no event (a catch-up
+	// replay can arrive at once) finds it missing. If subscribing fails, the slot goes again,
+	// and so does a context this registration created: it would otherwise pin this
+	// (possibly wrong) hash profile until restart.
+	_, ctxExisted := s.eng.ContextProfile(ctx)
 	slotCreated := false
-	if slotFirst {
+	if cfg.Kind.IsEngine() {
 		created, rerr := s.registerSlot(cfg, key)
 		if rerr != nil {
 			return false, rerr
@@ -152,14 +148,11 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 		if slotCreated {
 			s.eng.UnregisterSlot(ctx, cfg.Slot())
 		}
+		if !ctxExisted {
+			s.eng.DropEmptyContext(ctx)
+		}
 		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
 		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
-	}
-	if cfg.Kind.IsEngine() && !slotFirst {
-		if _, rerr := s.registerSlot(cfg, key); rerr != nil {
-			sub.Stop()
-			return false, rerr
-		}
 	}
 	s.services[key] = &registration{cfg: *cfg, sub: sub, static: static}
 	s.endpoints[cfg.Endpoint] = key
