@@ -31,7 +31,7 @@ $(VENV)/.stamp: python/pyproject.toml
 
 build: deps
 	$(GO) build -o $(BIN) ./cmd/mooncake_conductor
-	$(GO) build -o bin/conductorctl ./cmd/conductorctl 2>/dev/null || true
+	$(GO) build -o bin/conductorctl ./cmd/conductorctl
 
 # Starts the conductor on the default ports (HTTP 13333, RPC 13334) with an empty service list.
 run: build

@@ -127,43 +127,33 @@ func writeLarge[T ~string | ~[]byte](p *pickler, header []byte, data T) {
 
 // saveBytes writes a bytes object (SHORT_BINBYTES / BINBYTES / BINBYTES8) and memoizes it.
 func (p *pickler) saveBytes(data []byte) {
-	p.boundary()
-	var h [9]byte
-	n := len(data)
-	switch {
-	case n <= 0xff:
-		h[0], h[1] = opShortBinBytes, byte(n)
-		writeLarge(p, h[:2], data)
-	case uint64(n) <= 0xffffffff:
-		h[0] = opBinBytes
-		binary.LittleEndian.PutUint32(h[1:], uint32(n))
-		writeLarge(p, h[:5], data)
-	default:
-		h[0] = opBinBytes8
-		binary.LittleEndian.PutUint64(h[1:], uint64(n))
-		writeLarge(p, h[:9], data)
-	}
-	p.memoize()
+	saveSized(p, [3]byte{opShortBinBytes, opBinBytes, opBinBytes8}, data)
 }
 
 // saveStr writes a str given as its UTF-8 bytes (SHORT_BINUNICODE / BINUNICODE /
 // BINUNICODE8) and memoizes it.
 func (p *pickler) saveStr(s string) {
+	saveSized(p, [3]byte{opShortBinUnicode, opBinUnicode, opBinUnicode8}, s)
+}
+
+// saveSized writes a length-prefixed object with the short (1-byte), 4-byte or 8-byte
+// length opcode of ops, then memoizes it.
+func saveSized[T ~string | ~[]byte](p *pickler, ops [3]byte, data T) {
 	p.boundary()
 	var h [9]byte
-	n := len(s)
+	n := len(data)
 	switch {
 	case n <= 0xff:
-		h[0], h[1] = opShortBinUnicode, byte(n)
-		writeLarge(p, h[:2], s)
+		h[0], h[1] = ops[0], byte(n)
+		writeLarge(p, h[:2], data)
 	case uint64(n) <= 0xffffffff:
-		h[0] = opBinUnicode
+		h[0] = ops[1]
 		binary.LittleEndian.PutUint32(h[1:], uint32(n))
-		writeLarge(p, h[:5], s)
+		writeLarge(p, h[:5], data)
 	default:
-		h[0] = opBinUnicode8
+		h[0] = ops[2]
 		binary.LittleEndian.PutUint64(h[1:], uint64(n))
-		writeLarge(p, h[:9], s)
+		writeLarge(p, h[:9], data)
 	}
 	p.memoize()
 }

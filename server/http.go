@@ -1,17 +1,14 @@
 package server
 
 import (
-	"errors"
 	"log/slog"
 	"net"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/wire"
 )
 
@@ -21,8 +18,6 @@ type HTTPServer struct {
 	metrics *Metrics
 	log     *slog.Logger
 	srv     *fasthttp.Server
-	ln      net.Listener
-	done    chan struct{}
 	extra   map[string]fasthttp.RequestHandler
 	pool    sync.Pool // *queryScratch
 }
@@ -48,28 +43,25 @@ type HTTPOptions struct {
 
 // NewHTTPServer builds the HTTP server; call Serve with a listener.
 func NewHTTPServer(opts HTTPOptions) *HTTPServer {
-	h := &HTTPServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, extra: opts.Extra, done: make(chan struct{})}
+	h := &HTTPServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, extra: opts.Extra}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
 	h.pool.New = func() any { return &queryScratch{} }
 	h.srv = &fasthttp.Server{
-		Handler:                       h.handle,
-		Name:                          "mooncake_conductor",
-		NoDefaultServerHeader:         true,
-		NoDefaultDate:                 true,
-		ReadTimeout:                   60 * time.Second,
-		IdleTimeout:                   120 * time.Second,
-		MaxRequestBodySize:            256 << 20,
-		DisableHeaderNamesNormalizing: false,
+		Handler:               h.handle,
+		Name:                  "mooncake_conductor",
+		NoDefaultServerHeader: true,
+		NoDefaultDate:         true,
+		ReadTimeout:           60 * time.Second,
+		IdleTimeout:           120 * time.Second,
+		MaxRequestBodySize:    256 << 20,
 	}
 	return h
 }
 
 // Serve accepts connections on ln until Shutdown.
 func (h *HTTPServer) Serve(ln net.Listener) error {
-	h.ln = ln
-	defer close(h.done)
 	return h.srv.Serve(ln)
 }
 
@@ -278,14 +270,4 @@ func (h *HTTPServer) services(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	h.writeMsgpack(ctx, appendServices(nil, h.svc.Services()))
-}
-
-// queryError maps an engine query failure to a service error.
-func queryError(err error) *Error {
-	var te *hashing.TokenError
-	if errors.As(err, &te) {
-		return &Error{Code: CodeInvalidParams, Reason: "out_of_range", Field: "token_ids", Index: te.Index, HasIndex: true,
-			Msg: "token_ids[" + strconv.Itoa(te.Index) + "] cannot be encoded by the context's hash strategy"}
-	}
-	return &Error{Code: CodeInternal, Msg: "query failed: " + err.Error()}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/wire"
 )
 
@@ -349,8 +350,7 @@ func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
 	return wire.AppendRPCUnregisterResult(out, wire.RPCUnregisterResult{RemovedKey: key}), nil
 }
 
-func rpcProfile(c *ServiceConfig) wire.RPCHashProfile {
-	p := &c.Profile
+func rpcProfile(p *hashing.Profile) wire.RPCHashProfile {
 	return wire.RPCHashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
 		RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()}
 }
@@ -362,7 +362,7 @@ func rpcServiceList(svcs []ServiceConfig) []wire.RPCServiceConfig {
 		out[i] = wire.RPCServiceConfig{
 			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: wire.RPCPublisherKind(c.Kind),
 			ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,
-			BlockSize: c.BlockSize, DPRank: int32(c.DPRank), HashProfile: rpcProfile(c),
+			BlockSize: c.BlockSize, DPRank: int32(c.DPRank), HashProfile: rpcProfile(&c.Profile),
 		}
 		if c.CacheGroup != nil {
 			out[i].CacheGroup, out[i].HasCacheGroup = *c.CacheGroup, true
@@ -380,11 +380,9 @@ func rpcGlobalView(svc *Service) *wire.RPCGlobalView {
 	}
 	for i := range views {
 		cv := &views[i]
-		p := &cv.Profile
 		ctx := wire.RPCContextView{
-			Context: wire.RPCContextKey{TenantID: cv.Key.TenantID, ModelName: cv.Key.ModelName, LoraName: cv.Key.LoraName, BlockSize: cv.Key.BlockSize},
-			Profile: wire.RPCHashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
-				RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()},
+			Context:     wire.RPCContextKey{TenantID: cv.Key.TenantID, ModelName: cv.Key.ModelName, LoraName: cv.Key.LoraName, BlockSize: cv.Key.BlockSize},
+			Profile:     rpcProfile(&cv.Profile),
 			PrefixCount: cv.PrefixCount,
 		}
 		for _, inst := range cv.Instances {

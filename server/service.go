@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
 )
 
@@ -326,4 +328,14 @@ func (s *Service) Stop() {
 		}
 		s.log.Info("service layer stopped", "services", len(s.services))
 	})
+}
+
+// queryError maps an engine query failure to a service error.
+func queryError(err error) *Error {
+	var te *hashing.TokenError
+	if errors.As(err, &te) {
+		return &Error{Code: CodeInvalidParams, Reason: "out_of_range", Field: "token_ids", Index: te.Index, HasIndex: true,
+			Msg: "token_ids[" + strconv.Itoa(te.Index) + "] cannot be encoded by the context's hash strategy"}
+	}
+	return &Error{Code: CodeInternal, Msg: "query failed: " + err.Error()}
 }

@@ -51,51 +51,28 @@ func evIsArray(c byte) bool { return c&0xf0 == 0x90 || c == 0xdc || c == 0xdd }
 
 // readArrayHeader reads an array header. Every element takes at least one byte, so a
 // count above the remaining bytes is rejected before anyone sizes a buffer from it.
-func (r *evReader) readArrayHeader() (int, error) {
-	c, err := r.peek()
-	if err != nil {
-		return 0, err
-	}
-	var n, hdr int
-	switch {
-	case c&0xf0 == 0x90:
-		n, hdr = int(c&0x0f), 1
-	case c == 0xdc:
-		if !r.need(3) {
-			return 0, ErrPayloadTruncated
-		}
-		n, hdr = int(binary.BigEndian.Uint16(r.buf[r.pos+1:])), 3
-	case c == 0xdd:
-		if !r.need(5) {
-			return 0, ErrPayloadTruncated
-		}
-		n, hdr = int(binary.BigEndian.Uint32(r.buf[r.pos+1:])), 5
-	default:
-		return 0, ErrEventWrongType
-	}
-	if !r.need(hdr + n) {
-		return 0, ErrPayloadTruncated
-	}
-	r.pos += hdr
-	return n, nil
-}
+func (r *evReader) readArrayHeader() (int, error) { return r.readHeader(0x90, 0xdc, 0xdd, 1) }
 
 // readMapHeader reads a map header; each entry takes at least two bytes.
-func (r *evReader) readMapHeader() (int, error) {
+func (r *evReader) readMapHeader() (int, error) { return r.readHeader(0x80, 0xde, 0xdf, 2) }
+
+// readHeader reads a container header (fix form fixTag|n, then 16- and 32-bit forms) and
+// checks that n entries of at least minBytes each can still follow.
+func (r *evReader) readHeader(fixTag, op16, op32 byte, minBytes int) (int, error) {
 	c, err := r.peek()
 	if err != nil {
 		return 0, err
 	}
 	var n, hdr int
 	switch {
-	case c&0xf0 == 0x80:
+	case c&0xf0 == fixTag:
 		n, hdr = int(c&0x0f), 1
-	case c == 0xde:
+	case c == op16:
 		if !r.need(3) {
 			return 0, ErrPayloadTruncated
 		}
 		n, hdr = int(binary.BigEndian.Uint16(r.buf[r.pos+1:])), 3
-	case c == 0xdf:
+	case c == op32:
 		if !r.need(5) {
 			return 0, ErrPayloadTruncated
 		}
@@ -103,7 +80,7 @@ func (r *evReader) readMapHeader() (int, error) {
 	default:
 		return 0, ErrEventWrongType
 	}
-	if !r.need(hdr + 2*n) {
+	if !r.need(hdr + minBytes*n) {
 		return 0, ErrPayloadTruncated
 	}
 	r.pos += hdr
