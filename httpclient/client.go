@@ -48,7 +48,7 @@ type Client struct {
 	hc      *fasthttp.HostClient
 	timeout time.Duration
 	// Full request URIs, built once so calls do not concatenate strings.
-	registerURI, unregisterURI, queryURI, servicesURI, viewURI string
+	registerURI, unregisterURI, queryURI, queryByHashURI, servicesURI, viewURI string
 }
 
 // New returns a client for the conductor at addr: "http://host:port", "https://host",
@@ -104,6 +104,7 @@ func New(addr string, opts Options) (*Client, error) {
 	c.registerURI = c.base + "/register"
 	c.unregisterURI = c.base + "/unregister"
 	c.queryURI = c.base + "/query"
+	c.queryByHashURI = c.base + "/query_by_hash"
 	c.servicesURI = c.base + "/services"
 	c.viewURI = c.base + "/global_view"
 	return c, nil

@@ -25,6 +25,7 @@ type HTTPServer struct {
 // queryScratch is the per-request state of /query, pooled so that a query allocates nothing.
 type queryScratch struct {
 	req   wire.QueryRequest
+	hreq  wire.QueryByHashRequest
 	query engine.Query
 	res   engine.Result
 	ranks []wire.RankTiers
@@ -84,6 +85,13 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 			blocks = h.query(ctx)
 		}
 		h.metrics.observeHTTPQuery(start, ctx.Response.StatusCode(), blocks)
+		return
+	case "/query_by_hash":
+		start := time.Now()
+		if h.method(ctx, fasthttp.MethodPost) {
+			h.queryByHash(ctx)
+		}
+		h.metrics.observeHTTPQueryByHash(start, ctx.Response.StatusCode())
 		return
 	case "/register":
 		route = "/register"
@@ -196,18 +204,7 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx) int {
 		h.serviceError(ctx, serr)
 		return 0
 	}
-	b := wire.AppendQueryResponseHeader(sc.body[:0], len(sc.res.Instances))
-	for i := range sc.res.Instances {
-		inst := &sc.res.Instances[i]
-		sc.ranks = sc.ranks[:0]
-		for _, r := range inst.Ranks {
-			sc.ranks = append(sc.ranks, wire.RankTiers{Rank: r.Rank, Device: r.Device, CPULocal: r.CPULocal, CPUShare: r.CPUShare, Disk: r.Disk})
-		}
-		b = wire.AppendInstanceHit(b, inst.InstanceID, inst.Disk, inst.Device, inst.CPULocal, inst.CPUShare, inst.Disk, sc.ranks)
-	}
-	ctx.Response.Header.SetContentTypeBytes(msgpackContentType)
-	// Swap buffers instead of copying: the response keeps ours, we keep its old one.
-	sc.body = ctx.Response.SwapBody(b)
+	h.writeQueryResult(ctx, sc, &sc.res)
 	// Drop references into the request body before the scratch goes back to the pool.
 	sc.query = engine.Query{}
 	sc.req.Model, sc.req.LoraName, sc.req.TenantID, sc.req.InstanceID, sc.req.CacheSalt = "", "", "", "", ""

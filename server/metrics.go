@@ -32,6 +32,7 @@ type Metrics struct {
 	httpQueries, rpcQueries           prometheus.Counter
 	httpQueryLatency, rpcQueryLatency prometheus.Observer
 	httpQueryOK                       prometheus.Counter
+	byHash                            byHashMetrics
 }
 
 // NewMetrics registers every metric of the service layer in a new registry.
@@ -59,6 +60,7 @@ func NewMetrics(svc *Service) *Metrics {
 	m.httpQueryLatency = m.queryLatency.WithLabelValues("http")
 	m.rpcQueryLatency = m.queryLatency.WithLabelValues("rpc")
 	m.httpQueryOK = m.httpRequests.WithLabelValues("/query", "200")
+	m.initByHash()
 	return m
 }
 

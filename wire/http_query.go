@@ -32,7 +32,8 @@ const (
 	qFields
 )
 
-// qTokenIDs marks token_ids, which is decoded during the walk instead of being stored.
+// qTokenIDs marks the prompt field (token_ids, or block_hashes for /query_by_hash), which
+// is decoded during the walk instead of being stored.
 const qTokenIDs = -2
 
 func querySlot(key []byte) int {
@@ -41,8 +42,6 @@ func querySlot(key []byte) int {
 		return qModel
 	case "block_size":
 		return qBlockSize
-	case "token_ids":
-		return qTokenIDs
 	case "tenant_id":
 		return qTenantID
 	case "lora_name":
@@ -78,6 +77,19 @@ const (
 // that validates the body, so an 8K-token prompt is read once.
 func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 	q.Tokens = q.Tokens[:0]
+	return decodeQueryBody(body, q, "token_ids", func(b []byte) ([]byte, httpTokenErr, bool) {
+		var terr httpTokenErr
+		var ok bool
+		q.Tokens, b, terr, ok = httpDecodeTokens(b, q.Tokens[:0])
+		return b, terr, ok
+	})
+}
+
+// decodeQueryBody walks a /query-shaped body whose prompt field is listKey (token_ids or
+// block_hashes): list decodes that field's value at the start of its argument and returns
+// the bytes after it, a semantic failure (reported in order, after the fields checked
+// before it) and ok=false when the bytes do not parse.
+func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]byte) ([]byte, httpTokenErr, bool)) *RequestError {
 	if rerr := httpCheckRoot(body); rerr != nil {
 		return rerr
 	}
@@ -88,7 +100,7 @@ func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 	var vals [qFields][]byte
 	var st httpStrictMap
 	var tokErr httpTokenErr
-	hasTokens := false
+	hasList := false
 	for {
 		key, done, ok := m.next()
 		if !ok {
@@ -99,15 +111,19 @@ func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 		}
 		slot := -1
 		if key != nil {
-			slot = querySlot(key)
+			if string(key) == listKey {
+				slot = qTokenIDs
+			} else {
+				slot = querySlot(key)
+			}
 		}
 		if slot == qTokenIDs {
-			// A repeated token_ids replaces the earlier one, like any duplicate key.
-			q.Tokens, m.rest, tokErr, ok = httpDecodeTokens(m.rest, q.Tokens[:0])
+			// A repeated list replaces the earlier one, like any duplicate key.
+			m.rest, tokErr, ok = list(m.rest)
 			if !ok {
 				return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
 			}
-			hasTokens = true
+			hasList = true
 			continue
 		}
 		raw, ok := m.value()
@@ -136,11 +152,11 @@ func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 	if q.BlockSize, rerr = httpPositiveInt(vals[qBlockSize], "block_size", msgBlockSizeQury); rerr != nil {
 		return rerr
 	}
-	if !hasTokens {
-		return newRequestError(ReasonMissing, "token_ids", "token_ids is required")
+	if !hasList {
+		return newRequestError(ReasonMissing, listKey, listKey+" is required")
 	}
 	if tokErr.reason != "" {
-		return &RequestError{Msg: tokErr.msg, Reason: tokErr.reason, Field: "token_ids", Index: tokErr.index}
+		return &RequestError{Msg: tokErr.msg, Reason: tokErr.reason, Field: listKey, Index: tokErr.index}
 	}
 	tenant, rerr := httpOptionalBytes(vals[qTenantID], "tenant_id")
 	if rerr != nil {
