@@ -14,9 +14,11 @@ import threading
 import time
 
 from mooncake import _conductor_wire as _wire
+from mooncake._conductor_hash import block_keys
 
 __all__ = [
     "ConductorClient",
+    "block_keys",
     "OK",
     "INTERNAL_ERROR",
     "INVALID_PARAMS",
@@ -226,23 +228,19 @@ class ConductorClient:
         _check_str("tenant_id", tenant_id)
         _check_str("cache_salt", cache_salt)
         _check_str("instance_filter", instance_filter)
-        args = (
-            (_tenant(tenant_id), model_name, lora_name, block_size),
-            token_ids,
-            cache_salt or None,
-            instance_filter or None,
-        )
         try:
-            body = _wire.encode(_wire.QUERY_REQUEST, _wire.TC_QUERY_REQUEST, args)
+            body = _wire.encode_query(
+                _tenant(tenant_id), model_name, lora_name, block_size, token_ids, cache_salt or None, instance_filter or None
+            )
         except _wire.WireError as exc:
             raise ValueError("token_ids: %s" % exc) from None
         try:
-            ok, value = self._call(_wire.FUNC_QUERY, body, _wire.QUERY_RESPONSE, _wire.TC_QUERY_RESPONSE)
+            ok, value = self._call(_wire.FUNC_QUERY, body, decoder=_wire.decode_query_response)
         except _CallFailed as failed:
             return {"ret": failed.code, "hits": {}}
         if not ok:
             return {"ret": value, "hits": {}}
-        return {"ret": OK, "hits": {inst: _hit_dict(hit) for inst, hit in value[0].items()}}
+        return {"ret": OK, "hits": value}
 
     def register(self, config):
         """Register one publisher subscription described by a dict; returns OK or an error code.
@@ -338,8 +336,9 @@ class ConductorClient:
             except OSError:
                 pass
 
-    def _call(self, func_id, body, schema, type_code):
-        """Send one request and decode its reply; raises _CallFailed with the error code."""
+    def _call(self, func_id, body, schema=None, type_code=None, decoder=None):
+        """Send one request and decode its reply (with decoder(payload) when given, else
+        against schema and type_code); raises _CallFailed with the error code."""
         with self._lock:
             if self._target is None:
                 raise _CallFailed(CONDUCTOR_UNAVAILABLE)
@@ -373,6 +372,8 @@ class ConductorClient:
             # Framework error (unknown function, bad body...): the stream is still in step.
             raise _CallFailed(RPC_FAIL)
         try:
+            if decoder is not None:
+                return decoder(payload[:length])
             return _wire.decode(schema, type_code, payload[:length])
         except _wire.WireError:
             raise _CallFailed(RPC_FAIL) from None
@@ -402,22 +403,6 @@ def _remaining(deadline):
     if left <= 0:
         raise socket.timeout("request timed out")
     return left
-
-
-def _hit_dict(hit):
-    longest, dp, rank_matches, device, cpu_local, cpu_share, disk = hit
-    return {
-        "longest_matched": longest,
-        "dp": {str(rank): count for rank, count in dp.items()},
-        "rank_matches": {
-            str(rank): {"device": r[0], "cpu_local": r[1], "cpu_share": r[2], "disk": r[3]}
-            for rank, r in rank_matches.items()
-        },
-        "device": device,
-        "cpu_local": cpu_local,
-        "cpu_share": cpu_share,
-        "disk": disk,
-    }
 
 
 def _profile_dict(profile):
