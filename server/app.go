@@ -78,6 +78,7 @@ func Start(cfg AppConfig) (*App, error) {
 	}
 	if !cfg.DisableMetrics {
 		app.Metrics = NewMetrics(svc)
+		app.Metrics.registerReadiness(app.Ready)
 		routes["/metrics"] = app.Metrics.Handler()
 	}
 
