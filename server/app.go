@@ -39,6 +39,8 @@ type AppConfig struct {
 	ExtraRoutes map[string]fasthttp.RequestHandler
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
 	DisableMetrics bool
+	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
+	AccessLog AccessLogConfig
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -50,6 +52,8 @@ type App struct {
 	RPC     *RPCServer
 	// Metrics is nil when disabled.
 	Metrics *Metrics
+	// AccessLog is nil when disabled.
+	AccessLog *AccessLog
 	// HTTPAddr and RPCAddr are the bound addresses (RPCAddr empty when RPC is disabled).
 	HTTPAddr string
 	RPCAddr  string
@@ -82,13 +86,23 @@ func Start(cfg AppConfig) (*App, error) {
 		routes["/metrics"] = app.Metrics.Handler()
 	}
 
+	accessLog, err := OpenAccessLog(cfg.AccessLog)
+	if err != nil {
+		eng.Close()
+		return nil, err
+	}
+	app.AccessLog = accessLog
+	if app.Metrics != nil && accessLog != nil {
+		app.Metrics.registerAccessLog(accessLog)
+	}
 	httpLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.HTTPPort)))
 	if err != nil {
+		_ = app.AccessLog.Close()
 		eng.Close()
 		return nil, fmt.Errorf("listen http_server_port %d: %w", cfg.HTTPPort, err)
 	}
 	app.HTTPAddr = httpLn.Addr().String()
-	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics})
+	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics, AccessLog: app.AccessLog})
 	app.wg.Add(1)
 	go func() {
 		defer app.wg.Done()
@@ -132,7 +146,7 @@ func Start(cfg AppConfig) (*App, error) {
 	}
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
-		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "config", cfg.ConfigPath, "startup", time.Since(started).String())
+		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "access_log", cfg.AccessLog.Path, "config", cfg.ConfigPath, "startup", time.Since(started).String())
 	return app, nil
 }
 
@@ -151,6 +165,9 @@ func (a *App) Stop() {
 			a.RPC.Close()
 		}
 		a.wg.Wait()
+		if err := a.AccessLog.Close(); err != nil {
+			a.log.Warn("access log close", "err", err)
+		}
 		n := len(a.Service.Services())
 		a.Service.Stop()
 		a.Engine.Close()

@@ -30,6 +30,8 @@ type FileConfig struct {
 	// StateFile persists services registered over HTTP/RPC: the "state_file" key, default
 	// conductor_state.json beside the config file; "" disables.
 	StateFile string
+	// AccessLog holds the access_log* keys (see AccessLogConfig).
+	AccessLog AccessLogConfig
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -80,6 +82,9 @@ func LoadConfigFile(path string) (FileConfig, error) {
 		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
 			return cfg, fmt.Errorf("config file %s: state_file must be a string", path)
 		}
+	}
+	if err := parseAccessLogConfig(path, root, &cfg.AccessLog); err != nil {
+		return cfg, err
 	}
 	raw, ok := root["kvevent_instance"]
 	if !ok || string(raw) == "null" {
@@ -254,5 +259,5 @@ func (f *FileConfig) AppConfig() AppConfig {
 		rpc = -1
 	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
-		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile}
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile, AccessLog: f.AccessLog}
 }

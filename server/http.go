@@ -20,6 +20,7 @@ type HTTPServer struct {
 	srv     *fasthttp.Server
 	extra   map[string]fasthttp.RequestHandler
 	pool    sync.Pool // *queryScratch
+	access  *AccessLog
 }
 
 // queryScratch is the per-request state of /query, pooled so that a query allocates nothing.
@@ -40,11 +41,13 @@ type HTTPOptions struct {
 	Extra map[string]fasthttp.RequestHandler
 	// Metrics, when set, records queries and requests.
 	Metrics *Metrics
+	// AccessLog, when set, gets one line per contract route request.
+	AccessLog *AccessLog
 }
 
 // NewHTTPServer builds the HTTP server; call Serve with a listener.
 func NewHTTPServer(opts HTTPOptions) *HTTPServer {
-	h := &HTTPServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, extra: opts.Extra}
+	h := &HTTPServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, extra: opts.Extra, access: opts.AccessLog}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -77,21 +80,23 @@ func (h *HTTPServer) Handler() fasthttp.RequestHandler { return h.handle }
 func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	route := ""
+	start := time.Now()
+	var e accessEntry
 	switch string(path) {
 	case "/query":
-		start := time.Now()
 		blocks := 0
 		if h.method(ctx, fasthttp.MethodPost) {
-			blocks = h.query(ctx)
+			blocks = h.query(ctx, &e)
 		}
 		h.metrics.observeHTTPQuery(start, ctx.Response.StatusCode(), blocks)
+		h.logAccess(ctx, start, "/query", &e)
 		return
 	case "/query_by_hash":
-		start := time.Now()
 		if h.method(ctx, fasthttp.MethodPost) {
-			h.queryByHash(ctx)
+			h.queryByHash(ctx, &e)
 		}
 		h.metrics.observeHTTPQueryByHash(start, ctx.Response.StatusCode())
+		h.logAccess(ctx, start, "/query_by_hash", &e)
 		return
 	case "/register":
 		route = "/register"
@@ -123,6 +128,7 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 		h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Not found"))
 	}
 	h.metrics.observeHTTP(route, ctx.Response.StatusCode())
+	h.logAccess(ctx, start, route, &e)
 }
 
 func (h *HTTPServer) method(ctx *fasthttp.RequestCtx, want string) bool {
@@ -184,8 +190,9 @@ func (h *HTTPServer) serviceError(ctx *fasthttp.RequestCtx, e *Error) {
 	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, e.Msg))
 }
 
-// query answers /query and returns the number of blocks it hashed.
-func (h *HTTPServer) query(ctx *fasthttp.RequestCtx) int {
+// query answers /query and returns the number of blocks it hashed; e gets what the
+// access log reports.
+func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, e *accessEntry) int {
 	if !h.checkPost(ctx) {
 		return 0
 	}
@@ -205,6 +212,7 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx) int {
 		return 0
 	}
 	h.writeQueryResult(ctx, sc, &sc.res)
+	e.fill(sc.req.Model, int64(len(sc.req.Tokens)), sc.res.BlocksHashed(), &sc.res)
 	// Drop references into the request body before the scratch goes back to the pool.
 	sc.query = engine.Query{}
 	sc.req.Model, sc.req.LoraName, sc.req.TenantID, sc.req.InstanceID, sc.req.CacheSalt = "", "", "", "", ""

@@ -42,7 +42,7 @@ func (s *Service) QueryByHash(key engine.ContextKey, keys []uint64, instanceFilt
 
 // queryByHash answers POST /query_by_hash: /query's request with block_hashes in place of
 // token_ids, and /query's response. It returns the number of block keys received.
-func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx) int {
+func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, e *accessEntry) int {
 	if !h.checkPost(ctx) {
 		return 0
 	}
@@ -59,6 +59,7 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx) int {
 		return 0
 	}
 	h.writeQueryResult(ctx, sc, &sc.res)
+	e.fill(req.Model, int64(len(req.BlockHashes))*req.BlockSize, 0, &sc.res)
 	// Drop references into the request body before the scratch goes back to the pool.
 	req.Model, req.LoraName, req.TenantID, req.InstanceID, req.CacheSalt = "", "", "", "", ""
 	return len(req.BlockHashes)

@@ -1,0 +1,264 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// readAccessLines parses every line of the access log file as one JSON object.
+func readAccessLines(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q is not JSON: %v", sc.Text(), err)
+		}
+		out = append(out, m)
+	}
+	if len(raw) > 0 && raw[len(raw)-1] != '\n' {
+		t.Errorf("log does not end with a newline")
+	}
+	return out
+}
+
+func postWithTrace(t *testing.T, app *App, path, trace string, body []byte) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+app.HTTPAddr+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/msgpack")
+	if trace != "" {
+		req.Header.Set("X-Request-Trace", trace)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestAccessLogLines: with the log on, each contract route request gives one JSON line
+// with the documented fields; the trace id comes from the configured header, escaped.
+func TestAccessLogLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: path, TraceHeader: "X-Request-Trace", FlushInterval: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	full := seqTokens(64, 1)
+	fillInstances(t, app, 2, full)
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", full)
+	weird := "a\"b\\c\xffd" + strings.Repeat("é", 100)
+	if c := postWithTrace(t, app, "/query", "trace-1", binQuery(append(append([]int32(nil), full[:40]...), 999999))); c != 200 {
+		t.Fatal(c)
+	}
+	if c := postWithTrace(t, app, "/query_by_hash", weird, mp("model", "m", "block_size", 16, "block_hashes", hashesAny(keys[:3]))); c != 200 {
+		t.Fatal(c)
+	}
+	if c := postWithTrace(t, app, "/query", "", mp("model", "", "block_size", 16, "token_ids", []any{1})); c != 400 {
+		t.Fatal(c)
+	}
+	if c, _ := doHTTP(t, app, http.MethodGet, "/services", "", nil); c != 200 {
+		t.Fatal(c)
+	}
+	if resp, err := http.Get("http://" + app.HTTPAddr + "/metrics"); err != nil || resp.StatusCode != 200 { // not a contract route: not logged
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	app.AccessLog.Flush()
+	lines := readAccessLines(t, path)
+	if len(lines) != 4 {
+		t.Fatalf("%d lines, want 4: %v", len(lines), lines)
+	}
+	q := lines[0]
+	if q["route"] != "/query" || q["model"] != "m" || q["tokens"] != 41.0 || q["blocks_hashed"] != 2.0 ||
+		q["matched"] != 32.0 || q["status"] != 200.0 || q["trace_id"] != "trace-1" {
+		t.Errorf("/query line = %v", q)
+	}
+	if ts, err := time.Parse(time.RFC3339Nano, q["time"].(string)); err != nil || time.Since(ts) > time.Minute {
+		t.Errorf("time %v: %v", q["time"], err)
+	}
+	if lat, ok := q["latency_us"].(float64); !ok || lat <= 0 {
+		t.Errorf("latency_us = %v", q["latency_us"])
+	}
+	h := lines[1]
+	// Escaped, invalid UTF-8 replaced, cut at 128 bytes of input on a character boundary.
+	wantTrace := "a\"b\\c\ufffdd" + strings.Repeat("é", (maxTraceIDBytes-6)/2)
+	if h["route"] != "/query_by_hash" || h["tokens"] != 48.0 || h["blocks_hashed"] != 0.0 || h["matched"] != 48.0 ||
+		h["trace_id"] != wantTrace {
+		t.Errorf("/query_by_hash line = %v", h)
+	}
+	if e := lines[2]; e["route"] != "/query" || e["status"] != 400.0 || e["model"] != nil || e["trace_id"] != nil {
+		t.Errorf("error line = %v", e)
+	}
+	if s := lines[3]; s["route"] != "/services" || s["status"] != 200.0 || s["tokens"] != nil {
+		t.Errorf("/services line = %v", s)
+	}
+}
+
+// TestAccessLogZeroAllocs: a /query with the access log on allocates nothing.
+func TestAccessLogZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under -race")
+	}
+	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	full := seqTokens(2048, 1)
+	fillInstances(t, app, 4, full)
+	h := app.HTTP.Handler()
+	var ctx fasthttp.RequestCtx
+	ctx.Request.Header.SetMethod("POST")
+	ctx.Request.SetRequestURI("/query")
+	ctx.Request.Header.SetContentType("application/msgpack")
+	ctx.Request.Header.Set("x-trace-id", "0af7651916cd43dd8448eb211c80319c")
+	ctx.Request.SetBody(binQuery(full))
+	run := func() {
+		h(&ctx)
+		if ctx.Response.StatusCode() != 200 {
+			t.Fatal(ctx.Response.StatusCode())
+		}
+	}
+	run()
+	if n := testing.AllocsPerRun(200, run); n != 0 {
+		t.Errorf("%v allocs per /query with the access log on", n)
+	}
+}
+
+// gateWriter blocks every Write until released, and reports when a Write has begun.
+type gateWriter struct {
+	entered chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	buf     bytes.Buffer
+}
+
+func (g *gateWriter) Write(p []byte) (int, error) {
+	g.entered <- struct{}{}
+	<-g.release
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.buf.Write(p)
+}
+
+// TestAccessLogBoundedWhileWriterBlocks: while the writer is stuck, requests keep
+// appending into the other buffer up to its bound, then lines are dropped and counted;
+// nothing is torn and what was accepted is written once the writer moves again.
+func TestAccessLogBoundedWhileWriterBlocks(t *testing.T) {
+	g := &gateWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	l := NewAccessLog(g, nil, AccessLogConfig{BufferBytes: 4096, FlushInterval: time.Hour})
+	line := []byte(`{"route":"/query","n":"` + strings.Repeat("x", 80) + "\"}\n") // 105 bytes
+	l.commit(line)
+	flushed := make(chan struct{})
+	go func() { l.Flush(); close(flushed) }()
+	<-g.entered // the flusher holds the first line and is blocked in Write
+	accepted := 0
+	for i := 0; i < 100; i++ {
+		before := l.Dropped()
+		l.commit(line)
+		if l.Dropped() == before {
+			accepted++
+		}
+	}
+	if want := 4096 / len(line); accepted != want || l.Dropped() != uint64(100-want) {
+		t.Fatalf("accepted %d, dropped %d; want %d accepted", accepted, l.Dropped(), want)
+	}
+	g.release <- struct{}{}
+	<-flushed
+	go func() { <-g.entered; g.release <- struct{}{} }()
+	l.Flush()
+	go func() {
+		for range g.entered {
+			g.release <- struct{}{}
+		}
+	}()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(g.entered)
+	g.mu.Lock()
+	got := g.buf.String()
+	g.mu.Unlock()
+	if want := strings.Repeat(string(line), 1+accepted); got != want {
+		t.Fatalf("written %d bytes, want %d (1 + %d whole lines)", len(got), len(want), accepted)
+	}
+}
+
+func TestAppendJSONString(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"plain", 100, `"plain"`},
+		{"q\"b\\s\n\t\x00\x1f", 100, `"q\"b\\s\u000a\u0009\u0000\u001f"`},
+		{"bad\xffutf8", 100, `"bad\ufffdutf8"`},
+		{"ééé", 3, `"éé"`}, // cut after whole characters
+		{"", 10, `""`},
+	} {
+		got := string(appendJSONString(nil, c.in, c.max))
+		if got != c.want {
+			t.Errorf("%q: %s, want %s", c.in, got, c.want)
+		}
+		var s string
+		if err := json.Unmarshal([]byte(got), &s); err != nil {
+			t.Errorf("%q: %s is not a JSON string: %v", c.in, got, err)
+		}
+	}
+}
+
+func TestAccessLogConfigKeys(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		p := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg, err := LoadConfigFile(write(`{"access_log": "/tmp/a.log", "access_log_trace_header": "traceparent", "access_log_buffer_bytes": 65536, "access_log_flush_interval_ms": 250}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := AccessLogConfig{Path: "/tmp/a.log", TraceHeader: "traceparent", BufferBytes: 65536, FlushInterval: 250 * time.Millisecond}
+	if cfg.AccessLog != want || cfg.AppConfig().AccessLog != want {
+		t.Errorf("parsed %+v, want %+v", cfg.AccessLog, want)
+	}
+	if cfg, err := LoadConfigFile(write(`{}`)); err != nil || cfg.AccessLog.Path != "" {
+		t.Errorf("default: %+v %v (the access log must be off by default)", cfg.AccessLog, err)
+	}
+	for _, bad := range []string{`{"access_log": 1}`, `{"access_log_trace_header": null}`, `{"access_log_buffer_bytes": 10}`,
+		`{"access_log_buffer_bytes": "1"}`, `{"access_log_flush_interval_ms": 0}`} {
+		if _, err := LoadConfigFile(write(bad)); err == nil || !strings.Contains(err.Error(), "access_log") {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+	if _, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: filepath.Join(dir, "missing", "a.log")}}); err == nil || !strings.Contains(err.Error(), "access_log") {
+		t.Errorf("unwritable access_log path: %v", err)
+	}
+}
