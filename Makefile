@@ -67,11 +67,17 @@ rules: deps
 test: fmtcheck vet gotest rules pytest
 
 # Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
-# --max-requests for the full trace).
-bench: deps
+# --max-requests for the full trace). The replay's JSON goes to bench/results/, with PNG
+# plots beside it (matplotlib, installed into .venv for this target only).
+bench: deps venv $(VENV)/.plot-stamp
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 200ms ./...
-	$(GO) run ./cmd/conductor-bench replay --trace ../shared/traces/conversation_trace.jsonl \
-		--instances 16 --block-size 16 --max-requests 2000
+	@out=$$($(GO) run ./cmd/conductor-bench replay --trace ../shared/traces/conversation_trace.jsonl \
+		--instances 16 --block-size 16 --max-requests 2000); status=$$?; echo "$$out"; test $$status = 0 && \
+	$(PY) bench/plot.py $$(echo "$$out" | sed -n 's/^results: //p')
+
+$(VENV)/.plot-stamp: $(VENV)/.stamp
+	$(VENV)/bin/pip install -q --disable-pip-version-check matplotlib
+	touch $@
 
 # Each fuzz target for a bounded time (FUZZTIME per target).
 fuzz: deps

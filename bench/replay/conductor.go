@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/conductor-go/conductor/bench/report"
@@ -25,7 +26,10 @@ type conductorRun struct {
 	q    httpclient.QueryRequest
 	cr   ConductorResult
 	lat  []time.Duration
+	plen []int32 // prompt length of each lat entry
 	toks []int32
+	// timeline sampling (on the router loop's goroutine, which owns the fleet)
+	t0, lastSample time.Time
 	rng  *rand.Rand
 }
 
@@ -79,6 +83,8 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 			return 0, 0, 0, err
 		}
 		c.lat = append(c.lat, time.Since(t))
+		c.plen = append(c.plen, int32(len(tokens)))
+		c.sample(false)
 		c.hits = l.fleet.Hits(c.hits, &c.res)
 		for i, h := range c.hits {
 			instMatch[i] = 0
@@ -100,6 +106,8 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 		return inst, rank, rankMatch[rank], nil
 	}
 	started := time.Now()
+	c.t0 = started
+	c.sample(true)
 	pr, err := l.run(ctx, PolicyConductor, choose)
 	if err != nil {
 		return pr, &c.cr, err
@@ -124,6 +132,8 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 	c.cr.Queries = len(c.lat)
 	c.cr.QPS = float64(len(c.lat)) / pr.WallSeconds
 	c.cr.Latency = report.Summarize(c.lat)
+	c.cr.LatencyCDF = latencyCDFs(c.lat, c.plen)
+	c.sample(true)
 	c.cr.StaleAnswers = l.stale
 	c.cr.StaleRate = float64(l.stale) / float64(max(1, len(c.lat)))
 	for i := 0; i < n; i++ {
@@ -148,6 +158,56 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 		return pr, &c.cr, fmt.Errorf("conductor prefix_count %d, simulated fleet holds %d distinct blocks", count, c.cr.FleetBlocks)
 	}
 	return pr, &c.cr, nil
+}
+
+// timelineEvery is the sampling period of ConductorResult.Timeline.
+const timelineEvery = 200 * time.Millisecond
+
+// sample appends a timeline point when timelineEvery has passed (or force): the fleet's
+// cumulative event counters and the conductor's RSS. It runs on the router loop, which
+// owns the fleet, so the counters are read without races.
+func (c *conductorRun) sample(force bool) {
+	now := time.Now()
+	if !force && now.Sub(c.lastSample) < timelineEvery {
+		return
+	}
+	c.lastSample = now
+	st := c.fleet.Stats()
+	p := TimelinePoint{Seconds: now.Sub(c.t0).Seconds(), Queries: len(c.lat), Events: st.Events, StoredBlocks: st.Stored, RemovedBlocks: st.Removed}
+	if c.cfg.Sample != nil {
+		if rss, _, err := c.cfg.Sample(); err == nil {
+			p.RSSBytes = rss
+		}
+	}
+	c.cr.Timeline = append(c.cr.Timeline, p)
+}
+
+// latencyCDFs cuts the query latencies by prompt length (<2K, 2K-8K, 8K-32K, >=32K
+// tokens) and returns each bucket's distribution as 101 percentiles.
+func latencyCDFs(lat []time.Duration, plen []int32) []LatencyCDF {
+	bounds := []struct {
+		label  string
+		lo, hi int32
+	}{{"<2K tokens", 0, 2048}, {"2K-8K tokens", 2048, 8192}, {"8K-32K tokens", 8192, 32768}, {">=32K tokens", 32768, 1<<31 - 1}}
+	var out []LatencyCDF
+	for _, b := range bounds {
+		var xs []time.Duration
+		for i, d := range lat {
+			if plen[i] >= b.lo && plen[i] < b.hi {
+				xs = append(xs, d)
+			}
+		}
+		if len(xs) == 0 {
+			continue
+		}
+		slices.Sort(xs)
+		cdf := LatencyCDF{Prompts: b.label, Count: len(xs), PercentilesUS: make([]float64, 101)}
+		for p := range cdf.PercentilesUS {
+			cdf.PercentilesUS[p] = float64(report.Percentile(xs, float64(p))) / float64(time.Microsecond)
+		}
+		out = append(out, cdf)
+	}
+	return out
 }
 
 // drain waits until the conductor has applied every published event (sim.Fleet.Drain).

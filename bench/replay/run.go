@@ -103,6 +103,10 @@ type ConductorResult struct {
 	Queries int            `json:"queries"`
 	QPS     float64        `json:"queries_per_second"`
 	Latency report.Latency `json:"query_latency"`
+	// LatencyCDF is the latency distribution per prompt-length bucket.
+	LatencyCDF []LatencyCDF `json:"query_latency_cdf,omitempty"`
+	// Timeline samples ingest progress and RSS every 200 ms of the replay.
+	Timeline []TimelinePoint `json:"timeline,omitempty"`
 	// StaleAnswers counts queries whose answer for the chosen rank differed from what
 	// the rank held at that moment: events still in flight.
 	StaleAnswers int     `json:"stale_answers"`
@@ -133,6 +137,25 @@ type ConductorResult struct {
 	Mismatches    int    `json:"mismatches"`
 	FirstMismatch string `json:"first_mismatch,omitempty"`
 	Replays       uint64 `json:"replays_served"`
+}
+
+// LatencyCDF is the query latency distribution of the prompts in one length bucket:
+// PercentilesUS[p] is the p-th percentile (0..100) in microseconds.
+type LatencyCDF struct {
+	Prompts       string    `json:"prompts"`
+	Count         int       `json:"count"`
+	PercentilesUS []float64 `json:"percentiles_us"`
+}
+
+// TimelinePoint is one sample of the replay: the fleet's cumulative published events and
+// blocks (what the conductor ingests) and the conductor's RSS, Seconds after the start.
+type TimelinePoint struct {
+	Seconds       float64 `json:"t_s"`
+	Queries       int     `json:"queries"`
+	Events        uint64  `json:"events"`
+	StoredBlocks  uint64  `json:"stored_blocks"`
+	RemovedBlocks uint64  `json:"removed_blocks"`
+	RSSBytes      uint64  `json:"rss_bytes,omitempty"`
 }
 
 // Result is a whole replay.
