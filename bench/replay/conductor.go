@@ -30,7 +30,7 @@ type conductorRun struct {
 	toks []int32
 	// timeline sampling (on the router loop's goroutine, which owns the fleet)
 	t0, lastSample time.Time
-	rng  *rand.Rand
+	rng            *rand.Rand
 }
 
 func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorResult, error) {
