@@ -60,8 +60,10 @@ type Config struct {
 	// Duration is how long each cell runs (0 = 1 s); every cell sends at least one query
 	// per client.
 	Duration time.Duration
-	// BinaryTokens sends prompts as int32 bins.
+	// BinaryTokens sends prompts as int32 bins (block keys as uint64 bins with ByHash).
 	BinaryTokens bool
+	// ByHash sends POST /query_by_hash with the prompts' block keys instead of /query.
+	ByHash bool
 	// Sample reads the conductor's CPU time and RSS (nil: no CPU per query).
 	Sample Sampler
 	Seed   uint64
@@ -77,6 +79,8 @@ type Cell struct {
 	Queries      int            `json:"queries"`
 	QPS          float64        `json:"queries_per_second"`
 	Latency      report.Latency `json:"latency"`
+	// RequestBytes is the mean request body size (the response is the same either way).
+	RequestBytes float64 `json:"request_body_bytes"`
 	// CPUPerQueryUS is the conductor's CPU time per query (the harness's too when the
 	// conductor runs in-process); 0 when unknown.
 	CPUPerQueryUS float64 `json:"cpu_per_query_us,omitempty"`
@@ -95,6 +99,7 @@ type Result struct {
 	PopulateBlocksSec float64 `json:"populate_blocks_per_second"`
 	RSSBytes          uint64  `json:"rss_bytes,omitempty"`
 	BinaryTokens      bool    `json:"binary_tokens"`
+	ByHash            bool    `json:"by_hash"`
 	Cells             []Cell  `json:"cells"`
 }
 
@@ -145,7 +150,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := f.Register(cl, 15*time.Second); err != nil {
 		return nil, err
 	}
-	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens}
+	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, ByHash: cfg.ByHash}
 
 	start := time.Now()
 	var toks []int32
@@ -209,7 +214,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				fresh := sim.AppendPrompt(nil, cfg.Seed+1+uint64(k), promptIDs(p), L-cached, 0)
 				toks = append(toks, fresh...)
 				q.TokenIDs = toks
-				prompts[k] = prompt{body: httpclient.AppendQueryRequest(nil, &q), owner: p % cfg.Instances,
+				body := httpclient.AppendQueryRequest(nil, &q)
+				if cfg.ByHash {
+					if keys, err = f.Hasher().AppendKeys(keys[:0], toks); err != nil {
+						return nil, err
+					}
+					body = httpclient.AppendQueryByHashRequest(nil, &httpclient.QueryByHashRequest{Model: cfg.Model,
+						BlockSize: int64(cfg.BlockSize), BlockHashes: keys, BinaryHashes: cfg.BinaryTokens})
+				}
+				prompts[k] = prompt{body: body, owner: p % cfg.Instances,
 					expected: int64(cached / cfg.BlockSize * cfg.BlockSize)}
 			}
 			for _, conc := range cfg.Concurrency {
@@ -264,6 +277,10 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 			}
 			defer cl.Close()
 			s := cl.NewSession()
+			if cfg.ByHash {
+				s.Close()
+				s = cl.NewByHashSession()
+			}
 			defer s.Close()
 			var res httpclient.QueryResult
 			var hits []*httpclient.InstanceHit
@@ -300,6 +317,9 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 	cell.Queries = len(all)
 	cell.QPS = float64(len(all)) / elapsed.Seconds()
 	cell.Latency = report.Summarize(all)
+	for i := range prompts {
+		cell.RequestBytes += float64(len(prompts[i].body)) / float64(len(prompts))
+	}
 	if cfg.Sample != nil {
 		if _, cpu1, err := cfg.Sample(); err == nil && len(all) > 0 {
 			cell.CPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))

@@ -60,3 +60,38 @@ func TestParseShape(t *testing.T) {
 		t.Error("unknown shape accepted")
 	}
 }
+
+// TestLoadgenByHash: the /query_by_hash mode gets the same exact answers for every shape,
+// with 8-byte keys per block instead of 4-byte tokens (bin forms).
+func TestLoadgenByHash(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	bytesOf := map[bool]float64{}
+	for _, byHash := range []bool{false, true} {
+		res, err := Run(context.Background(), Config{
+			Addr: c.Addr, Instances: 2, IndexedBlocks: 256, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
+			PromptTokens: []int{1024}, Shapes: []Shape{ShapeHit, ShapeHalf, ShapeMiss}, Concurrency: []int{1},
+			Duration: 20 * time.Millisecond, Seed: 5, BinaryTokens: true, ByHash: byHash, Model: "m" + map[bool]string{true: "h"}[byHash],
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.ByHash == byHash || len(res.Cells) != 3 {
+			t.Fatalf("result %+v", res)
+		}
+		for _, cell := range res.Cells {
+			if cell.Wrong != 0 || cell.Queries == 0 {
+				t.Errorf("by_hash=%v cell %+v", byHash, cell)
+			}
+		}
+		bytesOf[byHash] = res.Cells[0].RequestBytes
+	}
+	// 1024 tokens: 4096 bytes of tokens vs 64 blocks x 8 bytes of keys; the key
+	// "block_hashes" is 3 bytes longer than "token_ids" and the model "mh" 1 longer than "m".
+	if d := bytesOf[false] - bytesOf[true]; d != 4096-512-3-1 {
+		t.Errorf("request bytes /query %v, /query_by_hash %v", bytesOf[false], bytesOf[true])
+	}
+}

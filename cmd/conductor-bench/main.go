@@ -327,7 +327,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	shapes := fs.String("shapes", "hit,half,miss", "prompt shapes: hit, half, miss")
 	conc := fs.String("concurrency", "1,4", "concurrent clients")
 	dur := fs.Duration("duration", time.Second, "time per cell")
-	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array")
+	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array (block_hashes as a uint64 bin with --by-hash)")
+	byHash := fs.Bool("by-hash", false, "send POST /query_by_hash with the prompts' block keys instead of /query")
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
 	if err := fs.Parse(args); err != nil {
@@ -360,7 +361,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer cond.Stop()
 	cfg := loadgen.Config{
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
-		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, Seed: *tokenSeed,
+		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, Seed: *tokenSeed,
 		Progress: stderr,
 	}
 	if s := sampler(cond); s != nil {
@@ -375,9 +376,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cpuWhat = "process CPU/q"
 	}
 	t := report.Table{
-		Title: fmt.Sprintf("/query load (%s conductor): %d instances, %d indexed blocks, block %d, %s tokens",
-			cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize, map[bool]string{true: "binary", false: "array"}[res.BinaryTokens]),
-		Header: []string{"tokens", "shape", "clients", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "wrong"},
+		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s",
+			map[bool]string{true: "/query_by_hash", false: "/query"}[res.ByHash], cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize,
+			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens]),
+		Header: []string{"tokens", "shape", "clients", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
 	}
 	for _, c := range res.Cells {
 		cpu := "-"
@@ -385,7 +387,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			cpu = fmt.Sprintf("%.1f", c.CPUPerQueryUS)
 		}
 		t.Add(c.PromptTokens, c.Shape, c.Concurrency, fmt.Sprintf("%.0f", c.QPS), fmt.Sprintf("%.1f", c.Latency.P50US),
-			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, c.Wrong)
+			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, fmt.Sprintf("%.0f", c.RequestBytes), c.Wrong)
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("index built in %.1fs (%.0f blocks/s applied)", res.PopulateSeconds, res.PopulateBlocksSec))
 	if res.RSSBytes > 0 {
