@@ -10,22 +10,16 @@ FUZZTIME  ?= 10s
 # Python packages the tests need (pyzmq/msgspec publish events the way vLLM does).
 PY_TEST_PKGS := pytest pyzmq msgspec msgpack
 
-.PHONY: all build run test gotest pytest vet fmtcheck rules bench fuzz deps venv clean
+.PHONY: all build run test gotest pytest vet fmtcheck rules bench fuzz deps deps-promtool venv clean
 
 all: build
 
-# libzmq (cgo, for github.com/pebbe/zmq4) and pkg-config, and promtool (Debian package
-# prometheus, for the alert rule tests), installed only when absent.
+# libzmq (cgo, for github.com/pebbe/zmq4) and pkg-config, installed only when absent.
 deps:
 	@if ! pkg-config --exists libzmq 2>/dev/null; then \
 		echo "installing libzmq3-dev and pkg-config"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libzmq3-dev pkg-config; \
-	fi
-	@if ! command -v promtool >/dev/null 2>&1; then \
-		echo "installing prometheus (promtool checks the alert rules)"; \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
 	fi
 
 venv: $(VENV)/.stamp
@@ -57,14 +51,22 @@ gotest: deps
 pytest: build venv
 	CONDUCTOR_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest python/tests -q
 
+# promtool (Debian package prometheus) for the alert rule tests, installed only when absent.
+deps-promtool:
+	@if ! command -v promtool >/dev/null 2>&1; then \
+		echo "installing prometheus (promtool checks the alert rules)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
+
 # The Prometheus alert rules: syntax, and unit tests that fire each alert.
-rules: deps
+rules: deps-promtool
 	promtool check rules deploy/prometheus/alerts.yml
 	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 # Every test: formatting, vet, Go tests under the race detector, every benchmark once,
 # the alert rules, Python.
-test: fmtcheck vet gotest rules pytest
+test: fmtcheck vet deps-promtool gotest rules pytest
 
 # Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
 # --max-requests for the full trace). The replay's JSON goes to bench/results/, with PNG
