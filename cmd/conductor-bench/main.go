@@ -376,9 +376,9 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cpuWhat = "process CPU/q"
 	}
 	t := report.Table{
-		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s",
+		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s %s",
 			map[bool]string{true: "/query_by_hash", false: "/query"}[res.ByHash], cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize,
-			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens]),
+			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens], map[bool]string{true: "block keys", false: "tokens"}[res.ByHash]),
 		Header: []string{"tokens", "shape", "clients", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
 	}
 	for _, c := range res.Cells {

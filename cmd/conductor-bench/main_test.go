@@ -62,6 +62,13 @@ func TestLoadCommand(t *testing.T) {
 	if !strings.Contains(out.String(), "binary tokens") || strings.Count(out.String(), "\n512 ") != 2 {
 		t.Fatalf("output:\n%s", out.String())
 	}
+	out.Reset()
+	code = run([]string{"load", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512", "--shapes", "hit,miss",
+		"--concurrency", "1", "--duration", "20ms", "--binary-tokens", "--by-hash", "--results", dir}, &out, &errOut)
+	if code != 0 || !strings.Contains(out.String(), "/query_by_hash load") || !strings.Contains(out.String(), "binary block keys") ||
+		strings.Count(out.String(), "\n512 ") != 2 {
+		t.Fatalf("--by-hash exit %d, output:\n%s\n%s", code, out.String(), errOut.String())
+	}
 }
 
 // TestUsageErrors: bad invocations fail with a message, not a panic.
