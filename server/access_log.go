@@ -215,13 +215,39 @@ func (h *HTTPServer) logAccess(ctx *fasthttp.RequestCtx, start time.Time, route 
 	h.access.log(ctx, start, e)
 }
 
-// log formats the line of one finished request and commits it.
+// logQuery writes the access line of an RPC Query call when the log is on.
+func (s *RPCServer) logQuery(start time.Time, model string, tokens int, res *engine.Result, serr *Error) {
+	if s.access == nil {
+		return
+	}
+	e := accessEntry{route: "Query"}
+	code := int64(0)
+	if serr != nil {
+		code = int64(rpcCode(serr))
+	} else {
+		e.fill(model, int64(tokens), res.BlocksHashed(), res)
+	}
+	s.access.logRPC(start, &e, code)
+}
+
+// log formats the line of one finished HTTP request and commits it.
 func (l *AccessLog) log(ctx *fasthttp.RequestCtx, start time.Time, e *accessEntry) {
+	l.line(start, `","route":`, e, int64(ctx.Response.StatusCode()), ctx.Request.Header.Peek(l.traceHeader))
+}
+
+// logRPC writes the line of one RPC call: "function" instead of "route", and the RPC
+// result code (0 = OK) as status; RPC carries no headers, hence no trace id.
+func (l *AccessLog) logRPC(start time.Time, e *accessEntry, code int64) {
+	l.line(start, `","function":`, e, code, nil)
+}
+
+// line formats one access line and commits it; nameKey introduces the route or function.
+func (l *AccessLog) line(start time.Time, nameKey string, e *accessEntry, status int64, tid []byte) {
 	now := time.Now()
 	bp := l.lines.Get().(*[]byte)
 	b := append((*bp)[:0], `{"time":"`...)
 	b = now.UTC().AppendFormat(b, time.RFC3339Nano)
-	b = append(b, `","route":`...)
+	b = append(b, nameKey...)
 	b = appendJSONString(b, e.route, 256)
 	if e.query {
 		b = append(b, `,"model":`...)
@@ -236,8 +262,8 @@ func (l *AccessLog) log(ctx *fasthttp.RequestCtx, start time.Time, e *accessEntr
 	b = append(b, `,"latency_us":`...)
 	b = strconv.AppendFloat(b, float64(now.Sub(start).Nanoseconds())/1e3, 'f', 1, 64)
 	b = append(b, `,"status":`...)
-	b = strconv.AppendInt(b, int64(ctx.Response.StatusCode()), 10)
-	if tid := ctx.Request.Header.Peek(l.traceHeader); len(tid) > 0 {
+	b = strconv.AppendInt(b, status, 10)
+	if len(tid) > 0 {
 		b = append(b, `,"trace_id":`...)
 		b = appendJSONString(b, unsafe.String(&tid[0], len(tid)), maxTraceIDBytes)
 	}

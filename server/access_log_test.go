@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/conductor-go/conductor/rpcclient"
+	"github.com/conductor-go/conductor/wire"
 )
 
 // readAccessLines parses every line of the access log file as one JSON object.
@@ -260,5 +264,45 @@ func TestAccessLogConfigKeys(t *testing.T) {
 	if _, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
 		AccessLog: AccessLogConfig{Path: filepath.Join(dir, "missing", "a.log")}}); err == nil || !strings.Contains(err.Error(), "access_log") {
 		t.Errorf("unwritable access_log path: %v", err)
+	}
+}
+
+// TestAccessLogRPCQuery: an RPC Query call gets a line with "function" and the RPC code as
+// status (0 = OK; the error code otherwise, without the query fields).
+func TestAccessLogRPCQuery(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	full := seqTokens(64, 1)
+	fillInstances(t, app, 2, full)
+	rc, err := rpcclient.Dial(app.RPCAddr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var res wire.RPCQueryResult
+	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full[:48]}
+	if code, err := rc.Query(context.Background(), &q, &res); err != nil || code != wire.RPCCodeOK {
+		t.Fatal(code, err)
+	}
+	q.Context.BlockSize = 0
+	if code, _ := rc.Query(context.Background(), &q, &res); code != wire.RPCCodeInvalidParams {
+		t.Fatalf("block_size 0: code %v", code)
+	}
+	app.AccessLog.Flush()
+	lines := readAccessLines(t, path)
+	if len(lines) != 2 {
+		t.Fatalf("%d lines: %v", len(lines), lines)
+	}
+	if l := lines[0]; l["function"] != "Query" || l["route"] != nil || l["model"] != "m" || l["tokens"] != 48.0 ||
+		l["blocks_hashed"] != 3.0 || l["matched"] != 48.0 || l["status"] != 0.0 {
+		t.Errorf("ok line = %v", l)
+	}
+	if l := lines[1]; l["function"] != "Query" || l["status"] != float64(wire.RPCCodeInvalidParams) || l["model"] != nil {
+		t.Errorf("error line = %v", l)
 	}
 }

@@ -119,7 +119,7 @@ func Start(cfg AppConfig) (*App, error) {
 			return nil, fmt.Errorf("listen rpc_server_port %d: %w", cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
-		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics})
+		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics, AccessLog: app.AccessLog})
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()

@@ -21,6 +21,7 @@ type RPCServer struct {
 	metrics *Metrics
 	log     *slog.Logger
 	maxBody int
+	access  *AccessLog
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -37,11 +38,13 @@ type RPCOptions struct {
 	MaxBody int
 	// Metrics, when set, records queries and requests.
 	Metrics *Metrics
+	// AccessLog, when set, gets one line per Query call.
+	AccessLog *AccessLog
 }
 
 // NewRPCServer builds the RPC listener; call Serve with a listener.
 func NewRPCServer(opts RPCOptions) *RPCServer {
-	s := &RPCServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, maxBody: opts.MaxBody, conns: make(map[net.Conn]struct{})}
+	s := &RPCServer{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, maxBody: opts.MaxBody, conns: make(map[net.Conn]struct{}), access: opts.AccessLog}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -273,6 +276,7 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	serr := rc.s.svc.Query(q, &rc.res)
 	*q = engine.Query{}
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
+	rc.s.logQuery(start, ctx.ModelName, len(rc.qreq.Tokens), &rc.res, serr)
 	if serr != nil {
 		return wire.AppendRPCQueryError(out, rpcCode(serr)), nil
 	}
