@@ -306,3 +306,31 @@ func TestAccessLogRPCQuery(t *testing.T) {
 		t.Errorf("error line = %v", l)
 	}
 }
+
+// TestAccessLogRPCZeroAllocs: an RPC Query dispatch with the access log on allocates nothing.
+func TestAccessLogRPCZeroAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under -race")
+	}
+	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	full := seqTokens(2048, 1)
+	fillInstances(t, app, 4, full)
+	body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
+		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full})
+	conn := &rpcConn{s: app.RPC}
+	hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+	dispatch := func() {
+		if err := conn.dispatch(hdr, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dispatch()
+	if n := testing.AllocsPerRun(100, dispatch); n != 0 {
+		t.Errorf("%v allocs per RPC Query with the access log on", n)
+	}
+}
