@@ -233,6 +233,9 @@ func (e *Engine) RegisterSlot(key ContextKey, p hashing.Profile, slot Slot) (isN
 		err = c.do(r)
 		isNew, dropped := r.isNew, r.dropped
 		e.putReq(r)
+		// ErrClosed from a context that is no longer in the map: DropEmptyContext closed it
+		// between our lookup and the hand-over.
+		dropped = dropped || (err == ErrClosed && e.lookup(key) != c)
 		if !dropped {
 			return isNew, err
 		}
