@@ -168,8 +168,8 @@ func BenchmarkSHA256(b *testing.B) {
 
 // BenchmarkMemo measures an 8K-token prompt (512 blocks of 16, sha256_cbor) through a
 // chain with a memo: "warm" serves every block from the memo (cheap chain + verified
-// lookup per block), "cold" hashes every block and inserts it (a new salt per run), and
-// "lanes" is the cheap chain alone. The memo is sized like the default so that lookups
+// lookup per block), "cold" hashes every block and inserts it (a new salt per run),
+// "plain" hashes every block without a memo, and "lanes" is the cheap chain alone. The memo is sized like the default so that lookups
 // miss the CPU caches as in a server.
 func BenchmarkMemo(b *testing.B) {
 	p := mustResolve(b, "vllm_v1", "sha256_cbor", "0", "low64_be")
@@ -215,6 +215,20 @@ func BenchmarkMemo(b *testing.B) {
 		for b.Loop() {
 			i++
 			run(&ch, salts[i%len(salts)]+"-"+strconv.Itoa(i/len(salts)))
+		}
+		reportPerBlock(b, blocks, time.Since(start))
+	})
+	b.Run("plain", func(b *testing.B) {
+		var ch Chain
+		b.ReportAllocs()
+		start := time.Now()
+		for b.Loop() {
+			ch.Reset(&p, 16, "", "", toks)
+			for {
+				if _, err := ch.Next(); err != nil {
+					break
+				}
+			}
 		}
 		reportPerBlock(b, blocks, time.Since(start))
 	})

@@ -28,13 +28,14 @@ const MemoEntryBytes = 64
 // The table is a fixed array of 4-way sets (256 bytes, two pairs of cache lines) with a
 // reference bit per entry: an insert replaces an empty or unreferenced way, and when every
 // way was used since the set was last passed over it clears their bits and takes one (a
-// clock per set). Reads take no lock: every word is read with sync/atomic and
-// a torn read (a writer replacing the entry meanwhile) fails the check word and counts as
-// a miss. Writers take no lock either: two writers racing on one entry can leave it
-// inconsistent, which the check word also rejects until the entry is replaced.
+// clock per set). Nothing locks: words are read and written whole (ldw, stw), a torn
+// read (a writer replacing the entry meanwhile) fails the check word and counts as a miss,
+// and two writers racing on one entry can leave it inconsistent, which the check word also
+// rejects until the entry is replaced.
 //
-// A Memo is safe for concurrent use. Its memory is allocated once by NewMemo; pages are
-// touched (and become resident) as entries are written.
+// A Memo is safe for concurrent use. Its memory is allocated once by NewMemo and backed by
+// transparent huge pages where the kernel allows; pages become resident as entries are
+// written.
 type Memo struct {
 	ents    []memoEntry
 	setMask uint64 // sets - 1
@@ -57,10 +58,10 @@ type memoCounters struct {
 // memoEntry is one cache line: both chain lanes, the digest, a check word over all of them
 // (0 = empty) and the reference bit.
 type memoEntry struct {
-	a, b  atomic.Uint64
-	d     [4]atomic.Uint64
-	check atomic.Uint64
-	ref   atomic.Uint64
+	a, b  uint64
+	d     [4]uint64
+	check uint64
+	ref   uint64
 }
 
 // MemoStats are a Memo's cumulative counters.
@@ -84,8 +85,10 @@ func NewMemo(entries int) *Memo {
 	for n < entries {
 		n <<= 1
 	}
+	ents := make([]memoEntry, n)
+	adviseHuge(ents)
 	return &Memo{
-		ents:    make([]memoEntry, n),
+		ents:    ents,
 		setMask: uint64(n/memoWays - 1),
 		seedA:   rand.Uint64(),
 		seedB:   rand.Uint64(),
@@ -130,11 +133,12 @@ const memoWays = 4
 // set returns the first entry of the set of lane a.
 func (m *Memo) set(a uint64) int { return int(a&m.setMask) * memoWays }
 
-// touch loads a word of each line pair of the set so that its cache lines are on their
-// way before the real lookup; the result only feeds a sink.
+// touch loads a word of each line of the set so that its cache lines are on their way
+// before the real lookup or insert; the result only feeds a sink.
 func (m *Memo) touch(a uint64) uint64 {
 	s := m.set(a)
-	return m.ents[s].a.Load() + m.ents[s+2].a.Load()
+	e := m.ents[s : s+memoWays : s+memoWays]
+	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a)
 }
 
 // lookup copies the digest stored under (a, b) into d and reports whether it was there.
@@ -142,15 +146,15 @@ func (m *Memo) lookup(a, b uint64, d *[32]byte) bool {
 	s := m.set(a)
 	for w := s; w < s+memoWays; w++ {
 		e := &m.ents[w]
-		if e.a.Load() != a || e.b.Load() != b {
+		if ldw(&e.a) != a || ldw(&e.b) != b {
 			continue
 		}
-		d0, d1, d2, d3 := e.d[0].Load(), e.d[1].Load(), e.d[2].Load(), e.d[3].Load()
-		if e.check.Load() != m.checkOf(a, b, d0, d1, d2, d3) {
+		d0, d1, d2, d3 := ldw(&e.d[0]), ldw(&e.d[1]), ldw(&e.d[2]), ldw(&e.d[3])
+		if ldw(&e.check) != m.checkOf(a, b, d0, d1, d2, d3) {
 			return false // torn or half-written: treat as absent
 		}
-		if e.ref.Load() == 0 {
-			e.ref.Store(1)
+		if ldw(&e.ref) == 0 {
+			stw(&e.ref, 1)
 		}
 		binary.LittleEndian.PutUint64(d[0:], d0)
 		binary.LittleEndian.PutUint64(d[8:], d1)
@@ -176,14 +180,14 @@ func (m *Memo) insert(a, b uint64, d *[32]byte) (wrote, evicted bool) {
 	empty, unref := -1, -1
 	for w := s; w < s+memoWays; w++ {
 		e := &m.ents[w]
-		c := e.check.Load()
-		if c == ck && e.a.Load() == a && e.b.Load() == b {
+		c := ldw(&e.check)
+		if c == ck && ldw(&e.a) == a && ldw(&e.b) == b {
 			return false, false
 		}
 		if c == 0 && empty < 0 {
 			empty = w
 		}
-		if e.ref.Load() == 0 && unref < 0 {
+		if ldw(&e.ref) == 0 && unref < 0 {
 			unref = w
 		}
 	}
@@ -195,7 +199,7 @@ func (m *Memo) insert(a, b uint64, d *[32]byte) (wrote, evicted bool) {
 		v = s + int(b&(memoWays-1))
 		for w := s; w < s+memoWays; w++ {
 			if w != v {
-				m.ents[w].ref.Store(0)
+				stw(&m.ents[w].ref, 0)
 			}
 		}
 	}
@@ -236,17 +240,19 @@ func (w *memoWriter) step(k int) uint64 {
 	e := w.e
 	switch k {
 	case 0:
-		return e.check.Swap(0)
+		old := ldw(&e.check)
+		stw(&e.check, 0)
+		return old
 	case 1:
-		e.a.Store(w.v[0])
+		stw(&e.a, w.v[0])
 	case 2:
-		e.b.Store(w.v[1])
+		stw(&e.b, w.v[1])
 	case 3, 4, 5, 6:
-		e.d[k-3].Store(w.v[k-1])
+		stw(&e.d[k-3], w.v[k-1])
 	case 7:
-		e.ref.Store(w.v[6])
+		stw(&e.ref, w.v[6])
 	case 8:
-		e.check.Store(w.v[7])
+		stw(&e.check, w.v[7])
 	}
 	return 0
 }
