@@ -180,17 +180,15 @@ func (c *Chain) nextMemo() (uint64, error) {
 	return key, nil
 }
 
-// flush writes the buffered inserts, loading the set of insert i+flushAhead while it
-// writes insert i, so that several sets' cache misses are in flight at once.
+// flush writes the buffered inserts: one pass that loads every set (independent loads,
+// so their cache misses overlap), then the writes, which find the lines cached.
 func (mc *memoChain) flush() {
 	var sink uint64
-	for i := 0; i < min(flushAhead, len(mc.pend)); i++ {
+	for i := range mc.pend {
 		sink += mc.m.touch(mc.pend[i].a)
 	}
+	mc.sink += sink
 	for i := range mc.pend {
-		if j := i + flushAhead; j < len(mc.pend) {
-			sink += mc.m.touch(mc.pend[j].a)
-		}
 		p := &mc.pend[i]
 		wrote, evicted := mc.m.insert(p.a, p.b, &p.d)
 		if wrote {
@@ -200,12 +198,8 @@ func (mc *memoChain) flush() {
 			mc.evictions++
 		}
 	}
-	mc.sink += sink
 	mc.pend = mc.pend[:0]
 }
-
-// flushAhead is how many inserts ahead flush starts loading a set.
-const flushAhead = 8
 
 // Done writes the chain's pending memo inserts and adds its counters to the memo's. It is
 // a no-op without a memo, and idempotent.
