@@ -18,10 +18,11 @@ const MemoEntryBytes = 64
 // cheap content chain of the prompt up to and including that block, so that a later query
 // sharing the prefix skips SHA-256 for it (see Chain.ResetMemo).
 //
-// The cheap chain is two independent xxhash64 lanes (each seeded by the previous block's
-// lane value xor a random per-Memo secret, over the block's token bytes), started from
-// everything the digest depends on: strategy, algorithm, root digest, block size, LoRA
-// name and cache salt. An entry matches only if both 64-bit lanes equal the stored ones and
+// The cheap chain is two independent 64-bit lanes over the block's token bytes, each
+// chained through its previous value and keyed by random per-Memo secrets: lane A is
+// xxhash64 seeded with the previous value, lane B a keyed multiply-fold (laneB), both
+// started from everything the digest depends on: strategy, algorithm, root digest, block
+// size, LoRA name and cache salt. An entry matches only if both 64-bit lanes equal the stored ones and
 // a keyed check over (lanes, digest) verifies, so a false match needs a 128-bit collision of
 // secretly seeded lanes; the 64-bit index keys themselves collide far more often.
 //
