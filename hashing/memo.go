@@ -34,9 +34,9 @@ const MemoEntryBytes = 64
 // and two writers racing on one entry can leave it inconsistent, which the check word also
 // rejects until the entry is replaced.
 //
-// A Memo is safe for concurrent use. Its memory is allocated once by NewMemo and backed by
-// transparent huge pages where the kernel allows; pages become resident as entries are
-// written.
+// A Memo is safe for concurrent use. Its table is mapped once by NewMemo, outside the Go
+// heap and on transparent huge pages where the kernel allows (allocEntries); pages become
+// resident as entries are written, and the mapping goes when the Memo is unreachable.
 type Memo struct {
 	ents    []memoEntry
 	setMask uint64 // sets - 1
@@ -86,15 +86,14 @@ func NewMemo(entries int) *Memo {
 	for n < entries {
 		n <<= 1
 	}
-	ents := make([]memoEntry, n)
-	adviseHuge(ents)
-	return &Memo{
-		ents:    ents,
+	m := &Memo{
 		setMask: uint64(n/memoWays - 1),
 		seedA:   rand.Uint64(),
 		seedB:   rand.Uint64(),
 		seedC:   rand.Uint64() | 1,
 	}
+	m.ents = allocEntries(n, m)
+	return m
 }
 
 // Stats returns the memo's counters; a nil Memo has none.

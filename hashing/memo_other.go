@@ -2,5 +2,5 @@
 
 package hashing
 
-// adviseHuge is a no-op where transparent huge pages cannot be requested.
-func adviseHuge([]memoEntry) {}
+// allocEntries allocates the memo table on the heap where mmap is not used.
+func allocEntries(n int, _ *Memo) []memoEntry { return make([]memoEntry, n) }
