@@ -3,6 +3,7 @@ module github.com/conductor-go/conductor
 go 1.26.8
 
 require (
+	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/fxamacker/cbor/v2 v2.10.0
 	github.com/minio/sha256-simd v1.0.1
 	github.com/pebbe/zmq4 v1.4.0
@@ -15,7 +16,6 @@ require (
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
-	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/klauspost/cpuid/v2 v2.2.3 // indirect
 	github.com/molecule-man/go-brrr v1.3.1 // indirect

@@ -41,6 +41,10 @@ type Config struct {
 	MaxBlocksPerContext int
 	// Logger receives eviction warnings. nil means slog.Default().
 	Logger *slog.Logger
+	// MemoEntries sizes the query key memo shared by every context (hashing.Memo): blocks
+	// whose digest queries remember, so that a repeated prefix skips SHA-256. 0 or less
+	// disables it; servers default to hashing.DefaultMemoEntries.
+	MemoEntries int
 }
 
 // Errors returned by the engine. Callers compare with errors.Is.
@@ -129,6 +133,7 @@ type Op struct {
 type Engine struct {
 	maxBlocks int
 	log       *slog.Logger
+	memo      *hashing.Memo // nil: no memo
 
 	// ctxs is an immutable map replaced (copy on write) when a context is created, so
 	// queries look contexts up without locking.
@@ -145,7 +150,7 @@ type Engine struct {
 
 // New returns an empty engine.
 func New(cfg Config) *Engine {
-	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, log: cfg.Logger}
+	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, log: cfg.Logger, memo: hashing.NewMemo(cfg.MemoEntries)}
 	if e.maxBlocks == 0 {
 		e.maxBlocks = DefaultMaxBlocksPerContext
 	}
@@ -228,6 +233,9 @@ func (e *Engine) RegisterSlot(key ContextKey, p hashing.Profile, slot Slot) (isN
 		err = c.do(r)
 		isNew, dropped := r.isNew, r.dropped
 		e.putReq(r)
+		// ErrClosed from a context that is no longer in the map: DropEmptyContext closed it
+		// between our lookup and the hand-over.
+		dropped = dropped || (err == ErrClosed && e.lookup(key) != c)
 		if !dropped {
 			return isNew, err
 		}
@@ -451,3 +459,6 @@ func (e *Engine) Stats(key ContextKey) (ContextStats, bool) {
 		EvictedBlocks: c.evictedBlocks.Load(),
 	}, true
 }
+
+// MemoStats returns the query key memo's counters (all zero without a memo).
+func (e *Engine) MemoStats() hashing.MemoStats { return e.memo.Stats() }

@@ -83,8 +83,10 @@ func (e *Engine) Query(q *Query, res *Result) error {
 	if insts == nil {
 		return nil
 	}
-	res.chain.Reset(&c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
-	return res.run(v, insts, mask, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
+	res.chain.ResetMemo(e.memo, &c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
+	err := res.run(v, insts, mask, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
+	res.chain.Done() // publishes the query's memo inserts and counters
+	return err
 }
 
 // QueryKeys is Query with the block keys already computed: keys[i] is the projected key of

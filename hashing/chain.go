@@ -69,6 +69,8 @@ type Chain struct {
 	extra0 []byte // encoded extras of block 0 (lora + salt)
 	extraN []byte // encoded extras of later blocks (lora only)
 	pk     pickler
+
+	mc memoChain // key memo state; inert unless ResetMemo attached a Memo
 }
 
 // Reset points the chain at a new prompt. p must be a Profile from Resolve; loraName is
@@ -76,6 +78,17 @@ type Chain struct {
 // for vllm_v1 and seeds the SGLang chain. An empty string means "none" for both.
 // Reset does not hash anything.
 func (c *Chain) Reset(p *Profile, blockSize int, loraName, cacheSalt string, tokens []int32) {
+	c.ResetMemo(nil, p, blockSize, loraName, cacheSalt, tokens)
+}
+
+// ResetMemo is Reset with a key memo: Next then serves blocks whose digest m remembers
+// without SHA-256 (resuming the SHA chain from the last remembered digest) and records the
+// blocks it hashes in m. A nil m is Reset. Call Done when the prompt is finished, so that
+// its pending memo inserts and counters are published (the next Reset does it otherwise).
+// Keys and errors are exactly those of Reset: the memo changes the cost, never the result.
+func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSalt string, tokens []int32) {
+	c.Done()
+	c.mc.reset(m)
 	c.tokens = tokens
 	c.next = 0
 	c.err = nil
@@ -146,6 +159,9 @@ func (c *Chain) Reset(p *Profile, blockSize int, loraName, cacheSalt string, tok
 		}
 	}
 	c.ensure(need)
+	if c.mc.on {
+		c.mc.start(p, blockSize, loraName, cacheSalt)
+	}
 }
 
 // ensure grows the reusable encode buffer; it only allocates while warming up.
@@ -181,6 +197,14 @@ func (c *Chain) Next() (uint64, error) {
 	if c.next >= c.numBlocks {
 		return 0, ErrChainEnd
 	}
+	if c.mc.on {
+		return c.nextMemo()
+	}
+	return c.hashNext()
+}
+
+// hashNext SHA-hashes block c.next from c.parent.
+func (c *Chain) hashNext() (uint64, error) {
 	i := c.next
 	bs := c.blockSize
 	var d [32]byte

@@ -165,3 +165,84 @@ func BenchmarkSHA256(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMemo measures an 8K-token prompt (512 blocks of 16, sha256_cbor) through a
+// chain with a memo: "warm" serves every block from the memo (cheap chain + verified
+// lookup per block), "cold" hashes every block and inserts it (a new salt per run),
+// "plain" hashes every block without a memo, and "lanes" is the cheap chain alone. The memo is sized like the default so that lookups
+// miss the CPU caches as in a server.
+func BenchmarkMemo(b *testing.B) {
+	p := mustResolve(b, "vllm_v1", "sha256_cbor", "0", "low64_be")
+	toks := make([]int32, 8192)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range toks {
+		toks[i] = int32(r.IntN(151936))
+	}
+	m := NewMemo(DefaultMemoEntries)
+	const blocks = 512
+	run := func(ch *Chain, salt string) {
+		ch.ResetMemo(m, &p, 16, "", salt, toks)
+		for {
+			if _, err := ch.Next(); err != nil {
+				break
+			}
+		}
+		ch.Done()
+	}
+	b.Run("warm", func(b *testing.B) {
+		var ch Chain
+		// Fill with many prompts first so the benchmark's own entries are not all cached.
+		run(&ch, "w")
+		b.ReportAllocs()
+		start := time.Now()
+		for b.Loop() {
+			run(&ch, "w")
+		}
+		reportPerBlock(b, blocks, time.Since(start))
+		if ch.MemoHits() != blocks {
+			b.Fatalf("%d memo hits", ch.MemoHits())
+		}
+	})
+	b.Run("cold", func(b *testing.B) {
+		var ch Chain
+		salts := make([]string, 64)
+		for i := range salts {
+			salts[i] = strconv.Itoa(i)
+		}
+		i := 0
+		b.ReportAllocs()
+		start := time.Now()
+		for b.Loop() {
+			i++
+			run(&ch, salts[i%len(salts)]+"-"+strconv.Itoa(i/len(salts)))
+		}
+		reportPerBlock(b, blocks, time.Since(start))
+	})
+	b.Run("plain", func(b *testing.B) {
+		var ch Chain
+		b.ReportAllocs()
+		start := time.Now()
+		for b.Loop() {
+			ch.Reset(&p, 16, "", "", toks)
+			for {
+				if _, err := ch.Next(); err != nil {
+					break
+				}
+			}
+		}
+		reportPerBlock(b, blocks, time.Since(start))
+	})
+	b.Run("lanes", func(b *testing.B) {
+		var ch Chain
+		ch.ResetMemo(m, &p, 16, "", "", toks)
+		b.ReportAllocs()
+		start := time.Now()
+		for b.Loop() {
+			ch.mc.cx = 0
+			for ch.mc.cx < blocks {
+				ch.advance()
+			}
+		}
+		reportPerBlock(b, blocks, time.Since(start))
+	})
+}

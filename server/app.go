@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 )
 
 // AppConfig configures a whole conductor process.
@@ -35,6 +36,9 @@ type AppConfig struct {
 	BindAddress string
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
+	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
+	// disables it.
+	MemoEntries int
 	// Extra HTTP routes, served beside /metrics, /healthz and /readyz.
 	ExtraRoutes map[string]fasthttp.RequestHandler
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
@@ -73,7 +77,11 @@ func Start(cfg AppConfig) (*App, error) {
 		log = slog.Default()
 	}
 	started := time.Now()
-	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log})
+	memo := cfg.MemoEntries
+	if memo == 0 {
+		memo = hashing.DefaultMemoEntries
+	}
+	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log})
 	app := &App{log: log, Engine: eng, Service: svc}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/conductor-go/conductor/hashing"
 )
 
 // writeConfig writes text to a fresh file and returns its path.
@@ -354,5 +356,43 @@ func TestLoadConfigMultiRank(t *testing.T) {
 	views := app.Engine.GlobalView()
 	if len(views) != 1 || len(views[0].Instances) != 1 || len(views[0].Instances[0].Ranks) != 2 {
 		t.Errorf("global view = %+v", views)
+	}
+}
+
+func TestLoadConfigMemoEntries(t *testing.T) {
+	for _, c := range []struct {
+		text          string
+		file, appMemo int
+	}{
+		{`{}`, hashing.DefaultMemoEntries, hashing.DefaultMemoEntries},
+		{`{"query_memo_entries": 4096}`, 4096, 4096},
+		{`{"query_memo_entries": 0}`, 0, -1}, // 0 disables the memo
+	} {
+		cfg, err := LoadConfigFile(writeConfig(t, c.text))
+		if err != nil {
+			t.Fatalf("%s: %v", c.text, err)
+		}
+		if cfg.MemoEntries != c.file || cfg.AppConfig().MemoEntries != c.appMemo {
+			t.Errorf("%s: file %d app %d, want %d and %d", c.text, cfg.MemoEntries, cfg.AppConfig().MemoEntries, c.file, c.appMemo)
+		}
+	}
+	for _, bad := range []string{`{"query_memo_entries": -1}`, `{"query_memo_entries": "big"}`, `{"query_memo_entries": 1.5}`,
+		`{"query_memo_entries": 1099511627776}`} {
+		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil || !strings.Contains(err.Error(), "query_memo_entries") {
+			t.Errorf("%s: error %v, want one naming query_memo_entries", bad, err)
+		}
+	}
+	// Disabled in the file means no memo in the engine.
+	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, BindAddress: "127.0.0.1", MemoEntries: -1, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(app.Stop)
+	// A query answers (and Stop finds the listener serving).
+	if code, _ := msgpackPost(t, app, "/query", queryBody("m", 16, seqTokens(32, 1))); code != 200 {
+		t.Fatalf("query %d", code)
+	}
+	if c := app.Engine.MemoStats().Capacity; c != 0 {
+		t.Fatalf("memo disabled but capacity %d", c)
 	}
 }

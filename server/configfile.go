@@ -9,7 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+
+	"github.com/conductor-go/conductor/hashing"
 )
+
+// maxMemoEntries caps query_memo_entries (64 GiB of memo at 64 bytes an entry).
+const maxMemoEntries = 1 << 30
 
 // Default ports of the contract.
 const (
@@ -32,6 +37,9 @@ type FileConfig struct {
 	StateFile string
 	// AccessLog holds the access_log* keys (see AccessLogConfig).
 	AccessLog AccessLogConfig
+	// MemoEntries sizes the query key memo: the "query_memo_entries" key, default
+	// hashing.DefaultMemoEntries; 0 disables the memo.
+	MemoEntries int
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -43,7 +51,7 @@ type FileConfig struct {
 // file), an absent port keeps its default: the contract documents 13333 as the default.
 func LoadConfigFile(path string) (FileConfig, error) {
 	cfg := FileConfig{Path: path, HTTPPort: DefaultHTTPPort, RPCPort: DefaultRPCPort,
-		StateFile: filepath.Join(filepath.Dir(path), StateFileName)}
+		StateFile: filepath.Join(filepath.Dir(path), StateFileName), MemoEntries: hashing.DefaultMemoEntries}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return cfg, nil
@@ -77,6 +85,13 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: %s must be an integer port in 0..65535", path, p.key)
 		}
 		*p.dst = int(port)
+	}
+	if raw, ok := root["query_memo_entries"]; ok {
+		n, err := jsonInt(raw)
+		if err != nil || n < 0 || n > maxMemoEntries {
+			return cfg, fmt.Errorf("config file %s: query_memo_entries must be an integer in 0..%d", path, maxMemoEntries)
+		}
+		cfg.MemoEntries = int(n)
 	}
 	if raw, ok := root["state_file"]; ok {
 		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
@@ -258,6 +273,10 @@ func (f *FileConfig) AppConfig() AppConfig {
 	if rpc == 0 {
 		rpc = -1
 	}
+	memo := f.MemoEntries
+	if memo == 0 {
+		memo = -1
+	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
-		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile, AccessLog: f.AccessLog}
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile, AccessLog: f.AccessLog, MemoEntries: memo}
 }

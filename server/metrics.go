@@ -149,13 +149,22 @@ var (
 		"Distinct blocks indexed (prefix_count).", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descCtxSlots = prometheus.NewDesc("conductor_context_slots",
 		"Registered engine (instance, rank) slots.", []string{"tenant", "model", "lora", "block_size"}, nil)
+	descMemoHits = prometheus.NewDesc("conductor_query_memo_hits_total",
+		"Query blocks whose digest came from the key memo (no SHA-256).", nil, nil)
+	descMemoMisses = prometheus.NewDesc("conductor_query_memo_misses_total",
+		"Query blocks SHA-256 hashed while the key memo was enabled.", nil, nil)
+	descMemoEvictions = prometheus.NewDesc("conductor_query_memo_evictions_total",
+		"Key memo entries replaced by newer ones.", nil, nil)
+	descMemoEntries = prometheus.NewDesc("conductor_query_memo_capacity_entries",
+		"Key memo capacity in blocks (0: disabled).", nil, nil)
 	descCtxEvictions = prometheus.NewDesc("conductor_context_evicted_blocks_total",
 		"Blocks evicted by the per-context capacity bound.", []string{"tenant", "model", "lora", "block_size"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
-		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions} {
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions,
+		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
 		ch <- d
 	}
 }
@@ -199,6 +208,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	eng := c.svc.Engine()
+	ms := eng.MemoStats()
+	ch <- prometheus.MustNewConstMetric(descMemoHits, prometheus.CounterValue, float64(ms.Hits))
+	ch <- prometheus.MustNewConstMetric(descMemoMisses, prometheus.CounterValue, float64(ms.Misses))
+	ch <- prometheus.MustNewConstMetric(descMemoEvictions, prometheus.CounterValue, float64(ms.Evictions))
+	ch <- prometheus.MustNewConstMetric(descMemoEntries, prometheus.GaugeValue, float64(ms.Capacity))
 	for _, v := range eng.GlobalView() {
 		st, ok := eng.Stats(v.Key)
 		if !ok {

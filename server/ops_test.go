@@ -13,6 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/conductor-go/conductor/hashing"
 )
 
 // scrape fetches /metrics and parses the text exposition.
@@ -124,6 +126,12 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		{"conductor_service_stale", nil, 0},
 		{"conductor_context_blocks", []string{"model", "m"}, 3},
 		{"conductor_context_slots", []string{"model", "m"}, 1},
+		// The first query hashes its 4 blocks into the key memo; the 4 repeats take them
+		// from it.
+		{"conductor_query_memo_misses_total", nil, 4},
+		{"conductor_query_memo_hits_total", nil, 16},
+		{"conductor_query_memo_evictions_total", nil, 0},
+		{"conductor_query_memo_capacity_entries", nil, float64(hashing.DefaultMemoEntries)},
 	}
 	for _, c := range checks {
 		got, ok := metricValue(f, c.name, c.labels...)

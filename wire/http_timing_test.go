@@ -69,3 +69,16 @@ func BenchmarkAppendQueryResponse8x2(b *testing.B) {
 	}
 	b.SetBytes(int64(len(buf)))
 }
+
+// htSmallVocab is n ids of a 32K-vocabulary model: nearly all encode as uint16.
+func htSmallVocab(n int) []int32 {
+	t := htPrompt(n)
+	for i := range t {
+		t[i] = 256 + t[i]%32000
+	}
+	return t
+}
+
+func BenchmarkDecodeQueryRequest8KArrayVocab32K(b *testing.B) {
+	benchmarkDecodeQuery(b, htSmallVocab(8192))
+}

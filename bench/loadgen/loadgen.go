@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/conductor-go/conductor/bench/report"
@@ -40,6 +41,31 @@ func ParseShape(s string) (Shape, error) {
 	return "", fmt.Errorf("prompt shape %q: want hit, half or miss", s)
 }
 
+// Memo is how each measured prompt relates to the conductor's query key memo.
+type Memo string
+
+// Memo modes.
+const (
+	// MemoWarm: each cell cycles through a few prompts, so after the first round every
+	// block of a prompt is memoised (a router asking about the same prefix again).
+	MemoWarm Memo = "warm"
+	// MemoCold: each prompt is asked once, and no prompt of the run shares a prefix with
+	// another: every block is hashed (the first query of a prompt).
+	MemoCold Memo = "cold"
+	// MemoExtend: each prompt is asked once, after a prompt that is its first ~91% was
+	// (unmeasured): a conversation turn extending a memoised prefix by 10%.
+	MemoExtend Memo = "extend"
+)
+
+// ParseMemo accepts a memo mode name.
+func ParseMemo(s string) (Memo, error) {
+	switch m := Memo(s); m {
+	case MemoWarm, MemoCold, MemoExtend:
+		return m, nil
+	}
+	return "", fmt.Errorf("memo mode %q: want warm, cold or extend", s)
+}
+
 // Sampler reads the conductor process's RSS and CPU time.
 type Sampler func() (rssBytes uint64, cpu time.Duration, err error)
 
@@ -57,6 +83,12 @@ type Config struct {
 	PromptTokens []int
 	Shapes       []Shape
 	Concurrency  []int
+	// Memo modes to measure (nil = warm only). Cold and extend cells send each prompt
+	// once, so they are as long as the prompts they have (ColdPrompts, or the indexed
+	// prompts shared out among those cells), not Duration.
+	Memo []Memo
+	// ColdPrompts caps the prompts of one cold or extend cell (0 = 64).
+	ColdPrompts int
 	// Duration is how long each cell runs (0 = 1 s); every cell sends at least one query
 	// per client.
 	Duration time.Duration
@@ -75,15 +107,16 @@ type Config struct {
 type Cell struct {
 	PromptTokens int            `json:"prompt_tokens"`
 	Shape        Shape          `json:"shape"`
+	Memo         Memo           `json:"memo"`
 	Concurrency  int            `json:"concurrency"`
 	Queries      int            `json:"queries"`
 	QPS          float64        `json:"queries_per_second"`
 	Latency      report.Latency `json:"latency"`
-	// RequestBytes is the mean request body size (the response is the same either way).
-	RequestBytes float64 `json:"request_body_bytes"`
 	// CPUPerQueryUS is the conductor's CPU time per query (the harness's too when the
 	// conductor runs in-process); 0 when unknown.
 	CPUPerQueryUS float64 `json:"cpu_per_query_us,omitempty"`
+	// RequestBytes is the mean request body size (the response is the same either way).
+	RequestBytes float64 `json:"request_body_bytes"`
 	// Wrong counts answers whose longest match differed from the prompt's shape.
 	Wrong int `json:"wrong_answers"`
 }
@@ -194,13 +227,48 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, 99))
-	for _, L := range cfg.PromptTokens {
-		for _, sh := range cfg.Shapes {
-			prompts := make([]prompt, bodiesPerCell)
-			for k := range prompts {
-				p := rng.IntN(nPrompts)
-				q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens}
-				toks = toks[:0]
+	modes := cfg.Memo
+	if len(modes) == 0 {
+		modes = []Memo{MemoWarm}
+	}
+	// Cold and extend cells take indexed prompts nobody asked about yet, each once.
+	unused := rng.Perm(nPrompts)
+	onceCells := 0
+	for _, md := range modes {
+		if md != MemoWarm {
+			onceCells += len(cfg.PromptTokens) * len(cfg.Shapes) * len(cfg.Concurrency)
+		}
+	}
+	perOnce := cfg.ColdPrompts
+	if perOnce <= 0 {
+		perOnce = 64
+	}
+	if onceCells > 0 {
+		perOnce = max(1, min(perOnce, nPrompts/onceCells))
+	}
+	fresh := uint64(0) // distinct seeds for new tokens across the run
+	var warmRes httpclient.QueryResult
+	build := func(p int, L, cached int) ([]byte, error) {
+		q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens}
+		full := sim.AppendPrompt(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
+		toks := append([]int32(nil), full[:cached]...)
+		// Fresh tokens come from another seed: they share nothing with the index.
+		fresh++
+		toks = append(toks, sim.AppendPrompt(nil, cfg.Seed+1+fresh, promptIDs(p), L-cached, 0)...)
+		q.TokenIDs = toks
+		if !cfg.ByHash {
+			return httpclient.AppendQueryRequest(nil, &q), nil
+		}
+		keys, err := f.Hasher().AppendKeys(nil, toks)
+		if err != nil {
+			return nil, err
+		}
+		return httpclient.AppendQueryByHashRequest(nil, &httpclient.QueryByHashRequest{Model: cfg.Model,
+			BlockSize: int64(cfg.BlockSize), BlockHashes: keys, BinaryHashes: cfg.BinaryTokens}), nil
+	}
+	for _, md := range modes {
+		for _, L := range cfg.PromptTokens {
+			for _, sh := range cfg.Shapes {
 				cached := 0
 				switch sh {
 				case ShapeHit:
@@ -208,32 +276,60 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 				case ShapeHalf:
 					cached = L / 2
 				}
-				full := sim.AppendPrompt(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
-				toks = append(toks, full[:cached]...)
-				// Fresh tokens come from another seed: they share nothing with the index.
-				fresh := sim.AppendPrompt(nil, cfg.Seed+1+uint64(k), promptIDs(p), L-cached, 0)
-				toks = append(toks, fresh...)
-				q.TokenIDs = toks
-				body := httpclient.AppendQueryRequest(nil, &q)
-				if cfg.ByHash {
-					if keys, err = f.Hasher().AppendKeys(keys[:0], toks); err != nil {
-						return nil, err
+				mk := func(p int) (prompt, error) {
+					body, err := build(p, L, cached)
+					return prompt{body: body, owner: p % cfg.Instances,
+						expected: int64(cached / cfg.BlockSize * cfg.BlockSize)}, err
+				}
+				for _, conc := range cfg.Concurrency {
+					var prompts []prompt
+					once := md != MemoWarm
+					if once {
+						take := min(perOnce, len(unused))
+						if take == 0 {
+							return res, errors.New("loadgen: no unused indexed prompts left for cold cells (raise --blocks)")
+						}
+						for _, p := range unused[:take] {
+							pr, err := mk(p)
+							if err != nil {
+								return res, err
+							}
+							prompts = append(prompts, pr)
+						}
+						if md == MemoExtend {
+							// The prompt without its last ~9%, asked first and not measured.
+							pre := L * 10 / 11
+							for _, p := range unused[:take] {
+								q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens,
+									TokenIDs: sim.AppendPrompt(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)[:min(pre, cached)]}
+								if sh != ShapeHit {
+									continue // only the indexed part can be memoised by a query
+								}
+								if err := cl.Query(&q, &warmRes); err != nil {
+									return res, fmt.Errorf("extend warm-up: %w", err)
+								}
+							}
+						}
+						unused = unused[take:]
+					} else {
+						for range bodiesPerCell {
+							pr, err := mk(rng.IntN(nPrompts))
+							if err != nil {
+								return res, err
+							}
+							prompts = append(prompts, pr)
+						}
 					}
-					body = httpclient.AppendQueryByHashRequest(nil, &httpclient.QueryByHashRequest{Model: cfg.Model,
-						BlockSize: int64(cfg.BlockSize), BlockHashes: keys, BinaryHashes: cfg.BinaryTokens})
-				}
-				prompts[k] = prompt{body: body, owner: p % cfg.Instances,
-					expected: int64(cached / cfg.BlockSize * cfg.BlockSize)}
-			}
-			for _, conc := range cfg.Concurrency {
-				cell, err := measure(ctx, &cfg, f, prompts, L, sh, conc)
-				if err != nil {
-					return res, err
-				}
-				res.Cells = append(res.Cells, cell)
-				if cfg.Progress != nil {
-					fmt.Fprintf(cfg.Progress, "  %6d tokens %-4s x%d: %7.0f q/s  p50 %7.1fus  p99 %7.1fus\n",
-						L, sh, conc, cell.QPS, cell.Latency.P50US, cell.Latency.P99US)
+					cell, err := measure(ctx, &cfg, f, prompts, L, sh, conc, once)
+					if err != nil {
+						return res, err
+					}
+					cell.Memo = md
+					res.Cells = append(res.Cells, cell)
+					if cfg.Progress != nil {
+						fmt.Fprintf(cfg.Progress, "  %6d tokens %-4s %-6s x%d: %7.0f q/s  p50 %7.1fus  p99 %7.1fus  cpu/q %7.1fus\n",
+							L, sh, md, conc, cell.QPS, cell.Latency.P50US, cell.Latency.P99US, cell.CPUPerQueryUS)
+					}
 				}
 			}
 		}
@@ -248,10 +344,11 @@ func kindOf(h sim.HashSpec) sim.Kind {
 	return sim.KindSGLang
 }
 
-// measure runs one cell: conc clients send the prompts round-robin for cfg.Duration.
+// measure runs one cell: conc clients send the prompts round-robin for cfg.Duration, or,
+// with once, each prompt exactly once (shared out among the clients).
 // Each worker has a Client of its own (so its own connection, as a router process would)
 // and a Session, whose pre-encoded sends keep encoding and pooling out of the latency.
-func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L int, sh Shape, conc int) (Cell, error) {
+func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L int, sh Shape, conc int, once bool) (Cell, error) {
 	cell := Cell{PromptTokens: L, Shape: sh, Concurrency: conc}
 	type worker struct {
 		lat   []time.Duration
@@ -264,6 +361,7 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 		_, cpu0, _ = cfg.Sample()
 	}
 	var wg sync.WaitGroup
+	var nextOnce atomic.Int64
 	start := time.Now()
 	deadline := start.Add(cfg.Duration)
 	for g := range ws {
@@ -286,6 +384,12 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 			var hits []*httpclient.InstanceHit
 			w.lat = make([]time.Duration, 0, 1<<14)
 			for k := g; ; k++ {
+				if once {
+					k = int(nextOnce.Add(1) - 1)
+					if k >= len(prompts) {
+						return
+					}
+				}
 				p := &prompts[k%len(prompts)]
 				t := time.Now()
 				if err := s.QueryEncoded(p.body, &res); err != nil {
@@ -298,7 +402,7 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 				if !answerMatches(hits, p) {
 					w.wrong++
 				}
-				if done.After(deadline) || ctx.Err() != nil {
+				if (!once && done.After(deadline)) || ctx.Err() != nil {
 					return
 				}
 			}
@@ -315,11 +419,11 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 		cell.Wrong += ws[i].wrong
 	}
 	cell.Queries = len(all)
-	cell.QPS = float64(len(all)) / elapsed.Seconds()
-	cell.Latency = report.Summarize(all)
 	for i := range prompts {
 		cell.RequestBytes += float64(len(prompts[i].body)) / float64(len(prompts))
 	}
+	cell.QPS = float64(len(all)) / elapsed.Seconds()
+	cell.Latency = report.Summarize(all)
 	if cfg.Sample != nil {
 		if _, cpu1, err := cfg.Sample(); err == nil && len(all) > 0 {
 			cell.CPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))

@@ -61,6 +61,35 @@ func TestParseShape(t *testing.T) {
 	}
 }
 
+// TestLoadgenMemoModes: cold and extend cells send each of their prompts exactly once,
+// and every answer still matches its shape.
+func TestLoadgenMemoModes(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	res, err := Run(context.Background(), Config{
+		Addr: c.Addr, Instances: 2, IndexedBlocks: 3000, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
+		PromptTokens: []int{512}, Shapes: []Shape{ShapeHit, ShapeMiss}, Concurrency: []int{1, 2},
+		Memo: []Memo{MemoCold, MemoExtend, MemoWarm}, ColdPrompts: 5, Duration: 20 * time.Millisecond, Seed: 7,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cells) != 12 {
+		t.Fatalf("%d cells, want 12", len(res.Cells))
+	}
+	for _, cell := range res.Cells {
+		if cell.Wrong != 0 || (cell.Memo != MemoWarm && cell.Queries != 5) {
+			t.Errorf("cell %+v", cell)
+		}
+	}
+	if _, err := ParseMemo("hot"); err == nil {
+		t.Error("unknown memo mode accepted")
+	}
+}
+
 // TestLoadgenByHash: the /query_by_hash mode gets the same exact answers for every shape,
 // with 8-byte keys per block instead of 4-byte tokens (bin forms).
 func TestLoadgenByHash(t *testing.T) {

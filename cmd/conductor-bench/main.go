@@ -329,6 +329,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dur := fs.Duration("duration", time.Second, "time per cell")
 	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array (block_hashes as a uint64 bin with --by-hash)")
 	byHash := fs.Bool("by-hash", false, "send POST /query_by_hash with the prompts' block keys instead of /query")
+	memo := fs.String("memo", "warm", "query key memo modes: warm (prompts repeat), cold (each prompt once), extend (each prompt once, after its first ~91%)")
+	coldPrompts := fs.Int("cold-prompts", 64, "prompts per cold or extend cell (each asked once; capped by the indexed prompts)")
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
 	if err := fs.Parse(args); err != nil {
@@ -354,12 +356,20 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		S = append(S, sh)
 	}
+	var M []loadgen.Memo
+	for _, s := range splitList(*memo) {
+		m, err := loadgen.ParseMemo(s)
+		if err != nil {
+			return err
+		}
+		M = append(M, m)
+	}
 	cond, err := cf.start(stderr)
 	if err != nil {
 		return err
 	}
 	defer cond.Stop()
-	cfg := loadgen.Config{
+	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts,
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
 		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, Seed: *tokenSeed,
 		Progress: stderr,
@@ -379,14 +389,14 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s %s",
 			map[bool]string{true: "/query_by_hash", false: "/query"}[res.ByHash], cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize,
 			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens], map[bool]string{true: "block keys", false: "tokens"}[res.ByHash]),
-		Header: []string{"tokens", "shape", "clients", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
+		Header: []string{"tokens", "shape", "memo", "clients", "queries", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
 	}
 	for _, c := range res.Cells {
 		cpu := "-"
 		if c.CPUPerQueryUS > 0 {
 			cpu = fmt.Sprintf("%.1f", c.CPUPerQueryUS)
 		}
-		t.Add(c.PromptTokens, c.Shape, c.Concurrency, fmt.Sprintf("%.0f", c.QPS), fmt.Sprintf("%.1f", c.Latency.P50US),
+		t.Add(c.PromptTokens, c.Shape, c.Memo, c.Concurrency, c.Queries, fmt.Sprintf("%.0f", c.QPS), fmt.Sprintf("%.1f", c.Latency.P50US),
 			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, fmt.Sprintf("%.0f", c.RequestBytes), c.Wrong)
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("index built in %.1fs (%.0f blocks/s applied)", res.PopulateSeconds, res.PopulateBlocksSec))

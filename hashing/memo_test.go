@@ -1,0 +1,406 @@
+package hashing
+
+import (
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+)
+
+// chainRun is what a chain produced for one prompt: every key, then the terminating error.
+type chainRun struct {
+	keys    []uint64
+	digests [][32]byte
+	err     error
+}
+
+// runChain consumes up to limit blocks (all when limit < 0) of one prompt.
+func runChain(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []int32, limit int) chainRun {
+	ch.ResetMemo(m, p, bs, lora, salt, toks)
+	var r chainRun
+	for limit < 0 || len(r.keys) < limit {
+		k, err := ch.Next()
+		if err != nil {
+			r.err = err
+			break
+		}
+		r.keys = append(r.keys, k)
+		r.digests = append(r.digests, ch.Digest())
+	}
+	ch.Done()
+	return r
+}
+
+func sameRun(a, b chainRun) bool {
+	if len(a.keys) != len(b.keys) {
+		return false
+	}
+	for i := range a.keys {
+		if a.keys[i] != b.keys[i] || a.digests[i] != b.digests[i] {
+			return false
+		}
+	}
+	var ta, tb *TokenError
+	if errors.As(a.err, &ta) != errors.As(b.err, &tb) {
+		return false
+	}
+	if ta != nil {
+		return *ta == *tb
+	}
+	return a.err == b.err
+}
+
+// memoWorkload builds prompts that share prefixes the way router traffic does: repeats,
+// extensions, truncations, edits in the middle, and fresh prompts.
+func memoWorkload(r *rand.Rand, n int, negatives bool) [][]int32 {
+	var out [][]int32
+	for range n {
+		var toks []int32
+		if len(out) > 0 && r.IntN(4) != 0 {
+			base := out[r.IntN(len(out))]
+			switch r.IntN(4) {
+			case 0: // same prompt again
+				toks = append(toks, base...)
+			case 1: // extension
+				toks = append(toks, base...)
+				for range r.IntN(80) {
+					toks = append(toks, int32(r.IntN(300000)))
+				}
+			case 2: // truncation
+				toks = append(toks, base[:r.IntN(len(base)+1)]...)
+			case 3: // one token changed
+				toks = append(toks, base...)
+				if len(toks) > 0 {
+					toks[r.IntN(len(toks))] ^= 1
+				}
+			}
+		} else {
+			toks = make([]int32, r.IntN(200))
+			for i := range toks {
+				toks[i] = int32(r.IntN(300000))
+			}
+		}
+		if negatives && len(toks) > 0 && r.IntN(10) == 0 {
+			toks[r.IntN(len(toks))] = -1 - int32(r.IntN(5))
+		}
+		out = append(out, toks)
+	}
+	return out
+}
+
+// TestMemoChainDifferential: with a memo (large, and tiny so that it evicts constantly)
+// every key, digest and error equals the plain chain's, over prompts sharing prefixes in
+// every profile, with LoRAs, salts and block sizes drawn at random; consuming only part of
+// a prompt (a walk that stops early) changes nothing either. The memo must also serve hits.
+func TestMemoChainDifferential(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	strs := []string{"", "", "lora-a", "s1", "é", randString(r, 20)}
+	for name, p := range allProfiles(t) {
+		for _, entries := range []int{1 << 12, 4} {
+			m := NewMemo(entries)
+			var plain, memo Chain
+			prompts := memoWorkload(r, 400, true)
+			for i, toks := range prompts {
+				bs := []int{1, 3, 16}[i%3]
+				// LoRA and salt repeat per prompt family so that prefixes can hit.
+				lora, salt := strs[len(toks)%len(strs)], strs[(len(toks)/7)%len(strs)]
+				if i%50 == 0 {
+					bs = 14000 // vLLM pickle beyond one frame
+					toks = append(toks[:0:0], make([]int32, 30000)...)
+				}
+				limit := -1
+				if r.IntN(3) == 0 {
+					limit = r.IntN(20)
+				}
+				want := runChain(&plain, nil, &p, bs, lora, salt, toks, limit)
+				got := runChain(&memo, m, &p, bs, lora, salt, toks, limit)
+				if !sameRun(want, got) {
+					t.Fatalf("%s memo %d prompt %d (bs %d, %d tokens, lora %q salt %q): memo run differs: %d keys %v vs %d keys %v",
+						name, entries, i, bs, len(toks), lora, salt, len(got.keys), got.err, len(want.keys), want.err)
+				}
+				if memo.Hashed() != len(want.keys) || memo.MemoHits() > memo.Hashed() {
+					t.Fatalf("%s: Hashed %d MemoHits %d for %d keys", name, memo.Hashed(), memo.MemoHits(), len(want.keys))
+				}
+			}
+			st := m.Stats()
+			if entries > 4 && (st.Hits == 0 || st.Misses == 0 || st.Inserts == 0) {
+				t.Errorf("%s memo %d: stats %+v: want hits, misses and inserts", name, entries, st)
+			}
+			if entries == 4 && st.Evictions == 0 {
+				t.Errorf("%s: a 4-entry memo never evicted: %+v", name, st)
+			}
+		}
+	}
+}
+
+// TestMemoChainServesPrefix: a repeated prompt is served wholly from the memo, an
+// extension hashes only its new blocks, and a different salt, LoRA, block size or
+// profile shares nothing.
+func TestMemoChainServesPrefix(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	toks := make([]int32, 16*40)
+	for i := range toks {
+		toks[i] = int32(r.IntN(150000))
+	}
+	ps := allProfiles(t)
+	for name, p := range ps {
+		m := NewMemo(1 << 12)
+		var ch Chain
+		first := runChain(&ch, m, &p, 16, "l", "s", toks[:16*30], -1)
+		if ch.MemoHits() != 0 {
+			t.Fatalf("%s: cold prompt had %d memo hits", name, ch.MemoHits())
+		}
+		again := runChain(&ch, m, &p, 16, "l", "s", toks[:16*30], -1)
+		if !sameRun(first, again) || ch.MemoHits() != ch.Hashed() {
+			t.Fatalf("%s: repeat: %d of %d blocks from the memo", name, ch.MemoHits(), ch.Hashed())
+		}
+		ext := runChain(&ch, m, &p, 16, "l", "s", toks, -1)
+		wantHits := 30
+		if p.Strategy == StrategySGLangBigram {
+			wantHits = 29 // the 30th block was partial (15 bigrams)
+		}
+		if ch.MemoHits() != wantHits || len(ext.keys) != ch.NumBlocks() {
+			t.Fatalf("%s: extension: %d memo hits, want %d", name, ch.MemoHits(), wantHits)
+		}
+		for _, v := range []struct {
+			what       string
+			p          Profile
+			bs         int
+			lora, salt string
+		}{{"salt", p, 16, "l", "t"}, {"lora", p, 16, "m", "s"}, {"block size", p, 8, "l", "s"},
+			{"profile", ps[map[string]string{"pickle": "cbor", "cbor": "pickle", "sglang": "sglang_bigram", "sglang_bigram": "sglang"}[name]], 16, "l", "s"}} {
+			plain := runChain(&Chain{}, nil, &v.p, v.bs, v.lora, v.salt, toks, -1)
+			got := runChain(&ch, m, &v.p, v.bs, v.lora, v.salt, toks, -1)
+			if !sameRun(plain, got) || ch.MemoHits() != 0 {
+				t.Fatalf("%s: other %s: %d memo hits (want 0), same keys %v", name, v.what, ch.MemoHits(), sameRun(plain, got))
+			}
+		}
+	}
+}
+
+// TestMemoKeysAhead: keys known ahead are exactly the keys Next returns next, and a
+// prompt without memo hits has none.
+func TestMemoKeysAhead(t *testing.T) {
+	p := allProfiles(t)["cbor"]
+	toks := make([]int32, 16*200)
+	for i := range toks {
+		toks[i] = int32(i * 7)
+	}
+	m := NewMemo(1 << 12)
+	var ch Chain
+	want := runChain(&ch, m, &p, 16, "", "", toks[:16*150], -1)
+	ch.ResetMemo(m, &p, 16, "", "", toks)
+	i := 0
+	for {
+		ahead := append([]uint64(nil), ch.KeysAhead()...)
+		if len(ahead) == 0 {
+			break
+		}
+		for _, k := range ahead {
+			got, err := ch.Next()
+			if err != nil || got != k || k != want.keys[i] {
+				t.Fatalf("block %d: ahead %d, Next %d (%v), want %d", i, k, got, err, want.keys[i])
+			}
+			i++
+		}
+	}
+	if i != 150 {
+		t.Fatalf("%d keys known ahead, want the 150 memoised blocks", i)
+	}
+	if _, err := ch.Next(); err != nil || ch.MemoHits() != 150 {
+		t.Fatalf("block 150: %v, memo hits %d", err, ch.MemoHits())
+	}
+	ch.Done()
+	var plain Chain
+	plain.Reset(&p, 16, "", "", toks)
+	if plain.KeysAhead() != nil {
+		t.Fatal("keys ahead without a memo")
+	}
+}
+
+// TestMemoWriteInterleavings steps two writers through every interleaving of their word
+// stores on one entry (the entry first holds key A; writer 1 stores B, writer 2 stores C)
+// and checks after every step that a lookup of A, B or C either misses or returns that
+// key's own digest: a reader never gets another key's digest, whatever it races with.
+func TestMemoWriteInterleavings(t *testing.T) {
+	m := NewMemo(1) // one set
+	type kv struct {
+		a, b uint64
+		d    [32]byte
+	}
+	mk := func(seed byte) kv {
+		var v kv
+		v.a, v.b = uint64(seed)<<1, uint64(seed)*0x1234567
+		for i := range v.d {
+			v.d[i] = seed + byte(i)
+		}
+		return v
+	}
+	keys := []kv{mk(1), mk(2), mk(3)}
+	const steps = 9
+	check := func(where string) {
+		for _, k := range keys {
+			var d [32]byte
+			if m.lookup(k.a, k.b, &d) && d != k.d {
+				t.Fatalf("%s: lookup of key %d returned another digest", where, k.a)
+			}
+		}
+	}
+	var walk func(i, j int, order []int)
+	count := 0
+	walk = func(i, j int, order []int) {
+		if i == steps && j == steps {
+			count++
+			for w := range m.ents {
+				m.ents[w] = memoEntry{}
+			}
+			if wrote, _ := m.insert(keys[0].a, keys[0].b, &keys[0].d); !wrote {
+				t.Fatal("insert into an empty set did not write")
+			}
+			w := [2]memoWriter{m.newWriter(&m.ents[0], keys[1].a, keys[1].b, &keys[1].d),
+				m.newWriter(&m.ents[0], keys[2].a, keys[2].b, &keys[2].d)}
+			var n [2]int
+			for _, who := range order {
+				w[who].step(n[who])
+				n[who]++
+				check("interleaving")
+			}
+			return
+		}
+		if i < steps {
+			walk(i+1, j, append(order, 0))
+		}
+		if j < steps {
+			walk(i, j+1, append(order, 1))
+		}
+	}
+	walk(0, 0, nil)
+	if count != 48620 {
+		t.Fatalf("%d interleavings, want C(18,9)", count)
+	}
+	// A complete write by one writer is found.
+	m.ents[0] = memoEntry{}
+	m.insert(keys[1].a, keys[1].b, &keys[1].d)
+	var d [32]byte
+	if !m.lookup(keys[1].a, keys[1].b, &d) || d != keys[1].d {
+		t.Fatal("complete write not found")
+	}
+}
+
+// TestMemoConcurrentChains: goroutines sharing one small memo (constant evictions and
+// replacements of the same entries) each get exactly the plain chain's keys. Under -race
+// this also checks that every shared word is accessed atomically.
+func TestMemoConcurrentChains(t *testing.T) {
+	ps := allProfiles(t)
+	p := ps["sglang"]
+	r := rand.New(rand.NewPCG(8, 9))
+	prompts := memoWorkload(r, 40, false)
+	want := make([]chainRun, len(prompts))
+	for i, toks := range prompts {
+		want[i] = runChain(&Chain{}, nil, &p, 4, "", "s", toks, -1)
+	}
+	m := NewMemo(16)
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var ch Chain
+			for k := range 3 * len(prompts) {
+				i := (k*7 + g*13) % len(prompts)
+				if got := runChain(&ch, m, &p, 4, "", "s", prompts[i], -1); !sameRun(want[i], got) {
+					errs <- "prompt differs under concurrency"
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatal(e)
+	}
+}
+
+// TestMemoChainZeroAllocs: after warm-up a memo chain allocates nothing per prompt,
+// cold (inserting) or warm (served).
+func TestMemoChainZeroAllocs(t *testing.T) {
+	toks := make([]int32, 8192)
+	for i := range toks {
+		toks[i] = int32(i*31) % 150000
+	}
+	for name, p := range allProfiles(t) {
+		m := NewMemo(1 << 14)
+		var ch Chain
+		salts := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+		salt := 0
+		cold := func() {
+			salt++
+			ch.ResetMemo(m, &p, 16, "", salts[salt%len(salts)], toks)
+			for {
+				if _, err := ch.Next(); err != nil {
+					break
+				}
+			}
+			ch.Done()
+		}
+		warm := func() {
+			ch.ResetMemo(m, &p, 16, "", "w", toks)
+			for {
+				if _, err := ch.Next(); err != nil {
+					break
+				}
+			}
+			ch.Done()
+		}
+		cold()
+		warm()
+		if a := testing.AllocsPerRun(5, cold); a != 0 {
+			t.Errorf("%s cold: %v allocs", name, a)
+		}
+		if a := testing.AllocsPerRun(5, warm); a != 0 || ch.MemoHits() != ch.NumBlocks() {
+			t.Errorf("%s warm: %v allocs, %d of %d blocks from the memo", name, a, ch.MemoHits(), ch.NumBlocks())
+		}
+	}
+}
+
+func TestNewMemoSizes(t *testing.T) {
+	if NewMemo(0) != nil || NewMemo(-1) != nil {
+		t.Fatal("a non-positive size must disable the memo")
+	}
+	for _, c := range []struct{ in, want int }{{1, 4}, {4, 4}, {5, 8}, {1000, 1024}} {
+		if got := NewMemo(c.in).Stats().Capacity; got != c.want {
+			t.Errorf("NewMemo(%d) capacity %d, want %d", c.in, got, c.want)
+		}
+	}
+	var nilMemo *Memo
+	if nilMemo.Stats() != (MemoStats{}) {
+		t.Error("nil memo has stats")
+	}
+}
+
+// FuzzMemoChain: for any tokens, block size, LoRA and salt, a chain with a tiny memo,
+// asked for the prompt, a prefix of it and the prompt again, returns the plain chain's keys.
+func FuzzMemoChain(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, uint8(2), uint8(0), "l", "s", uint8(3))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1}, uint8(1), uint8(2), "", "", uint8(1))
+	ps := allProfiles(f)
+	names := []string{"pickle", "cbor", "sglang", "sglang_bigram"}
+	f.Fuzz(func(t *testing.T, raw []byte, bs, prof uint8, lora, salt string, cut uint8) {
+		toks := make([]int32, len(raw)/2)
+		for i := range toks {
+			toks[i] = int32(int16(uint16(raw[2*i]) | uint16(raw[2*i+1])<<8))
+		}
+		p := ps[names[int(prof)%len(names)]]
+		b := 1 + int(bs%8)
+		m := NewMemo(8)
+		var ch Chain
+		for _, n := range []int{len(toks), min(int(cut), len(toks)), len(toks)} {
+			want := runChain(&Chain{}, nil, &p, b, lora, salt, toks[:n], -1)
+			if got := runChain(&ch, m, &p, b, lora, salt, toks[:n], -1); !sameRun(want, got) {
+				t.Fatalf("memo chain differs on %d tokens", n)
+			}
+		}
+	})
+}
