@@ -161,7 +161,7 @@ func TestRegisterErrors(t *testing.T) {
 		{name: "unknown field", body: with("bogus", 1), reason: "unknown_field", field: "bogus", index: -1},
 		{name: "model instead of modelname", body: with("model", "m"), reason: "unknown_field", field: "model", index: -1},
 		{name: "root_digest", body: with("hash_profile", profile("root_digest", strings.Repeat("0", 64))),
-			reason: "unknown_field", field: "hash_profile.root_digest", index: -1},
+			reason: "unknown_field", field: "root_digest", index: -1},
 		{name: "hash_profile non-string key", body: func() []byte {
 			b := msgp.AppendMapHeader(nil, 7)
 			for i, kv := 0, regFields(ep); i < len(kv)-2; i += 2 {
@@ -179,9 +179,9 @@ func TestRegisterErrors(t *testing.T) {
 		{name: "missing block_size", body: missing("block_size"), reason: "missing", field: "block_size", index: -1},
 		{name: "missing dp_rank", body: missing("dp_rank"), reason: "missing", field: "dp_rank", index: -1},
 		{name: "missing hash_profile", body: missing("hash_profile"), reason: "missing", field: "hash_profile", index: -1},
-		{name: "missing strategy", body: with("hash_profile", profile("strategy", nil)), reason: "missing", field: "hash_profile.strategy", index: -1},
-		{name: "missing seed for vllm", body: with("hash_profile", profile("python_hash_seed", nil)), reason: "missing", field: "hash_profile.python_hash_seed", index: -1},
-		{name: "missing projection", body: with("hash_profile", profile("index_projection", nil)), reason: "missing", field: "hash_profile.index_projection", index: -1},
+		{name: "missing strategy", body: with("hash_profile", profile("strategy", nil)), reason: "missing", field: "strategy", index: -1},
+		{name: "missing seed for vllm", body: with("hash_profile", profile("python_hash_seed", nil)), reason: "missing", field: "python_hash_seed", index: -1},
+		{name: "missing projection", body: with("hash_profile", profile("index_projection", nil)), reason: "missing", field: "index_projection", index: -1},
 
 		{name: "endpoint int", body: with("endpoint", 5), reason: "invalid_type", field: "endpoint", index: -1},
 		{name: "type nil", body: with("type", nil), reason: "invalid_type", field: "type", index: -1},
@@ -193,17 +193,17 @@ func TestRegisterErrors(t *testing.T) {
 		{name: "replay_endpoint int", body: with("replay_endpoint", 1), reason: "invalid_type", field: "replay_endpoint", index: -1},
 		{name: "cache_group string", body: with("cache_group", "0"), reason: "invalid_type", field: "cache_group", index: -1},
 		{name: "hash_profile string", body: with("hash_profile", "vllm_v1"), reason: "invalid_type", field: "hash_profile", index: -1},
-		{name: "seed int", body: with("hash_profile", profile("python_hash_seed", 0)), reason: "invalid_type", field: "hash_profile.python_hash_seed", index: -1},
+		{name: "seed int", body: with("hash_profile", profile("python_hash_seed", 0)), reason: "invalid_type", field: "python_hash_seed", index: -1},
 
 		{name: "empty endpoint", body: with("endpoint", ""), reason: "invalid_value", field: "endpoint", index: -1},
 		{name: "empty modelname", body: with("modelname", ""), reason: "invalid_value", field: "modelname", index: -1},
 		{name: "empty instance_id", body: with("instance_id", ""), reason: "invalid_value", field: "instance_id", index: -1},
 		{name: "lowercase type", body: with("type", "vllm"), reason: "invalid_value", field: "type", index: -1},
-		{name: "unknown strategy", body: with("hash_profile", profile("strategy", "vllm_v2")), reason: "invalid_value", field: "hash_profile.strategy", index: -1},
-		{name: "unknown algorithm", body: with("hash_profile", profile("algorithm", "md5")), reason: "invalid_value", field: "hash_profile.algorithm", index: -1},
-		{name: "unknown projection", body: with("hash_profile", profile("index_projection", "high64_be")), reason: "invalid_value", field: "hash_profile.index_projection", index: -1},
-		{name: "signed seed", body: with("hash_profile", profile("python_hash_seed", "+1")), reason: "invalid_value", field: "hash_profile.python_hash_seed", index: -1},
-		{name: "seed too big", body: with("hash_profile", profile("python_hash_seed", "4294967296")), reason: "invalid_value", field: "hash_profile.python_hash_seed", index: -1},
+		{name: "unknown strategy", body: with("hash_profile", profile("strategy", "vllm_v2")), reason: "invalid_value", field: "strategy", index: -1},
+		{name: "unknown algorithm", body: with("hash_profile", profile("algorithm", "md5")), reason: "invalid_value", field: "algorithm", index: -1},
+		{name: "unknown projection", body: with("hash_profile", profile("index_projection", "high64_be")), reason: "invalid_value", field: "index_projection", index: -1},
+		{name: "signed seed", body: with("hash_profile", profile("python_hash_seed", "+1")), reason: "invalid_value", field: "python_hash_seed", index: -1},
+		{name: "seed too big", body: with("hash_profile", profile("python_hash_seed", "4294967296")), reason: "invalid_value", field: "python_hash_seed", index: -1},
 
 		{name: "block_size zero", body: with("block_size", 0), reason: "out_of_range", field: "block_size", index: -1},
 		{name: "block_size negative", body: with("block_size", -16), reason: "out_of_range", field: "block_size", index: -1},

@@ -125,7 +125,7 @@ type Registration struct {
 const maxDPRank = 1<<31 - 1
 
 // Resolve validates the registration and resolves its hash profile. Field names in errors
-// are the HTTP names (modelname, type, hash_profile.<key>).
+// are the HTTP names (modelname, type, and the bare hash-profile key such as strategy).
 func (r *Registration) Resolve() (ServiceConfig, *Error) {
 	var cfg ServiceConfig
 	for _, f := range [...]struct{ name, v string }{
@@ -150,14 +150,16 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 	}
 	profile, err := hashing.Resolve(r.Strategy, r.Algorithm, r.PythonHashSeed, r.IndexProjection)
 	if err != nil {
+		// Upstream's field is the bare key (strategy, algorithm, index_projection,
+		// python_hash_seed): clients switch on it.
 		field := "hash_profile"
 		if fe, ok := err.(*hashing.FieldError); ok {
-			field = "hash_profile." + fe.Field
+			field = fe.Field
 		}
 		return cfg, invalidField("invalid_value", field, "hash_profile: "+err.Error())
 	}
 	if r.RootDigest != "" && r.RootDigest != profile.RootHex() {
-		return cfg, invalidField("invalid_value", "hash_profile.root_digest",
+		return cfg, invalidField("invalid_value", "root_digest",
 			"root_digest does not match python_hash_seed and hash selectors")
 	}
 	tenant := r.TenantID
