@@ -196,6 +196,16 @@ func TestRegisterErrors(t *testing.T) {
 		{name: "seed int", body: with("hash_profile", profile("python_hash_seed", 0)), reason: "invalid_type", field: "python_hash_seed", index: -1},
 
 		{name: "empty endpoint", body: with("endpoint", ""), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "NUL in endpoint", body: with("endpoint", "tcp://127.0.0.1:1\x00A"), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "newline in endpoint", body: with("endpoint", "tcp://127.0.0.1:1\n"), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "DEL in endpoint", body: with("endpoint", "ipc:///tmp/x\x7f"), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "inproc endpoint", body: with("endpoint", "inproc://x"), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "udp endpoint", body: with("endpoint", "udp://127.0.0.1:5"), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "scheme only", body: with("endpoint", "tcp://"), reason: "invalid_value", field: "endpoint", index: -1},
+		{name: "NUL in replay_endpoint", body: with("replay_endpoint", "tcp://127.0.0.1:2\x00"), reason: "invalid_value", field: "replay_endpoint", index: -1},
+		{name: "inproc replay_endpoint", body: with("replay_endpoint", "inproc://r"), reason: "invalid_value", field: "replay_endpoint", index: -1},
+		{name: "invalid UTF-8 modelname", body: with("modelname", "m\xff"), reason: "invalid_value", field: "modelname", index: -1},
+		{name: "invalid UTF-8 instance_id", body: with("instance_id", "\xc3("), reason: "invalid_value", field: "instance_id", index: -1},
 		{name: "empty modelname", body: with("modelname", ""), reason: "invalid_value", field: "modelname", index: -1},
 		{name: "empty instance_id", body: with("instance_id", ""), reason: "invalid_value", field: "instance_id", index: -1},
 		{name: "lowercase type", body: with("type", "vllm"), reason: "invalid_value", field: "type", index: -1},
@@ -538,7 +548,7 @@ func TestSubscribeFailureRollsBack(t *testing.T) {
 		if typ == "SGLang" {
 			prof = profileMap("sglang", "sha256_raw", "", "first64_be")
 		}
-		code, resp := msgpackPost(t, app, "/register", registerBody("not-a-valid-endpoint", "bad", 0, "type", typ, "hash_profile", prof))
+		code, resp := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:notaport", "bad", 0, "type", typ, "hash_profile", prof))
 		wantPlainError(t, typ, code, resp, http.StatusInternalServerError, "Failed to subscribe")
 		if _, svcs := doHTTP(t, app, http.MethodGet, "/services", "", nil); asInt(t, svcs["count"]) != 0 {
 			t.Errorf("%s: services after failed subscribe = %v", typ, svcs)
@@ -559,7 +569,7 @@ func TestSubscribeFailureRollsBack(t *testing.T) {
 	}
 
 	// A failure in a context that already exists keeps that context and its other slots.
-	code, resp = msgpackPost(t, app, "/register", registerBody("not-a-valid-endpoint", "bad2", 0,
+	code, resp = msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:notaport", "bad2", 0,
 		"hash_profile", profileMap("vllm_v1", "sha256", "0", "low64_be")))
 	wantPlainError(t, "existing context", code, resp, http.StatusInternalServerError, "Failed to subscribe")
 	_, view := doHTTP(t, app, http.MethodGet, "/global_view", "", nil)

@@ -3,6 +3,8 @@ package server
 import (
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
@@ -135,6 +137,22 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 			return cfg, invalidField("invalid_value", f.name, f.name+" must not be empty")
 		}
 	}
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"replay_endpoint", r.ReplayEndpoint}, {"modelname", r.ModelName},
+		{"instance_id", r.InstanceID}, {"lora_name", r.LoraName}, {"tenant_id", r.TenantID},
+	} {
+		if !utf8.ValidString(f.v) {
+			return cfg, invalidField("invalid_value", f.name, f.name+" must be valid UTF-8")
+		}
+	}
+	if err := checkEndpoint(r.Endpoint); err != "" {
+		return cfg, invalidField("invalid_value", "endpoint", "endpoint "+err)
+	}
+	if r.ReplayEndpoint != "" {
+		if err := checkEndpoint(r.ReplayEndpoint); err != "" {
+			return cfg, invalidField("invalid_value", "replay_endpoint", "replay_endpoint "+err)
+		}
+	}
 	kind, ok := ParsePublisherKind(r.Type)
 	if !ok {
 		return cfg, invalidField("invalid_value", "type", "type must be vLLM, SGLang or Mooncake")
@@ -183,6 +201,28 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 		cfg.CacheGroup = &g
 	}
 	return cfg, nil
+}
+
+// checkEndpoint returns why a ZMQ endpoint cannot be subscribed to ("" when it can).
+// Only tcp:// and ipc:// reach a publisher in another process (inproc:// never does, and
+// the multicast transports are not what engines bind). Control bytes are refused: libzmq
+// stops at a NUL, so "tcp://h:1\x00A" would connect to tcp://h:1 while escaping the
+// endpoint-in-use check, which compares the whole string.
+func checkEndpoint(ep string) string {
+	for i := 0; i < len(ep); i++ {
+		if c := ep[i]; c < 0x20 || c == 0x7f {
+			return fmt.Sprintf("must not contain control bytes (0x%02x at byte %d)", c, i)
+		}
+	}
+	for _, scheme := range [...]string{"tcp://", "ipc://"} {
+		if strings.HasPrefix(ep, scheme) {
+			if len(ep) == len(scheme) {
+				return "has no address after " + scheme
+			}
+			return ""
+		}
+	}
+	return "must start with tcp:// or ipc://"
 }
 
 // Code classifies a service-level failure; each protocol maps it to its own status.
