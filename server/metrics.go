@@ -161,7 +161,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	for _, s := range c.svc.Stats() {
-		k, t := s.Key, s.Config.Kind.String()
+		k, t := s.Label, s.Config.Kind.String()
 		st := &s.Stats
 		cnt := func(d *prometheus.Desc, v uint64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{k, t}, extra...)...)

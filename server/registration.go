@@ -67,9 +67,48 @@ type ServiceConfig struct {
 	Profile    hashing.Profile
 }
 
-// Key is the service key `instance_id|tenant_id|dp_rank`.
+// Key is the service key `instance_id|tenant_id|dp_rank`, as upstream prints it (in
+// logs, `removed_key` and error texts). It is ambiguous when an id contains `|`; the
+// service layer identifies services by ID, never by this text.
 func (c *ServiceConfig) Key() string {
 	return ServiceKey(c.InstanceID, c.TenantID, c.DPRank)
+}
+
+// ServiceID identifies a registration: the structured form of the service key, so that
+// instance "a|b" in tenant "c" and instance "a" in tenant "b|c" stay two services.
+type ServiceID struct {
+	InstanceID string
+	TenantID   string
+	DPRank     int
+}
+
+// ID is the registration's structured identity.
+func (c *ServiceConfig) ID() ServiceID {
+	return ServiceID{InstanceID: c.InstanceID, TenantID: c.TenantID, DPRank: c.DPRank}
+}
+
+// String is the upstream text form `instance_id|tenant_id|dp_rank`.
+func (id ServiceID) String() string { return ServiceKey(id.InstanceID, id.TenantID, id.DPRank) }
+
+// Label is the service's metrics label: the text key, except that `\` and `|` inside
+// the ids are escaped with a backslash, so two services never share a label set.
+func (id ServiceID) Label() string {
+	if !strings.ContainsAny(id.InstanceID, "|\\") && !strings.ContainsAny(id.TenantID, "|\\") {
+		return id.String()
+	}
+	esc := strings.NewReplacer("\\", "\\\\", "|", "\\|")
+	return esc.Replace(id.InstanceID) + "|" + esc.Replace(id.TenantID) + "|" + strconv.Itoa(id.DPRank)
+}
+
+// Less orders IDs field by field (instance, tenant, rank): a total order, unlike the text.
+func (id ServiceID) Less(o ServiceID) bool {
+	if id.InstanceID != o.InstanceID {
+		return id.InstanceID < o.InstanceID
+	}
+	if id.TenantID != o.TenantID {
+		return id.TenantID < o.TenantID
+	}
+	return id.DPRank < o.DPRank
 }
 
 // ServiceKey builds the service key `instance_id|tenant_id|dp_rank`.

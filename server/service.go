@@ -50,8 +50,8 @@ type Service struct {
 	persist   func([]ServiceConfig) error
 
 	mu        sync.Mutex
-	services  map[string]*registration // by service key
-	endpoints map[string]string        // endpoint -> service key
+	services  map[ServiceID]*registration // by structured service key
+	endpoints map[string]ServiceID        // endpoint -> owner
 	stopping  atomic.Bool
 	stopOnce  sync.Once
 }
@@ -63,8 +63,8 @@ func NewService(opts ServiceOptions) *Service {
 		log:       opts.Logger,
 		subscribe: opts.Subscribe,
 		persist:   opts.Persist,
-		services:  make(map[string]*registration),
-		endpoints: make(map[string]string),
+		services:  make(map[ServiceID]*registration),
+		endpoints: make(map[string]ServiceID),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -114,19 +114,20 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 		return false, errStopping
 	}
 	key := cfg.Key()
+	id := cfg.ID()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping.Load() {
 		return false, errStopping
 	}
-	if cur, ok := s.services[key]; ok {
+	if cur, ok := s.services[id]; ok {
 		if cur.cfg.Equal(cfg) {
 			return false, nil
 		}
 		return false, invalidRegistration("conflicting registration for service key %s", key)
 	}
 	if other, ok := s.endpoints[cfg.Endpoint]; ok {
-		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other)
+		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other.String())
 	}
 	ctx := cfg.Context()
 	if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
@@ -156,8 +157,8 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
 		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
 	}
-	s.services[key] = &registration{cfg: *cfg, sub: sub, static: static}
-	s.endpoints[cfg.Endpoint] = key
+	s.services[id] = &registration{cfg: *cfg, sub: sub, static: static}
+	s.endpoints[cfg.Endpoint] = id
 	s.log.Info("service registered", "service", key, "type", cfg.Kind.String(), "endpoint", cfg.Endpoint,
 		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", cfg.LoraName,
 		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName())
@@ -195,16 +196,17 @@ func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *
 	if s.stopping.Load() {
 		return "", errStopping
 	}
-	key := ServiceKey(instanceID, tenantID, dpRank)
+	id := ServiceID{InstanceID: instanceID, TenantID: tenantID, DPRank: dpRank}
+	key := id.String()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	reg, ok := s.services[key]
+	reg, ok := s.services[id]
 	if !ok {
 		return "", &Error{Code: CodeNotFound, Msg: "service not found: " + key}
 	}
 	reg.sub.Stop()
 	s.retract(&reg.cfg)
-	delete(s.services, key)
+	delete(s.services, id)
 	delete(s.endpoints, reg.cfg.Endpoint)
 	s.log.Info("service unregistered", "service", key, "endpoint", reg.cfg.Endpoint)
 	if !reg.static {
@@ -225,7 +227,7 @@ func (s *Service) persistLocked() {
 			dyn = append(dyn, r.cfg)
 		}
 	}
-	sort.Slice(dyn, func(i, j int) bool { return dyn[i].Key() < dyn[j].Key() })
+	sort.Slice(dyn, func(i, j int) bool { return lessConfig(&dyn[i], &dyn[j]) })
 	if err := s.persist(dyn); err != nil {
 		s.log.Error("could not persist registrations; they will not survive a restart", "err", err)
 	}
@@ -268,13 +270,15 @@ func (s *Service) Services() []ServiceConfig {
 		out = append(out, r.cfg)
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i], &out[j]) })
 	return out
 }
 
 // ServiceStats is one service's key, configuration and subscriber counters.
 type ServiceStats struct {
-	Key    string
+	Key string
+	// Label is the unambiguous metrics label (ServiceID.Label).
+	Label  string
 	Config ServiceConfig
 	Stats  ingest.SubscriberStats
 	// Handler holds the event handler's counters when HasHandler (ZMQ subscriptions).
@@ -289,15 +293,15 @@ type handlerStatser interface{ HandlerStats() ingest.HandlerStats }
 func (s *Service) Stats() []ServiceStats {
 	s.mu.Lock()
 	out := make([]ServiceStats, 0, len(s.services))
-	for k, r := range s.services {
-		st := ServiceStats{Key: k, Config: r.cfg, Stats: r.sub.Stats()}
+	for _, r := range s.services {
+		st := ServiceStats{Key: r.cfg.Key(), Label: r.cfg.ID().Label(), Config: r.cfg, Stats: r.sub.Stats()}
 		if hs, ok := r.sub.(handlerStatser); ok {
 			st.Handler, st.HasHandler = hs.HandlerStats(), true
 		}
 		out = append(out, st)
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i].Config, &out[j].Config) })
 	return out
 }
 
@@ -328,6 +332,16 @@ func (s *Service) Stop() {
 		}
 		s.log.Info("service layer stopped", "services", len(s.services))
 	})
+}
+
+// lessConfig orders services by their text key, as upstream lists them, then by the
+// structured ID where two texts coincide.
+func lessConfig(a, b *ServiceConfig) bool {
+	ka, kb := a.Key(), b.Key()
+	if ka != kb {
+		return ka < kb
+	}
+	return a.ID().Less(b.ID())
 }
 
 // queryError maps an engine query failure to a service error.
