@@ -31,8 +31,17 @@ type AppConfig struct {
 	// from at start ("" disables).
 	StateFile string
 	Logger    *slog.Logger
-	// BindAddress is the interface to listen on ("" = all interfaces, as upstream).
-	BindAddress string
+	// BindAddress is the interface both listeners bind ("" = all interfaces, as
+	// upstream); HTTPBindAddress and RPCBindAddress, when set, override it per listener.
+	BindAddress     string
+	HTTPBindAddress string
+	RPCBindAddress  string
+	// Limits bound bodies, connections, timeouts, services (zero fields: defaults).
+	Limits Limits
+	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the HTTP
+	// routes that change state. (The RPC wire carries no token: bind RPC to a trusted
+	// interface or disable it.)
+	AdminToken string
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
 	// Extra HTTP routes, served beside /metrics, /healthz and /readyz.
@@ -50,11 +59,14 @@ type App struct {
 	RPC     *RPCServer
 	// Metrics is nil when disabled.
 	Metrics *Metrics
+	// Counters count what the limits turned away (exported by /metrics).
+	Counters *Counters
 	// HTTPAddr and RPCAddr are the bound addresses (RPCAddr empty when RPC is disabled).
 	HTTPAddr string
 	RPCAddr  string
 
 	ready atomic.Bool
+	state *StateFile // nil when persistence is off
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -69,25 +81,38 @@ func Start(cfg AppConfig) (*App, error) {
 		log = slog.Default()
 	}
 	started := time.Now()
+	limits := cfg.Limits.WithDefaults()
+	counters := &Counters{}
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log})
-	svc := NewService(ServiceOptions{Engine: eng, Logger: log})
-	app := &App{log: log, Engine: eng, Service: svc}
+	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
+		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters})
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
 	for path, fn := range cfg.ExtraRoutes {
 		routes[path] = fn
 	}
 	if !cfg.DisableMetrics {
 		app.Metrics = NewMetrics(svc)
+		app.Metrics.RegisterCounters(counters)
 		routes["/metrics"] = app.Metrics.Handler()
 	}
 
-	httpLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.HTTPPort)))
+	httpBind, rpcBind := cfg.BindAddress, cfg.BindAddress
+	if cfg.HTTPBindAddress != "" {
+		httpBind = cfg.HTTPBindAddress
+	}
+	if cfg.RPCBindAddress != "" {
+		rpcBind = cfg.RPCBindAddress
+	}
+	httpLn, err := net.Listen("tcp", net.JoinHostPort(httpBind, strconv.Itoa(cfg.HTTPPort)))
 	if err != nil {
 		eng.Close()
-		return nil, fmt.Errorf("listen http_server_port %d: %w", cfg.HTTPPort, err)
+		return nil, fmt.Errorf("listen http_bind_address %q http_server_port %d: %w", httpBind, cfg.HTTPPort, err)
 	}
 	app.HTTPAddr = httpLn.Addr().String()
-	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics})
+	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics,
+		Limits: limits, Counters: counters, AdminToken: cfg.AdminToken})
+	httpLn = newRetryListener(httpLn, "http", log, counters)
 	app.wg.Add(1)
 	go func() {
 		defer app.wg.Done()
@@ -95,16 +120,17 @@ func Start(cfg AppConfig) (*App, error) {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	log.Info("http server listening", "addr", app.HTTPAddr)
+	log.Info("http server listening", "addr", app.HTTPAddr, "admin_token", cfg.AdminToken != "")
 
 	if cfg.RPCPort >= 0 {
-		rpcLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.RPCPort)))
+		rpcLn, err := net.Listen("tcp", net.JoinHostPort(rpcBind, strconv.Itoa(cfg.RPCPort)))
 		if err != nil {
 			app.Stop()
-			return nil, fmt.Errorf("listen rpc_server_port %d: %w", cfg.RPCPort, err)
+			return nil, fmt.Errorf("listen rpc_bind_address %q rpc_server_port %d: %w", rpcBind, cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
-		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics})
+		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics, Limits: limits, Counters: counters})
+		rpcLn = newRetryListener(rpcLn, "rpc", log, counters)
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()
@@ -152,6 +178,9 @@ func (a *App) Stop() {
 		a.wg.Wait()
 		n := len(a.Service.Services())
 		a.Service.Stop()
+		if a.state != nil {
+			_ = a.state.Close()
+		}
 		a.Engine.Close()
 		a.log.Info("conductor stopped", "services", n)
 	})
@@ -180,14 +209,17 @@ func (a *App) readyz(ctx *fasthttp.RequestCtx) {
 }
 
 // restoreState registers the services of the state file and then keeps the file current.
-// A corrupt file is set aside and reported; an unreadable one is reported and left alone,
-// and persistence stays off so that it is not overwritten.
+// A corrupt file is set aside and reported. When the file cannot be read or rewritten,
+// registrations over HTTP and RPC fail with 500 (they could not survive a restart) while
+// everything else keeps working.
 func (a *App) restoreState(path string) int {
-	sf := &StateFile{Path: path}
+	sf := &StateFile{Path: path, Log: a.log}
+	a.state = sf
 	st, err := sf.Load()
 	if err != nil {
 		a.log.Error("state file not restored", "path", path, "err", err, "set_aside", st.SetAside)
 		if st.SetAside == "" {
+			a.Service.SetStore(failedStore{fmt.Errorf("state file %s unreadable at start: %w", path, err)})
 			return 0
 		}
 	}
@@ -205,13 +237,17 @@ func (a *App) restoreState(path string) int {
 			n++
 		}
 	}
-	a.Service.SetPersist(sf.Save)
-	if len(st.Services) > 0 || len(st.Skipped) > 0 {
-		// Rewrite once so that the file matches what is registered now (entries that no
-		// longer validate, or whose registration failed, were logged above).
-		a.Service.mu.Lock()
-		a.Service.persistLocked()
-		a.Service.mu.Unlock()
+	// Rewrite once so that the file holds exactly what is registered now (entries that
+	// no longer validate, or whose registration failed, were logged above).
+	if rerr := sf.Reset(a.Service.DynamicServices()); rerr != nil {
+		a.log.Error("state file not writable; registrations will fail until it is", "path", path, "err", rerr)
 	}
+	a.Service.SetStore(sf)
 	return n
 }
+
+// failedStore refuses every change, with the reason persistence is unavailable.
+type failedStore struct{ err error }
+
+func (f failedStore) Put(*ServiceConfig) error { return f.err }
+func (f failedStore) Delete(ServiceID) error   { return f.err }

@@ -22,6 +22,9 @@ type RPCServer struct {
 	log     *slog.Logger
 	maxBody int
 
+	limits   Limits
+	counters *Counters
+
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
@@ -37,6 +40,10 @@ type RPCOptions struct {
 	MaxBody int
 	// Metrics, when set, records queries and requests.
 	Metrics *Metrics
+	// Limits: connection cap, read and idle deadlines (zero fields take the defaults).
+	Limits Limits
+	// Counters receives the limit counters (nil: private ones).
+	Counters *Counters
 }
 
 // NewRPCServer builds the RPC listener; call Serve with a listener.
@@ -48,11 +55,21 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 	if s.maxBody <= 0 {
 		s.maxBody = wire.DefaultRPCMaxBody
 	}
+	s.limits = opts.Limits.WithDefaults()
+	s.counters = opts.Counters
+	if s.counters == nil {
+		s.counters = &Counters{}
+	}
 	return s
 }
 
 // Serve accepts connections until Close. Each connection is served by its own goroutine.
+// Temporary accept failures (EMFILE...) are retried with back-off; connections beyond
+// the cap are closed at once.
 func (s *RPCServer) Serve(ln net.Listener) {
+	if _, ok := ln.(*retryListener); !ok {
+		ln = newRetryListener(ln, "rpc", s.log, s.counters)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -70,11 +87,6 @@ func (s *RPCServer) Serve(ln net.Listener) {
 			if closed {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
 			s.log.Error("rpc accept failed; listener stopped", "err", err)
 			return
 		}
@@ -84,6 +96,16 @@ func (s *RPCServer) Serve(ln net.Listener) {
 			c.Close()
 			return
 		}
+		if len(s.conns) >= s.limits.RPCMaxConnections {
+			s.mu.Unlock()
+			c.Close()
+			if s.counters.RPCConnsRefused.Add(1)%1000 == 1 {
+				s.log.Warn("rpc connection refused: rpc_max_connections reached", "max", s.limits.RPCMaxConnections,
+					"refused_total", s.counters.RPCConnsRefused.Load())
+			}
+			continue
+		}
+		s.counters.RPCConns.Add(1)
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
@@ -129,13 +151,34 @@ func (s *RPCServer) serveConn(c net.Conn) {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
+		s.counters.RPCConns.Add(-1)
 		s.wg.Done()
 	}()
 	rc := &rpcConn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
 	for {
+		// Idle deadline until the next frame starts, then the read deadline for the
+		// whole frame: neither an idle peer nor a half-sent frame holds the connection
+		// (and the buffer it grew) for longer.
+		if rc.r.Buffered() == 0 {
+			_ = c.SetReadDeadline(time.Now().Add(s.limits.RPCIdleTimeout))
+			if _, err := rc.r.Peek(1); err != nil {
+				if isTimeout(err) {
+					s.counters.RPCTimeouts.Add(1)
+				}
+				rc.closingFlush()
+				return
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(s.limits.RPCReadTimeout))
 		hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
 		if body != nil && cap(body) > cap(rc.in) {
 			rc.in = body[:0]
+		}
+		if err != nil && isTimeout(err) {
+			s.counters.RPCTimeouts.Add(1)
+			s.log.Debug("rpc connection closed: frame not received within rpc_read_timeout", "remote", c.RemoteAddr().String())
+			rc.closingFlush()
+			return
 		}
 		if err != nil {
 			if errors.Is(err, wire.ErrRPCSerializeType) {
@@ -164,7 +207,21 @@ func (s *RPCServer) serveConn(c net.Conn) {
 		if rc.flush() != nil {
 			return
 		}
+		// Give large buffers back: an outlier request must not pin its size for the
+		// life of the connection.
+		if cap(rc.in) > SmallBodyBytes {
+			rc.in = nil
+		}
+		if cap(rc.out) > SmallBodyBytes {
+			rc.out = nil
+		}
 	}
+}
+
+// isTimeout reports a deadline expiry.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func (rc *rpcConn) flush() error {
