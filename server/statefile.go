@@ -19,7 +19,6 @@ import (
 // StateFileName is the state file's name beside the config file when none is configured.
 const StateFileName = "conductor_state.json"
 
-
 // StateFile persists the services registered over HTTP or RPC so that they are registered
 // again after a restart.
 //
