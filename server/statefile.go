@@ -33,6 +33,9 @@ type StateFile struct {
 	Path string
 	// Log receives compaction failures (nil: slog.Default()).
 	Log *slog.Logger
+	// CompactSlack: compaction starts when the log holds more than twice the live
+	// records plus this (0: 64).
+	CompactSlack int
 
 	mu      sync.Mutex
 	f       *os.File // open for appending; nil until the first write
@@ -57,6 +60,14 @@ const (
 // compactMinRecords: the log is compacted when it holds more than twice the live
 // records plus this slack.
 const compactMinRecords = 64
+
+// compactSlack returns the slack of this file (tests lower it).
+func (f *StateFile) compactSlack() int {
+	if f.CompactSlack > 0 {
+		return f.CompactSlack
+	}
+	return compactMinRecords
+}
 
 type stateDoc struct {
 	Version  int               `json:"version"`
@@ -287,7 +298,7 @@ func (f *StateFile) appendRecord(line []byte, apply func()) error {
 	apply()
 	if f.compacting {
 		f.pending = append(f.pending, line)
-	} else if f.records > 2*len(f.live)+compactMinRecords {
+	} else if f.records > 2*len(f.live)+f.compactSlack() {
 		f.compacting = true
 		f.pending = nil
 		snap := f.snapshotLocked()
