@@ -34,6 +34,7 @@ type retryListener struct {
 	closeOnce sync.Once
 	lastLog   time.Time // only the accepting goroutine touches it
 	sinceLog  uint64
+	logged    bool // a failure was logged and recovery not yet
 }
 
 func newRetryListener(ln net.Listener, name string, log *slog.Logger, counters *Counters) *retryListener {
@@ -47,11 +48,13 @@ func (l *retryListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			if l.sinceLog > 0 {
-				l.log.Info("accepting again", "listener", l.name, "failures", l.sinceLog)
-				l.sinceLog = 0
-				l.lastLog = time.Time{}
+			if l.logged {
+				// At most once per logged failure line (lastLog is kept, so a listener
+				// flapping at the limit logs once per acceptLogEvery).
+				l.log.Info("accepting again", "listener", l.name, "failures_since_logged", l.sinceLog)
+				l.logged = false
 			}
+			l.sinceLog = 0
 			return c, nil
 		}
 		select {
@@ -67,6 +70,7 @@ func (l *retryListener) Accept() (net.Conn, error) {
 		if now := time.Now(); now.Sub(l.lastLog) >= acceptLogEvery {
 			l.log.Error("accept failed; retrying with back-off", "listener", l.name, "err", err, "failures", l.sinceLog)
 			l.lastLog = now
+			l.logged = true
 		}
 		if delay == 0 {
 			delay = acceptBackoffMin
