@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,8 @@ type App struct {
 	RPCAddr  string
 
 	ready atomic.Bool
+	// releaseDone stops releaseMemory.
+	releaseDone chan struct{}
 	state *StateFile // nil when persistence is off
 
 	stopOnce sync.Once
@@ -155,6 +158,9 @@ func Start(cfg AppConfig) (*App, error) {
 	if cfg.StateFile != "" {
 		restored = app.restoreState(cfg.StateFile)
 	}
+	app.releaseDone = make(chan struct{})
+	app.wg.Add(1)
+	go app.releaseMemory()
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
 		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "config", cfg.ConfigPath, "startup", time.Since(started).String())
@@ -175,6 +181,9 @@ func (a *App) Stop() {
 		if a.RPC != nil {
 			a.RPC.Close()
 		}
+		if a.releaseDone != nil {
+			close(a.releaseDone)
+		}
 		a.wg.Wait()
 		n := len(a.Service.Services())
 		a.Service.Stop()
@@ -184,6 +193,30 @@ func (a *App) Stop() {
 		a.Engine.Close()
 		a.log.Info("conductor stopped", "services", n)
 	})
+}
+
+// memoryReleasePeriod is how often releaseMemory looks for large bodies served.
+const memoryReleasePeriod = 2 * time.Second
+
+// releaseMemory returns the heap that large request bodies used to the OS soon after
+// they are gone (the runtime would otherwise keep it for minutes): at most once per
+// period, and only when a large body was served since the last time.
+func (a *App) releaseMemory() {
+	defer a.wg.Done()
+	t := time.NewTicker(memoryReleasePeriod)
+	defer t.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-a.releaseDone:
+			return
+		case <-t.C:
+		}
+		if n := a.Counters.LargeBodies.Load(); n != seen && a.Counters.InflightBody.Load() == 0 {
+			seen = n
+			debug.FreeOSMemory()
+		}
+	}
 }
 
 // Ready reports whether the listeners are up and the static services were subscribed

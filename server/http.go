@@ -38,6 +38,10 @@ type HTTPServer struct {
 	conns  map[net.Conn]struct{}
 }
 
+// maxPooledTokens: token buffers above this many tokens (4 MiB) are not kept in the
+// pools after the request.
+const maxPooledTokens = 1 << 20
+
 // queryScratch is the per-request state of /query, pooled so that a query allocates nothing.
 type queryScratch struct {
 	req   wire.QueryRequest
@@ -166,7 +170,7 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 		start := time.Now()
 		blocks := 0
 		if h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxQueryBodyBytes); ok {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxQueryBodyBytes, queryBodyWeight); ok {
 				blocks = h.query(ctx, *body)
 				h.releaseBody(body, held)
 			}
@@ -176,7 +180,7 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 	case "/register":
 		route = "/register"
 		if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes); ok {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
 				h.register(ctx, *body)
 				h.releaseBody(body, held)
 			}
@@ -184,7 +188,7 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 	case "/unregister":
 		route = "/unregister"
 		if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes); ok {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
 				h.unregister(ctx, *body)
 				h.releaseBody(body, held)
 			}
@@ -262,6 +266,10 @@ func (h *HTTPServer) authorized(ctx *fasthttp.RequestCtx) bool {
 	return false
 }
 
+// queryBodyWeight: a /query body is held twice while it is served, as bytes and as the
+// int32 tokens decoded from them, so it counts twice against the in-flight budget.
+const queryBodyWeight = 2
+
 // errBodyTooLarge marks a chunked body that passed its bound while being read.
 var errBodyTooLarge = errors.New("request body too large")
 
@@ -269,8 +277,9 @@ var errBodyTooLarge = errors.New("request body too large")
 // own: a declared length above max is answered 413 before anything is read, and the
 // bytes are reserved in the in-flight budget first (503 with Retry-After when they do
 // not fit), so neither one huge body nor many big ones at once can grow the heap
-// without bound. held is the budget reserved; pass both to releaseBody.
-func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int) (body *[]byte, held int64, ok bool) {
+// without bound. weight multiplies the size for the budget (see queryBodyWeight). held
+// is the budget reserved; pass both to releaseBody.
+func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int, weight int64) (body *[]byte, held int64, ok bool) {
 	stream := ctx.RequestBodyStream()
 	if stream == nil {
 		// Not streamed (in-memory handler tests): the body is already here.
@@ -288,10 +297,11 @@ func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int) (body *[]byte, 
 		h.tooLarge(ctx, max)
 		return nil, 0, false
 	}
-	need := int64(cl)
+	size := int64(cl)
 	if cl < 0 { // chunked: reserve the bound
-		need = int64(max)
+		size = int64(max)
 	}
+	need := size * weight
 	if !h.budget.acquire(need) {
 		h.counters.BodyBudgetFull.Add(1)
 		ctx.SetConnectionClose()
@@ -374,6 +384,9 @@ func (h *HTTPServer) releaseBody(body *[]byte, held int64) {
 	if held > 0 {
 		h.budget.release(held)
 	}
+	if held > SmallBodyBytes {
+		h.counters.LargeBodies.Add(1)
+	}
 	if body != nil && cap(*body) <= SmallBodyBytes {
 		*body = (*body)[:0]
 		h.bufs.Put(body)
@@ -413,6 +426,9 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte) int {
 	sc := h.pool.Get().(*queryScratch)
 	defer h.pool.Put(sc)
 	if rerr := wire.DecodeQueryRequest(body, &sc.req); rerr != nil {
+		if cap(sc.req.Tokens) > maxPooledTokens {
+			sc.req.Tokens = nil
+		}
 		h.requestError(ctx, rerr)
 		return 0
 	}
@@ -439,6 +455,9 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte) int {
 	sc.body = ctx.Response.SwapBody(b)
 	// Drop references into the request body before the scratch goes back to the pool.
 	sc.query = engine.Query{}
+	if cap(sc.req.Tokens) > maxPooledTokens {
+		sc.req.Tokens = nil // an outlier prompt must not stay pinned in the pool
+	}
 	sc.req.Model, sc.req.LoraName, sc.req.TenantID, sc.req.InstanceID, sc.req.CacheSalt = "", "", "", "", ""
 	return sc.res.BlocksHashed()
 }

@@ -16,9 +16,10 @@ type Limits struct {
 	// default 1 MiB).
 	MaxAdminBodyBytes int
 	// MaxInflightBodyBytes bounds the request-body bytes held at once by all HTTP
-	// requests together (max_inflight_body_bytes, default 256 MiB). A body that does not
-	// fit is answered 503 with Retry-After before it is read. Bodies above
-	// SmallBodyBytes may only use 7/8 of it, so big bodies never starve small queries.
+	// requests together (max_inflight_body_bytes, default 256 MiB); a /query body counts
+	// twice (its bytes and its decoded tokens). A body that does not fit is answered 503
+	// with Retry-After before it is read. Bodies above SmallBodyBytes may only use 7/8
+	// of it, so big bodies never starve small queries.
 	MaxInflightBodyBytes int64
 	// HTTPMaxConnections bounds the HTTP connections served at once
 	// (http_max_connections, default 4096); beyond it fasthttp answers 503 and closes.
@@ -102,6 +103,7 @@ type Counters struct {
 	BodyTooLarge    atomic.Uint64 // HTTP 413
 	BodyBudgetFull  atomic.Uint64 // HTTP 503: in-flight body budget exhausted
 	InflightBody    atomic.Int64  // HTTP body bytes held now
+	LargeBodies     atomic.Uint64 // HTTP bodies above SmallBodyBytes served (memory release trigger)
 	Unauthorized    atomic.Uint64 // HTTP 401 on admin routes
 	RPCConnsRefused atomic.Uint64 // RPC connections closed at accept (cap reached)
 	RPCConns        atomic.Int64  // RPC connections open now

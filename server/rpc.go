@@ -329,6 +329,9 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	q.InstanceFilter = rc.qreq.InstanceFilter
 	serr := rc.s.svc.Query(q, &rc.res)
 	*q = engine.Query{}
+	if cap(rc.qreq.Tokens) > maxPooledTokens {
+		rc.qreq.Tokens = nil
+	}
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
 	if serr != nil {
 		return wire.AppendRPCQueryError(out, rpcCode(serr)), nil
