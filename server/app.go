@@ -69,7 +69,7 @@ type App struct {
 	ready atomic.Bool
 	// releaseDone stops releaseMemory.
 	releaseDone chan struct{}
-	state *StateFile // nil when persistence is off
+	state       *StateFile // nil when persistence is off
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
