@@ -288,24 +288,28 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 		}
 		return nil
 	})
-	// Cap: two held open (they send a byte now and then? no: a fresh conn is idle for
-	// 300 ms, enough to open the third).
+	// Cap, on a server whose idle timeout cannot close anything during the test: the
+	// third connection is closed at accept, and once one leaves a new one is served.
+	app2 := startLimited(t, Limits{RPCMaxConnections: 2}, "")
 	var conns []net.Conn
 	for i := 0; i < 2; i++ {
-		c, err := net.Dial("tcp", app.RPCAddr)
+		c, err := net.Dial("tcp", app2.RPCAddr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
 		conns = append(conns, c)
 	}
-	eventually(t, "two served", func() error {
-		if n := app.Counters.RPCConns.Load(); n != 2 {
-			return errf("open = %d", n)
+	open := func(want int64) func() error {
+		return func() error {
+			if n := app2.Counters.RPCConns.Load(); n != want {
+				return errf("open = %d, want %d", n, want)
+			}
+			return nil
 		}
-		return nil
-	})
-	third, err := net.Dial("tcp", app.RPCAddr)
+	}
+	eventually(t, "two served", open(2))
+	third, err := net.Dial("tcp", app2.RPCAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,8 +317,19 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 	if err := closed(third); err != nil {
 		t.Fatalf("third: %v", err)
 	}
-	if n := app.Counters.RPCConnsRefused.Load(); n != 1 {
+	if n := app2.Counters.RPCConnsRefused.Load(); n != 1 {
 		t.Errorf("refused = %d", n)
+	}
+	conns[0].Close()
+	eventually(t, "one left", open(1))
+	fourth, err := net.Dial("tcp", app2.RPCAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fourth.Close()
+	eventually(t, "new one served", open(2))
+	if n := app2.Counters.RPCConnsRefused.Load(); n != 1 {
+		t.Errorf("refused after one left = %d", n)
 	}
 }
 

@@ -24,6 +24,7 @@ type RPCServer struct {
 
 	limits   Limits
 	counters *Counters
+	logLimit *logLimiter
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -56,6 +57,7 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 		s.maxBody = wire.DefaultRPCMaxBody
 	}
 	s.limits = opts.Limits.WithDefaults()
+	s.logLimit = newLogLimiter(time.Second, 20)
 	s.counters = opts.Counters
 	if s.counters == nil {
 		s.counters = &Counters{}
@@ -189,15 +191,19 @@ func (s *RPCServer) serveConn(c net.Conn) {
 				continue
 			}
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err)
+				if ok, n := s.logLimit.allow("bad frame"); ok {
+					s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err, "suppressed_since_last", n)
+				}
 			}
 			// Answers to the good requests pipelined before the bad frame are still owed.
 			rc.closingFlush()
 			return
 		}
 		if err := rc.dispatch(hdr, body); err != nil {
-			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
-				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err)
+			if ok, n := s.logLimit.allow("bad body"); ok {
+				s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
+					"function", wire.RPCFunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
+			}
 			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
 			if _, err := rc.w.Write(rc.out); err == nil {
 				rc.closingFlush()
@@ -388,7 +394,9 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 	}
 	cfg, isNew, serr := rc.s.svc.RegisterInput(&r)
 	if serr != nil {
-		rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr)
+		if ok, n := rc.s.logLimit.allow("register rejected"); ok {
+			rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr, "suppressed_since_last", n)
+		}
 		rc.s.metrics.observeRPC("Register", rpcCode(serr).String())
 		return wire.AppendRPCRegisterError(out, rpcCode(serr)), nil
 	}
