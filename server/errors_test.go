@@ -548,7 +548,7 @@ func TestSubscribeFailureRollsBack(t *testing.T) {
 		if typ == "SGLang" {
 			prof = profileMap("sglang", "sha256_raw", "", "first64_be")
 		}
-		code, resp := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:notaport", "bad", 0, "type", typ, "hash_profile", prof))
+		code, resp := msgpackPost(t, app, "/register", registerBody("not-a-valid-endpoint", "bad", 0, "type", typ, "hash_profile", prof))
 		wantPlainError(t, typ, code, resp, http.StatusInternalServerError, "Failed to subscribe")
 		if _, svcs := doHTTP(t, app, http.MethodGet, "/services", "", nil); asInt(t, svcs["count"]) != 0 {
 			t.Errorf("%s: services after failed subscribe = %v", typ, svcs)
@@ -569,7 +569,7 @@ func TestSubscribeFailureRollsBack(t *testing.T) {
 	}
 
 	// A failure in a context that already exists keeps that context and its other slots.
-	code, resp = msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:notaport", "bad2", 0,
+	code, resp = msgpackPost(t, app, "/register", registerBody("not-a-valid-endpoint", "bad2", 0,
 		"hash_profile", profileMap("vllm_v1", "sha256", "0", "low64_be")))
 	wantPlainError(t, "existing context", code, resp, http.StatusInternalServerError, "Failed to subscribe")
 	_, view := doHTTP(t, app, http.MethodGet, "/global_view", "", nil)

@@ -243,25 +243,30 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 }
 
 // checkEndpoint returns why a ZMQ endpoint cannot be subscribed to ("" when it can).
-// Only tcp:// and ipc:// reach a publisher in another process (inproc:// never does, and
-// the multicast transports are not what engines bind). Control bytes are refused: libzmq
-// stops at a NUL, so "tcp://h:1\x00A" would connect to tcp://h:1 while escaping the
-// endpoint-in-use check, which compares the whole string.
+// Control bytes are refused: libzmq stops at a NUL, so "tcp://h:1\x00A" would connect
+// to tcp://h:1 while escaping the endpoint-in-use check, which compares the whole
+// string. Of the transports, only tcp:// and ipc:// reach a publisher in another
+// process (inproc:// never does, and the multicast ones are not what engines bind); a
+// string with no "scheme://" at all is left to libzmq, whose refusal is the
+// subscribe failure (500 / INTERNAL_ERROR) that upstream answers.
 func checkEndpoint(ep string) string {
 	for i := 0; i < len(ep); i++ {
 		if c := ep[i]; c < 0x20 || c == 0x7f {
 			return fmt.Sprintf("must not contain control bytes (0x%02x at byte %d)", c, i)
 		}
 	}
-	for _, scheme := range [...]string{"tcp://", "ipc://"} {
-		if strings.HasPrefix(ep, scheme) {
-			if len(ep) == len(scheme) {
-				return "has no address after " + scheme
-			}
-			return ""
-		}
+	scheme, _, found := strings.Cut(ep, "://")
+	if !found {
+		return ""
 	}
-	return "must start with tcp:// or ipc://"
+	switch scheme {
+	case "tcp", "ipc":
+		if len(ep) == len(scheme)+3 {
+			return "has no address after " + scheme + "://"
+		}
+		return ""
+	}
+	return "transport " + strconv.Quote(scheme) + " cannot reach a publisher: use tcp:// or ipc://"
 }
 
 // Code classifies a service-level failure; each protocol maps it to its own status.
