@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // TestServiceKeysAreStructured: instance "a|b" in tenant "c" and instance "a" in tenant
@@ -433,5 +435,34 @@ func TestStateFileNotWritable(t *testing.T) {
 	code, r := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:82", "e", 0))
 	if code != 500 || len(app.Service.Services()) != 0 {
 		t.Fatalf("register with unwritable state: %d %v, %d services", code, r, len(app.Service.Services()))
+	}
+}
+
+// TestAdminTokenHTTPClient: the Go client (and conductorctl, which uses it) sends the
+// admin token on register and unregister; without it the server's 401 comes back as
+// an *httpclient.Error.
+func TestAdminTokenHTTPClient(t *testing.T) {
+	app := startLimited(t, Limits{}, "s3cret")
+	reg := &httpclient.RegisterRequest{Endpoint: "tcp://127.0.0.1:62", Type: "vLLM", ModelName: "m", InstanceID: "e", BlockSize: 16,
+		HashProfile: httpclient.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "0", IndexProjection: "low64_be"}}
+	anon, err := httpclient.New(app.HTTPAddr, httpclient.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	var he *httpclient.Error
+	if _, err := anon.Register(reg); !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+		t.Fatalf("register without token: %v", err)
+	}
+	admin, err := httpclient.New(app.HTTPAddr, httpclient.Options{AdminToken: "s3cret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Register(reg); err != nil {
+		t.Fatalf("register with token: %v", err)
+	}
+	if _, err := admin.Unregister(&httpclient.UnregisterRequest{InstanceID: "e"}); err != nil {
+		t.Fatalf("unregister with token: %v", err)
 	}
 }
