@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire"
 )
 
 // TestServiceKeysAreStructured: instance "a|b" in tenant "c" and instance "a" in tenant
@@ -465,4 +466,41 @@ func TestAdminTokenHTTPClient(t *testing.T) {
 	if _, err := admin.Unregister(&httpclient.UnregisterRequest{InstanceID: "e"}); err != nil {
 		t.Fatalf("unregister with token: %v", err)
 	}
+}
+
+// TestRPCBodiesShareTheInflightBudget: an RPC frame's body is reserved (twice: raw and
+// decoded) in the budget HTTP uses, before it is read, so RPC and HTTP big bodies
+// together stay within max_inflight_body_bytes; the reservation ends with the frame.
+func TestRPCBodiesShareTheInflightBudget(t *testing.T) {
+	app := startLimited(t, Limits{MaxInflightBodyBytes: 8 << 20, RPCReadTimeout: time.Minute}, "")
+	frame, start := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	frame = append(frame, make([]byte, 3<<20)...)
+	if err := wire.FinishRPCRequest(frame, start); err != nil {
+		t.Fatal(err)
+	}
+	a, err := net.Dial("tcp", app.RPCAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.Write(frame[:wire.RPCRequestHeaderSize+100]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "RPC body reserved", func() error {
+		if n := app.Counters.InflightBody.Load(); n != 6<<20 {
+			return errf("in flight = %d", n)
+		}
+		return nil
+	})
+	resp, _ := rawHTTP(t, app.HTTPAddr, postHead("/query", "application/msgpack", 3<<19), make([]byte, 16<<10))
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("HTTP body while RPC holds the budget: %d", resp.StatusCode)
+	}
+	a.Close()
+	eventually(t, "budget returned", func() error {
+		if n := app.Counters.InflightBody.Load(); n != 0 {
+			return errf("in flight = %d", n)
+		}
+		return nil
+	})
 }

@@ -301,8 +301,8 @@ func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int, weight int64) (
 	if cl < 0 { // chunked: reserve the bound
 		size = int64(max)
 	}
-	need := size * weight
-	if !h.budget.acquire(need) {
+	need, ok := h.budget.acquire(size * weight)
+	if !ok {
 		h.counters.BodyBudgetFull.Add(1)
 		ctx.SetConnectionClose()
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)

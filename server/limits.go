@@ -117,20 +117,40 @@ type bodyBudget struct {
 	counters *Counters
 }
 
-// acquire reserves n bytes; a large body may not take the last eighth of the budget.
-func (b *bodyBudget) acquire(n int64) bool {
+// acquire reserves n bytes and returns what it reserved (pass that to release). A large
+// body may not take the last eighth of the budget; a body larger than that takes all of
+// that part (so a configuration with a small budget still serves it, alone).
+func (b *bodyBudget) acquire(n int64) (held int64, ok bool) {
 	lim := b.limit
 	if n > SmallBodyBytes {
 		lim -= b.limit / 8
+		n = min(n, lim)
 	}
 	for {
 		cur := b.counters.InflightBody.Load()
 		if cur+n > lim {
-			return false
+			return 0, false
 		}
 		if b.counters.InflightBody.CompareAndSwap(cur, cur+n) {
-			return true
+			return n, true
 		}
+	}
+}
+
+// acquireBy waits for n bytes until the deadline (backing off from 1 ms to 20 ms): a
+// connection whose frame does not fit is simply not read meanwhile, so TCP flow control
+// holds its sender.
+func (b *bodyBudget) acquireBy(n int64, deadline time.Time) (held int64, ok bool) {
+	wait := time.Millisecond
+	for {
+		if held, ok := b.acquire(n); ok {
+			return held, true
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return 0, false
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 20*time.Millisecond)
 	}
 }
 

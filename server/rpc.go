@@ -25,6 +25,7 @@ type RPCServer struct {
 	limits   Limits
 	counters *Counters
 	logLimit *logLimiter
+	budget   bodyBudget
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -62,6 +63,7 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 	if s.counters == nil {
 		s.counters = &Counters{}
 	}
+	s.budget = bodyBudget{limit: s.limits.MaxInflightBodyBytes, counters: s.counters}
 	return s
 }
 
@@ -100,8 +102,9 @@ func (s *RPCServer) Serve(ln net.Listener) {
 		}
 		if len(s.conns) >= s.limits.RPCMaxConnections {
 			s.mu.Unlock()
+			refused := s.counters.RPCConnsRefused.Add(1)
 			c.Close()
-			if s.counters.RPCConnsRefused.Add(1)%1000 == 1 {
+			if refused%1000 == 1 {
 				s.log.Warn("rpc connection refused: rpc_max_connections reached", "max", s.limits.RPCMaxConnections,
 					"refused_total", s.counters.RPCConnsRefused.Load())
 			}
@@ -157,71 +160,88 @@ func (s *RPCServer) serveConn(c net.Conn) {
 		s.wg.Done()
 	}()
 	rc := &rpcConn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
-	for {
-		// Idle deadline until the next frame starts, then the read deadline for the
-		// whole frame: neither an idle peer nor a half-sent frame holds the connection
-		// (and the buffer it grew) for longer.
-		if rc.r.Buffered() == 0 {
-			_ = c.SetReadDeadline(time.Now().Add(s.limits.RPCIdleTimeout))
-			if _, err := rc.r.Peek(1); err != nil {
-				if isTimeout(err) {
-					s.counters.RPCTimeouts.Add(1)
-				}
-				rc.closingFlush()
-				return
+	for rc.serveFrame() {
+	}
+}
+
+// serveFrame reads and answers one request frame; false means the connection is done.
+func (rc *rpcConn) serveFrame() bool {
+	s, c := rc.s, rc.c
+	// Idle deadline until the next frame starts, then the read deadline for the whole
+	// frame: neither an idle peer nor a half-sent frame holds the connection (and the
+	// buffer it grew) for longer.
+	if rc.r.Buffered() == 0 {
+		_ = c.SetReadDeadline(time.Now().Add(s.limits.RPCIdleTimeout))
+		if _, err := rc.r.Peek(1); err != nil {
+			if isTimeout(err) {
+				s.counters.RPCTimeouts.Add(1)
 			}
-		}
-		_ = c.SetReadDeadline(time.Now().Add(s.limits.RPCReadTimeout))
-		hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
-		if body != nil && cap(body) > cap(rc.in) {
-			rc.in = body[:0]
-		}
-		if err != nil && isTimeout(err) {
-			s.counters.RPCTimeouts.Add(1)
-			s.log.Debug("rpc connection closed: frame not received within rpc_read_timeout", "remote", c.RemoteAddr().String())
 			rc.closingFlush()
-			return
-		}
-		if err != nil {
-			if errors.Is(err, wire.ErrRPCSerializeType) {
-				rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, "unsupported serialize_type")
-				if rc.flush() != nil {
-					return
-				}
-				continue
-			}
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				if ok, n := s.logLimit.allow("bad frame"); ok {
-					s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err, "suppressed_since_last", n)
-				}
-			}
-			// Answers to the good requests pipelined before the bad frame are still owed.
-			rc.closingFlush()
-			return
-		}
-		if err := rc.dispatch(hdr, body); err != nil {
-			if ok, n := s.logLimit.allow("bad body"); ok {
-				s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
-					"function", wire.RPCFunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
-			}
-			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
-			if _, err := rc.w.Write(rc.out); err == nil {
-				rc.closingFlush()
-			}
-			return
-		}
-		if rc.flush() != nil {
-			return
-		}
-		// Give large buffers back: an outlier request must not pin its size for the
-		// life of the connection.
-		if cap(rc.in) > SmallBodyBytes {
-			rc.in = nil
-		}
-		if cap(rc.out) > SmallBodyBytes {
-			rc.out = nil
+			return false
 		}
 	}
+	deadline := time.Now().Add(s.limits.RPCReadTimeout)
+	_ = c.SetReadDeadline(deadline)
+	// The body's bytes (twice: raw and decoded) come out of the in-flight budget shared
+	// with HTTP before it is read; while they do not fit the connection is not read.
+	if hb, err := rc.r.Peek(wire.RPCRequestHeaderSize); err == nil {
+		if total := int64(binary.LittleEndian.Uint32(hb[12:])) + int64(binary.LittleEndian.Uint32(hb[16:])); total > 0 && total <= int64(s.maxBody) {
+			held, ok := s.budget.acquireBy(2*total, deadline)
+			if !ok {
+				s.counters.RPCTimeouts.Add(1)
+				rc.closingFlush()
+				return false
+			}
+			defer s.budget.release(held)
+		}
+	}
+	hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
+	if body != nil && cap(body) > cap(rc.in) {
+		rc.in = body[:0]
+	}
+	if err != nil && isTimeout(err) {
+		s.counters.RPCTimeouts.Add(1)
+		s.log.Debug("rpc connection closed: frame not received within rpc_read_timeout", "remote", c.RemoteAddr().String())
+		rc.closingFlush()
+		return false
+	}
+	if err != nil {
+		if errors.Is(err, wire.ErrRPCSerializeType) {
+			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, "unsupported serialize_type")
+			return rc.flush() == nil
+		}
+		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if ok, n := s.logLimit.allow("bad frame"); ok {
+				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err, "suppressed_since_last", n)
+			}
+		}
+		// Answers to the good requests pipelined before the bad frame are still owed.
+		rc.closingFlush()
+		return false
+	}
+	if err := rc.dispatch(hdr, body); err != nil {
+		if ok, n := s.logLimit.allow("bad body"); ok {
+			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
+				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
+		}
+		rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
+		if _, err := rc.w.Write(rc.out); err == nil {
+			rc.closingFlush()
+		}
+		return false
+	}
+	if rc.flush() != nil {
+		return false
+	}
+	// Give large buffers back: an outlier request must not pin its size for the life of
+	// the connection.
+	if cap(rc.in) > SmallBodyBytes {
+		rc.in = nil
+	}
+	if cap(rc.out) > SmallBodyBytes {
+		rc.out = nil
+	}
+	return true
 }
 
 // isTimeout reports a deadline expiry.

@@ -181,7 +181,7 @@ func rpcReadFrameBody(r *bufio.Reader, buf []byte, length, attach uint32, maxBod
 }
 
 // rpcBodyStep is how much of a large frame body is read (and allocated) at a time.
-const rpcBodyStep = 1 << 20
+const rpcBodyStep = 64 << 10
 
 func rpcBodyErr(err error) error {
 	if err == io.EOF {
