@@ -15,10 +15,11 @@ type Limits struct {
 	// MaxAdminBodyBytes bounds /register and /unregister bodies (max_admin_body_bytes,
 	// default 1 MiB).
 	MaxAdminBodyBytes int
-	// MaxInflightBodyBytes bounds the request-body bytes held at once by all HTTP
-	// requests together (max_inflight_body_bytes, default 256 MiB); a /query body counts
-	// twice (its bytes and its decoded tokens). A body that does not fit is answered 503
-	// with Retry-After before it is read. Bodies above SmallBodyBytes may only use 7/8
+	// MaxInflightBodyBytes bounds the request-body bytes held at once by all HTTP and
+	// RPC requests together (max_inflight_body_bytes, default 256 MiB); a query body
+	// counts twice (its bytes and its decoded tokens). An HTTP body that does not fit is
+	// answered 503 with Retry-After before it is read; an RPC frame is left unread until
+	// it fits or its read deadline passes. Bodies above SmallBodyBytes may only use 7/8
 	// of it, so big bodies never starve small queries.
 	MaxInflightBodyBytes int64
 	// HTTPMaxConnections bounds the HTTP connections served at once
