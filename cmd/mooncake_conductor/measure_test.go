@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/wire"
 )
 
 // TestMeasureBigBodyAttack measures, against the spawned binary, process RSS and the
@@ -169,5 +171,67 @@ func TestMeasureBigBodyAttack(t *testing.T) {
 	t.Logf("RSS: before %d MiB, max during %d MiB, 5 s after %d MiB", baseRSS>>20, maxRSS>>20, after>>20)
 	t.Logf("small /query (2048 tokens): %d ok, %d failed; p50 %v p99 %v max %v", len(qlat), qerr, pct(qlat, 0.5), pct(qlat, 0.99), pct(qlat, 1))
 	t.Logf("/healthz: %d; p99 %v max %v", len(hlat), pct(hlat, 0.99), pct(hlat, 1))
+	c.terminate()
+}
+
+// TestMeasureRPCHalfFrames measures process RSS while many RPC clients each declare a
+// large frame, send part of it and stall (then leave). Opt-in like the test above:
+//
+//	CONDUCTOR_ATTACK_MEASURE=1 [CONDUCTOR_MEASURE_BIN=path] [ATTACK_CLIENTS=500] \
+//	  go test -run TestMeasureRPCHalfFrames -v ./cmd/mooncake_conductor/
+func TestMeasureRPCHalfFrames(t *testing.T) {
+	if os.Getenv("CONDUCTOR_ATTACK_MEASURE") != "1" {
+		t.Skip("set CONDUCTOR_ATTACK_MEASURE=1 to run the attack measurement")
+	}
+	clients := 500
+	if v, err := strconv.Atoi(os.Getenv("ATTACK_CLIENTS")); err == nil && v > 0 {
+		clients = v
+	}
+	if bin := os.Getenv("CONDUCTOR_MEASURE_BIN"); bin != "" {
+		saved := binPath
+		binPath = bin
+		defer func() { binPath = saved }()
+	}
+	rpcPort := freePort(t)
+	httpPort := freePort(t)
+	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": rpcPort, "state_file": ""})
+	c := startConductor(t, cfg)
+	c.waitHTTP(fmt.Sprintf("127.0.0.1:%d", rpcPort))
+	pid := c.cmd.Process.Pid
+	rss := func() int64 {
+		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(line, "VmRSS:") {
+				kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+				return kb << 10
+			}
+		}
+		return -1
+	}
+	base := rss()
+	// A Query frame header declaring an 8 MiB body; then 1 MiB of that body.
+	hdr, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	binary.LittleEndian.PutUint32(hdr[12:], 8<<20)
+	part := append(hdr, make([]byte, 1<<20)...)
+	var conns []net.Conn
+	for i := 0; i < clients; i++ {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", rpcPort), 2*time.Second)
+		if err != nil {
+			t.Logf("dial %d: %v", i, err)
+			break
+		}
+		conns = append(conns, conn)
+		_ = conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
+		_, _ = conn.Write(part) // may block once the server stops reading: that is the point
+	}
+	time.Sleep(3 * time.Second)
+	during := rss()
+	for _, conn := range conns {
+		conn.Close()
+	}
+	time.Sleep(5 * time.Second)
+	after := rss()
+	t.Logf("RPC half frames: %d clients x (8 MiB declared, 1 MiB sent) against %s", len(conns), binPath)
+	t.Logf("RSS: before %d MiB, with the clients stalled %d MiB, 5 s after they left %d MiB", base>>20, during>>20, after>>20)
 	c.terminate()
 }
