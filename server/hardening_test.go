@@ -3,6 +3,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -503,4 +504,41 @@ func TestRPCBodiesShareTheInflightBudget(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRPCCloseInterruptsBudgetWait: a frame waiting for the body budget (held here by
+// other requests) does not hold shutdown until its read deadline: Close ends the wait.
+func TestRPCCloseInterruptsBudgetWait(t *testing.T) {
+	app := startLimited(t, Limits{MaxInflightBodyBytes: 8 << 20, RPCReadTimeout: time.Hour, RPCIdleTimeout: time.Hour}, "")
+	app.Counters.InflightBody.Add(7 << 20) // other requests hold the big-body share
+	defer app.Counters.InflightBody.Add(-(7 << 20))
+	frame, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	binary.LittleEndian.PutUint32(frame[12:], 1<<20)
+	c, err := net.Dial("tcp", app.RPCAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "connection served", func() error {
+		if n := app.Counters.RPCConns.Load(); n != 1 {
+			return errf("open = %d", n)
+		}
+		return nil
+	})
+	closed := make(chan struct{})
+	go func() {
+		app.RPC.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("RPC Close still waiting for a frame blocked on the body budget")
+	}
+	if n := app.Counters.InflightBody.Load(); n != 7<<20 {
+		t.Errorf("in flight after close = %d, want only the 7 MiB held by others", n)
+	}
 }

@@ -138,10 +138,10 @@ func (b *bodyBudget) acquire(n int64) (held int64, ok bool) {
 	}
 }
 
-// acquireBy waits for n bytes until the deadline (backing off from 1 ms to 20 ms): a
-// connection whose frame does not fit is simply not read meanwhile, so TCP flow control
-// holds its sender.
-func (b *bodyBudget) acquireBy(n int64, deadline time.Time) (held int64, ok bool) {
+// acquireBy waits for n bytes until the deadline or until done is closed (backing off
+// from 1 ms to 20 ms): a connection whose frame does not fit is simply not read
+// meanwhile, so TCP flow control holds its sender.
+func (b *bodyBudget) acquireBy(n int64, deadline time.Time, done <-chan struct{}) (held int64, ok bool) {
 	wait := time.Millisecond
 	for {
 		if held, ok := b.acquire(n); ok {
@@ -150,7 +150,13 @@ func (b *bodyBudget) acquireBy(n int64, deadline time.Time) (held int64, ok bool
 		if time.Now().Add(wait).After(deadline) {
 			return 0, false
 		}
-		time.Sleep(wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-done:
+			t.Stop()
+			return 0, false
+		case <-t.C:
+		}
 		wait = min(2*wait, 20*time.Millisecond)
 	}
 }

@@ -27,6 +27,9 @@ type RPCServer struct {
 	logLimit *logLimiter
 	budget   bodyBudget
 
+	// done is closed by Close: frames waiting for the body budget give up.
+	done chan struct{}
+
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
@@ -64,6 +67,7 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 		s.counters = &Counters{}
 	}
 	s.budget = bodyBudget{limit: s.limits.MaxInflightBodyBytes, counters: s.counters}
+	s.done = make(chan struct{})
 	return s
 }
 
@@ -126,6 +130,7 @@ func (s *RPCServer) Close() {
 		return
 	}
 	s.closed = true
+	close(s.done)
 	if s.ln != nil {
 		s.ln.Close()
 	}
@@ -186,7 +191,7 @@ func (rc *rpcConn) serveFrame() bool {
 	// with HTTP before it is read; while they do not fit the connection is not read.
 	if hb, err := rc.r.Peek(wire.RPCRequestHeaderSize); err == nil {
 		if total := int64(binary.LittleEndian.Uint32(hb[12:])) + int64(binary.LittleEndian.Uint32(hb[16:])); total > 0 && total <= int64(s.maxBody) {
-			held, ok := s.budget.acquireBy(2*total, deadline)
+			held, ok := s.budget.acquireBy(2*total, deadline, s.done)
 			if !ok {
 				s.counters.RPCTimeouts.Add(1)
 				rc.closingFlush()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/conductor-go/conductor/rpcclient"
+	"github.com/conductor-go/conductor/wire"
 )
 
 // startLimitedFDs runs the binary under prlimit with at most nofile descriptors (soft
@@ -117,12 +119,14 @@ func TestListenersSurviveEMFILE(t *testing.T) {
 	c.terminate()
 }
 
-// TestShutdownBoundedWithHalfSentRequest: a client that sent half a request (and keeps
-// the connection open) does not delay exit beyond shutdown_timeout_ms.
+// TestShutdownBoundedWithHalfSentRequest: clients that sent half a request (HTTP, and
+// RPC frames, one of them waiting for the body budget) and keep their connections open
+// do not delay exit beyond shutdown_timeout_ms.
 func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
-	httpPort := freePort(t)
-	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": 0,
-		"http_bind_address": "127.0.0.1", "state_file": "", "shutdown_timeout_ms": 1000})
+	httpPort, rpcPort := freePort(t), freePort(t)
+	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": rpcPort,
+		"http_bind_address": "127.0.0.1", "rpc_bind_address": "127.0.0.1", "state_file": "", "shutdown_timeout_ms": 1000,
+		"max_inflight_body_bytes": 8 << 20})
 	c := startConductor(t, cfg)
 	addr := fmt.Sprintf("127.0.0.1:%d", httpPort)
 	c.waitHTTP(addr)
@@ -139,13 +143,40 @@ func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idle.Close()
-	// Let the server pick both up, then stop it: terminate requires exit 0 within 5 s
-	// (the default read timeout alone would hold it 30 s).
-	resp, err := http.Get("http://" + addr + "/healthz")
-	if err != nil {
-		t.Fatal(err)
+	// Two RPC frames declaring 3 MiB each: the first holds 6 of the 7 MiB a big body may
+	// use, the second waits for the budget.
+	frame, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	binary.LittleEndian.PutUint32(frame[12:], 3<<20)
+	for i := 0; i < 2; i++ {
+		r, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", rpcPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if _, err := r.Write(append(frame, make([]byte, 1000)...)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	resp.Body.Close()
+	// Once the server holds the half HTTP body (2 x 100000) and the first frame (2 x 3 MiB)
+	// reserved (the second frame then waits for the budget),
+	// stop it: terminate requires exit 0 within 5 s (the read timeout alone would hold
+	// it 30 s).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.491456e+06") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("RPC frame not reserved:\n%s", body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	c.terminate()
 }
 
