@@ -142,7 +142,9 @@ func (f *StateFile) Load() (StateLoad, error) {
 // decodeState returns the live service entries of a state file (either version).
 func decodeState(data []byte) ([]json.RawMessage, error) {
 	var doc stateDoc
-	if err := json.Unmarshal(data, &doc); err == nil {
+	if err := json.Unmarshal(data, &doc); err == nil && doc.Version != stateVersion {
+		// One JSON document: a version 1 file (a version 2 log holding only its header
+		// parses as one document too, and is read as a log below).
 		if doc.Version != legacyStateVersion {
 			return nil, fmt.Errorf("unsupported state version %d", doc.Version)
 		}

@@ -164,6 +164,15 @@ func TestStateFileTornTailAndLegacy(t *testing.T) {
 	if got := loadIDs(t, path); strings.Join(got, ",") != "old" {
 		t.Fatalf("legacy: %v", got)
 	}
+	// A log holding only its header (no service left) is an empty state, not corrupt.
+	empty := &StateFile{Path: path}
+	if err := empty.Reset(nil); err != nil {
+		t.Fatal(err)
+	}
+	empty.Close()
+	if got := loadIDs(t, path); len(got) != 0 {
+		t.Fatalf("header-only log: %v", got)
+	}
 	os.WriteFile(path, []byte("{\"version\":2}\n{bad\n"+string(line)), 0o644)
 	if st, err := (&StateFile{Path: path}).Load(); err == nil || st.SetAside == "" {
 		t.Fatalf("bad middle record: %v %+v", err, st)
