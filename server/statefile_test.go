@@ -178,3 +178,27 @@ func TestStateFileTornTailAndLegacy(t *testing.T) {
 		t.Fatalf("bad middle record: %v %+v", err, st)
 	}
 }
+
+// BenchmarkStateFilePut measures one durable registration record (append + fsync) with
+// few and with many services already in the file: the cost should not depend on it.
+func BenchmarkStateFilePut(b *testing.B) {
+	for _, existing := range []int{10, 500} {
+		b.Run(fmt.Sprintf("services=%d", existing), func(b *testing.B) {
+			f := &StateFile{Path: filepath.Join(b.TempDir(), StateFileName), CompactSlack: 1 << 30}
+			defer f.Close()
+			for i := 0; i < existing; i++ {
+				c := stateCfg(b, i)
+				if err := f.Put(&c); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c := stateCfg(b, existing)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := f.Put(&c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
