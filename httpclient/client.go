@@ -39,6 +39,9 @@ type Options struct {
 	Timeout time.Duration
 	// MaxConns caps concurrent connections to the server; zero means fasthttp's default.
 	MaxConns int
+	// AdminToken, when set, is sent as "Authorization: Bearer <token>" on Register and
+	// Unregister (the conductor's admin_token).
+	AdminToken string
 }
 
 // Client calls one conductor. It is safe for concurrent use.
@@ -47,6 +50,7 @@ type Client struct {
 	host    string // "host:port" the connections go to
 	hc      *fasthttp.HostClient
 	timeout time.Duration
+	auth    string // "Bearer <token>" or ""
 	// Full request URIs, built once so calls do not concatenate strings.
 	registerURI, unregisterURI, queryURI, queryByHashURI, servicesURI, viewURI string
 }
@@ -90,6 +94,9 @@ func New(addr string, opts Options) (*Client, error) {
 		base:    u.Scheme + "://" + hostPort + prefix,
 		host:    hostPort,
 		timeout: opts.Timeout,
+	}
+	if opts.AdminToken != "" {
+		c.auth = "Bearer " + opts.AdminToken
 	}
 	if c.timeout <= 0 {
 		c.timeout = DefaultTimeout
@@ -238,6 +245,13 @@ func (c *Client) roundTrip(req *fasthttp.Request, resp *fasthttp.Response) error
 	return nil
 }
 
+// authorize adds the admin token to a state-changing request.
+func (c *Client) authorize(req *fasthttp.Request) {
+	if c.auth != "" {
+		req.Header.Set(fasthttp.HeaderAuthorization, c.auth)
+	}
+}
+
 // post sets the method, URI and content type of a msgpack POST.
 func post(req *fasthttp.Request, uri string) {
 	req.Header.SetMethod(fasthttp.MethodPost)
@@ -288,6 +302,7 @@ func (c *Client) Register(r *RegisterRequest) (RegisterResult, error) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	post(req, c.registerURI)
+	c.authorize(req)
 	buf := req.SwapBody(nil)
 	req.SwapBody(AppendRegisterRequest(buf[:0], r))
 	if err := c.roundTrip(req, resp); err != nil {
@@ -307,6 +322,7 @@ func (c *Client) Unregister(r *UnregisterRequest) (UnregisterResult, error) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	post(req, c.unregisterURI)
+	c.authorize(req)
 	buf := req.SwapBody(nil)
 	req.SwapBody(AppendUnregisterRequest(buf[:0], r))
 	if err := c.roundTrip(req, resp); err != nil {

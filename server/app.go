@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,8 +33,17 @@ type AppConfig struct {
 	// from at start ("" disables).
 	StateFile string
 	Logger    *slog.Logger
-	// BindAddress is the interface to listen on ("" = all interfaces, as upstream).
-	BindAddress string
+	// BindAddress is the interface both listeners bind ("" = all interfaces, as
+	// upstream); HTTPBindAddress and RPCBindAddress, when set, override it per listener.
+	BindAddress     string
+	HTTPBindAddress string
+	RPCBindAddress  string
+	// Limits bound bodies, connections, timeouts, services (zero fields: defaults).
+	Limits Limits
+	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the HTTP
+	// routes that change state. (The RPC wire carries no token: bind RPC to a trusted
+	// interface or disable it.)
+	AdminToken string
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
@@ -58,11 +68,16 @@ type App struct {
 	Metrics *Metrics
 	// AccessLog is nil when disabled.
 	AccessLog *AccessLog
+	// Counters count what the limits turned away (exported by /metrics).
+	Counters *Counters
 	// HTTPAddr and RPCAddr are the bound addresses (RPCAddr empty when RPC is disabled).
 	HTTPAddr string
 	RPCAddr  string
 
 	ready atomic.Bool
+	// releaseDone stops releaseMemory.
+	releaseDone chan struct{}
+	state       *StateFile // nil when persistence is off
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -77,13 +92,16 @@ func Start(cfg AppConfig) (*App, error) {
 		log = slog.Default()
 	}
 	started := time.Now()
+	limits := cfg.Limits.WithDefaults()
+	counters := &Counters{}
 	memo := cfg.MemoEntries
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log, MemoEntries: memo})
-	svc := NewService(ServiceOptions{Engine: eng, Logger: log})
-	app := &App{log: log, Engine: eng, Service: svc}
+	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
+		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters})
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
 	for path, fn := range cfg.ExtraRoutes {
 		routes[path] = fn
@@ -91,6 +109,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if !cfg.DisableMetrics {
 		app.Metrics = NewMetrics(svc)
 		app.Metrics.registerReadiness(app.Ready)
+		app.Metrics.RegisterCounters(counters)
 		routes["/metrics"] = app.Metrics.Handler()
 	}
 
@@ -103,14 +122,23 @@ func Start(cfg AppConfig) (*App, error) {
 	if app.Metrics != nil && accessLog != nil {
 		app.Metrics.registerAccessLog(accessLog)
 	}
-	httpLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.HTTPPort)))
+	httpBind, rpcBind := cfg.BindAddress, cfg.BindAddress
+	if cfg.HTTPBindAddress != "" {
+		httpBind = cfg.HTTPBindAddress
+	}
+	if cfg.RPCBindAddress != "" {
+		rpcBind = cfg.RPCBindAddress
+	}
+	httpLn, err := net.Listen("tcp", net.JoinHostPort(httpBind, strconv.Itoa(cfg.HTTPPort)))
 	if err != nil {
 		_ = app.AccessLog.Close()
 		eng.Close()
-		return nil, fmt.Errorf("listen http_server_port %d: %w", cfg.HTTPPort, err)
+		return nil, fmt.Errorf("listen http_bind_address %q http_server_port %d: %w", httpBind, cfg.HTTPPort, err)
 	}
 	app.HTTPAddr = httpLn.Addr().String()
-	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics, AccessLog: app.AccessLog})
+	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics,
+		Limits: limits, Counters: counters, AdminToken: cfg.AdminToken, AccessLog: app.AccessLog})
+	httpLn = newRetryListener(httpLn, "http", log, counters)
 	app.wg.Add(1)
 	go func() {
 		defer app.wg.Done()
@@ -118,16 +146,18 @@ func Start(cfg AppConfig) (*App, error) {
 			log.Error("http server stopped", "err", err)
 		}
 	}()
-	log.Info("http server listening", "addr", app.HTTPAddr)
+	log.Info("http server listening", "addr", app.HTTPAddr, "admin_token", cfg.AdminToken != "")
 
 	if cfg.RPCPort >= 0 {
-		rpcLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.RPCPort)))
+		rpcLn, err := net.Listen("tcp", net.JoinHostPort(rpcBind, strconv.Itoa(cfg.RPCPort)))
 		if err != nil {
 			app.Stop()
-			return nil, fmt.Errorf("listen rpc_server_port %d: %w", cfg.RPCPort, err)
+			return nil, fmt.Errorf("listen rpc_bind_address %q rpc_server_port %d: %w", rpcBind, cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
-		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics, AccessLog: app.AccessLog})
+		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics, Limits: limits, Counters: counters,
+			AccessLog: app.AccessLog})
+		rpcLn = newRetryListener(rpcLn, "rpc", log, counters)
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()
@@ -152,6 +182,9 @@ func Start(cfg AppConfig) (*App, error) {
 	if cfg.StateFile != "" {
 		restored = app.restoreState(cfg.StateFile)
 	}
+	app.releaseDone = make(chan struct{})
+	app.wg.Add(1)
+	go app.releaseMemory()
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
 		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "access_log", cfg.AccessLog.Path, "config", cfg.ConfigPath, "startup", time.Since(started).String())
@@ -172,15 +205,45 @@ func (a *App) Stop() {
 		if a.RPC != nil {
 			a.RPC.Close()
 		}
+		if a.releaseDone != nil {
+			close(a.releaseDone)
+		}
 		a.wg.Wait()
 		if err := a.AccessLog.Close(); err != nil {
 			a.log.Warn("access log close", "err", err)
 		}
 		n := len(a.Service.Services())
 		a.Service.Stop()
+		if a.state != nil {
+			_ = a.state.Close()
+		}
 		a.Engine.Close()
 		a.log.Info("conductor stopped", "services", n)
 	})
+}
+
+// memoryReleasePeriod is how often releaseMemory looks for large bodies served.
+const memoryReleasePeriod = 2 * time.Second
+
+// releaseMemory returns the heap that large request bodies used to the OS soon after
+// they are gone (the runtime would otherwise keep it for minutes): at most once per
+// period, and only when a large body was served since the last time.
+func (a *App) releaseMemory() {
+	defer a.wg.Done()
+	t := time.NewTicker(memoryReleasePeriod)
+	defer t.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-a.releaseDone:
+			return
+		case <-t.C:
+		}
+		if n := a.Counters.LargeBodies.Load(); n != seen && a.Counters.InflightBody.Load() == 0 {
+			seen = n
+			debug.FreeOSMemory()
+		}
+	}
 }
 
 // Ready reports whether the listeners are up and the static services were subscribed
@@ -206,14 +269,17 @@ func (a *App) readyz(ctx *fasthttp.RequestCtx) {
 }
 
 // restoreState registers the services of the state file and then keeps the file current.
-// A corrupt file is set aside and reported; an unreadable one is reported and left alone,
-// and persistence stays off so that it is not overwritten.
+// A corrupt file is set aside and reported. When the file cannot be read or rewritten,
+// registrations over HTTP and RPC fail with 500 (they could not survive a restart) while
+// everything else keeps working.
 func (a *App) restoreState(path string) int {
-	sf := &StateFile{Path: path}
+	sf := &StateFile{Path: path, Log: a.log}
+	a.state = sf
 	st, err := sf.Load()
 	if err != nil {
 		a.log.Error("state file not restored", "path", path, "err", err, "set_aside", st.SetAside)
 		if st.SetAside == "" {
+			a.Service.SetStore(failedStore{fmt.Errorf("state file %s unreadable at start: %w", path, err)})
 			return 0
 		}
 	}
@@ -231,13 +297,17 @@ func (a *App) restoreState(path string) int {
 			n++
 		}
 	}
-	a.Service.SetPersist(sf.Save)
-	if len(st.Services) > 0 || len(st.Skipped) > 0 {
-		// Rewrite once so that the file matches what is registered now (entries that no
-		// longer validate, or whose registration failed, were logged above).
-		a.Service.mu.Lock()
-		a.Service.persistLocked()
-		a.Service.mu.Unlock()
+	// Rewrite once so that the file holds exactly what is registered now (entries that
+	// no longer validate, or whose registration failed, were logged above).
+	if rerr := sf.Reset(a.Service.DynamicServices()); rerr != nil {
+		a.log.Error("state file not writable; registrations will fail until it is", "path", path, "err", rerr)
 	}
+	a.Service.SetStore(sf)
 	return n
 }
+
+// failedStore refuses every change, with the reason persistence is unavailable.
+type failedStore struct{ err error }
+
+func (f failedStore) Put(*ServiceConfig) error { return f.err }
+func (f failedStore) Delete(ServiceID) error   { return f.err }

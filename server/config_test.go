@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/hashing"
+	"time"
 )
 
 // writeConfig writes text to a fresh file and returns its path.
@@ -142,7 +143,7 @@ func TestLoadConfigPorts(t *testing.T) {
 		{`{"http_server_port": 8080, "rpc_server_port": 0}`, 8080, 0, -1}, // 0 disables RPC
 		{`{"rpc_server_port": 9090}`, DefaultHTTPPort, 9090, 9090},        // absent keeps the default
 		{`{"http_server_port": 0}`, 0, DefaultRPCPort, DefaultRPCPort},
-		{`{"http_server_port": 65535, "services": [], "other": {"x": 1}}`, 65535, DefaultRPCPort, DefaultRPCPort},
+		{`{"http_server_port": 65535, "services": []}`, 65535, DefaultRPCPort, DefaultRPCPort}, // upstream's tests write "services"
 		{`{"kvevent_instance": null}`, DefaultHTTPPort, DefaultRPCPort, DefaultRPCPort},
 		{`{"kvevent_instance": {}}`, DefaultHTTPPort, DefaultRPCPort, DefaultRPCPort},
 	} {
@@ -394,5 +395,50 @@ func TestLoadConfigMemoEntries(t *testing.T) {
 	}
 	if c := app.Engine.MemoStats().Capacity; c != 0 {
 		t.Fatalf("memo disabled but capacity %d", c)
+	}
+}
+
+// TestConfigUnknownKeysRejected: a key the conductor does not know (a typo, or the
+// bind_address it used to ignore) is an error naming the key, not silently ignored.
+func TestConfigUnknownKeysRejected(t *testing.T) {
+	for _, c := range []struct{ text, want string }{
+		{`{"other": {"x": 1}}`, `unknown key(s) "other"`},
+		{`{"bind_address": "127.0.0.1"}`, "http_bind_address and rpc_bind_address"},
+		{`{"max_service": 3, "http_server_port": 1}`, `"max_service"`},
+	} {
+		path := writeConfig(t, c.text)
+		_, err := LoadConfigFile(path)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: err = %v, want mention of %s", c.text, err, c.want)
+		}
+	}
+}
+
+// TestConfigExposureAndLimitKeys: bind addresses, the admin token and every limit key
+// reach the AppConfig; a non-positive limit is an error.
+func TestConfigExposureAndLimitKeys(t *testing.T) {
+	cfg, err := LoadConfigFile(writeConfig(t, `{"http_bind_address": "127.0.0.1", "rpc_bind_address": "::1",
+		"admin_token": "s3cret", "max_query_body_bytes": 1000, "max_admin_body_bytes": 100,
+		"max_inflight_body_bytes": 5000, "http_max_connections": 7, "http_read_timeout_ms": 1500,
+		"http_idle_timeout_ms": 2500, "rpc_max_connections": 9, "rpc_read_timeout_ms": 3500,
+		"rpc_idle_timeout_ms": 4500, "max_services": 11, "max_registration_field_bytes": 64, "shutdown_timeout_ms": 2000}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := cfg.AppConfig()
+	want := Limits{MaxQueryBodyBytes: 1000, MaxAdminBodyBytes: 100, MaxInflightBodyBytes: 5000, HTTPMaxConnections: 7,
+		HTTPReadTimeout: 1500 * time.Millisecond, HTTPIdleTimeout: 2500 * time.Millisecond, RPCMaxConnections: 9,
+		RPCReadTimeout: 3500 * time.Millisecond, RPCIdleTimeout: 4500 * time.Millisecond, MaxServices: 11,
+		MaxFieldBytes: 64, ShutdownTimeout: 2 * time.Second}
+	if app.Limits != want || app.HTTPBindAddress != "127.0.0.1" || app.RPCBindAddress != "::1" || app.AdminToken != "s3cret" {
+		t.Fatalf("AppConfig = %+v", app)
+	}
+	for _, bad := range []string{`{"max_services": 0}`, `{"http_read_timeout_ms": -1}`, `{"max_query_body_bytes": "1"}`, `{"admin_token": 1}`} {
+		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+	if d := (Limits{}).WithDefaults(); d.MaxQueryBodyBytes != 64<<20 || d.MaxServices != DefaultMaxServices || d.ShutdownTimeout != 5*time.Second {
+		t.Errorf("defaults = %+v", d)
 	}
 }

@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -40,6 +43,26 @@ type FileConfig struct {
 	// MemoEntries sizes the query key memo: the "query_memo_entries" key, default
 	// hashing.DefaultMemoEntries; 0 disables the memo.
 	MemoEntries int
+	// HTTPBindAddress and RPCBindAddress: the interfaces to listen on ("" = all).
+	HTTPBindAddress string
+	RPCBindAddress  string
+	// AdminToken, when set, is required on state-changing HTTP routes.
+	AdminToken string
+	// Limits from the limit keys (zero fields: defaults).
+	Limits Limits
+}
+
+// configKeys are the top-level keys understood; any other key is an error rather than
+// silently ignored (a mistyped limit or bind address must not go unnoticed).
+// "services" is accepted and ignored, as upstream does (its own tests write it).
+var configKeys = []string{
+	"http_server_port", "rpc_server_port", "kvevent_instance", "state_file", "services",
+	"http_bind_address", "rpc_bind_address", "admin_token",
+	"max_query_body_bytes", "max_admin_body_bytes", "max_inflight_body_bytes", "http_max_connections",
+	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
+	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
+	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
+	"access_log_flush_interval_ms",
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -71,6 +94,66 @@ func LoadConfigFile(path string) (FileConfig, error) {
 	}
 	if dec.More() {
 		return cfg, fmt.Errorf("config file %s: trailing data after the JSON object", path)
+	}
+	var unknown []string
+	for k := range root {
+		known := false
+		for _, c := range configKeys {
+			known = known || k == c
+		}
+		if !known {
+			unknown = append(unknown, strconv.Quote(k))
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		hint := ""
+		if _, ok := root["bind_address"]; ok {
+			hint = " (bind_address is split into http_bind_address and rpc_bind_address)"
+		}
+		return cfg, fmt.Errorf("config file %s: unknown key(s) %s%s; known keys: %s", path,
+			strings.Join(unknown, ", "), hint, strings.Join(configKeys, ", "))
+	}
+	for _, p := range []struct {
+		key string
+		dst *string
+	}{{"http_bind_address", &cfg.HTTPBindAddress}, {"rpc_bind_address", &cfg.RPCBindAddress}, {"admin_token", &cfg.AdminToken}} {
+		raw, ok := root[p.key]
+		if !ok {
+			continue
+		}
+		v, ok := jsonString(raw)
+		if !ok {
+			return cfg, fmt.Errorf("config file %s: %s must be a string", path, p.key)
+		}
+		*p.dst = v
+	}
+	for _, p := range []struct {
+		key string
+		set func(int64)
+	}{
+		{"max_query_body_bytes", func(v int64) { cfg.Limits.MaxQueryBodyBytes = int(v) }},
+		{"max_admin_body_bytes", func(v int64) { cfg.Limits.MaxAdminBodyBytes = int(v) }},
+		{"max_inflight_body_bytes", func(v int64) { cfg.Limits.MaxInflightBodyBytes = v }},
+		{"http_max_connections", func(v int64) { cfg.Limits.HTTPMaxConnections = int(v) }},
+		{"http_read_timeout_ms", func(v int64) { cfg.Limits.HTTPReadTimeout = time.Duration(v) * time.Millisecond }},
+		{"http_idle_timeout_ms", func(v int64) { cfg.Limits.HTTPIdleTimeout = time.Duration(v) * time.Millisecond }},
+		{"rpc_max_connections", func(v int64) { cfg.Limits.RPCMaxConnections = int(v) }},
+		{"rpc_read_timeout_ms", func(v int64) { cfg.Limits.RPCReadTimeout = time.Duration(v) * time.Millisecond }},
+		{"rpc_idle_timeout_ms", func(v int64) { cfg.Limits.RPCIdleTimeout = time.Duration(v) * time.Millisecond }},
+		{"max_services", func(v int64) { cfg.Limits.MaxServices = int(v) }},
+		{"max_registration_field_bytes", func(v int64) { cfg.Limits.MaxFieldBytes = int(v) }},
+		{"shutdown_timeout_ms", func(v int64) { cfg.Limits.ShutdownTimeout = time.Duration(v) * time.Millisecond }},
+	} {
+		raw, ok := root[p.key]
+		if !ok {
+			continue
+		}
+		v, err := jsonInt(raw)
+		if err != nil || v <= 0 || v > 1<<40 {
+			return cfg, fmt.Errorf("config file %s: %s must be a positive integer", path, p.key)
+		}
+		p.set(v)
 	}
 	for _, p := range []struct {
 		key string
@@ -278,5 +361,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		memo = -1
 	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
-		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile, AccessLog: f.AccessLog, MemoEntries: memo}
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
+		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
+		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo}
 }

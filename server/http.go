@@ -1,8 +1,14 @@
 package server
 
 import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,7 +27,21 @@ type HTTPServer struct {
 	extra   map[string]fasthttp.RequestHandler
 	pool    sync.Pool // *queryScratch
 	access  *AccessLog
+	bufs    sync.Pool // *[]byte request bodies up to SmallBodyBytes
+
+	limits   Limits
+	counters *Counters
+	budget   bodyBudget
+	// adminAuth is "Bearer <admin_token>", or nil when no token is configured.
+	adminAuth []byte
+
+	connMu sync.Mutex
+	conns  map[net.Conn]struct{}
 }
+
+// maxPooledTokens: token buffers above this many tokens (4 MiB) are not kept in the
+// pools after the request.
+const maxPooledTokens = 1 << 20
 
 // queryScratch is the per-request state of /query, pooled so that a query allocates nothing.
 type queryScratch struct {
@@ -43,6 +63,13 @@ type HTTPOptions struct {
 	Metrics *Metrics
 	// AccessLog, when set, gets one line per contract route request.
 	AccessLog *AccessLog
+	// Limits bound bodies, connections and timeouts (zero fields take the defaults).
+	Limits Limits
+	// Counters receives the limit counters (nil: private ones).
+	Counters *Counters
+	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the routes
+	// that change state (/register, /unregister).
+	AdminToken string
 }
 
 // NewHTTPServer builds the HTTP server; call Serve with a listener.
@@ -51,27 +78,89 @@ func NewHTTPServer(opts HTTPOptions) *HTTPServer {
 	if h.log == nil {
 		h.log = slog.Default()
 	}
+	h.limits = opts.Limits.WithDefaults()
+	h.counters = opts.Counters
+	if h.counters == nil {
+		h.counters = &Counters{}
+	}
+	h.budget = bodyBudget{limit: h.limits.MaxInflightBodyBytes, counters: h.counters}
+	if opts.AdminToken != "" {
+		h.adminAuth = []byte("Bearer " + opts.AdminToken)
+	}
 	h.pool.New = func() any { return &queryScratch{} }
 	h.srv = &fasthttp.Server{
 		Handler:               h.handle,
 		Name:                  "mooncake_conductor",
 		NoDefaultServerHeader: true,
 		NoDefaultDate:         true,
-		ReadTimeout:           60 * time.Second,
-		IdleTimeout:           120 * time.Second,
-		MaxRequestBodySize:    256 << 20,
+		// Bodies are streamed so that the handler checks size, content type and the
+		// in-flight budget before reading them (see readBody); multipart is never
+		// parsed (fasthttp would otherwise spill it to temporary files).
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		MaxRequestBodySize:           h.limits.MaxQueryBodyBytes,
+		Concurrency:                  h.limits.HTTPMaxConnections,
+		ReadTimeout:                  h.limits.HTTPReadTimeout,
+		WriteTimeout:                 h.limits.HTTPReadTimeout,
+		IdleTimeout:                  h.limits.HTTPIdleTimeout,
+		CloseOnShutdown:              true,
+		Logger:                       fasthttpLogger{h.log},
+		ConnState:                    h.trackConn,
 	}
+	h.conns = make(map[net.Conn]struct{})
 	return h
 }
 
-// Serve accepts connections on ln until Shutdown.
+// trackConn keeps the set of open connections, so that a shutdown that timed out can
+// close those still reading a request.
+func (h *HTTPServer) trackConn(c net.Conn, st fasthttp.ConnState) {
+	h.connMu.Lock()
+	switch st {
+	case fasthttp.StateNew:
+		h.conns[c] = struct{}{}
+	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		delete(h.conns, c)
+	}
+	h.connMu.Unlock()
+}
+
+// fasthttpLogger routes fasthttp's own messages (rare: connection-level errors) to slog
+// at debug level: each is also a counted client error, and they can come in floods.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
+	}
+}
+
+// Serve accepts connections on ln until Shutdown. Temporary accept failures (EMFILE...)
+// are retried with back-off instead of ending it.
 func (h *HTTPServer) Serve(ln net.Listener) error {
+	if _, ok := ln.(*retryListener); !ok {
+		ln = newRetryListener(ln, "http", h.log, h.counters)
+	}
 	return h.srv.Serve(ln)
 }
 
-// Shutdown stops accepting and waits for in-flight requests.
+// Shutdown stops accepting, closes idle connections and waits for in-flight requests
+// for at most the shutdown timeout; connections still open then (a half-sent request)
+// are closed.
 func (h *HTTPServer) Shutdown() error {
-	return h.srv.Shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), h.limits.ShutdownTimeout)
+	defer cancel()
+	err := h.srv.ShutdownWithContext(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		h.connMu.Lock()
+		n := len(h.conns)
+		for c := range h.conns {
+			c.Close()
+		}
+		h.connMu.Unlock()
+		h.log.Warn("http shutdown timed out; open connections closed", "timeout", h.limits.ShutdownTimeout.String(), "connections", n)
+		return nil
+	}
+	return err
 }
 
 // Handler returns the request handler (for in-memory tests).
@@ -85,28 +174,40 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 	switch string(path) {
 	case "/query":
 		blocks := 0
-		if h.method(ctx, fasthttp.MethodPost) {
-			blocks = h.query(ctx, &e)
+		if h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx) {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxQueryBodyBytes, queryBodyWeight); ok {
+				blocks = h.query(ctx, *body, &e)
+				h.releaseBody(body, held)
+			}
 		}
 		h.metrics.observeHTTPQuery(start, ctx.Response.StatusCode(), blocks)
 		h.logAccess(ctx, start, "/query", &e)
 		return
 	case "/query_by_hash":
-		if h.method(ctx, fasthttp.MethodPost) {
-			h.queryByHash(ctx, &e)
+		if h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx) {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxQueryBodyBytes, 1); ok {
+				h.queryByHash(ctx, *body, &e)
+				h.releaseBody(body, held)
+			}
 		}
 		h.metrics.observeHTTPQueryByHash(start, ctx.Response.StatusCode())
 		h.logAccess(ctx, start, "/query_by_hash", &e)
 		return
 	case "/register":
 		route = "/register"
-		if h.method(ctx, fasthttp.MethodPost) {
-			h.register(ctx)
+		if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
+				h.register(ctx, *body)
+				h.releaseBody(body, held)
+			}
 		}
 	case "/unregister":
 		route = "/unregister"
-		if h.method(ctx, fasthttp.MethodPost) {
-			h.unregister(ctx)
+		if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
+			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
+				h.unregister(ctx, *body)
+				h.releaseBody(body, held)
+			}
 		}
 	case "/global_view":
 		route = "/global_view"
@@ -148,18 +249,165 @@ func (h *HTTPServer) writeMsgpack(ctx *fasthttp.RequestCtx, body []byte) {
 	ctx.SetBody(body)
 }
 
-// checkPost validates the request's content type and the service state.
+// checkPost validates the request's content type and the service state, before the
+// body is read. A rejected request's body is never read: the connection is closed.
 func (h *HTTPServer) checkPost(ctx *fasthttp.RequestCtx) bool {
 	if !wire.IsMsgpackContentType(ctx.Request.Header.ContentType()) {
+		ctx.SetConnectionClose()
 		h.requestError(ctx, &wire.RequestError{Msg: "Content-Type must be application/msgpack",
 			Reason: "unsupported_content_type", Index: -1})
 		return false
 	}
 	if h.svc.Stopping() {
+		ctx.SetConnectionClose()
 		h.serviceError(ctx, errStopping)
 		return false
 	}
 	return true
+}
+
+// authorized checks the admin token on a state-changing route (always true when none
+// is configured). The comparison takes constant time.
+func (h *HTTPServer) authorized(ctx *fasthttp.RequestCtx) bool {
+	if h.adminAuth == nil {
+		return true
+	}
+	if subtle.ConstantTimeCompare(ctx.Request.Header.Peek(fasthttp.HeaderAuthorization), h.adminAuth) == 1 {
+		return true
+	}
+	h.counters.Unauthorized.Add(1)
+	ctx.SetConnectionClose()
+	ctx.SetStatusCode(fasthttp.StatusUnauthorized)
+	ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="conductor"`)
+	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Unauthorized: this route requires Authorization: Bearer <admin_token>"))
+	return false
+}
+
+// queryBodyWeight: a /query body is held twice while it is served, as bytes and as the
+// int32 tokens decoded from them, so it counts twice against the in-flight budget.
+const queryBodyWeight = 2
+
+// errBodyTooLarge marks a chunked body that passed its bound while being read.
+var errBodyTooLarge = errors.New("request body too large")
+
+// readBody reads the request body, at most max bytes, into a buffer of the server's
+// own: a declared length above max is answered 413 before anything is read, and the
+// bytes are reserved in the in-flight budget first (503 with Retry-After when they do
+// not fit), so neither one huge body nor many big ones at once can grow the heap
+// without bound. weight multiplies the size for the budget (see queryBodyWeight). held
+// is the budget reserved; pass both to releaseBody.
+func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int, weight int64) (body *[]byte, held int64, ok bool) {
+	stream := ctx.RequestBodyStream()
+	if stream == nil {
+		// Not streamed (in-memory handler tests): the body is already here.
+		b := ctx.PostBody()
+		if len(b) > max {
+			h.tooLarge(ctx, max)
+			return nil, 0, false
+		}
+		p := h.getBuf(0)
+		*p = append(*p, b...)
+		return p, 0, true
+	}
+	cl := ctx.Request.Header.ContentLength()
+	if cl > max {
+		h.tooLarge(ctx, max)
+		return nil, 0, false
+	}
+	size := int64(cl)
+	if cl < 0 { // chunked: reserve the bound
+		size = int64(max)
+	}
+	need, ok := h.budget.acquire(size * weight)
+	if !ok {
+		h.counters.BodyBudgetFull.Add(1)
+		ctx.SetConnectionClose()
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
+		h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Server busy: too many request bytes in flight (max_inflight_body_bytes); retry"))
+		return nil, 0, false
+	}
+	var err error
+	if cl >= 0 {
+		body = h.getBuf(cl)
+		_, err = io.ReadFull(stream, *body)
+	} else {
+		body = h.getBuf(0)
+		*body, err = readChunked(stream, *body, max)
+	}
+	if err != nil {
+		h.releaseBody(body, need)
+		ctx.SetConnectionClose()
+		if errors.Is(err, errBodyTooLarge) {
+			h.tooLarge(ctx, max)
+		} else {
+			ctx.SetStatusCode(fasthttp.StatusBadRequest)
+			h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "cannot read request body: "+err.Error()))
+		}
+		return nil, 0, false
+	}
+	return body, need, true
+}
+
+// readChunked reads a body of unknown length, failing with errBodyTooLarge past max.
+func readChunked(r io.Reader, buf []byte, max int) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) > max {
+				return buf, errBodyTooLarge
+			}
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if len(buf) > max {
+			return buf, errBodyTooLarge
+		}
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+func (h *HTTPServer) tooLarge(ctx *fasthttp.RequestCtx, max int) {
+	h.counters.BodyTooLarge.Add(1)
+	ctx.SetConnectionClose()
+	ctx.SetStatusCode(fasthttp.StatusRequestEntityTooLarge)
+	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Request body too large: the limit for this route is "+strconv.Itoa(max)+" bytes"))
+}
+
+// getBuf returns a buffer of length n: pooled when small, allocated when large (and
+// then dropped after use, so one big body does not pin its memory).
+func (h *HTTPServer) getBuf(n int) *[]byte {
+	if n <= SmallBodyBytes {
+		if p, ok := h.bufs.Get().(*[]byte); ok {
+			if cap(*p) >= n {
+				*p = (*p)[:n]
+				return p
+			}
+			*p = make([]byte, n, max(n, 4096))
+			return p
+		}
+	}
+	b := make([]byte, n, max(n, 4096))
+	return &b
+}
+
+// releaseBody returns the budget and, when small enough, the buffer to the pool.
+func (h *HTTPServer) releaseBody(body *[]byte, held int64) {
+	if held > 0 {
+		h.budget.release(held)
+	}
+	if held > SmallBodyBytes {
+		h.counters.LargeBodies.Add(1)
+	}
+	if body != nil && cap(*body) <= SmallBodyBytes {
+		*body = (*body)[:0]
+		h.bufs.Put(body)
+	}
 }
 
 func (h *HTTPServer) requestError(ctx *fasthttp.RequestCtx, e *wire.RequestError) {
@@ -192,13 +440,13 @@ func (h *HTTPServer) serviceError(ctx *fasthttp.RequestCtx, e *Error) {
 
 // query answers /query and returns the number of blocks it hashed; e gets what the
 // access log reports.
-func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, e *accessEntry) int {
-	if !h.checkPost(ctx) {
-		return 0
-	}
+func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte, e *accessEntry) int {
 	sc := h.pool.Get().(*queryScratch)
 	defer h.pool.Put(sc)
-	if rerr := wire.DecodeQueryRequest(ctx.PostBody(), &sc.req); rerr != nil {
+	if rerr := wire.DecodeQueryRequest(body, &sc.req); rerr != nil {
+		if cap(sc.req.Tokens) > maxPooledTokens {
+			sc.req.Tokens = nil
+		}
 		h.requestError(ctx, rerr)
 		return 0
 	}
@@ -215,15 +463,15 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, e *accessEntry) int {
 	e.fill(sc.req.Model, int64(len(sc.req.Tokens)), sc.res.BlocksHashed(), &sc.res)
 	// Drop references into the request body before the scratch goes back to the pool.
 	sc.query = engine.Query{}
+	if cap(sc.req.Tokens) > maxPooledTokens {
+		sc.req.Tokens = nil // an outlier prompt must not stay pinned in the pool
+	}
 	sc.req.Model, sc.req.LoraName, sc.req.TenantID, sc.req.InstanceID, sc.req.CacheSalt = "", "", "", "", ""
 	return sc.res.BlocksHashed()
 }
 
-func (h *HTTPServer) register(ctx *fasthttp.RequestCtx) {
-	if !h.checkPost(ctx) {
-		return
-	}
-	req, rerr := wire.DecodeRegisterRequest(ctx.PostBody())
+func (h *HTTPServer) register(ctx *fasthttp.RequestCtx, body []byte) {
+	req, rerr := wire.DecodeRegisterRequest(body)
 	if rerr != nil {
 		h.requestError(ctx, rerr)
 		return
@@ -243,11 +491,8 @@ func (h *HTTPServer) register(ctx *fasthttp.RequestCtx) {
 	h.writeMsgpack(ctx, wire.AppendStatusRegistered(nil, cfg.InstanceID))
 }
 
-func (h *HTTPServer) unregister(ctx *fasthttp.RequestCtx) {
-	if !h.checkPost(ctx) {
-		return
-	}
-	req, rerr := wire.DecodeUnregisterRequest(ctx.PostBody())
+func (h *HTTPServer) unregister(ctx *fasthttp.RequestCtx, body []byte) {
+	req, rerr := wire.DecodeUnregisterRequest(body)
 	if rerr != nil {
 		h.requestError(ctx, rerr)
 		return

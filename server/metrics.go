@@ -64,6 +64,25 @@ func NewMetrics(svc *Service) *Metrics {
 	return m
 }
 
+// RegisterCounters exports the limit counters.
+func (m *Metrics) RegisterCounters(c *Counters) {
+	cnt := func(name, help string, f func() uint64) {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) }))
+	}
+	gauge := func(name, help string, f func() int64) {
+		m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f()) }))
+	}
+	cnt("conductor_accept_errors_total", "Temporary accept failures (EMFILE...) retried with back-off, both listeners.", c.AcceptErrors.Load)
+	cnt("conductor_http_body_too_large_total", "HTTP requests answered 413 (body above max_query_body_bytes / max_admin_body_bytes).", c.BodyTooLarge.Load)
+	cnt("conductor_http_body_budget_full_total", "HTTP requests answered 503: max_inflight_body_bytes in use.", c.BodyBudgetFull.Load)
+	gauge("conductor_http_inflight_body_bytes", "Request-body bytes held now by HTTP and RPC requests (query bodies count twice).", c.InflightBody.Load)
+	cnt("conductor_http_unauthorized_total", "Requests to state-changing routes without the admin token (401).", c.Unauthorized.Load)
+	cnt("conductor_rpc_connections_refused_total", "RPC connections closed at accept: rpc_max_connections reached.", c.RPCConnsRefused.Load)
+	gauge("conductor_rpc_connections", "RPC connections open now.", c.RPCConns.Load)
+	cnt("conductor_rpc_timeouts_total", "RPC connections closed by rpc_idle_timeout or rpc_read_timeout.", c.RPCTimeouts.Load)
+	cnt("conductor_services_refused_total", "Registrations refused by max_services.", c.ServicesRefused.Load)
+}
+
 // Registry exposes the registry (tests, embedding).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
@@ -172,7 +191,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	for _, s := range c.svc.Stats() {
-		k, t := s.Key, s.Config.Kind.String()
+		k, t := s.Label, s.Config.Kind.String()
 		st := &s.Stats
 		cnt := func(d *prometheus.Desc, v uint64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{k, t}, extra...)...)

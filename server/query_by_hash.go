@@ -42,14 +42,14 @@ func (s *Service) QueryByHash(key engine.ContextKey, keys []uint64, instanceFilt
 
 // queryByHash answers POST /query_by_hash: /query's request with block_hashes in place of
 // token_ids, and /query's response. It returns the number of block keys received.
-func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, e *accessEntry) int {
-	if !h.checkPost(ctx) {
-		return 0
-	}
+func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, body []byte, e *accessEntry) int {
 	sc := h.pool.Get().(*queryScratch)
 	defer h.pool.Put(sc)
 	req := &sc.hreq
-	if rerr := wire.DecodeQueryByHashRequest(ctx.PostBody(), req); rerr != nil {
+	if rerr := wire.DecodeQueryByHashRequest(body, req); rerr != nil {
+		if cap(req.BlockHashes) > maxPooledTokens/2 {
+			req.BlockHashes = nil
+		}
 		h.requestError(ctx, rerr)
 		return 0
 	}
@@ -62,6 +62,9 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, e *accessEntry) int {
 	e.fill(req.Model, int64(len(req.BlockHashes))*req.BlockSize, 0, &sc.res)
 	// Drop references into the request body before the scratch goes back to the pool.
 	req.Model, req.LoraName, req.TenantID, req.InstanceID, req.CacheSalt = "", "", "", "", ""
+	if cap(req.BlockHashes) > maxPooledTokens/2 {
+		req.BlockHashes = nil // an outlier prompt must not stay pinned in the pool
+	}
 	return len(req.BlockHashes)
 }
 

@@ -3,6 +3,8 @@ package server
 import (
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
@@ -65,9 +67,48 @@ type ServiceConfig struct {
 	Profile    hashing.Profile
 }
 
-// Key is the service key `instance_id|tenant_id|dp_rank`.
+// Key is the service key `instance_id|tenant_id|dp_rank`, as upstream prints it (in
+// logs, `removed_key` and error texts). It is ambiguous when an id contains `|`; the
+// service layer identifies services by ID, never by this text.
 func (c *ServiceConfig) Key() string {
 	return ServiceKey(c.InstanceID, c.TenantID, c.DPRank)
+}
+
+// ServiceID identifies a registration: the structured form of the service key, so that
+// instance "a|b" in tenant "c" and instance "a" in tenant "b|c" stay two services.
+type ServiceID struct {
+	InstanceID string
+	TenantID   string
+	DPRank     int
+}
+
+// ID is the registration's structured identity.
+func (c *ServiceConfig) ID() ServiceID {
+	return ServiceID{InstanceID: c.InstanceID, TenantID: c.TenantID, DPRank: c.DPRank}
+}
+
+// String is the upstream text form `instance_id|tenant_id|dp_rank`.
+func (id ServiceID) String() string { return ServiceKey(id.InstanceID, id.TenantID, id.DPRank) }
+
+// Label is the service's metrics label: the text key, except that `\` and `|` inside
+// the ids are escaped with a backslash, so two services never share a label set.
+func (id ServiceID) Label() string {
+	if !strings.ContainsAny(id.InstanceID, "|\\") && !strings.ContainsAny(id.TenantID, "|\\") {
+		return id.String()
+	}
+	esc := strings.NewReplacer("\\", "\\\\", "|", "\\|")
+	return esc.Replace(id.InstanceID) + "|" + esc.Replace(id.TenantID) + "|" + strconv.Itoa(id.DPRank)
+}
+
+// Less orders IDs field by field (instance, tenant, rank): a total order, unlike the text.
+func (id ServiceID) Less(o ServiceID) bool {
+	if id.InstanceID != o.InstanceID {
+		return id.InstanceID < o.InstanceID
+	}
+	if id.TenantID != o.TenantID {
+		return id.TenantID < o.TenantID
+	}
+	return id.DPRank < o.DPRank
 }
 
 // ServiceKey builds the service key `instance_id|tenant_id|dp_rank`.
@@ -125,7 +166,7 @@ type Registration struct {
 const maxDPRank = 1<<31 - 1
 
 // Resolve validates the registration and resolves its hash profile. Field names in errors
-// are the HTTP names (modelname, type, hash_profile.<key>).
+// are the HTTP names (modelname, type, and the bare hash-profile key such as strategy).
 func (r *Registration) Resolve() (ServiceConfig, *Error) {
 	var cfg ServiceConfig
 	for _, f := range [...]struct{ name, v string }{
@@ -133,6 +174,22 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 	} {
 		if f.v == "" {
 			return cfg, invalidField("invalid_value", f.name, f.name+" must not be empty")
+		}
+	}
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"replay_endpoint", r.ReplayEndpoint}, {"modelname", r.ModelName},
+		{"instance_id", r.InstanceID}, {"lora_name", r.LoraName}, {"tenant_id", r.TenantID},
+	} {
+		if !utf8.ValidString(f.v) {
+			return cfg, invalidField("invalid_value", f.name, f.name+" must be valid UTF-8")
+		}
+	}
+	if err := checkEndpoint(r.Endpoint); err != "" {
+		return cfg, invalidField("invalid_value", "endpoint", "endpoint "+err)
+	}
+	if r.ReplayEndpoint != "" {
+		if err := checkEndpoint(r.ReplayEndpoint); err != "" {
+			return cfg, invalidField("invalid_value", "replay_endpoint", "replay_endpoint "+err)
 		}
 	}
 	kind, ok := ParsePublisherKind(r.Type)
@@ -150,14 +207,16 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 	}
 	profile, err := hashing.Resolve(r.Strategy, r.Algorithm, r.PythonHashSeed, r.IndexProjection)
 	if err != nil {
+		// Upstream's field is the bare key (strategy, algorithm, index_projection,
+		// python_hash_seed): clients switch on it.
 		field := "hash_profile"
 		if fe, ok := err.(*hashing.FieldError); ok {
-			field = "hash_profile." + fe.Field
+			field = fe.Field
 		}
 		return cfg, invalidField("invalid_value", field, "hash_profile: "+err.Error())
 	}
 	if r.RootDigest != "" && r.RootDigest != profile.RootHex() {
-		return cfg, invalidField("invalid_value", "hash_profile.root_digest",
+		return cfg, invalidField("invalid_value", "root_digest",
 			"root_digest does not match python_hash_seed and hash selectors")
 	}
 	tenant := r.TenantID
@@ -181,6 +240,33 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 		cfg.CacheGroup = &g
 	}
 	return cfg, nil
+}
+
+// checkEndpoint returns why a ZMQ endpoint cannot be subscribed to ("" when it can).
+// Control bytes are refused: libzmq stops at a NUL, so "tcp://h:1\x00A" would connect
+// to tcp://h:1 while escaping the endpoint-in-use check, which compares the whole
+// string. Of the transports, only tcp:// and ipc:// reach a publisher in another
+// process (inproc:// never does, and the multicast ones are not what engines bind); a
+// string with no "scheme://" at all is left to libzmq, whose refusal is the
+// subscribe failure (500 / INTERNAL_ERROR) that upstream answers.
+func checkEndpoint(ep string) string {
+	for i := 0; i < len(ep); i++ {
+		if c := ep[i]; c < 0x20 || c == 0x7f {
+			return fmt.Sprintf("must not contain control bytes (0x%02x at byte %d)", c, i)
+		}
+	}
+	scheme, _, found := strings.Cut(ep, "://")
+	if !found {
+		return ""
+	}
+	switch scheme {
+	case "tcp", "ipc":
+		if len(ep) == len(scheme)+3 {
+			return "has no address after " + scheme + "://"
+		}
+		return ""
+	}
+	return "transport " + strconv.Quote(scheme) + " cannot reach a publisher: use tcp:// or ipc://"
 }
 
 // Code classifies a service-level failure; each protocol maps it to its own status.

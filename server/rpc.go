@@ -23,6 +23,14 @@ type RPCServer struct {
 	maxBody int
 	access  *AccessLog
 
+	limits   Limits
+	counters *Counters
+	logLimit *logLimiter
+	budget   bodyBudget
+
+	// done is closed by Close: frames waiting for the body budget give up.
+	done chan struct{}
+
 	mu     sync.Mutex
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
@@ -40,6 +48,10 @@ type RPCOptions struct {
 	Metrics *Metrics
 	// AccessLog, when set, gets one line per Query call.
 	AccessLog *AccessLog
+	// Limits: connection cap, read and idle deadlines (zero fields take the defaults).
+	Limits Limits
+	// Counters receives the limit counters (nil: private ones).
+	Counters *Counters
 }
 
 // NewRPCServer builds the RPC listener; call Serve with a listener.
@@ -51,11 +63,24 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 	if s.maxBody <= 0 {
 		s.maxBody = wire.DefaultRPCMaxBody
 	}
+	s.limits = opts.Limits.WithDefaults()
+	s.logLimit = newLogLimiter(time.Second, 20)
+	s.counters = opts.Counters
+	if s.counters == nil {
+		s.counters = &Counters{}
+	}
+	s.budget = bodyBudget{limit: s.limits.MaxInflightBodyBytes, counters: s.counters}
+	s.done = make(chan struct{})
 	return s
 }
 
 // Serve accepts connections until Close. Each connection is served by its own goroutine.
+// Temporary accept failures (EMFILE...) are retried with back-off; connections beyond
+// the cap are closed at once.
 func (s *RPCServer) Serve(ln net.Listener) {
+	if _, ok := ln.(*retryListener); !ok {
+		ln = newRetryListener(ln, "rpc", s.log, s.counters)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -73,11 +98,6 @@ func (s *RPCServer) Serve(ln net.Listener) {
 			if closed {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
 			s.log.Error("rpc accept failed; listener stopped", "err", err)
 			return
 		}
@@ -87,6 +107,17 @@ func (s *RPCServer) Serve(ln net.Listener) {
 			c.Close()
 			return
 		}
+		if len(s.conns) >= s.limits.RPCMaxConnections {
+			s.mu.Unlock()
+			refused := s.counters.RPCConnsRefused.Add(1)
+			c.Close()
+			if refused%1000 == 1 {
+				s.log.Warn("rpc connection refused: rpc_max_connections reached", "max", s.limits.RPCMaxConnections,
+					"refused_total", s.counters.RPCConnsRefused.Load())
+			}
+			continue
+		}
+		s.counters.RPCConns.Add(1)
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)
 		s.mu.Unlock()
@@ -102,6 +133,7 @@ func (s *RPCServer) Close() {
 		return
 	}
 	s.closed = true
+	close(s.done)
 	if s.ln != nil {
 		s.ln.Close()
 	}
@@ -132,42 +164,98 @@ func (s *RPCServer) serveConn(c net.Conn) {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
+		s.counters.RPCConns.Add(-1)
 		s.wg.Done()
 	}()
 	rc := &rpcConn{s: s, c: c, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
-	for {
-		hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
-		if body != nil && cap(body) > cap(rc.in) {
-			rc.in = body[:0]
-		}
-		if err != nil {
-			if errors.Is(err, wire.ErrRPCSerializeType) {
-				rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, "unsupported serialize_type")
-				if rc.flush() != nil {
-					return
-				}
-				continue
+	for rc.serveFrame() {
+	}
+}
+
+// serveFrame reads and answers one request frame; false means the connection is done.
+func (rc *rpcConn) serveFrame() bool {
+	s, c := rc.s, rc.c
+	// Idle deadline until the next frame starts, then the read deadline for the whole
+	// frame: neither an idle peer nor a half-sent frame holds the connection (and the
+	// buffer it grew) for longer.
+	if rc.r.Buffered() == 0 {
+		_ = c.SetReadDeadline(time.Now().Add(s.limits.RPCIdleTimeout))
+		if _, err := rc.r.Peek(1); err != nil {
+			if isTimeout(err) {
+				s.counters.RPCTimeouts.Add(1)
 			}
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err)
-			}
-			// Answers to the good requests pipelined before the bad frame are still owed.
 			rc.closingFlush()
-			return
-		}
-		if err := rc.dispatch(hdr, body); err != nil {
-			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
-				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err)
-			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
-			if _, err := rc.w.Write(rc.out); err == nil {
-				rc.closingFlush()
-			}
-			return
-		}
-		if rc.flush() != nil {
-			return
+			return false
 		}
 	}
+	deadline := time.Now().Add(s.limits.RPCReadTimeout)
+	_ = c.SetReadDeadline(deadline)
+	// The body's bytes (twice: raw and decoded) come out of the in-flight budget shared
+	// with HTTP before it is read; while they do not fit the connection is not read.
+	if hb, err := rc.r.Peek(wire.RPCRequestHeaderSize); err == nil {
+		if total := int64(binary.LittleEndian.Uint32(hb[12:])) + int64(binary.LittleEndian.Uint32(hb[16:])); total > 0 && total <= int64(s.maxBody) {
+			held, ok := s.budget.acquireBy(2*total, deadline, s.done)
+			if !ok {
+				s.counters.RPCTimeouts.Add(1)
+				rc.closingFlush()
+				return false
+			}
+			defer s.budget.release(held)
+		}
+	}
+	hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
+	if body != nil && cap(body) > cap(rc.in) {
+		rc.in = body[:0]
+	}
+	if err != nil && isTimeout(err) {
+		s.counters.RPCTimeouts.Add(1)
+		s.log.Debug("rpc connection closed: frame not received within rpc_read_timeout", "remote", c.RemoteAddr().String())
+		rc.closingFlush()
+		return false
+	}
+	if err != nil {
+		if errors.Is(err, wire.ErrRPCSerializeType) {
+			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, "unsupported serialize_type")
+			return rc.flush() == nil
+		}
+		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			if ok, n := s.logLimit.allow("bad frame"); ok {
+				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err, "suppressed_since_last", n)
+			}
+		}
+		// Answers to the good requests pipelined before the bad frame are still owed.
+		rc.closingFlush()
+		return false
+	}
+	if err := rc.dispatch(hdr, body); err != nil {
+		if ok, n := s.logLimit.allow("bad body"); ok {
+			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
+				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
+		}
+		rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
+		if _, err := rc.w.Write(rc.out); err == nil {
+			rc.closingFlush()
+		}
+		return false
+	}
+	if rc.flush() != nil {
+		return false
+	}
+	// Give large buffers back: an outlier request must not pin its size for the life of
+	// the connection.
+	if cap(rc.in) > SmallBodyBytes {
+		rc.in = nil
+	}
+	if cap(rc.out) > SmallBodyBytes {
+		rc.out = nil
+	}
+	return true
+}
+
+// isTimeout reports a deadline expiry.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func (rc *rpcConn) flush() error {
@@ -275,6 +363,9 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	q.InstanceFilter = rc.qreq.InstanceFilter
 	serr := rc.s.svc.Query(q, &rc.res)
 	*q = engine.Query{}
+	if cap(rc.qreq.Tokens) > maxPooledTokens {
+		rc.qreq.Tokens = nil
+	}
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
 	rc.s.logQuery(start, ctx.ModelName, len(rc.qreq.Tokens), &rc.res, serr)
 	if serr != nil {
@@ -332,7 +423,9 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 	}
 	cfg, isNew, serr := rc.s.svc.RegisterInput(&r)
 	if serr != nil {
-		rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr)
+		if ok, n := rc.s.logLimit.allow("register rejected"); ok {
+			rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr, "suppressed_since_last", n)
+		}
 		rc.s.metrics.observeRPC("Register", rpcCode(serr).String())
 		return wire.AppendRPCRegisterError(out, rpcCode(serr)), nil
 	}

@@ -29,9 +29,15 @@ type ServiceOptions struct {
 	Engine    *engine.Engine
 	Logger    *slog.Logger
 	Subscribe SubscribeFunc // nil: ZMQ subscribers from package ingest
-	// Persist, if set, is called with the services registered over HTTP or RPC (not the
-	// static ones from the config file) after every change, to keep the state file current.
-	Persist func([]ServiceConfig) error
+	// Store, if set, makes the services registered over HTTP or RPC (not the static
+	// ones from the config file) durable: a change is acknowledged only once stored.
+	Store ServiceStore
+	// MaxServices caps registered services (0: DefaultMaxServices).
+	MaxServices int
+	// MaxFieldBytes bounds each string field of RegisterInput (0: DefaultMaxFieldBytes).
+	MaxFieldBytes int
+	// Counters receives ServicesRefused (nil: private).
+	Counters *Counters
 }
 
 type registration struct {
@@ -47,11 +53,15 @@ type Service struct {
 	eng       *engine.Engine
 	log       *slog.Logger
 	subscribe SubscribeFunc
-	persist   func([]ServiceConfig) error
+	store     ServiceStore
+
+	maxServices   int
+	maxFieldBytes int
+	counters      *Counters
 
 	mu        sync.Mutex
-	services  map[string]*registration // by service key
-	endpoints map[string]string        // endpoint -> service key
+	services  map[ServiceID]*registration // by structured service key
+	endpoints map[string]ServiceID        // endpoint -> owner
 	stopping  atomic.Bool
 	stopOnce  sync.Once
 }
@@ -62,15 +72,25 @@ func NewService(opts ServiceOptions) *Service {
 		eng:       opts.Engine,
 		log:       opts.Logger,
 		subscribe: opts.Subscribe,
-		persist:   opts.Persist,
-		services:  make(map[string]*registration),
-		endpoints: make(map[string]string),
+		store:     opts.Store,
+		services:  make(map[ServiceID]*registration),
+		endpoints: make(map[string]ServiceID),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
 	if s.subscribe == nil {
 		s.subscribe = SubscribeZMQ
+	}
+	s.maxServices, s.maxFieldBytes, s.counters = opts.MaxServices, opts.MaxFieldBytes, opts.Counters
+	if s.maxServices <= 0 {
+		s.maxServices = DefaultMaxServices
+	}
+	if s.maxFieldBytes <= 0 {
+		s.maxFieldBytes = DefaultMaxFieldBytes
+	}
+	if s.counters == nil {
+		s.counters = &Counters{}
 	}
 	return s
 }
@@ -82,6 +102,17 @@ var errStopping = &Error{Code: CodeUnavailable, Msg: "conductor is stopping"}
 
 // RegisterInput validates raw registration input and registers it.
 func (s *Service) RegisterInput(r *Registration) (cfg ServiceConfig, isNew bool, err *Error) {
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"replay_endpoint", r.ReplayEndpoint}, {"modelname", r.ModelName},
+		{"instance_id", r.InstanceID}, {"lora_name", r.LoraName}, {"tenant_id", r.TenantID},
+		{"strategy", r.Strategy}, {"algorithm", r.Algorithm}, {"python_hash_seed", r.PythonHashSeed},
+		{"index_projection", r.IndexProjection}, {"root_digest", r.RootDigest},
+	} {
+		if len(f.v) > s.maxFieldBytes {
+			return cfg, false, invalidField("invalid_value", f.name,
+				fmt.Sprintf("%s is %d bytes, longer than the limit of %d (max_registration_field_bytes)", f.name, len(f.v), s.maxFieldBytes))
+		}
+	}
 	cfg, err = r.Resolve()
 	if err != nil {
 		return cfg, false, err
@@ -102,11 +133,32 @@ func (s *Service) RegisterStatic(cfg *ServiceConfig) (isNew bool, err *Error) {
 	return s.register(cfg, true)
 }
 
-// SetPersist installs the persistence hook (after start-up registration).
-func (s *Service) SetPersist(fn func([]ServiceConfig) error) {
+// ServiceStore makes dynamic registrations durable (StateFile implements it). Each call
+// returns once the change is on stable storage; on error nothing was recorded.
+type ServiceStore interface {
+	Put(cfg *ServiceConfig) error
+	Delete(id ServiceID) error
+}
+
+// SetStore installs the store (after start-up registration).
+func (s *Service) SetStore(st ServiceStore) {
 	s.mu.Lock()
-	s.persist = fn
+	s.store = st
 	s.mu.Unlock()
+}
+
+// DynamicServices lists the services registered over HTTP or RPC (not static ones).
+func (s *Service) DynamicServices() []ServiceConfig {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []ServiceConfig
+	for _, r := range s.services {
+		if !r.static {
+			out = append(out, r.cfg)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i], &out[j]) })
+	return out
 }
 
 func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Error) {
@@ -114,19 +166,24 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 		return false, errStopping
 	}
 	key := cfg.Key()
+	id := cfg.ID()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping.Load() {
 		return false, errStopping
 	}
-	if cur, ok := s.services[key]; ok {
+	if cur, ok := s.services[id]; ok {
 		if cur.cfg.Equal(cfg) {
 			return false, nil
 		}
 		return false, invalidRegistration("conflicting registration for service key %s", key)
 	}
+	if len(s.services) >= s.maxServices {
+		s.counters.ServicesRefused.Add(1)
+		return false, invalidRegistration("too many services: the limit is %d (max_services)", s.maxServices)
+	}
 	if other, ok := s.endpoints[cfg.Endpoint]; ok {
-		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other)
+		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other.String())
 	}
 	ctx := cfg.Context()
 	if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
@@ -145,25 +202,39 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 		}
 		slotCreated = created
 	}
-	sub, serr := s.subscribe(cfg, s.eng, s.log)
-	if serr != nil {
+	rollback := func() {
 		if slotCreated {
 			s.eng.UnregisterSlot(ctx, cfg.Slot())
 		}
 		if !ctxExisted {
 			s.eng.DropEmptyContext(ctx)
 		}
+	}
+	sub, serr := s.subscribe(cfg, s.eng, s.log)
+	if serr != nil {
+		rollback()
 		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
 		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
 	}
-	s.services[key] = &registration{cfg: *cfg, sub: sub, static: static}
-	s.endpoints[cfg.Endpoint] = key
+	if !static && s.store != nil {
+		// Durable before acknowledged: a registration that could not be stored is undone
+		// whole (subscriber stopped, anything it indexed retracted, slot and new context
+		// removed) and answered 500.
+		if perr := s.store.Put(cfg); perr != nil {
+			sub.Stop()
+			if !cfg.Kind.IsEngine() {
+				s.eng.RetractSource(cfg.Endpoint)
+			}
+			rollback()
+			s.log.Error("registration could not be made durable; rolled back", "service", key, "err", perr)
+			return false, &Error{Code: CodeInternal, Msg: "Failed to persist registration: " + perr.Error()}
+		}
+	}
+	s.services[id] = &registration{cfg: *cfg, sub: sub, static: static}
+	s.endpoints[cfg.Endpoint] = id
 	s.log.Info("service registered", "service", key, "type", cfg.Kind.String(), "endpoint", cfg.Endpoint,
 		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", cfg.LoraName,
 		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName())
-	if !static {
-		s.persistLocked()
-	}
 	return true, nil
 }
 
@@ -195,40 +266,28 @@ func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *
 	if s.stopping.Load() {
 		return "", errStopping
 	}
-	key := ServiceKey(instanceID, tenantID, dpRank)
+	id := ServiceID{InstanceID: instanceID, TenantID: tenantID, DPRank: dpRank}
+	key := id.String()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	reg, ok := s.services[key]
+	reg, ok := s.services[id]
 	if !ok {
 		return "", &Error{Code: CodeNotFound, Msg: "service not found: " + key}
 	}
-	reg.sub.Stop()
-	s.retract(&reg.cfg)
-	delete(s.services, key)
-	delete(s.endpoints, reg.cfg.Endpoint)
-	s.log.Info("service unregistered", "service", key, "endpoint", reg.cfg.Endpoint)
-	if !reg.static {
-		s.persistLocked()
-	}
-	return key, nil
-}
-
-// persistLocked hands the dynamic registrations to the persistence hook; a failure is
-// logged (the registration itself stands).
-func (s *Service) persistLocked() {
-	if s.persist == nil {
-		return
-	}
-	var dyn []ServiceConfig
-	for _, r := range s.services {
-		if !r.static {
-			dyn = append(dyn, r.cfg)
+	if !reg.static && s.store != nil {
+		// Recorded first: if the removal cannot be made durable, nothing changes and the
+		// caller gets 500 (the service would otherwise come back at restart).
+		if perr := s.store.Delete(id); perr != nil {
+			s.log.Error("unregistration could not be made durable; service kept", "service", key, "err", perr)
+			return "", &Error{Code: CodeInternal, Msg: "Failed to persist unregistration: " + perr.Error()}
 		}
 	}
-	sort.Slice(dyn, func(i, j int) bool { return dyn[i].Key() < dyn[j].Key() })
-	if err := s.persist(dyn); err != nil {
-		s.log.Error("could not persist registrations; they will not survive a restart", "err", err)
-	}
+	reg.sub.Stop()
+	s.retract(&reg.cfg)
+	delete(s.services, id)
+	delete(s.endpoints, reg.cfg.Endpoint)
+	s.log.Info("service unregistered", "service", key, "endpoint", reg.cfg.Endpoint)
+	return key, nil
 }
 
 // retract removes everything a stopped service contributed.
@@ -268,13 +327,15 @@ func (s *Service) Services() []ServiceConfig {
 		out = append(out, r.cfg)
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Key() < out[j].Key() })
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i], &out[j]) })
 	return out
 }
 
 // ServiceStats is one service's key, configuration and subscriber counters.
 type ServiceStats struct {
-	Key    string
+	Key string
+	// Label is the unambiguous metrics label (ServiceID.Label).
+	Label  string
 	Config ServiceConfig
 	Stats  ingest.SubscriberStats
 	// Handler holds the event handler's counters when HasHandler (ZMQ subscriptions).
@@ -289,15 +350,15 @@ type handlerStatser interface{ HandlerStats() ingest.HandlerStats }
 func (s *Service) Stats() []ServiceStats {
 	s.mu.Lock()
 	out := make([]ServiceStats, 0, len(s.services))
-	for k, r := range s.services {
-		st := ServiceStats{Key: k, Config: r.cfg, Stats: r.sub.Stats()}
+	for _, r := range s.services {
+		st := ServiceStats{Key: r.cfg.Key(), Label: r.cfg.ID().Label(), Config: r.cfg, Stats: r.sub.Stats()}
 		if hs, ok := r.sub.(handlerStatser); ok {
 			st.Handler, st.HasHandler = hs.HandlerStats(), true
 		}
 		out = append(out, st)
 	}
 	s.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i].Config, &out[j].Config) })
 	return out
 }
 
@@ -328,6 +389,16 @@ func (s *Service) Stop() {
 		}
 		s.log.Info("service layer stopped", "services", len(s.services))
 	})
+}
+
+// lessConfig orders services by their text key, as upstream lists them, then by the
+// structured ID where two texts coincide.
+func lessConfig(a, b *ServiceConfig) bool {
+	ka, kb := a.Key(), b.Key()
+	if ka != kb {
+		return ka < kb
+	}
+	return a.ID().Less(b.ID())
 }
 
 // queryError maps an engine query failure to a service error.

@@ -486,19 +486,19 @@ func TestDecodeRegisterRequestErrors(t *testing.T) {
 		{"hash_profile nil", htEnc(b.with("hash_profile", nil)), w(wire.ReasonInvalidType, "hash_profile")},
 		{"hash_profile array", htEnc(b.with("hash_profile", []any{"vllm_v1"})), w(wire.ReasonInvalidType, "hash_profile")},
 		{"root_digest rejected", hp(prof.plus("root_digest", strings.Repeat("0", 64))),
-			htWant{wire.ReasonUnknownField, "hash_profile.root_digest", -1, "unsupported request field: hash_profile.root_digest"}},
-		{"profile unknown key", hp(prof.plus("seed", "0")), w(wire.ReasonUnknownField, "hash_profile.seed")},
+			htWant{wire.ReasonUnknownField, "root_digest", -1, "unsupported request field: hash_profile.root_digest"}},
+		{"profile unknown key", hp(prof.plus("seed", "0")), w(wire.ReasonUnknownField, "seed")},
 		{"profile int key", hp(prof.plus(1, "0")), htWant{wire.ReasonInvalidMsgpack, "", -1, htMsgKeys}},
-		{"profile unknown before missing", hp(htMap{{"x", 1}}), w(wire.ReasonUnknownField, "hash_profile.x")},
-		{"empty profile", hp(htMap{}), htWant{wire.ReasonMissing, "hash_profile.strategy", -1, "hash_profile.strategy is required"}},
+		{"profile unknown before missing", hp(htMap{{"x", 1}}), w(wire.ReasonUnknownField, "x")},
+		{"empty profile", hp(htMap{}), htWant{wire.ReasonMissing, "strategy", -1, "hash_profile.strategy is required"}},
 		{"sglang seed int", hp(htMap{{"strategy", "sglang"}, {"algorithm", "sha256_raw"}, {"python_hash_seed", 0}, {"index_projection", "first64_be"}}),
-			htWant{wire.ReasonInvalidType, "hash_profile.python_hash_seed", -1, "hash_profile.python_hash_seed must be a string"}},
-		{"vllm seed missing", hp(prof.without("python_hash_seed")), htWant{wire.ReasonMissing, "hash_profile.python_hash_seed", -1, "hash_profile.python_hash_seed is required"}},
-		{"unknown strategy seed missing", hp(prof.with("strategy", "x").without("python_hash_seed")), w(wire.ReasonMissing, "hash_profile.python_hash_seed")},
+			htWant{wire.ReasonInvalidType, "python_hash_seed", -1, "hash_profile.python_hash_seed must be a string"}},
+		{"vllm seed missing", hp(prof.without("python_hash_seed")), htWant{wire.ReasonMissing, "python_hash_seed", -1, "hash_profile.python_hash_seed is required"}},
+		{"unknown strategy seed missing", hp(prof.with("strategy", "x").without("python_hash_seed")), w(wire.ReasonMissing, "python_hash_seed")},
 		// Order: strategy, algorithm, python_hash_seed, index_projection.
-		{"strategy before algorithm", hp(prof.with("algorithm", 1).with("strategy", "")), w(wire.ReasonInvalidValue, "hash_profile.strategy")},
-		{"algorithm before seed", hp(prof.with("python_hash_seed", 1).with("algorithm", "")), w(wire.ReasonInvalidValue, "hash_profile.algorithm")},
-		{"seed before projection", hp(prof.without("index_projection").with("python_hash_seed", "")), w(wire.ReasonInvalidValue, "hash_profile.python_hash_seed")},
+		{"strategy before algorithm", hp(prof.with("algorithm", 1).with("strategy", "")), w(wire.ReasonInvalidValue, "strategy")},
+		{"algorithm before seed", hp(prof.with("python_hash_seed", 1).with("algorithm", "")), w(wire.ReasonInvalidValue, "algorithm")},
+		{"seed before projection", hp(prof.without("index_projection").with("python_hash_seed", "")), w(wire.ReasonInvalidValue, "python_hash_seed")},
 		// Root order, as upstream: required strings, block_size, optional strings,
 		// cache_group, hash_profile, type value, dp_rank.
 		{"endpoint first", htEnc(b.with("type", 1).with("endpoint", "")), w(wire.ReasonInvalidValue, "endpoint")},
@@ -516,13 +516,14 @@ func TestDecodeRegisterRequestErrors(t *testing.T) {
 		{"query field rejected", htEnc(b.plus("model", "m")), w(wire.ReasonUnknownField, "model")},
 	}...)
 	for _, f := range []string{"strategy", "algorithm", "python_hash_seed", "index_projection"} {
-		field := "hash_profile." + f
+		// The field is the bare key, as upstream; the message names the nested path.
+		field, path := f, "hash_profile."+f
 		cases = append(cases,
-			htCase{f + " int", hp(prof.with(f, 1)), htWant{wire.ReasonInvalidType, field, -1, field + " must be a string"}},
+			htCase{f + " int", hp(prof.with(f, 1)), htWant{wire.ReasonInvalidType, field, -1, path + " must be a string"}},
 			htCase{f + " nil", hp(prof.with(f, nil)), w(wire.ReasonInvalidType, field)},
-			htCase{f + " empty", hp(prof.with(f, "")), htWant{wire.ReasonInvalidValue, field, -1, field + " must not be empty"}})
+			htCase{f + " empty", hp(prof.with(f, "")), htWant{wire.ReasonInvalidValue, field, -1, path + " must not be empty"}})
 		if f != "python_hash_seed" {
-			cases = append(cases, htCase{f + " missing", hp(prof.without(f)), htWant{wire.ReasonMissing, field, -1, field + " is required"}})
+			cases = append(cases, htCase{f + " missing", hp(prof.without(f)), htWant{wire.ReasonMissing, field, -1, path + " is required"}})
 		}
 	}
 	for _, c := range cases {

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"unicode/utf8"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -50,12 +51,12 @@ func AppendRequestError(dst []byte, e *RequestError) []byte {
 	}
 	dst = msgp.AppendMapHeader(dst, n)
 	dst = msgp.AppendString(dst, "error")
-	dst = msgp.AppendString(dst, e.Msg)
+	dst = AppendSafeString(dst, e.Msg)
 	dst = msgp.AppendString(dst, "reason")
 	dst = msgp.AppendString(dst, e.Reason)
 	if e.Field != "" {
 		dst = msgp.AppendString(dst, "field")
-		dst = msgp.AppendString(dst, e.Field)
+		dst = AppendSafeString(dst, e.Field)
 	}
 	if e.Index >= 0 {
 		dst = msgp.AppendString(dst, "index")
@@ -69,7 +70,54 @@ func AppendRequestError(dst []byte, e *RequestError) []byte {
 func AppendErrorMessage(dst []byte, msg string) []byte {
 	dst = msgp.AppendMapHeader(dst, 1)
 	dst = msgp.AppendString(dst, "error")
-	return msgp.AppendString(dst, msg)
+	return AppendSafeString(dst, msg)
+}
+
+// AppendSafeString appends s as a msgpack str that is always valid UTF-8: error texts
+// echo client input (an unknown key, an instance id), and strict decoders such as
+// Python's msgpack.unpackb refuse a str with invalid UTF-8, so the client would crash
+// on the error itself. Each byte that is not part of a valid UTF-8 sequence is written
+// as the four characters \xNN. Valid input is appended unchanged, without allocating.
+func AppendSafeString(dst []byte, s string) []byte {
+	if utf8.ValidString(s) {
+		return msgp.AppendString(dst, s)
+	}
+	n := 0
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			n += 4
+		} else {
+			n += size
+		}
+		i += size
+	}
+	dst = appendStrHeader(dst, n)
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, '\\', 'x', hexDigits[s[i]>>4], hexDigits[s[i]&0xf])
+		} else {
+			dst = append(dst, s[i:i+size]...)
+		}
+		i += size
+	}
+	return dst
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendStrHeader appends the msgpack str header for a string of n bytes.
+func appendStrHeader(dst []byte, n int) []byte {
+	switch {
+	case n < 32:
+		return append(dst, 0xa0|byte(n))
+	case n < 1<<8:
+		return append(dst, 0xd9, byte(n))
+	case n < 1<<16:
+		return append(dst, 0xda, byte(n>>8), byte(n))
+	}
+	return append(dst, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 }
 
 var msgpackMediaType = []byte("application/msgpack")

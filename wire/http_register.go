@@ -1,6 +1,9 @@
 package wire
 
-import "math"
+import (
+	"math"
+	"strings"
+)
 
 // HashProfileFields is the hash_profile map of a registration as sent. Only its shape is
 // checked here; whether the combination is one Conductor can hash is decided when the
@@ -195,10 +198,23 @@ func hashProfileSlot(key []byte) int {
 	return -1
 }
 
-// httpHashProfile checks the shape of hash_profile. Its fields are reported as
-// "hash_profile.<key>" so that a client can tell them from root fields; root_digest is
-// derived by the server and rejected as an unknown field.
+// httpHashProfile checks the shape of hash_profile. As upstream (reference notes
+// § Register), errors about its keys carry the bare key as field (`strategy`,
+// `algorithm`, `python_hash_seed`, `index_projection`), while the message names the
+// nested path for people; root_digest is derived by the server and rejected as an
+// unknown field.
 func httpHashProfile(raw []byte) (HashProfileFields, *RequestError) {
+	p, rerr := httpHashProfileFields(raw)
+	if rerr != nil && rerr.Field != "hash_profile" {
+		rerr.Field = strings.TrimPrefix(rerr.Field, hashProfilePrefix)
+	}
+	return p, rerr
+}
+
+// hashProfilePrefix is how messages name the keys of the nested hash_profile map.
+const hashProfilePrefix = "hash_profile."
+
+func httpHashProfileFields(raw []byte) (HashProfileFields, *RequestError) {
 	var p HashProfileFields
 	if raw == nil {
 		return p, newRequestError(ReasonMissing, "hash_profile", "hash_profile is required")

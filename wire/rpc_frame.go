@@ -156,17 +156,38 @@ func rpcReadFrameBody(r *bufio.Reader, buf []byte, length, attach uint32, maxBod
 		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrRPCFrameTooLarge, total, maxBody)
 	}
 	n := int(total)
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	if cap(buf) >= n {
+		buf = buf[:n]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, rpcBodyErr(err)
 		}
-		return nil, fmt.Errorf("read rpc body: %w", err)
+		return buf[:length:length], nil
+	}
+	// A declared length is only a claim: grow with the bytes that actually arrive, so a
+	// peer that announces 64 MiB and sends a few bytes does not reserve 64 MiB.
+	buf = buf[:0]
+	for len(buf) < n {
+		step := min(n-len(buf), rpcBodyStep)
+		if cap(buf)-len(buf) < step {
+			buf = append(buf[:cap(buf)], make([]byte, max(step, cap(buf)))...)[:len(buf)]
+		}
+		m, err := io.ReadFull(r, buf[len(buf):len(buf)+step])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			return nil, rpcBodyErr(err)
+		}
 	}
 	return buf[:length:length], nil
+}
+
+// rpcBodyStep is how much of a large frame body is read (and allocated) at a time.
+const rpcBodyStep = 64 << 10
+
+func rpcBodyErr(err error) error {
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("read rpc body: %w", err)
 }
 
 // ReadRPCRequest reads one request frame. The body is read into buf when it fits (so a

@@ -60,12 +60,14 @@ type globals struct {
 	addr    string
 	json    bool
 	timeout time.Duration
+	token   string
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.addr, "addr", g.addr, "conductor HTTP address (http://host:port; host:port and host also work)")
 	fs.BoolVar(&g.json, "json", g.json, "print the decoded response as JSON")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "limit for each request")
+	fs.StringVar(&g.token, "token", g.token, "admin token for register/unregister (default $CONDUCTOR_ADMIN_TOKEN)")
 }
 
 // commandHelp documents the commands, in the order usage lists them. It is an array so
@@ -107,7 +109,7 @@ func (c *cli) usage(w io.Writer) {
 }
 
 func (c *cli) run(args []string) int {
-	g := &globals{addr: defaultAddr, timeout: httpclient.DefaultTimeout}
+	g := &globals{addr: defaultAddr, timeout: httpclient.DefaultTimeout, token: os.Getenv("CONDUCTOR_ADMIN_TOKEN")}
 	fs := flag.NewFlagSet("conductorctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	g.register(fs)
@@ -178,7 +180,7 @@ func (c *cli) inputError(err error) int {
 }
 
 func (c *cli) client(g *globals) (*httpclient.Client, int) {
-	cl, err := httpclient.New(g.addr, httpclient.Options{Timeout: g.timeout})
+	cl, err := httpclient.New(g.addr, httpclient.Options{Timeout: g.timeout, AdminToken: g.token})
 	if err != nil {
 		fmt.Fprintf(c.stderr, "error: --addr: %v\n", err)
 		return nil, exitUsage

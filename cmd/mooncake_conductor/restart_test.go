@@ -76,6 +76,11 @@ func TestBinaryKill9RestartKeepsServices(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The listeners serve (and restored services apply events) before the startup
+	// summary is logged: wait for it.
+	for !strings.Contains(second.out.String(), "conductor started") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if !strings.Contains(second.out.String(), "restored_services=1") {
 		t.Errorf("startup summary does not report the restored service:\n%s", second.out.String())
 	}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/rpcclient"
+	"github.com/conductor-go/conductor/wire"
+)
+
+// startLimitedFDs runs the binary under prlimit with at most nofile descriptors (soft
+// and hard, so the Go runtime cannot raise it).
+func startLimitedFDs(t *testing.T, nofile int, config string) *conductor {
+	t.Helper()
+	prlimit, err := exec.LookPath("prlimit")
+	if err != nil {
+		t.Skip("prlimit (util-linux) not installed")
+	}
+	saved := binPath
+	defer func() { binPath = saved }()
+	wrapper := t.TempDir() + "/limited.sh"
+	script := fmt.Sprintf("#!/bin/sh\nexec %s --nofile=%d:%d -- %s\n", prlimit, nofile, nofile, saved)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	binPath = wrapper
+	return startConductor(t, config)
+}
+
+// TestListenersSurviveEMFILE: with the descriptor limit reached by idle connections,
+// accept fails with "too many open files". Both listeners must back off and keep going:
+// once the idle connections leave, HTTP and RPC serve again, and SIGTERM exits 0.
+// (Before the fix the HTTP server and the RPC listener stopped for good.)
+func TestListenersSurviveEMFILE(t *testing.T) {
+	httpPort, rpcPort := freePort(t), freePort(t)
+	dir := t.TempDir()
+	cfg := writeJSON(t, dir, map[string]any{"http_server_port": httpPort, "rpc_server_port": rpcPort,
+		"http_bind_address": "127.0.0.1", "rpc_bind_address": "127.0.0.1", "state_file": ""})
+	c := startLimitedFDs(t, 64, cfg)
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	rpcAddr := fmt.Sprintf("127.0.0.1:%d", rpcPort)
+	c.waitHTTP(httpAddr)
+	// 100 idle connections to each listener: more than the process can hold.
+	var idle []net.Conn
+	defer func() {
+		for _, x := range idle {
+			x.Close()
+		}
+	}()
+	for i := 0; i < 100; i++ {
+		for _, addr := range []string{httpAddr, rpcAddr} {
+			x, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err != nil {
+				t.Fatalf("dial %d: %v", i, err)
+			}
+			idle = append(idle, x)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !(strings.Contains(c.out.String(), "listener=http") && strings.Contains(c.out.String(), "listener=rpc") &&
+		strings.Contains(c.out.String(), "too many open files")) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no EMFILE on both listeners:\n%s", c.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, x := range idle {
+		x.Close()
+	}
+	idle = nil
+	// Serves again: HTTP answers, and an RPC call goes through.
+	client := &http.Client{Timeout: 2 * time.Second}
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		resp, err := client.Get("http://" + httpAddr + "/healthz")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && string(body) == "ok\n" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("HTTP does not serve after descriptors were freed: %v\n%s", err, c.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		rc, err := rpcclient.Dial(rpcAddr, 2*time.Second)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err = rc.ListServices(ctx)
+			cancel()
+			rc.Close()
+			if err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("RPC does not serve after descriptors were freed: %v\n%s", err, c.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(c.out.String(), "accepting again") {
+		t.Errorf("recovery not logged")
+	}
+	c.terminate()
+}
+
+// TestShutdownBoundedWithHalfSentRequest: clients that sent half a request (HTTP, and
+// RPC frames, one of them waiting for the body budget) and keep their connections open
+// do not delay exit beyond shutdown_timeout_ms.
+func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
+	httpPort, rpcPort := freePort(t), freePort(t)
+	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": rpcPort,
+		"http_bind_address": "127.0.0.1", "rpc_bind_address": "127.0.0.1", "state_file": "", "shutdown_timeout_ms": 1000,
+		"max_inflight_body_bytes": 8 << 20})
+	c := startConductor(t, cfg)
+	addr := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	c.waitHTTP(addr)
+	half, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	if _, err := fmt.Fprintf(half, "POST /query HTTP/1.1\r\nHost: x\r\nContent-Type: application/msgpack\r\nContent-Length: 100000\r\n\r\n%s", make([]byte, 9000)); err != nil {
+		t.Fatal(err)
+	}
+	idle, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	// Two RPC frames declaring 3 MiB each: the first holds 6 of the 7 MiB a big body may
+	// use, the second waits for the budget.
+	frame, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	binary.LittleEndian.PutUint32(frame[12:], 3<<20)
+	for i := 0; i < 2; i++ {
+		r, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", rpcPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if _, err := r.Write(append(frame, make([]byte, 1000)...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once the server holds the half HTTP body (2 x 100000) and the first frame (2 x 3 MiB)
+	// reserved (the second frame then waits for the budget),
+	// stop it: terminate requires exit 0 within 5 s (the read timeout alone would hold
+	// it 30 s).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.491456e+06") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("RPC frame not reserved:\n%s", body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.terminate()
+}
+
+// TestBindAddressAndErrorBodiesUTF8: with http_bind_address 127.0.0.1 the server is not
+// reachable on another local address; an error echoing invalid UTF-8 decodes strictly.
+func TestBindAddressAndErrorBodiesUTF8(t *testing.T) {
+	httpPort := freePort(t)
+	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": 0,
+		"http_bind_address": "127.0.0.1", "state_file": ""})
+	c := startConductor(t, cfg)
+	addr := fmt.Sprintf("127.0.0.1:%d", httpPort)
+	c.waitHTTP(addr)
+	if x, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.2:%d", httpPort), time.Second); err == nil {
+		x.Close()
+		t.Errorf("reachable on 127.0.0.2 although bound to 127.0.0.1")
+	}
+	body := msgp.AppendMapHeader(nil, 1)
+	body = msgp.AppendString(body, "bad\xff\xfekey")
+	body = msgp.AppendInt(body, 1)
+	code, resp := call(t, http.MethodPost, "http://"+addr+"/query", body)
+	if code != 400 || resp["reason"] != "unknown_field" {
+		t.Fatalf("unknown invalid-UTF-8 key: %d %v", code, resp)
+	}
+	for k, v := range resp {
+		if s, ok := v.(string); ok && !utf8.ValidString(s) {
+			t.Errorf("%s is not valid UTF-8: %q", k, s)
+		}
+	}
+	if resp["field"] != `bad\xff\xfekey` {
+		t.Errorf("field = %q", resp["field"])
+	}
+	c.terminate()
+}
+
+// TestUnknownConfigKeyRefused: a config with a key the conductor does not know (here the
+// old bind_address) exits 1 with a message naming it.
+func TestUnknownConfigKeyRefused(t *testing.T) {
+	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": freePort(t), "bind_address": "127.0.0.1"})
+	c := startConductor(t, cfg)
+	if code := c.waitExit(10 * time.Second); code != 1 {
+		t.Fatalf("exit code %d, want 1", code)
+	}
+	if out := c.out.String(); !strings.Contains(out, `unknown key(s) "bind_address"`) {
+		t.Fatalf("output does not name the key:\n%s", out)
+	}
+}

@@ -1,0 +1,164 @@
+package server
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Limits bounds what clients can make the process hold. Each field is a config-file key
+// (README table); a zero field takes the default below.
+type Limits struct {
+	// MaxQueryBodyBytes bounds a /query body (max_query_body_bytes, default 64 MiB, room
+	// for a prompt of 16M tokens as int32). A larger declared body is answered 413
+	// before any of it is read; a chunked one when it passes the bound.
+	MaxQueryBodyBytes int
+	// MaxAdminBodyBytes bounds /register and /unregister bodies (max_admin_body_bytes,
+	// default 1 MiB).
+	MaxAdminBodyBytes int
+	// MaxInflightBodyBytes bounds the request-body bytes held at once by all HTTP and
+	// RPC requests together (max_inflight_body_bytes, default 256 MiB); a query body
+	// counts twice (its bytes and its decoded tokens). An HTTP body that does not fit is
+	// answered 503 with Retry-After before it is read; an RPC frame is left unread until
+	// it fits or its read deadline passes. Bodies above SmallBodyBytes may only use 7/8
+	// of it, so big bodies never starve small queries.
+	MaxInflightBodyBytes int64
+	// HTTPMaxConnections bounds the HTTP connections served at once
+	// (http_max_connections, default 4096); beyond it fasthttp answers 503 and closes.
+	HTTPMaxConnections int
+	// HTTPReadTimeout bounds reading one request, headers and body
+	// (http_read_timeout_ms, default 30 s); HTTPIdleTimeout closes a keep-alive
+	// connection idle that long (http_idle_timeout_ms, default 60 s).
+	HTTPReadTimeout time.Duration
+	HTTPIdleTimeout time.Duration
+	// RPCMaxConnections bounds the RPC connections open at once (rpc_max_connections,
+	// default 1024); more are closed at accept.
+	RPCMaxConnections int
+	// RPCReadTimeout bounds reading one frame once its first byte arrived
+	// (rpc_read_timeout_ms, default 30 s); RPCIdleTimeout closes a connection with no
+	// frame started for that long (rpc_idle_timeout_ms, default 300 s).
+	RPCReadTimeout time.Duration
+	RPCIdleTimeout time.Duration
+	// MaxServices caps the registered services, static ones included (max_services,
+	// default 1024; each costs file descriptors and threads).
+	MaxServices int
+	// MaxFieldBytes bounds each string field of a registration received over HTTP or RPC
+	// (max_registration_field_bytes, default 1024).
+	MaxFieldBytes int
+	// ShutdownTimeout bounds the wait for in-flight requests at shutdown
+	// (shutdown_timeout_ms, default 5 s); connections still open then are closed.
+	ShutdownTimeout time.Duration
+}
+
+// Defaults of Limits.
+const (
+	DefaultMaxQueryBodyBytes    = 64 << 20
+	DefaultMaxAdminBodyBytes    = 1 << 20
+	DefaultMaxInflightBodyBytes = 256 << 20
+	DefaultHTTPMaxConnections   = 4096
+	DefaultHTTPReadTimeout      = 30 * time.Second
+	DefaultHTTPIdleTimeout      = 60 * time.Second
+	DefaultRPCMaxConnections    = 1024
+	DefaultRPCReadTimeout       = 30 * time.Second
+	DefaultRPCIdleTimeout       = 300 * time.Second
+	DefaultMaxServices          = 1024
+	DefaultMaxFieldBytes        = 1024
+	DefaultShutdownTimeout      = 5 * time.Second
+	// SmallBodyBytes: bodies up to this size are "small" for the in-flight budget, and
+	// pooled body buffers larger than this are dropped after use instead of kept.
+	SmallBodyBytes = 1 << 20
+)
+
+// WithDefaults returns l with every zero field set to its default.
+func (l Limits) WithDefaults() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxQueryBodyBytes, DefaultMaxQueryBodyBytes)
+	def(&l.MaxAdminBodyBytes, DefaultMaxAdminBodyBytes)
+	if l.MaxInflightBodyBytes <= 0 {
+		l.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	def(&l.HTTPMaxConnections, DefaultHTTPMaxConnections)
+	defD(&l.HTTPReadTimeout, DefaultHTTPReadTimeout)
+	defD(&l.HTTPIdleTimeout, DefaultHTTPIdleTimeout)
+	def(&l.RPCMaxConnections, DefaultRPCMaxConnections)
+	defD(&l.RPCReadTimeout, DefaultRPCReadTimeout)
+	defD(&l.RPCIdleTimeout, DefaultRPCIdleTimeout)
+	def(&l.MaxServices, DefaultMaxServices)
+	def(&l.MaxFieldBytes, DefaultMaxFieldBytes)
+	defD(&l.ShutdownTimeout, DefaultShutdownTimeout)
+	return l
+}
+
+// Counters count what the limits turned away; /metrics exports them. The zero value is
+// ready; a nil *Counters is not (servers always get one).
+type Counters struct {
+	AcceptErrors    atomic.Uint64 // temporary accept failures retried (both listeners)
+	BodyTooLarge    atomic.Uint64 // HTTP 413
+	BodyBudgetFull  atomic.Uint64 // HTTP 503: in-flight body budget exhausted
+	InflightBody    atomic.Int64  // HTTP body bytes held now
+	LargeBodies     atomic.Uint64 // HTTP bodies above SmallBodyBytes served (memory release trigger)
+	Unauthorized    atomic.Uint64 // HTTP 401 on admin routes
+	RPCConnsRefused atomic.Uint64 // RPC connections closed at accept (cap reached)
+	RPCConns        atomic.Int64  // RPC connections open now
+	RPCTimeouts     atomic.Uint64 // RPC connections closed by the idle or read deadline
+	ServicesRefused atomic.Uint64 // registrations refused by max_services
+}
+
+// bodyBudget is the in-flight request-body byte budget, lock-free.
+type bodyBudget struct {
+	limit    int64
+	counters *Counters
+}
+
+// acquire reserves n bytes and returns what it reserved (pass that to release). A large
+// body may not take the last eighth of the budget; a body larger than that takes all of
+// that part (so a configuration with a small budget still serves it, alone).
+func (b *bodyBudget) acquire(n int64) (held int64, ok bool) {
+	lim := b.limit
+	if n > SmallBodyBytes {
+		lim -= b.limit / 8
+		n = min(n, lim)
+	}
+	for {
+		cur := b.counters.InflightBody.Load()
+		if cur+n > lim {
+			return 0, false
+		}
+		if b.counters.InflightBody.CompareAndSwap(cur, cur+n) {
+			return n, true
+		}
+	}
+}
+
+// acquireBy waits for n bytes until the deadline or until done is closed (backing off
+// from 1 ms to 20 ms): a connection whose frame does not fit is simply not read
+// meanwhile, so TCP flow control holds its sender.
+func (b *bodyBudget) acquireBy(n int64, deadline time.Time, done <-chan struct{}) (held int64, ok bool) {
+	wait := time.Millisecond
+	for {
+		if held, ok := b.acquire(n); ok {
+			return held, true
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return 0, false
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-done:
+			t.Stop()
+			return 0, false
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+func (b *bodyBudget) release(n int64) { b.counters.InflightBody.Add(-n) }
