@@ -496,12 +496,30 @@ def test_code_rpc_fail_dead_server(conductor):
         assert c.health_check() == HEALTH_NOT_INITIALIZED
 
 
+def _all_threads_stopped(pid):
+    """True once every thread of pid is in state T (stopped) per /proc."""
+    task = "/proc/%d/task" % pid
+    for tid in os.listdir(task):
+        try:
+            with open("%s/%s/stat" % (task, tid)) as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue  # the thread exited
+        # The state follows the parenthesised command name, which may hold spaces.
+        if stat[stat.rindex(")") + 2] not in "Tt":
+            return False
+    return True
+
+
 def test_code_rpc_timeout_stopped_server(conductor):
     """SIGSTOP the binary: the kernel still accepts and buffers, nothing answers."""
     with ConductorClient() as c:
         assert c.setup(conductor.rpc_addr, request_timeout_ms=300) == OK
         os.kill(conductor.proc.pid, signal.SIGSTOP)
         try:
+            # SIGSTOP is delivered asynchronously: until every thread shows as stopped,
+            # one may still answer the query.
+            wait_for(lambda: _all_threads_stopped(conductor.proc.pid), lambda ok: ok, what="SIGSTOP")
             started = time.monotonic()
             assert c.query("m", block_size=16, token_ids=[1]) == {"ret": RPC_TIMEOUT, "hits": {}}
             elapsed = time.monotonic() - started
