@@ -545,6 +545,12 @@ def encode_query(tenant_id, model_name, lora_name, block_size, token_ids, cache_
     """encode(QUERY_REQUEST, TC_QUERY_REQUEST, ((tenant, model, lora, block_size),
     token_ids, cache_salt, instance_filter)) without the generic walk; cache_salt and
     instance_filter are None when absent."""
+    return b"".join(query_parts(tenant_id, model_name, lora_name, block_size, token_ids, cache_salt, instance_filter))
+
+
+def query_parts(tenant_id, model_name, lora_name, block_size, token_ids, cache_salt, instance_filter):
+    """encode_query's body as a list of bytes parts, so that the client joins it with
+    the frame header in one copy."""
     tenant, model, lora = _as_bytes(tenant_id), _as_bytes(model_name), _as_bytes(lora_name)
     salt = None if cache_salt is None else _as_bytes(cache_salt)
     filt = None if instance_filter is None else _as_bytes(instance_filter)
@@ -563,7 +569,7 @@ def encode_query(tenant_id, model_name, lora_name, block_size, token_ids, cache_
             parts.append(b"\x00")
         else:
             parts += (b"\x01", lenfmt.pack(len(opt_value)), opt_value)
-    return b"".join(parts)
+    return parts
 
 
 def decode_query_response(body):
