@@ -131,9 +131,9 @@ def test_bools_hidden_among_zeros_and_ones_are_found(tokens):
 
 @pytest.mark.parametrize("n", [10, 2000, 40000])
 def test_many_low_byte_candidates_take_the_type_scan(n):
-    # Every id has a low byte of 0 or 1 (256, 257, 65536 ...), so the per-candidate
+    # Every id has a zero second byte (1, 2, 65536 ...), so the per-candidate
     # budget runs out and the type scan decides: valid ids pass, one bool anywhere fails.
-    toks = [(i % 3 + 1) << 8 | (i & 1) for i in range(n)]
+    toks = [(i % 3) << 16 | (i & 1) for i in range(n)]
     want = w.encode(w.QUERY_REQUEST, w.TC_QUERY_REQUEST, (g.CONTEXT, toks, None, None))
     assert w.encode_query(*g.CONTEXT, toks, None, None) == want
     for at in (0, n // 2, n - 1):
@@ -148,7 +148,7 @@ def test_many_low_byte_candidates_take_the_type_scan(n):
 
 def test_bool_after_many_real_zero_and_one_ids_is_found():
     rng = random.Random(11)
-    toks = [rng.choice((0, 1, 256, 513, 70000, 1 << 24)) for _ in range(5000)]
+    toks = [rng.choice((0, 1, 2, 255, 513, 65536, 1 << 24)) for _ in range(5000)]
     for at in (0, 17, 4999):
         bad = list(toks)
         bad[at] = bool(toks[at] & 1) if toks[at] < 2 else True
