@@ -524,6 +524,10 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _I64X4 = struct.Struct("<4q")
 _I64X2 = struct.Struct("<2q")
+_I64X9 = struct.Struct("<9q")
+_LEN_CHARS = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_QLEN = {w: struct.Struct("<q" + c) for w, c in _LEN_CHARS.items()}
+_QQLEN = {w: struct.Struct("<qq" + c) for w, c in _LEN_CHARS.items()}
 
 
 def _i32_bytes(tokens):
@@ -614,6 +618,11 @@ def decode_query_response(body):
             if count * (3 * width + 40) > size - pos:
                 raise WireError("map length %d exceeds the %d bytes left" % (count, size - pos))
             hits = {}
+            # One unpack per run of fixed fields: (longest, dp count), then with one
+            # rank (the usual case) (rank, device, rank_matches count) and
+            # (rank, 4 tiers, 4 instance tiers).
+            unpack_qlen, unpack_qqlen = _QLEN[width].unpack_from, _QQLEN[width].unpack_from
+            unpack_9 = _I64X9.unpack_from
             for _ in range(count):
                 (n,) = unpack_len(buf, pos)
                 pos += width
@@ -621,19 +630,29 @@ def decode_query_response(body):
                     raise WireError("truncated body: string needs %d bytes at offset %d" % (n, pos))
                 inst = buf[pos : pos + n].decode("utf-8", "replace")
                 pos += n
-                (longest,) = unpack_i64(buf, pos)
-                pos += 8
-                (n,) = unpack_len(buf, pos)
-                pos += width
-                if n * 16 > size - pos:
-                    raise WireError("map length %d exceeds the %d bytes left" % (n, size - pos))
-                dp = {}
-                for _ in range(n):
-                    rank, count_dev = unpack_2(buf, pos)
-                    pos += 16
-                    dp[str(rank)] = count_dev
-                (n,) = unpack_len(buf, pos)
-                pos += width
+                longest, n = unpack_qlen(buf, pos)
+                pos += 8 + width
+                if n == 1:
+                    rank, count_dev, n = unpack_qqlen(buf, pos)
+                    pos += 16 + width
+                    dp = {str(rank): count_dev}
+                else:
+                    if n * 16 > size - pos:
+                        raise WireError("map length %d exceeds the %d bytes left" % (n, size - pos))
+                    dp = {}
+                    for _ in range(n):
+                        rank, count_dev = unpack_2(buf, pos)
+                        pos += 16
+                        dp[str(rank)] = count_dev
+                    (n,) = unpack_len(buf, pos)
+                    pos += width
+                if n == 1:
+                    rank, d, cl, cs, dk, d2, cl2, cs2, dk2 = unpack_9(buf, pos)
+                    pos += 72
+                    ranks = {str(rank): {"device": d, "cpu_local": cl, "cpu_share": cs, "disk": dk}}
+                    hits[inst] = {"longest_matched": longest, "dp": dp, "rank_matches": ranks,
+                                  "device": d2, "cpu_local": cl2, "cpu_share": cs2, "disk": dk2}
+                    continue
                 if n * 40 > size - pos:
                     raise WireError("map length %d exceeds the %d bytes left" % (n, size - pos))
                 ranks = {}
