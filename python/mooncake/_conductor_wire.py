@@ -528,6 +528,8 @@ _I64X9 = struct.Struct("<9q")
 _LEN_CHARS = {1: "B", 2: "H", 4: "I", 8: "Q"}
 _QLEN = {w: struct.Struct("<q" + c) for w, c in _LEN_CHARS.items()}
 _QQLEN = {w: struct.Struct("<qq" + c) for w, c in _LEN_CHARS.items()}
+# longest, dp count, (rank, device), rank_matches count, (rank, 4 tiers), 4 instance tiers
+_ONE_RANK_HIT = {w: struct.Struct("<q%sqq%s9q" % (c, c)) for w, c in _LEN_CHARS.items()}
 
 
 def _i32_bytes(tokens):
@@ -618,11 +620,11 @@ def decode_query_response(body):
             if count * (3 * width + 40) > size - pos:
                 raise WireError("map length %d exceeds the %d bytes left" % (count, size - pos))
             hits = {}
-            # One unpack per run of fixed fields: (longest, dp count), then with one
-            # rank (the usual case) (rank, device, rank_matches count) and
-            # (rank, 4 tiers, 4 instance tiers).
+            # An instance with one rank in dp and in rank_matches (the usual shape) is
+            # read with one unpack after its name; any other shape one run at a time.
             unpack_qlen, unpack_qqlen = _QLEN[width].unpack_from, _QQLEN[width].unpack_from
-            unpack_9 = _I64X9.unpack_from
+            unpack_9, unpack_one = _I64X9.unpack_from, _ONE_RANK_HIT[width].unpack_from
+            one_size = _ONE_RANK_HIT[width].size
             for _ in range(count):
                 (n,) = unpack_len(buf, pos)
                 pos += width
@@ -630,6 +632,16 @@ def decode_query_response(body):
                     raise WireError("truncated body: string needs %d bytes at offset %d" % (n, pos))
                 inst = buf[pos : pos + n].decode("utf-8", "replace")
                 pos += n
+                if pos + one_size <= size:
+                    longest, ndp, rank, count_dev, nr, rank2, d, cl, cs, dk, d2, cl2, cs2, dk2 = unpack_one(buf, pos)
+                    if ndp == 1 and nr == 1:
+                        pos += one_size
+                        key = str(rank)
+                        hits[inst] = {"longest_matched": longest, "dp": {key: count_dev},
+                                      "rank_matches": {key if rank2 == rank else str(rank2):
+                                                       {"device": d, "cpu_local": cl, "cpu_share": cs, "disk": dk}},
+                                      "device": d2, "cpu_local": cl2, "cpu_share": cs2, "disk": dk2}
+                        continue
                 longest, n = unpack_qlen(buf, pos)
                 pos += 8 + width
                 if n == 1:

@@ -160,7 +160,7 @@ def test_bool_after_many_real_zero_and_one_ids_is_found():
 def test_decode_query_response_dp_and_rank_counts_differ():
     # The one-rank shortcut must not assume dp and rank_matches have the same length.
     t = (1, 2, 3, 4)
-    for dp, ranks in (({0: 5}, {0: t, 1: t}), ({0: 5, 3: 6}, {7: t}), ({}, {0: t}), ({9: 1}, {}), ({0: 1}, {0: t})):
+    for dp, ranks in (({0: 5}, {0: t, 1: t}), ({0: 5, 3: 6}, {7: t}), ({}, {0: t}), ({9: 1}, {}), ({0: 1}, {0: t}), ({4: 5}, {7: t})):
         for width_hint in (0, 300):
             value = ({"x" * (1 + width_hint): (9, dp, ranks, 11, 12, 13, 14), "y": (8, dp, ranks, 1, 2, 3, 4)},)
             body = w.encode(w.QUERY_RESPONSE, w.TC_QUERY_RESPONSE, (True, value))
