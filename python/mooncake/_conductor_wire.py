@@ -554,25 +554,51 @@ def encode_query(tenant_id, model_name, lora_name, block_size, token_ids, cache_
 def query_parts(tenant_id, model_name, lora_name, block_size, token_ids, cache_salt, instance_filter):
     """encode_query's body as a list of bytes parts, so that the client joins it with
     the frame header in one copy."""
-    tenant, model, lora = _as_bytes(tenant_id), _as_bytes(model_name), _as_bytes(lora_name)
-    salt = None if cache_salt is None else _as_bytes(cache_salt)
-    filt = None if instance_filter is None else _as_bytes(instance_filter)
-    block_size = _prepare(I64, block_size)
-    n, packed = _i32_bytes(token_ids)
-    width = length_width(max(len(tenant), len(model), len(lora), n, len(salt or b""), len(filt or b"")))
-    lenfmt = _LEN_FORMATS[width]
-    if width == 1:
-        parts = [_U32.pack(TC_QUERY_REQUEST & ~1)]
-    else:
-        parts = [_U32.pack(TC_QUERY_REQUEST | 1), bytes((_WIDTH_BITS[width],))]
-    parts += (lenfmt.pack(len(tenant)), tenant, lenfmt.pack(len(model)), model, lenfmt.pack(len(lora)), lora,
-              _I64.pack(block_size), lenfmt.pack(n), packed)
-    for opt_value in (salt, filt):
-        if opt_value is None:
-            parts.append(b"\x00")
+    return QueryTemplate(tenant_id, model_name, lora_name, block_size, cache_salt, instance_filter).parts(token_ids)
+
+
+class QueryTemplate:
+    """A query request's fields other than the token ids, validated and encoded once
+    (per length width), so that a client asking about one context again only packs
+    the tokens. Immutable once built; safe to share between threads."""
+
+    __slots__ = ("_fields", "_maxlen", "_fixed")
+
+    def __init__(self, tenant_id, model_name, lora_name, block_size, cache_salt, instance_filter):
+        tenant, model, lora = _as_bytes(tenant_id), _as_bytes(model_name), _as_bytes(lora_name)
+        salt = None if cache_salt is None else _as_bytes(cache_salt)
+        filt = None if instance_filter is None else _as_bytes(instance_filter)
+        block_size = _prepare(I64, block_size)
+        self._fields = (tenant, model, lora, block_size, salt, filt)
+        self._maxlen = max(len(tenant), len(model), len(lora), len(salt or b""), len(filt or b""))
+        self._fixed = {}
+
+    def _build(self, width):
+        tenant, model, lora, block_size, salt, filt = self._fields
+        lenfmt = _LEN_FORMATS[width]
+        if width == 1:
+            head = [_U32.pack(TC_QUERY_REQUEST & ~1)]
         else:
-            parts += (b"\x01", lenfmt.pack(len(opt_value)), opt_value)
-    return parts
+            head = [_U32.pack(TC_QUERY_REQUEST | 1), bytes((_WIDTH_BITS[width],))]
+        head += (lenfmt.pack(len(tenant)), tenant, lenfmt.pack(len(model)), model, lenfmt.pack(len(lora)), lora,
+                 _I64.pack(block_size))
+        tail = []
+        for opt_value in (salt, filt):
+            if opt_value is None:
+                tail.append(b"\x00")
+            else:
+                tail += (b"\x01", lenfmt.pack(len(opt_value)), opt_value)
+        fixed = (b"".join(head), lenfmt.pack, b"".join(tail))
+        self._fixed[width] = fixed
+        return fixed
+
+    def parts(self, token_ids):
+        """The request body for token_ids as [fields before, token count, tokens, fields after]."""
+        n, packed = _i32_bytes(token_ids)
+        longest = n if n > self._maxlen else self._maxlen
+        width = 1 if longest < 256 else length_width(longest)
+        fixed = self._fixed.get(width) or self._build(width)
+        return [fixed[0], fixed[1](n), packed, fixed[2]]
 
 
 def decode_query_response(body):

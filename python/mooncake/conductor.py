@@ -60,6 +60,8 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # allocated: the largest legitimate reply (a global view of many contexts) is far smaller.
 _MAX_RESPONSE_BYTES = 1 << 30
 _RECV_BUFFER_BYTES = 1 << 16
+# Encoded query fields (model, LoRA, block size, tenant, salt, filter) kept per client.
+_QUERY_TEMPLATES = 64
 
 _REGISTER_KEYS = frozenset(
     (
@@ -157,6 +159,7 @@ class ConductorClient:
         # conforming server) stay for the next call, as they would in the socket.
         self._rbuf = bytearray(_RECV_BUFFER_BYTES)
         self._rhave = 0
+        self._templates = {}
 
     def __enter__(self):
         return self
@@ -228,16 +231,27 @@ class ConductorClient:
         Raises ValueError for wrongly typed arguments or token ids outside int32.
         Empty cache_salt/instance_filter are sent as absent, as upstream does.
         """
-        _check_str("model_name", model_name)
-        _check_str("lora_name", lora_name)
-        _check_int("block_size", block_size, _INT64_MIN, _INT64_MAX)
-        _check_str("tenant_id", tenant_id)
-        _check_str("cache_salt", cache_salt)
-        _check_str("instance_filter", instance_filter)
-        try:
-            body = _wire.query_parts(
-                _tenant(tenant_id), model_name, lora_name, block_size, token_ids, cache_salt or None, instance_filter or None
+        key = (model_name, lora_name, block_size, tenant_id, cache_salt, instance_filter)
+        # Exact types only: 16.0 or True would find the entry of block_size 16.
+        exact = (type(model_name) is str and type(lora_name) is str and type(block_size) is int
+                 and type(tenant_id) is str and type(cache_salt) is str and type(instance_filter) is str)
+        template = self._templates.get(key) if exact else None
+        if template is None:
+            _check_str("model_name", model_name)
+            _check_str("lora_name", lora_name)
+            _check_int("block_size", block_size, _INT64_MIN, _INT64_MAX)
+            _check_str("tenant_id", tenant_id)
+            _check_str("cache_salt", cache_salt)
+            _check_str("instance_filter", instance_filter)
+            template = _wire.QueryTemplate(
+                _tenant(tenant_id), model_name, lora_name, block_size, cache_salt or None, instance_filter or None
             )
+            if exact:
+                if len(self._templates) >= _QUERY_TEMPLATES:
+                    self._templates.clear()
+                self._templates[key] = template
+        try:
+            body = template.parts(token_ids)
         except _wire.WireError as exc:
             raise ValueError("token_ids: %s" % exc) from None
         try:
