@@ -8,6 +8,13 @@ figure is the client's encode + round trip + decode), then times --iters queries
 prompt size and prints p50/p99 in microseconds, one JSON line per size. With --hit the
 first instance is fed the whole prompt through a ZMQ publisher (needs pyzmq and msgpack)
 so that the server hashes and walks every block too.
+
+Each line names the client module timed ("client"), so that an older client can be
+timed with the same harness: PYTHONPATH=<checkout>/python python bench/pyclient/latency.py.
+--floor also times, on a plain blocking socket with prebuilt frames (no client code),
+a ListServices round trip with an empty request body before any registration (the
+kernel + loopback + server floor) and, per size, the prebuilt query frame (what is left
+when encoding and decoding cost nothing).
 """
 
 import argparse
@@ -21,7 +28,40 @@ import sys
 import tempfile
 import time
 
+import mooncake.conductor
+from mooncake import _conductor_wire as wire
 from mooncake.conductor import OK, ConductorClient
+
+RESP_HEADER = struct.Struct("<BBBBIII")
+
+
+def raw_round_trips(port, func_id, body, iters):
+    """p50/p99 (us) of iters request/reply round trips of one prebuilt frame."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    lat = []
+    for i in range(iters + 50):
+        frame = wire.pack_request_header(i + 1, func_id, len(body)) + body
+        t0 = time.perf_counter_ns()
+        s.sendall(frame)
+        have = 0
+        need = 16
+        while have < need:
+            k = s.recv_into(view[have:])
+            if k == 0:
+                sys.exit("conductor closed the connection")
+            have += k
+            if have >= 16:
+                _, _, err, _, seq, length, attach = RESP_HEADER.unpack_from(buf)
+                need = 16 + length + attach
+        if i >= 50:
+            lat.append(time.perf_counter_ns() - t0)
+        assert err == 0 and seq == i + 1 and have == need
+    s.close()
+    lat.sort()
+    return round(lat[len(lat) // 2] / 1e3, 1), round(lat[int(len(lat) * 0.99)] / 1e3, 1)
 
 
 def free_port():
@@ -37,6 +77,7 @@ def main():
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--instances", type=int, default=8)
     ap.add_argument("--hit", action="store_true")
+    ap.add_argument("--floor", action="store_true", help="also time prebuilt frames on a raw socket")
     args = ap.parse_args()
     rpc, http = free_port(), free_port()
     tmp = tempfile.mkdtemp()
@@ -52,6 +93,11 @@ def main():
             if time.monotonic() > deadline:
                 sys.exit("conductor did not start")
             time.sleep(0.05)
+        client = os.path.dirname(os.path.abspath(mooncake.conductor.__file__))
+        if args.floor:
+            p50, p99 = raw_round_trips(rpc, wire.FUNC_LIST_SERVICES, b"", args.iters)
+            print(json.dumps({"floor": "list_services, empty request body, no services", "iters": args.iters,
+                              "p50_us": p50, "p99_us": p99}))
         profile = {"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0", "index_projection": "low64_be"}
         pub = None
         for i in range(args.instances):
@@ -91,6 +137,11 @@ def main():
                 time.sleep(0.02)
         for n in sizes:
             toks = prompts[n]
+            if args.floor:
+                body = wire.encode(wire.QUERY_REQUEST, wire.TC_QUERY_REQUEST, (("default", "m", "", 16), toks, None, None))
+                p50, p99 = raw_round_trips(rpc, wire.FUNC_QUERY, body, args.iters)
+                print(json.dumps({"floor": "prebuilt query frame", "tokens": n, "hit": args.hit, "instances": args.instances,
+                                  "iters": args.iters, "p50_us": p50, "p99_us": p99}))
             for _ in range(50):
                 c.query("m", block_size=16, token_ids=toks)
             lat = []
@@ -101,7 +152,8 @@ def main():
                 assert r["ret"] == OK and len(r["hits"]) == args.instances
             lat.sort()
             print(json.dumps({"tokens": n, "hit": args.hit, "instances": args.instances, "iters": args.iters,
-                              "p50_us": round(lat[len(lat) // 2] / 1e3, 1), "p99_us": round(lat[int(len(lat) * 0.99)] / 1e3, 1)}))
+                              "p50_us": round(lat[len(lat) // 2] / 1e3, 1), "p99_us": round(lat[int(len(lat) * 0.99)] / 1e3, 1),
+                              "client": client}))
         c.close()
     finally:
         proc.terminate()

@@ -205,33 +205,31 @@ def _i32_array(values):
     return array.array("l", values)  # pragma: no cover
 
 
-_ZERO_LE = b"\x00\x00\x00\x00"
-_ONE_LE = b"\x01\x00\x00\x00"
-
-
 def _pack_i32_le(values):
     """values (a list or tuple) as little-endian int32 bytes, or None when one is not an
     int32 integer (a bool counts as not one).
 
-    struct.pack checks type and range in one C loop. It takes bools as 0 and 1, so only
-    the elements whose packed word is 0 or 1 are looked at, found with bytes.find at
-    memchr speed (a match at an unaligned offset is skipped); a prompt full of 0s and 1s
+    struct.pack checks type and range in one C loop. It takes bools as 0 and 1, whose
+    packed words have a zero second byte; so only the elements with a zero byte there
+    (found in the strided second-byte plane at memchr speed: ~1 in 256 ids of a prompt)
+    are looked at one by one. A prompt with many such ids (more than len/16 + 64)
     falls back to one type scan.
     """
     try:
         packed = struct.pack("<%di" % len(values), *values)
     except struct.error:
         return None
-    for pattern, singleton in ((_ONE_LE, True), (_ZERO_LE, False)):
-        pos = packed.find(pattern)
-        budget = 64
-        while pos >= 0:
-            if not pos & 3 and values[pos >> 2] is singleton:
-                return None
-            budget -= 1
-            if not budget:
-                return None if bool in set(map(type, values)) else packed
-            pos = packed.find(pattern, pos + 1)
+    plane = packed[1::4]
+    pos = plane.find(0)
+    budget = (len(values) >> 4) + 64
+    while pos >= 0:
+        v = values[pos]
+        if v is True or v is False:
+            return None
+        budget -= 1
+        if not budget:
+            return None if bool in set(map(type, values)) else packed
+        pos = plane.find(0, pos + 1)
     return packed
 
 
@@ -526,6 +524,12 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _I64X4 = struct.Struct("<4q")
 _I64X2 = struct.Struct("<2q")
+_I64X9 = struct.Struct("<9q")
+_LEN_CHARS = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_QLEN = {w: struct.Struct("<q" + c) for w, c in _LEN_CHARS.items()}
+_QQLEN = {w: struct.Struct("<qq" + c) for w, c in _LEN_CHARS.items()}
+# longest, dp count, (rank, device), rank_matches count, (rank, 4 tiers), 4 instance tiers
+_ONE_RANK_HIT = {w: struct.Struct("<q%sqq%s9q" % (c, c)) for w, c in _LEN_CHARS.items()}
 
 
 def _i32_bytes(tokens):
@@ -544,25 +548,57 @@ def encode_query(tenant_id, model_name, lora_name, block_size, token_ids, cache_
     """encode(QUERY_REQUEST, TC_QUERY_REQUEST, ((tenant, model, lora, block_size),
     token_ids, cache_salt, instance_filter)) without the generic walk; cache_salt and
     instance_filter are None when absent."""
-    tenant, model, lora = _as_bytes(tenant_id), _as_bytes(model_name), _as_bytes(lora_name)
-    salt = None if cache_salt is None else _as_bytes(cache_salt)
-    filt = None if instance_filter is None else _as_bytes(instance_filter)
-    block_size = _prepare(I64, block_size)
-    n, packed = _i32_bytes(token_ids)
-    width = length_width(max(len(tenant), len(model), len(lora), n, len(salt or b""), len(filt or b"")))
-    lenfmt = _LEN_FORMATS[width]
-    if width == 1:
-        parts = [_U32.pack(TC_QUERY_REQUEST & ~1)]
-    else:
-        parts = [_U32.pack(TC_QUERY_REQUEST | 1), bytes((_WIDTH_BITS[width],))]
-    parts += (lenfmt.pack(len(tenant)), tenant, lenfmt.pack(len(model)), model, lenfmt.pack(len(lora)), lora,
-              _I64.pack(block_size), lenfmt.pack(n), packed)
-    for opt_value in (salt, filt):
-        if opt_value is None:
-            parts.append(b"\x00")
+    return b"".join(query_parts(tenant_id, model_name, lora_name, block_size, token_ids, cache_salt, instance_filter))
+
+
+def query_parts(tenant_id, model_name, lora_name, block_size, token_ids, cache_salt, instance_filter):
+    """encode_query's body as a list of bytes parts, so that the client joins it with
+    the frame header in one copy."""
+    return QueryTemplate(tenant_id, model_name, lora_name, block_size, cache_salt, instance_filter).parts(token_ids)
+
+
+class QueryTemplate:
+    """A query request's fields other than the token ids, validated and encoded once
+    (per length width), so that a client asking about one context again only packs
+    the tokens. Immutable once built; safe to share between threads."""
+
+    __slots__ = ("_fields", "_maxlen", "_fixed")
+
+    def __init__(self, tenant_id, model_name, lora_name, block_size, cache_salt, instance_filter):
+        tenant, model, lora = _as_bytes(tenant_id), _as_bytes(model_name), _as_bytes(lora_name)
+        salt = None if cache_salt is None else _as_bytes(cache_salt)
+        filt = None if instance_filter is None else _as_bytes(instance_filter)
+        block_size = _prepare(I64, block_size)
+        self._fields = (tenant, model, lora, block_size, salt, filt)
+        self._maxlen = max(len(tenant), len(model), len(lora), len(salt or b""), len(filt or b""))
+        self._fixed = {}
+
+    def _build(self, width):
+        tenant, model, lora, block_size, salt, filt = self._fields
+        lenfmt = _LEN_FORMATS[width]
+        if width == 1:
+            head = [_U32.pack(TC_QUERY_REQUEST & ~1)]
         else:
-            parts += (b"\x01", lenfmt.pack(len(opt_value)), opt_value)
-    return b"".join(parts)
+            head = [_U32.pack(TC_QUERY_REQUEST | 1), bytes((_WIDTH_BITS[width],))]
+        head += (lenfmt.pack(len(tenant)), tenant, lenfmt.pack(len(model)), model, lenfmt.pack(len(lora)), lora,
+                 _I64.pack(block_size))
+        tail = []
+        for opt_value in (salt, filt):
+            if opt_value is None:
+                tail.append(b"\x00")
+            else:
+                tail += (b"\x01", lenfmt.pack(len(opt_value)), opt_value)
+        fixed = (b"".join(head), lenfmt.pack, b"".join(tail))
+        self._fixed[width] = fixed
+        return fixed
+
+    def parts(self, token_ids):
+        """The request body for token_ids as [fields before, token count, tokens, fields after]."""
+        n, packed = _i32_bytes(token_ids)
+        longest = n if n > self._maxlen else self._maxlen
+        width = 1 if longest < 256 else length_width(longest)
+        fixed = self._fixed.get(width) or self._build(width)
+        return [fixed[0], fixed[1](n), packed, fixed[2]]
 
 
 def decode_query_response(body):
@@ -610,6 +646,11 @@ def decode_query_response(body):
             if count * (3 * width + 40) > size - pos:
                 raise WireError("map length %d exceeds the %d bytes left" % (count, size - pos))
             hits = {}
+            # An instance with one rank in dp and in rank_matches (the usual shape) is
+            # read with one unpack after its name; any other shape one run at a time.
+            unpack_qlen, unpack_qqlen = _QLEN[width].unpack_from, _QQLEN[width].unpack_from
+            unpack_9, unpack_one = _I64X9.unpack_from, _ONE_RANK_HIT[width].unpack_from
+            one_size = _ONE_RANK_HIT[width].size
             for _ in range(count):
                 (n,) = unpack_len(buf, pos)
                 pos += width
@@ -617,19 +658,39 @@ def decode_query_response(body):
                     raise WireError("truncated body: string needs %d bytes at offset %d" % (n, pos))
                 inst = buf[pos : pos + n].decode("utf-8", "replace")
                 pos += n
-                (longest,) = unpack_i64(buf, pos)
-                pos += 8
-                (n,) = unpack_len(buf, pos)
-                pos += width
-                if n * 16 > size - pos:
-                    raise WireError("map length %d exceeds the %d bytes left" % (n, size - pos))
-                dp = {}
-                for _ in range(n):
-                    rank, count_dev = unpack_2(buf, pos)
-                    pos += 16
-                    dp[str(rank)] = count_dev
-                (n,) = unpack_len(buf, pos)
-                pos += width
+                if pos + one_size <= size:
+                    longest, ndp, rank, count_dev, nr, rank2, d, cl, cs, dk, d2, cl2, cs2, dk2 = unpack_one(buf, pos)
+                    if ndp == 1 and nr == 1:
+                        pos += one_size
+                        key = str(rank)
+                        hits[inst] = {"longest_matched": longest, "dp": {key: count_dev},
+                                      "rank_matches": {key if rank2 == rank else str(rank2):
+                                                       {"device": d, "cpu_local": cl, "cpu_share": cs, "disk": dk}},
+                                      "device": d2, "cpu_local": cl2, "cpu_share": cs2, "disk": dk2}
+                        continue
+                longest, n = unpack_qlen(buf, pos)
+                pos += 8 + width
+                if n == 1:
+                    rank, count_dev, n = unpack_qqlen(buf, pos)
+                    pos += 16 + width
+                    dp = {str(rank): count_dev}
+                else:
+                    if n * 16 > size - pos:
+                        raise WireError("map length %d exceeds the %d bytes left" % (n, size - pos))
+                    dp = {}
+                    for _ in range(n):
+                        rank, count_dev = unpack_2(buf, pos)
+                        pos += 16
+                        dp[str(rank)] = count_dev
+                    (n,) = unpack_len(buf, pos)
+                    pos += width
+                if n == 1:
+                    rank, d, cl, cs, dk, d2, cl2, cs2, dk2 = unpack_9(buf, pos)
+                    pos += 72
+                    ranks = {str(rank): {"device": d, "cpu_local": cl, "cpu_share": cs, "disk": dk}}
+                    hits[inst] = {"longest_matched": longest, "dp": dp, "rank_matches": ranks,
+                                  "device": d2, "cpu_local": cl2, "cpu_share": cs2, "disk": dk2}
+                    continue
                 if n * 40 > size - pos:
                     raise WireError("map length %d exceeds the %d bytes left" % (n, size - pos))
                 ranks = {}

@@ -59,6 +59,9 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # A response body larger than this is treated as a corrupt stream rather than
 # allocated: the largest legitimate reply (a global view of many contexts) is far smaller.
 _MAX_RESPONSE_BYTES = 1 << 30
+_RECV_BUFFER_BYTES = 1 << 16
+# Encoded query fields (model, LoRA, block size, tenant, salt, filter) kept per client.
+_QUERY_TEMPLATES = 64
 
 _REGISTER_KEYS = frozenset(
     (
@@ -151,6 +154,12 @@ class ConductorClient:
         self._connect_timeout = 1.0
         self._request_timeout = 3.0
         self._seq = 0
+        # Replies are read with one recv into this buffer when they fit (a query's does):
+        # header and body in one system call. Bytes past the reply (none from a
+        # conforming server) stay for the next call, as they would in the socket.
+        self._rbuf = bytearray(_RECV_BUFFER_BYTES)
+        self._rhave = 0
+        self._templates = {}
 
     def __enter__(self):
         return self
@@ -222,16 +231,27 @@ class ConductorClient:
         Raises ValueError for wrongly typed arguments or token ids outside int32.
         Empty cache_salt/instance_filter are sent as absent, as upstream does.
         """
-        _check_str("model_name", model_name)
-        _check_str("lora_name", lora_name)
-        _check_int("block_size", block_size, _INT64_MIN, _INT64_MAX)
-        _check_str("tenant_id", tenant_id)
-        _check_str("cache_salt", cache_salt)
-        _check_str("instance_filter", instance_filter)
-        try:
-            body = _wire.encode_query(
-                _tenant(tenant_id), model_name, lora_name, block_size, token_ids, cache_salt or None, instance_filter or None
+        key = (model_name, lora_name, block_size, tenant_id, cache_salt, instance_filter)
+        # Exact types only: 16.0 or True would find the entry of block_size 16.
+        exact = (type(model_name) is str and type(lora_name) is str and type(block_size) is int
+                 and type(tenant_id) is str and type(cache_salt) is str and type(instance_filter) is str)
+        template = self._templates.get(key) if exact else None
+        if template is None:
+            _check_str("model_name", model_name)
+            _check_str("lora_name", lora_name)
+            _check_int("block_size", block_size, _INT64_MIN, _INT64_MAX)
+            _check_str("tenant_id", tenant_id)
+            _check_str("cache_salt", cache_salt)
+            _check_str("instance_filter", instance_filter)
+            template = _wire.QueryTemplate(
+                _tenant(tenant_id), model_name, lora_name, block_size, cache_salt or None, instance_filter or None
             )
+            if exact:
+                if len(self._templates) >= _QUERY_TEMPLATES:
+                    self._templates.clear()
+                self._templates[key] = template
+        try:
+            body = template.parts(token_ids)
         except _wire.WireError as exc:
             raise ValueError("token_ids: %s" % exc) from None
         try:
@@ -330,6 +350,7 @@ class ConductorClient:
 
     def _drop(self):
         sock, self._sock = self._sock, None
+        self._rhave = 0
         if sock is not None:
             try:
                 sock.close()
@@ -338,7 +359,9 @@ class ConductorClient:
 
     def _call(self, func_id, body, schema=None, type_code=None, decoder=None):
         """Send one request and decode its reply (with decoder(payload) when given, else
-        against schema and type_code); raises _CallFailed with the error code."""
+        against schema and type_code); raises _CallFailed with the error code.
+
+        body is bytes, or a list of bytes parts (joined with the header in one copy)."""
         with self._lock:
             if self._target is None:
                 raise _CallFailed(CONDUCTOR_UNAVAILABLE)
@@ -351,16 +374,15 @@ class ConductorClient:
             self._seq = (self._seq + 1) & 0xFFFFFFFF
             seq = self._seq
             deadline = time.monotonic() + self._request_timeout
+            if type(body) is list:
+                header = _wire.pack_request_header(seq, func_id, sum(map(len, body)))
+                body.insert(0, header)
+                data = b"".join(body)
+            else:
+                data = _wire.pack_request_header(seq, func_id, len(body)) + body
             try:
-                self._send(_wire.pack_request_header(seq, func_id, len(body)) + body, deadline)
-                err_code, got_seq, length, attach = _wire.unpack_response_header(
-                    self._recv(_wire.RESPONSE_HEADER_SIZE, deadline)
-                )
-                if got_seq != seq:
-                    raise _wire.WireError("response seq %d for request %d" % (got_seq, seq))
-                if length + attach > _MAX_RESPONSE_BYTES:
-                    raise _wire.WireError("response of %d bytes exceeds the limit" % (length + attach))
-                payload = self._recv(length + attach, deadline)
+                self._send(data, deadline)
+                err_code, payload = self._recv_reply(seq, deadline)
             except socket.timeout:
                 # A late reply would be read as the answer to the next request: start afresh.
                 self._drop()
@@ -373,29 +395,66 @@ class ConductorClient:
             raise _CallFailed(RPC_FAIL)
         try:
             if decoder is not None:
-                return decoder(payload[:length])
-            return _wire.decode(schema, type_code, payload[:length])
+                return decoder(payload)
+            return _wire.decode(schema, type_code, payload)
         except _wire.WireError:
             raise _CallFailed(RPC_FAIL) from None
 
     def _send(self, data, deadline):
-        view = memoryview(data)
+        sock = self._sock
+        sock.settimeout(_remaining(deadline))
+        sent = sock.send(data)
+        if sent == len(data):
+            return
+        view = memoryview(data)[sent:]
         while view:
-            self._sock.settimeout(_remaining(deadline))
-            sent = self._sock.send(view)
+            sock.settimeout(_remaining(deadline))
+            sent = sock.send(view)
             view = view[sent:]
 
-    def _recv(self, n, deadline):
-        buf = bytearray(n)
+    def _recv_reply(self, seq, deadline):
+        """Read one reply: (err_code, body bytes without the attachment)."""
+        sock = self._sock
+        buf = self._rbuf
         view = memoryview(buf)
-        got = 0
-        while got < n:
-            self._sock.settimeout(_remaining(deadline))
-            k = self._sock.recv_into(view[got:])
+        have = self._rhave
+        self._rhave = 0
+        while have < _wire.RESPONSE_HEADER_SIZE:
+            sock.settimeout(_remaining(deadline))
+            k = sock.recv_into(view[have:])
+            if k == 0:
+                raise ConnectionResetError("connection closed by the conductor")
+            have += k
+        err_code, got_seq, length, attach = _wire.unpack_response_header(view[: _wire.RESPONSE_HEADER_SIZE])
+        if got_seq != seq:
+            raise _wire.WireError("response seq %d for request %d" % (got_seq, seq))
+        if length + attach > _MAX_RESPONSE_BYTES:
+            raise _wire.WireError("response of %d bytes exceeds the limit" % (length + attach))
+        start = _wire.RESPONSE_HEADER_SIZE
+        end = start + length + attach
+        if end <= have:
+            payload = bytes(view[start : start + length])
+            if end < have:
+                buf[: have - end] = buf[end:have]
+                self._rhave = have - end
+            return err_code, payload
+        # The rest of a reply longer than what arrived: read exactly that, nothing past it.
+        rest = bytearray(end - start)
+        got = have - start
+        rest[:got] = view[start:have]
+        view.release()
+        rview = memoryview(rest)
+        need = len(rest)
+        while got < need:
+            sock.settimeout(_remaining(deadline))
+            k = sock.recv_into(rview[got:])
             if k == 0:
                 raise ConnectionResetError("connection closed by the conductor")
             got += k
-        return bytes(buf)
+        rview.release()
+        if attach:
+            del rest[length:]
+        return err_code, bytes(rest)
 
 
 def _remaining(deadline):

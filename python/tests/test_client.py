@@ -407,3 +407,35 @@ def test_close_from_another_thread_during_use(golden_server, client):
     stop.set()
     t.join(timeout=10)
     assert seen <= {OK, CONDUCTOR_UNAVAILABLE} and CONDUCTOR_UNAVAILABLE in seen
+
+
+def test_query_fields_cache_same_bytes_and_same_rejections(fake_server, client):
+    # The client keeps each context's encoded fields; a repeated context (any token
+    # count, across the 1/2/4-byte length widths) sends what the generic encoder does,
+    # and values equal to a cached one but of another type are still rejected.
+    server = fake_server(lambda req: g.QUERY_RESP_EMPTY)
+    assert client.setup(server.address) == OK
+    sent = []
+    for n in (3, 255, 256, 3, 65536, 2):
+        for lora, salt, filt, tenant in (("", "", "", "default"), ("l", "s", "i", ""), ("", "", "", "t" * 300)):
+            toks = list(range(n))
+            assert client.query("m", lora_name=lora, block_size=16, tenant_id=tenant, token_ids=toks,
+                                cache_salt=salt, instance_filter=filt) == {"ret": OK, "hits": {}}
+            sent.append(w.encode(w.QUERY_REQUEST, w.TC_QUERY_REQUEST,
+                                 ((tenant or "default", "m", lora, 16), toks, salt or None, filt or None)))
+    assert [r.body for r in server.requests] == sent
+    for bad in (16.0, True):
+        with pytest.raises(ValueError):
+            client.query("m", block_size=bad, token_ids=[1])
+    assert client.query("m", block_size=1, token_ids=[1])["ret"] == OK
+    with pytest.raises(ValueError):
+        client.query("m", block_size=True, token_ids=[1])
+
+    class Name(str):
+        pass
+
+    with pytest.raises(ValueError):
+        client.query("m", block_size=16, token_ids=[True])
+    assert client.query(Name("m"), block_size=16, token_ids=[1])["ret"] == OK
+    assert server.requests[-1].body == w.encode(w.QUERY_REQUEST, w.TC_QUERY_REQUEST, (("default", "m", "", 16), [1], None, None))
+    assert len(server.requests) == len(sent) + 2

@@ -127,3 +127,44 @@ def test_bools_hidden_among_zeros_and_ones_are_found(tokens):
     # and a long run of genuine 0/1 ids passes the exact check
     many = [0, 1] * 200
     assert w.encode_query(*g.CONTEXT, many, None, None) == w.encode(w.QUERY_REQUEST, w.TC_QUERY_REQUEST, (g.CONTEXT, many, None, None))
+
+
+@pytest.mark.parametrize("n", [10, 2000, 40000])
+def test_many_low_byte_candidates_take_the_type_scan(n):
+    # Every id has a zero second byte (1, 2, 65536 ...), so the per-candidate
+    # budget runs out and the type scan decides: valid ids pass, one bool anywhere fails.
+    toks = [(i % 3) << 16 | (i & 1) for i in range(n)]
+    want = w.encode(w.QUERY_REQUEST, w.TC_QUERY_REQUEST, (g.CONTEXT, toks, None, None))
+    assert w.encode_query(*g.CONTEXT, toks, None, None) == want
+    for at in (0, n // 2, n - 1):
+        for b in (True, False):
+            bad = list(toks)
+            bad[at] = b
+            with pytest.raises(w.WireError, match="bool"):
+                w.encode_query(*g.CONTEXT, bad, None, None)
+            with pytest.raises(w.WireError, match="bool"):
+                w.encode_query(*g.CONTEXT, tuple(bad), None, None)
+
+
+def test_bool_after_many_real_zero_and_one_ids_is_found():
+    rng = random.Random(11)
+    toks = [rng.choice((0, 1, 2, 255, 513, 65536, 1 << 24)) for _ in range(5000)]
+    for at in (0, 17, 4999):
+        bad = list(toks)
+        bad[at] = bool(toks[at] & 1) if toks[at] < 2 else True
+        with pytest.raises(w.WireError, match="bool"):
+            w.encode_query(*g.CONTEXT, bad, None, None)
+    assert w.encode_query(*g.CONTEXT, toks, None, None) == w.encode(w.QUERY_REQUEST, w.TC_QUERY_REQUEST, (g.CONTEXT, toks, None, None))
+
+
+def test_decode_query_response_dp_and_rank_counts_differ():
+    # The one-rank shortcut must not assume dp and rank_matches have the same length.
+    t = (1, 2, 3, 4)
+    for dp, ranks in (({0: 5}, {0: t, 1: t}), ({0: 5, 3: 6}, {7: t}), ({}, {0: t}), ({9: 1}, {}), ({0: 1}, {0: t}), ({4: 5}, {7: t})):
+        for width_hint in (0, 300):
+            value = ({"x" * (1 + width_hint): (9, dp, ranks, 11, 12, 13, 14), "y": (8, dp, ranks, 1, 2, 3, 4)},)
+            body = w.encode(w.QUERY_RESPONSE, w.TC_QUERY_RESPONSE, (True, value))
+            assert w.decode_query_response(body) == (True, generic_hits(w.decode(w.QUERY_RESPONSE, w.TC_QUERY_RESPONSE, body)[1]))
+            for cut in range(len(body)):
+                with pytest.raises(w.WireError):
+                    w.decode_query_response(body[:cut])
