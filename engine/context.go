@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -22,6 +23,10 @@ type slotTable struct {
 	byID  map[string]int // index into insts
 	all   []uint64       // bitset of every registered slot, tab.w words
 	count int            // registered slots
+	// reuse is the context's slotReuse when this table was built: a query that finds
+	// slotReuse changed after its walk may have read bits of a slot number that now
+	// belongs to another registration, and walks again with the current table.
+	reuse uint64
 }
 
 type instSlots struct {
@@ -94,6 +99,13 @@ type context struct {
 
 	blocks                   atomic.Int64
 	evictions, evictedBlocks atomic.Uint64
+	// slotReuse counts registrations that took a slot number freed by an unregistration.
+	// It is bumped before the slot table naming the new owner is published, hence before
+	// any bit of the new owner is stored.
+	slotReuse atomic.Uint64
+	// gone is set by DropEmptyContext before it closes quit, so that do tells a dropped
+	// context (the caller looks the context up again) from a closed engine.
+	gone atomic.Bool
 
 	// Everything below is owned by the writer goroutine.
 	tab        *table
@@ -128,14 +140,24 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 
 // do hands r to the writer and waits until it is done.
 func (c *context) do(r *request) error {
+	if h := c.eng.hooks; h != nil && h.beforeDo != nil {
+		h.beforeDo(c, r)
+	}
 	select {
 	case c.reqs <- r:
 	case <-c.quit:
+		if c.gone.Load() {
+			return errDropped
+		}
 		return ErrClosed
 	}
 	<-r.done
 	return nil
 }
+
+// errDropped: the context was dropped by DropEmptyContext before the request reached its
+// writer. Callers retry on a new context (registration) or report it unknown (Apply).
+var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
@@ -196,7 +218,7 @@ func (c *context) publishTable() {
 
 func (c *context) buildSlotTable() *slotTable {
 	w := c.tab.w
-	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots)}
+	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots), reuse: c.slotReuse.Load()}
 	for s, n := range c.slots {
 		i, ok := st.byID[s.InstanceID]
 		if !ok {
@@ -222,7 +244,10 @@ func (c *context) register(s Slot) bool {
 		return false
 	}
 	n := slices.Index(c.slotUsed, false)
-	if n < 0 {
+	if n >= 0 {
+		// A query may still hold a slot table that maps n to its previous owner.
+		c.slotReuse.Add(1)
+	} else {
 		n = len(c.slotUsed)
 		c.slotUsed = append(c.slotUsed, true)
 		c.slotCounts = append(c.slotCounts, [3]int{})

@@ -141,6 +141,8 @@ type Engine struct {
 	// reqFree recycles requests so that Apply allocates nothing; a channel rather than a
 	// sync.Pool, which the garbage collector empties.
 	reqFree chan *request
+
+	hooks *testHooks // nil outside tests
 }
 
 // New returns an empty engine.
@@ -226,7 +228,7 @@ func (e *Engine) RegisterSlot(key ContextKey, p hashing.Profile, slot Slot) (isN
 		r.kind = reqRegister
 		r.slot = slot
 		err = c.do(r)
-		isNew, dropped := r.isNew, r.dropped
+		isNew, dropped := r.isNew, r.dropped || err == errDropped
 		e.putReq(r)
 		if !dropped {
 			return isNew, err
@@ -265,6 +267,7 @@ func (e *Engine) DropEmptyContext(key ContextKey) bool {
 		}
 	}
 	e.ctxs.Store(&m)
+	c.gone.Store(true)
 	close(c.quit)
 	return true
 }
@@ -317,7 +320,7 @@ func (e *Engine) Apply(key ContextKey, ops []Op) error {
 	err := c.do(r)
 	dropped := r.dropped
 	e.putReq(r)
-	if dropped || (err == ErrClosed && e.lookup(key) != c) {
+	if dropped || err == errDropped {
 		return ErrUnknownContext
 	}
 	return err

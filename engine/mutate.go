@@ -45,24 +45,51 @@ func (c *context) findOrCreate(key uint64) (rec []uint64, created bool) {
 	}
 	idx := c.tab.ar.Alloc()
 	rec = c.tab.ar.Record(idx)
-	// A reused record may still be read by a query that found it under its old key: the
-	// key changes first, so that query's re-check of the key rejects what follows.
+	// A reused record may still be read by a query that found it under its old key: it
+	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
+	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
+	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^metaFlags|metaBusy)
 	atomic.StoreUint64(&rec[recKey], key)
 	for j := recBits; j < len(rec); j++ {
 		if rec[j] != 0 {
 			atomic.StoreUint64(&rec[j], 0)
 		}
 	}
-	atomic.StoreUint64(&rec[recMeta], 0)
 	c.tab.insertNew(key, idx)
 	return rec, true
+}
+
+// lockRec marks rec busy before the writer changes its key or a bitset; setMeta ends the
+// change.
+func lockRec(rec []uint64) {
+	atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaBusy)
+}
+
+// setMeta ends a change of rec: it stores meta with epoch and flags (shared flags, free
+// bit), seq bumped and busy clear. Epochs only grow, and within one epoch seq only grows,
+// so the record never holds the same meta twice and a reader's before/after comparison
+// sees every change; should seq wrap within one epoch, the record takes a fresh epoch.
+func (c *context) setMeta(rec []uint64, epoch, flags uint64) {
+	cur := rec[recMeta]
+	seq := (cur>>metaSeqShift + 1) & metaSeqMask
+	if seq == 0 && epoch == cur>>metaEpochShift {
+		c.epoch++
+		epoch = c.epoch
+	}
+	atomic.StoreUint64(&rec[recMeta], epoch<<metaEpochShift|seq<<metaSeqShift|flags)
+}
+
+// keepMeta ends a change of rec that leaves its epoch and flags as they are.
+func (c *context) keepMeta(rec []uint64) {
+	m := rec[recMeta]
+	c.setMeta(rec, m>>metaEpochShift, m&(metaFlags|metaFree))
 }
 
 // touch stamps rec with a new write epoch: every store moves its block to the newest end
 // of the eviction order.
 func (c *context) touch(rec []uint64) {
 	c.epoch++
-	atomic.StoreUint64(&rec[recMeta], c.epoch<<metaEpochShift|rec[recMeta]&(metaSharedCPU|metaSharedDisk))
+	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
 }
 
 func (c *context) engineStore(op *Op) {
@@ -82,6 +109,9 @@ func (c *context) engineStore(op *Op) {
 		rec, created := c.findOrCreate(h)
 		word := recBits + t*c.tab.w + n>>6
 		if old := rec[word]; old&bit == 0 {
+			if !created {
+				lockRec(rec)
+			}
 			atomic.StoreUint64(&rec[word], old|bit)
 			c.slotCounts[n][t]++
 		}
@@ -115,16 +145,19 @@ func (c *context) engineRemove(op *Op) {
 		if old&bit == 0 {
 			continue
 		}
+		lockRec(rec)
 		atomic.StoreUint64(&rec[word], old&^bit)
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {
 			c.deleteRecord(pos, idx, rec)
+		} else {
+			c.keepMeta(rec)
 		}
 	}
 }
 
 func recordEmpty(rec []uint64) bool {
-	if rec[recMeta]&(metaSharedCPU|metaSharedDisk) != 0 {
+	if rec[recMeta]&metaFlags != 0 {
 		return false
 	}
 	for _, w := range rec[recBits:] {
@@ -139,7 +172,13 @@ func recordEmpty(rec []uint64) bool {
 // that a query still reading it sees the last state; reuse rewrites the key first.
 func (c *context) deleteRecord(pos uint64, idx uint32, rec []uint64) {
 	c.tab.deleteAt(pos)
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaFree)
+	c.freeRecord(idx, rec)
+}
+
+// freeRecord marks rec free (ending any change in progress) and returns it to the arena.
+func (c *context) freeRecord(idx uint32, rec []uint64) {
+	m := rec[recMeta]
+	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.tab.ar.Free(idx)
 }
 
@@ -175,21 +214,27 @@ func (c *context) clearSlot(n int, mask TierMask) {
 			}
 			word := recBits + t*w + n>>6
 			if old := rec[word]; old&bit != 0 {
+				if !changed {
+					lockRec(rec)
+				}
 				atomic.StoreUint64(&rec[word], old&^bit)
 				c.slotCounts[n][t]--
 				remaining--
 				changed = true
 			}
 		}
-		if !changed || !recordEmpty(rec) {
+		if !changed {
+			continue
+		}
+		if !recordEmpty(rec) {
+			c.keepMeta(rec)
 			continue
 		}
 		if bulk {
 			// Queries may still reach it through the current table: it reads as
-			// empty, which answers like a missing block. No Alloc happens before the
+			// free, which answers like a missing block. No Alloc happens before the
 			// rebuild below drops its entry.
-			atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaFree)
-			ar.Free(idx)
+			c.freeRecord(idx, rec)
 			emptied++
 		} else {
 			pos, _, _ := c.tab.slotOf(rec[recKey])
@@ -237,7 +282,7 @@ func (c *context) sharedStore(op *Op) {
 		c.shared[op.Hash] = sc
 	}
 	c.epoch++
-	atomic.StoreUint64(&rec[recMeta], c.epoch<<metaEpochShift|sharedFlags(sc))
+	c.setMeta(rec, c.epoch, sharedFlags(sc))
 	if created {
 		c.maybeEvict()
 	}
@@ -301,7 +346,7 @@ func (c *context) deactivate(b *binding, tier SharedTier) {
 		return // unreachable: a counted binding keeps its record alive
 	}
 	rec := c.tab.ar.Record(idx)
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaSharedCPU|metaSharedDisk)|sharedFlags(sc))
+	c.setMeta(rec, rec[recMeta]>>metaEpochShift, sharedFlags(sc))
 	if recordEmpty(rec) {
 		c.deleteRecord(pos, idx, rec)
 	}

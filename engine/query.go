@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/conductor-go/conductor/hashing"
@@ -78,13 +79,46 @@ func (e *Engine) Query(q *Query, res *Result) error {
 	if c == nil {
 		return nil
 	}
-	v := c.state.Load()
-	insts, mask := v.slots.selectInstances(q.InstanceFilter)
-	if insts == nil {
-		return nil
+	hook := e.walkHook()
+	for attempt := 0; ; attempt++ {
+		v := c.state.Load()
+		insts, mask := v.slots.selectInstances(q.InstanceFilter)
+		if insts == nil {
+			res.Instances = res.Instances[:0]
+			return nil
+		}
+		res.chain.Reset(&c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
+		err := res.run(v, insts, mask, hook, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
+		if err != nil || res.settled(c, v, insts, attempt) {
+			return err
+		}
 	}
-	res.chain.Reset(&c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
-	return res.run(v, insts, mask, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
+}
+
+// maxViewRetries bounds how often a query walks again because a slot number was reused
+// during its walk.
+const maxViewRetries = 8
+
+// settled reports whether the answer just computed from view v stands: true unless a slot
+// number was handed to a new registration since v's slot table was built (the walk may
+// have credited the new owner's bits to the old one). After maxViewRetries such walks it
+// settles for every covered rank with zero counts, which under-reports and never invents
+// a hit.
+func (r *Result) settled(c *context, v *view, insts []instSlots, attempt int) bool {
+	if c.slotReuse.Load() == v.slots.reuse {
+		return true
+	}
+	if attempt < maxViewRetries {
+		return false
+	}
+	for i := range insts {
+		for _, rs := range insts[i].ranks {
+			r.counts[rs.slot] = [4]int64{}
+		}
+	}
+	r.Instances = r.Instances[:0]
+	r.assemble(insts)
+	return true
 }
 
 // QueryKeys is Query with the block keys already computed: keys[i] is the projected key of
@@ -96,15 +130,21 @@ func (e *Engine) QueryKeys(key ContextKey, keys []uint64, positions int, instanc
 	if c == nil {
 		return nil
 	}
-	v := c.state.Load()
-	insts, mask := v.slots.selectInstances(instanceFilter)
-	if insts == nil {
-		return nil
+	hook := e.walkHook()
+	for attempt := 0; ; attempt++ {
+		v := c.state.Load()
+		insts, mask := v.slots.selectInstances(instanceFilter)
+		if insts == nil {
+			res.Instances = res.Instances[:0]
+			return nil
+		}
+		res.keys = sliceKeys{keys: keys}
+		err := res.run(v, insts, mask, hook, &res.keys, len(keys), int64(positions), key.BlockSize)
+		res.keys = sliceKeys{}
+		if err != nil || res.settled(c, v, insts, attempt) {
+			return err
+		}
 	}
-	res.keys = sliceKeys{keys: keys}
-	err := res.run(v, insts, mask, &res.keys, len(keys), int64(positions), key.BlockSize)
-	res.keys = sliceKeys{}
-	return err
 }
 
 // selectInstances returns the instances a query covers and the bitset of their slots, or
@@ -123,16 +163,17 @@ func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
 	return st.insts[i : i+1], st.insts[i].mask
 }
 
-func (r *Result) run(v *view, insts []instSlots, mask []uint64, src keySource, nblocks int, positions, bs int64) error {
+func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, int), src keySource, nblocks int, positions, bs int64) error {
+	r.Instances = r.Instances[:0]
 	w := len(mask)
 	if need := w * 64; len(r.counts) < need {
 		r.counts = make([][4]int64, need)
 	}
 	var err error
 	if w == 1 {
-		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
+		err = r.walk1(v.tab, hook, src, nblocks, positions, bs, mask[0])
 	} else {
-		err = r.walkN(v.tab, src, nblocks, positions, bs, mask)
+		err = r.walkN(v.tab, hook, src, nblocks, positions, bs, mask)
 	}
 	if err != nil {
 		return err
@@ -156,7 +197,7 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 // at block i gets min(i*bs, positions) for that tier. This is the upstream nested-phase
 // walk (one cursor per tier, each accepting the tiers above it) at a few word operations
 // per block.
-func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
+func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
 	for i := 0; i < nblocks; i++ {
@@ -170,13 +211,37 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 			end = i
 			break
 		}
+		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
+		if hook != nil {
+			hook(i, recMeta)
+		}
 		meta := atomic.LoadUint64(&rec[recMeta])
+		if hook != nil {
+			hook(i, recKey)
+		}
+		k := atomic.LoadUint64(&rec[recKey])
+		if hook != nil {
+			hook(i, recBits)
+		}
 		dev := atomic.LoadUint64(&rec[recBits])
+		if hook != nil {
+			hook(i, recBits+1)
+		}
 		loc := atomic.LoadUint64(&rec[recBits+1])
+		if hook != nil {
+			hook(i, recBits+2)
+		}
 		dsk := atomic.LoadUint64(&rec[recBits+2])
-		if atomic.LoadUint64(&rec[recKey]) != key {
-			end = i // freed and reused while we read it: the block is gone
-			break
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+			var buf [3]uint64
+			if meta, ok = reread(tab, hook, i, key, buf[:]); !ok {
+				end = i // gone, or changing faster than we can read it
+				break
+			}
+			dev, loc, dsk = buf[0], buf[1], buf[2]
 		}
 		local := dev | loc
 		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
@@ -206,8 +271,52 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	return nil
 }
 
+// maxRereads bounds how often a walk reads one block's record again after a torn read.
+const maxRereads = 16
+
+// reread reads the record of key again after a torn read (meta changed or busy, or the
+// record holds another key): it looks key up anew, since the record may have been freed or
+// reused, and copies the bitsets into words once one read sees the same meta before and
+// after. It reports false when key is gone, or after maxRereads torn reads, which answers
+// as a missing block: an under-report, never a hit that did not exist.
+func reread(tab *table, hook func(int, int), i int, key uint64, words []uint64) (meta uint64, ok bool) {
+	for try := 0; try < maxRereads; try++ {
+		if try >= 4 {
+			runtime.Gosched() // the writer may be descheduled in the middle of a change
+		}
+		rec, found := tab.find(key)
+		if !found {
+			return 0, false
+		}
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		m1 := atomic.LoadUint64(&rec[recMeta])
+		if m1&(metaBusy|metaFree) != 0 {
+			continue
+		}
+		if hook != nil {
+			hook(i, recKey)
+		}
+		k := atomic.LoadUint64(&rec[recKey])
+		for j := range words {
+			if hook != nil {
+				hook(i, recBits+j)
+			}
+			words[j] = atomic.LoadUint64(&rec[recBits+j])
+		}
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		if atomic.LoadUint64(&rec[recMeta]) == m1 && k == key {
+			return m1, true
+		}
+	}
+	return 0, false
+}
+
 // walkN is walk1 for any number of bitset words.
-func (r *Result) walkN(tab *table, src keySource, nblocks int, positions, bs int64, mask []uint64) error {
+func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask []uint64) error {
 	w := len(mask)
 	if cap(r.alive) < 4*w {
 		r.alive = make([]uint64, 4*w)
@@ -229,13 +338,28 @@ func (r *Result) walkN(tab *table, src keySource, nblocks int, positions, bs int
 			end = i
 			break
 		}
+		if hook != nil {
+			hook(i, recMeta)
+		}
 		meta := atomic.LoadUint64(&rec[recMeta])
+		if hook != nil {
+			hook(i, recKey)
+		}
+		k := atomic.LoadUint64(&rec[recKey])
 		for j := range words {
+			if hook != nil {
+				hook(i, recBits+j)
+			}
 			words[j] = atomic.LoadUint64(&rec[recBits+j])
 		}
-		if atomic.LoadUint64(&rec[recKey]) != key {
-			end = i
-			break
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+			if meta, ok = reread(tab, hook, i, key, words); !ok {
+				end = i
+				break
+			}
 		}
 		shCPU, shAny := meta&metaSharedCPU != 0, meta&(metaSharedCPU|metaSharedDisk) != 0
 		pos := min(int64(i)*bs, positions)

@@ -9,9 +9,15 @@ import (
 // Record layout, in 64-bit words: key, meta, then three bitsets of w words each
 // (device, cpu_local, engine disk), one bit per slot number.
 //
-// meta = epoch<<metaEpochShift | freeBit | sharedCPU flag | sharedDisk flag. Readers use
-// only the two flags; the epoch (write order for eviction) and the free bit are writer
-// bookkeeping kept here so that a block costs no memory outside the table and its record.
+// meta = epoch<<metaEpochShift | seq<<metaSeqShift | busy | free | sharedCPU | sharedDisk.
+// The epoch is the write order (eviction drops the oldest first); the free bit marks a
+// record on the arena free list. meta is also the record's version word (a seqlock): the
+// writer sets busy before it changes the key or a bitset and ends every change with a meta
+// value the record never held before (a fresh epoch, or the same epoch with seq bumped).
+// A reader loads meta, then the key and bitsets, then meta again, and accepts what it read
+// only when both meta loads are equal and neither is busy or free: then nothing changed in
+// between, so what it read was one block at one moment, even if the record was freed and
+// reused meanwhile (K → K2 → K).
 const (
 	recKey  = 0
 	recMeta = 1
@@ -20,7 +26,12 @@ const (
 	metaSharedDisk = 1 << 0 // some shared disk binding owns the block
 	metaSharedCPU  = 1 << 1 // some shared cpu binding owns the block
 	metaFree       = 1 << 2 // record is on the arena free list
-	metaEpochShift = 3
+	metaBusy       = 1 << 3 // the writer is changing the key or bitsets
+	metaSeqShift   = 4
+	metaSeqMask    = 1<<12 - 1
+	metaEpochShift = 16 // 48-bit epochs: 2.8e14 writes per context
+
+	metaFlags = metaSharedCPU | metaSharedDisk
 )
 
 func recordWords(w int) int { return recBits + 3*w }
