@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/arena"
 	"github.com/conductor-go/conductor/hashing"
@@ -115,9 +116,12 @@ type context struct {
 	bindings   map[bindingKey]*binding
 	shared     map[uint64]sharedCount
 	epoch      uint64 // last write stamp handed out
-	gen        uint64 // last sharedCount generation handed out
-	evictHist  []int  // eviction scratch
-	evictScr   []uint64
+	// oldest and newest end the write-order list (record index + 1, 0 when empty).
+	oldest, newest uint32
+	migrations     int // incremental table migrations started (tests)
+	evictLogged    time.Time
+	evictUnlogged  int
+	gen            uint64 // last sharedCount generation handed out
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 }
@@ -133,7 +137,7 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 		bindings: map[bindingKey]*binding{},
 		shared:   map[uint64]sharedCount{},
 	}
-	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(1)}), 1)
+	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(1)}), 1, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
 	return c
 }
@@ -163,8 +167,16 @@ func (c *context) run() {
 	for {
 		select {
 		case r := <-c.reqs:
-			c.handle(r)
-			c.blocks.Store(int64(c.tab.live))
+			if h := c.eng.hooks; h != nil && h.step != nil {
+				h.step(true)
+				c.handle(r)
+				c.migrateStep()
+				h.step(false)
+			} else {
+				c.handle(r)
+				c.migrateStep()
+			}
+			c.blocks.Store(int64(c.tab.ar.Len()))
 			r.done <- struct{}{}
 		case <-c.quit:
 			return
@@ -191,12 +203,25 @@ func (c *context) handle(r *request) {
 	case reqRetractSource:
 		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
 	case reqDropIfEmpty:
-		if len(c.slots) == 0 && c.tab.live == 0 && len(c.bindings) == 0 {
+		if len(c.slots) == 0 && c.tab.ar.Len() == 0 && len(c.bindings) == 0 {
 			c.dropped = true
 			r.dropped = true
+			c.release()
 		}
 	case reqSync:
 		r.fn(c)
+	}
+}
+
+// release gives the memory of a dropped context back to the kernel. Queries still holding
+// its view read zeros (empty table, empty records), which answer as misses.
+func (c *context) release() {
+	c.tab.dead.Store(true)
+	c.tab.ar.Release()
+	arena.Release(c.tab.entries)
+	if p := c.tab.prev.Load(); p != nil {
+		p.dead.Store(true)
+		arena.Release(p.entries)
 	}
 }
 
@@ -255,7 +280,7 @@ func (c *context) register(s Slot) bool {
 	c.slotUsed[n] = true
 	c.slots[s] = n
 	if need := n/64 + 1; need > c.tab.w {
-		c.rebuild(c.tab.live, need)
+		c.rebuild(need)
 	}
 	c.publish()
 	return true

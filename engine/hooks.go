@@ -10,6 +10,9 @@ type testHooks struct {
 	// walkLoad runs on the query goroutine before the walk loads word w (recKey,
 	// recMeta, recBits+...) of the record it found for block i.
 	walkLoad func(i, w int)
+	// step runs on the writer goroutine before (begin true) and after every writer step
+	// (one request applied), for benchmarks that time steps.
+	step func(begin bool)
 }
 
 func (e *Engine) walkHook() func(int, int) {

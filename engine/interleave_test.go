@@ -9,6 +9,19 @@ import (
 // while the test, on the query's own goroutine, drives the context writer through Apply,
 // RegisterSlot and UnregisterSlot, which return only once the writer has applied them.
 
+// hookedEngine is setup with test hooks installed before any context exists (writers
+// read them); the test sets and clears the hook functions it needs on its own goroutine.
+func hookedEngine(t *testing.T, cfg Config, slots ...Slot) (*Engine, *testHooks) {
+	t.Helper()
+	e := newTestEngine(t, cfg)
+	h := &testHooks{}
+	e.hooks = h
+	for _, s := range slots {
+		mustRegister(t, e, ctxA, vllmProfile(t), s)
+	}
+	return e, h
+}
+
 // steps runs fn[k] the first time the walk is about to load word at[k]; later visits
 // (a retry of the same record) do nothing.
 type steps struct {
@@ -44,7 +57,7 @@ func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
 	for _, nslots := range []int{1, 65} { // one-word records (walk1) and two-word (walkN)
 		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
 			s := Slot{"a", 0}
-			e := setup(t, Config{}, s)
+			e, hooks := hookedEngine(t, Config{}, s)
 			for i := 1; i < nslots; i++ {
 				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
 			}
@@ -59,9 +72,9 @@ func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
 				},
 				done: make([]bool, 2),
 			}
-			e.hooks = &testHooks{walkLoad: st.hook}
+			hooks.walkLoad = st.hook
 			hits := qk(t, e, ctxA, []uint64{k}, "a")
-			e.hooks = nil
+			hooks.walkLoad = nil
 			if !st.allDone() {
 				t.Fatal("interleaving did not happen")
 			}
@@ -85,7 +98,7 @@ func TestQueryNeverCreditsReusedSlotNumber(t *testing.T) {
 		t.Run(fmt.Sprintf("hashed=%v", hashed), func(t *testing.T) {
 			a, b, c := Slot{"a", 0}, Slot{"b", 0}, Slot{"c", 0}
 			p := vllmProfile(t)
-			e := setup(t, Config{}, a, c)
+			e, hooks := hookedEngine(t, Config{}, a, c)
 			tokens := seqTokens(16)
 			keys := chainKeys(t, p, 16, "", "", tokens)
 			mustApply(t, e, ctxA, store(a, TierDisk, keys...), store(c, TierDisk, keys...))
@@ -98,7 +111,7 @@ func TestQueryNeverCreditsReusedSlotNumber(t *testing.T) {
 				}},
 				done: make([]bool, 1),
 			}
-			e.hooks = &testHooks{walkLoad: st.hook}
+			hooks.walkLoad = st.hook
 			var res Result
 			var err error
 			if hashed {
@@ -106,7 +119,7 @@ func TestQueryNeverCreditsReusedSlotNumber(t *testing.T) {
 			} else {
 				err = e.QueryKeys(ctxA, keys, 16, "", &res)
 			}
-			e.hooks = nil
+			hooks.walkLoad = nil
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,19 +143,18 @@ func TestQueryNeverCreditsReusedSlotNumber(t *testing.T) {
 // must land in a new context, not fail with ErrClosed.
 func TestRegisterSlotRacingDropRetries(t *testing.T) {
 	p := vllmProfile(t)
-	e := newTestEngine(t, Config{})
 	a, b := Slot{"a", 0}, Slot{"b", 0}
-	mustRegister(t, e, ctxA, p, a)
+	e, hooks := hookedEngine(t, Config{}, a)
 	e.UnregisterSlot(ctxA, a)
 	fired, dropped := false, false
-	e.hooks = &testHooks{beforeDo: func(_ *context, r *request) {
+	hooks.beforeDo = func(_ *context, r *request) {
 		if r.kind == reqRegister && !fired {
 			fired = true
 			dropped = e.DropEmptyContext(ctxA)
 		}
-	}}
+	}
 	isNew, err := e.RegisterSlot(ctxA, p, b)
-	e.hooks = nil
+	hooks.beforeDo = nil
 	if !fired || !dropped {
 		t.Fatalf("interleaving did not happen: fired %v dropped %v", fired, dropped)
 	}

@@ -113,7 +113,7 @@ func (m *refModel) stored(c *refCtx, h uint64, existed bool) {
 	c.written[h] = c.stamp
 	if !existed && m.max > 0 {
 		if n := len(c.blockKeys()); n > m.max {
-			m.evict(c, n-m.max*9/10)
+			m.evict(c, n-m.max)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/arena"
 )
@@ -33,17 +34,15 @@ func (c *context) applyOp(op *Op) {
 	}
 }
 
-// findOrCreate returns the record of key, creating an empty one (stamped with a fresh
-// epoch by the caller's touch) when absent.
-func (c *context) findOrCreate(key uint64) (rec []uint64, created bool) {
-	if _, idx, ok := c.tab.slotOf(key); ok {
-		return c.tab.ar.Record(idx), false
+// findOrCreate returns the record of key, creating an empty one at the newest end of the
+// write order when absent; a created record is left busy for the caller's final meta store
+// (touch or setMeta with a fresh epoch).
+func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
+	if idx, ok := c.tab.lookup(key); ok {
+		return idx, c.tab.ar.Record(idx), false
 	}
-	if c.tab.full() {
-		c.rebuild(c.tab.live+1, c.tab.w)
-		c.publishTable()
-	}
-	idx := c.tab.ar.Alloc()
+	c.makeRoom()
+	idx = c.tab.ar.Alloc()
 	rec = c.tab.ar.Record(idx)
 	// A reused record may still be read by a query that found it under its old key: it
 	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
@@ -56,7 +55,52 @@ func (c *context) findOrCreate(key uint64) (rec []uint64, created bool) {
 		}
 	}
 	c.tab.insertNew(key, idx)
-	return rec, true
+	c.linkNewest(idx, rec)
+	return idx, rec, true
+}
+
+// makeRoom ensures one more entry fits the table, in bounded work: it advances a running
+// migration by one step, or starts one (publishing a larger table that reads through to
+// the current one) when the table is full.
+func (c *context) makeRoom() {
+	if c.tab.prev.Load() != nil {
+		if c.tab.migrate() {
+			c.endMigration()
+		} else if c.tab.full() {
+			// Not reached: a migration ends long before its table fills (see
+			// migrateMoves). Should it happen, finishing is correct, only slower.
+			for !c.tab.migrate() {
+			}
+			c.endMigration()
+		}
+	}
+	if c.tab.full() {
+		old := c.tab
+		nt := newTable(max(sizeFor(old.live), len(old.entries)/4), old.ar, old.w, &c.state)
+		nt.prev.Store(old)
+		nt.quota = quotaFor(old.live, len(nt.entries))
+		c.tab = nt
+		c.publishTable()
+		c.migrations++
+	}
+}
+
+// migrateStep advances a running migration by one step (after every request, so that a
+// context that stops inserting still finishes).
+func (c *context) migrateStep() {
+	if c.tab.prev.Load() != nil && c.tab.migrate() {
+		c.endMigration()
+	}
+}
+
+// endMigration detaches the migrated table and releases its entries: a query still
+// probing them reads zeros (empty) and goes on to the new table, which holds every entry.
+func (c *context) endMigration() {
+	old := c.tab.prev.Load()
+	c.tab.prev.Store(nil)
+	c.tab.moved = 0
+	old.dead.Store(true)
+	arena.Release(old.entries)
 }
 
 // lockRec marks rec busy before the writer changes its key or a bitset; setMeta ends the
@@ -85,11 +129,50 @@ func (c *context) keepMeta(rec []uint64) {
 	c.setMeta(rec, m>>metaEpochShift, m&(metaFlags|metaFree))
 }
 
-// touch stamps rec with a new write epoch: every store moves its block to the newest end
-// of the eviction order.
-func (c *context) touch(rec []uint64) {
+// The write order is a doubly linked list through the records' link words (writer only,
+// indices + 1, 0 = none): oldest at c.oldest, newest at c.newest. A write moves its block
+// to the newest end; eviction takes the oldest, so both are O(1).
+func linkPrev(l uint64) uint32 { return uint32(l >> 32) }
+func linkNext(l uint64) uint32 { return uint32(l) }
+
+func (c *context) linkNewest(idx uint32, rec []uint64) {
+	rec[recLink] = uint64(c.newest) << 32
+	if c.newest != 0 {
+		p := c.tab.ar.Record(c.newest - 1)
+		p[recLink] = p[recLink]&^0xFFFFFFFF | uint64(idx+1)
+	} else {
+		c.oldest = idx + 1
+	}
+	c.newest = idx + 1
+}
+
+func (c *context) unlink(rec []uint64) {
+	l := rec[recLink]
+	p, n := linkPrev(l), linkNext(l)
+	if p != 0 {
+		pr := c.tab.ar.Record(p - 1)
+		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
+	} else {
+		c.oldest = n
+	}
+	if n != 0 {
+		nr := c.tab.ar.Record(n - 1)
+		nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
+	} else {
+		c.newest = p
+	}
+	rec[recLink] = 0
+}
+
+// touch stamps rec with a new write epoch and moves it to the newest end of the write
+// order: every store makes its block the last to be evicted.
+func (c *context) touch(idx uint32, rec []uint64) {
 	c.epoch++
 	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
+	if c.newest != idx+1 {
+		c.unlink(rec)
+		c.linkNewest(idx, rec)
+	}
 }
 
 func (c *context) engineStore(op *Op) {
@@ -106,7 +189,7 @@ func (c *context) engineStore(op *Op) {
 	bit := uint64(1) << (n & 63)
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		rec, created := c.findOrCreate(h)
+		idx, rec, created := c.findOrCreate(h)
 		word := recBits + t*c.tab.w + n>>6
 		if old := rec[word]; old&bit == 0 {
 			if !created {
@@ -115,7 +198,7 @@ func (c *context) engineStore(op *Op) {
 			atomic.StoreUint64(&rec[word], old|bit)
 			c.slotCounts[n][t]++
 		}
-		c.touch(rec)
+		c.touch(idx, rec)
 		if created {
 			c.maybeEvict()
 		}
@@ -136,7 +219,7 @@ func (c *context) engineRemove(op *Op) {
 	word := recBits + t*c.tab.w + n>>6
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		pos, idx, ok := c.tab.slotOf(h)
+		idx, ok := c.tab.lookup(h)
 		if !ok {
 			continue
 		}
@@ -149,7 +232,7 @@ func (c *context) engineRemove(op *Op) {
 		atomic.StoreUint64(&rec[word], old&^bit)
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {
-			c.deleteRecord(pos, idx, rec)
+			c.deleteRecord(idx, rec)
 		} else {
 			c.keepMeta(rec)
 		}
@@ -168,17 +251,19 @@ func recordEmpty(rec []uint64) bool {
 	return true
 }
 
-// deleteRecord drops the entry at pos and frees its record. The record keeps its words so
-// that a query still reading it sees the last state; reuse rewrites the key first.
-func (c *context) deleteRecord(pos uint64, idx uint32, rec []uint64) {
-	c.tab.deleteAt(pos)
+// deleteRecord drops the entries of rec's key and frees the record. The record keeps its
+// words; its meta says free, so a query still reading it reads again and finds nothing.
+func (c *context) deleteRecord(idx uint32, rec []uint64) {
+	c.tab.remove(rec[recKey])
 	c.freeRecord(idx, rec)
 }
 
-// freeRecord marks rec free (ending any change in progress) and returns it to the arena.
+// freeRecord marks rec free (ending any change in progress), takes it out of the write
+// order and returns it to the arena.
 func (c *context) freeRecord(idx uint32, rec []uint64) {
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
+	c.unlink(rec)
 	c.tab.ar.Free(idx)
 }
 
@@ -197,7 +282,7 @@ func (c *context) clearSlot(n int, mask TierMask) {
 	if remaining == 0 {
 		return
 	}
-	bulk := remaining > c.tab.live/2
+	bulk := remaining > c.tab.ar.Len()/2
 	ar, w := c.tab.ar, c.tab.w
 	bit := uint64(1) << (n & 63)
 	hw := ar.HighWater()
@@ -237,14 +322,11 @@ func (c *context) clearSlot(n int, mask TierMask) {
 			c.freeRecord(idx, rec)
 			emptied++
 		} else {
-			pos, _, _ := c.tab.slotOf(rec[recKey])
-			c.deleteRecord(pos, idx, rec)
+			c.deleteRecord(idx, rec)
 		}
 	}
 	if emptied > 0 {
-		c.tab.live -= emptied
-		c.rebuild(c.tab.live, w)
-		c.publishTable()
+		c.rebuild(w)
 	}
 }
 
@@ -266,7 +348,7 @@ func (c *context) sharedStore(op *Op) {
 	if !slices.Contains(b.comps, op.Component) {
 		b.comps = append(b.comps, op.Component)
 	}
-	rec, created := c.findOrCreate(op.Hash)
+	idx, rec, created := c.findOrCreate(op.Hash)
 	sc, ok := c.shared[op.Hash]
 	if !ok || sc.gen != b.gen {
 		if !ok {
@@ -283,6 +365,10 @@ func (c *context) sharedStore(op *Op) {
 	}
 	c.epoch++
 	c.setMeta(rec, c.epoch, sharedFlags(sc))
+	if c.newest != idx+1 {
+		c.unlink(rec)
+		c.linkNewest(idx, rec)
+	}
 	if created {
 		c.maybeEvict()
 	}
@@ -341,14 +427,14 @@ func (c *context) deactivate(b *binding, tier SharedTier) {
 	} else {
 		c.shared[b.hash] = sc
 	}
-	pos, idx, found := c.tab.slotOf(b.hash)
+	idx, found := c.tab.lookup(b.hash)
 	if !found {
 		return // unreachable: a counted binding keeps its record alive
 	}
 	rec := c.tab.ar.Record(idx)
 	c.setMeta(rec, rec[recMeta]>>metaEpochShift, sharedFlags(sc))
 	if recordEmpty(rec) {
-		c.deleteRecord(pos, idx, rec)
+		c.deleteRecord(idx, rec)
 	}
 }
 
@@ -363,128 +449,126 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 	c.maybeShrink()
 }
 
+// maybeEvict keeps the context within its capacity after a block was created: the
+// oldest-written block goes, with every owner (shared bindings stay, and a repeated store
+// re-adds them). O(1): the write order is a list.
 func (c *context) maybeEvict() {
-	if limit := c.eng.maxBlocks; limit > 0 && c.tab.live > limit {
-		c.evict(c.tab.live - limit*9/10)
-	}
-}
-
-// evict drops the n oldest-written blocks with every owner; shared bindings stay (and a
-// repeated store re-adds them). The threshold epoch is found with a histogram pass and an
-// exact pass over one bucket, so eviction needs no per-block ordering structure.
-func (c *context) evict(n int) {
-	if n <= 0 {
+	limit := c.eng.maxBlocks
+	if limit <= 0 || c.tab.ar.Len() <= limit {
 		return
 	}
-	ar := c.tab.ar
-	hw := ar.HighWater()
-	lo, hi := ^uint64(0), uint64(0)
-	for idx := uint32(0); idx < hw; idx++ {
-		m := ar.Record(idx)[recMeta]
-		if m&metaFree != 0 {
-			continue
-		}
-		e := m >> metaEpochShift
-		lo, hi = min(lo, e), max(hi, e)
-	}
-	const buckets = 1 << 12
-	sh := uint(0)
-	for (hi-lo)>>sh >= buckets {
-		sh++
-	}
-	if cap(c.evictHist) < buckets {
-		c.evictHist = make([]int, buckets)
-	}
-	hist := c.evictHist[:buckets]
-	clear(hist)
-	for idx := uint32(0); idx < hw; idx++ {
-		m := ar.Record(idx)[recMeta]
-		if m&metaFree == 0 {
-			hist[((m>>metaEpochShift)-lo)>>sh]++
-		}
-	}
-	need, bucket := n, 0
-	for ; bucket < buckets && hist[bucket] < need; bucket++ {
-		need -= hist[bucket]
-	}
-	scr := c.evictScr[:0]
-	for idx := uint32(0); idx < hw; idx++ {
-		m := ar.Record(idx)[recMeta]
-		if m&metaFree == 0 && int(((m>>metaEpochShift)-lo)>>sh) == bucket {
-			scr = append(scr, m>>metaEpochShift)
-		}
-	}
-	slices.Sort(scr)
-	thr := scr[need-1] // epochs are unique, so exactly n records are at or below thr
-	c.evictScr = scr[:0]
-
-	w := c.tab.w
 	evicted := 0
-	for idx := uint32(0); idx < hw; idx++ {
-		rec := ar.Record(idx)
-		m := rec[recMeta]
-		if m&metaFree != 0 || m>>metaEpochShift > thr {
-			continue
-		}
-		for t := 0; t < 3; t++ {
-			for j := 0; j < w; j++ {
-				for b := rec[recBits+t*w+j]; b != 0; b &= b - 1 {
-					c.slotCounts[j*64+bits.TrailingZeros64(b)][t]--
-				}
-			}
-		}
-		key := rec[recKey]
-		delete(c.shared, key)
-		pos, _, _ := c.tab.slotOf(key)
-		c.deleteRecord(pos, idx, rec)
+	for c.tab.ar.Len() > limit && c.oldest != 0 {
+		c.evictOldest()
 		evicted++
 	}
 	c.evictions.Add(1)
 	total := c.evictedBlocks.Add(uint64(evicted))
-	c.eng.log.Warn("prefix context over capacity: evicted oldest-written blocks",
-		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
-		"block_size", c.key.BlockSize, "evicted", evicted, "remaining", c.tab.live,
-		"max_blocks", c.eng.maxBlocks, "evicted_total", total)
+	c.logEviction(evicted, total)
 }
 
-// rebuild replaces c.tab with a table sized for live entries and records of w bitset
-// words per tier. It re-indexes the same arena, or copies every live record into a new
-// arena when the width grows or most of the old one is free. Readers keep using the old table until the
-// caller publishes. The caller publishes.
-func (c *context) rebuild(live, w int) {
+// evictOldest drops the oldest-written block.
+func (c *context) evictOldest() {
+	idx := c.oldest - 1
+	rec := c.tab.ar.Record(idx)
+	w := c.tab.w
+	for t := 0; t < 3; t++ {
+		for j := 0; j < w; j++ {
+			for b := rec[recBits+t*w+j]; b != 0; b &= b - 1 {
+				c.slotCounts[j*64+bits.TrailingZeros64(b)][t]--
+			}
+		}
+	}
+	delete(c.shared, rec[recKey])
+	c.deleteRecord(idx, rec)
+}
+
+// evictLogEvery bounds eviction warnings to one per context per interval: a context at
+// capacity evicts a block for every new one, and the log would otherwise repeat it.
+const evictLogEvery = 10 * time.Second
+
+// logEviction logs the first eviction of a context and then at most one summary per
+// evictLogEvery, with the blocks evicted since the previous line.
+func (c *context) logEviction(evicted int, total uint64) {
+	c.evictUnlogged += evicted
+	now := time.Now()
+	if !c.evictLogged.IsZero() && now.Sub(c.evictLogged) < evictLogEvery {
+		return
+	}
+	c.evictLogged = now
+	c.eng.log.Warn("prefix context over capacity: evicted oldest-written blocks",
+		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
+		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),
+		"max_blocks", c.eng.maxBlocks, "evicted_total", total)
+	c.evictUnlogged = 0
+}
+
+// rebuild replaces c.tab with a complete table for records of w bitset words per tier
+// and publishes it. It re-indexes the same arena, or copies every live record (in write
+// order) into a new arena when the width grows or most of the old one is free; the old
+// table's entries, and a replaced arena's slabs, go back to the kernel. It costs a pass
+// over the records: only registration widening past a multiple of 64 slots and the
+// shrink after a clear (itself a pass) use it; growth is incremental (makeRoom).
+func (c *context) rebuild(w int) {
+	// Finish a running migration first, so that the walk below sees one table.
+	for c.tab.prev.Load() != nil && !c.tab.migrate() {
+	}
+	if c.tab.prev.Load() != nil {
+		c.endMigration()
+	}
 	old := c.tab
 	ar := old.ar
-	// A new arena also compacts one that removals left mostly free.
-	compact := w != old.w || int(old.ar.HighWater()) > 4*live+arena.DefaultChunkRecords
+	live := ar.Len()
+	compact := w != old.w || int(ar.HighWater()) > 4*live+arena.DefaultChunkRecords
 	if compact {
 		ar = arena.New(arena.Config{RecordWords: recordWords(w)})
 	}
-	nt := newTable(sizeFor(live), ar, w)
-	hw := old.ar.HighWater()
-	for idx := uint32(0); idx < hw; idx++ {
-		rec := old.ar.Record(idx)
-		if rec[recMeta]&metaFree != 0 {
-			continue
-		}
-		nidx := idx
-		if compact {
-			nidx = ar.Alloc()
+	nt := newTable(sizeFor(live), ar, w, &c.state)
+	if compact {
+		// Copy in write order: the new arena's list is its index order.
+		var prev uint32
+		for i := c.oldest; i != 0; {
+			rec := old.ar.Record(i - 1)
+			nidx := ar.Alloc()
 			nrec := ar.Record(nidx)
-			nrec[recKey], nrec[recMeta] = rec[recKey], rec[recMeta]
+			nrec[recKey], nrec[recMeta] = rec[recKey], rec[recMeta]&^metaBusy
+			nrec[recLink] = uint64(prev) << 32
+			if prev != 0 {
+				pr := ar.Record(prev - 1)
+				pr[recLink] |= uint64(nidx + 1)
+			} else {
+				c.oldest = nidx + 1
+			}
+			prev = nidx + 1
 			for t := 0; t < 3; t++ {
 				copy(nrec[recBits+t*w:recBits+t*w+old.w], rec[recBits+t*old.w:recBits+(t+1)*old.w])
 			}
+			nt.insertNew(nrec[recKey], nidx)
+			i = linkNext(rec[recLink])
 		}
-		nt.insertNew(rec[recKey], nidx)
+		c.newest = prev
+	} else {
+		hw := ar.HighWater()
+		for idx := uint32(0); idx < hw; idx++ {
+			rec := ar.Record(idx)
+			if rec[recMeta]&metaFree == 0 {
+				nt.insertNew(rec[recKey], idx)
+			}
+		}
 	}
 	c.tab = nt
+	c.publishTable()
+	old.dead.Store(true)
+	arena.Release(old.entries)
+	if compact {
+		old.ar.Release()
+	}
 }
 
 // maybeShrink rebuilds a table that clears and removals left mostly empty.
 func (c *context) maybeShrink() {
 	t := c.tab
-	if len(t.entries) > minTableCap && t.live*8 < len(t.entries) && sizeFor(t.live) < len(t.entries) {
-		c.rebuild(t.live, t.w)
-		c.publishTable()
+	if t.prev.Load() == nil && len(t.entries) > minTableCap && t.live*8 < len(t.entries) && sizeFor(t.live) < len(t.entries) {
+		c.rebuild(t.w)
 	}
 }

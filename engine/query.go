@@ -208,8 +208,10 @@ func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks i
 		}
 		rec, ok := tab.find(key)
 		if !ok {
-			end = i
-			break
+			if tab, rec, ok = tab.retryMiss(key); !ok {
+				end = i
+				break
+			}
 		}
 		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
 		if hook != nil {
@@ -286,7 +288,9 @@ func reread(tab *table, hook func(int, int), i int, key uint64, words []uint64) 
 		}
 		rec, found := tab.find(key)
 		if !found {
-			return 0, false
+			if tab, rec, found = tab.retryMiss(key); !found {
+				return 0, false
+			}
 		}
 		if hook != nil {
 			hook(i, recMeta)
@@ -335,8 +339,10 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 		}
 		rec, ok := tab.find(key)
 		if !ok {
-			end = i
-			break
+			if tab, rec, ok = tab.retryMiss(key); !ok {
+				end = i
+				break
+			}
 		}
 		if hook != nil {
 			hook(i, recMeta)

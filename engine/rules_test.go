@@ -612,12 +612,13 @@ func TestCapacityEvictsOldestWritten(t *testing.T) {
 		mustApply(t, e, ctxA, store(a, TierDevice, h))
 	}
 	mustApply(t, e, ctxA, store(a, TierCPULocal, 1)) // a store of any tier refreshes block 1
-	mustApply(t, e, ctxA, store(a, TierDevice, 11))  // 11 > 10: evict down to 9
+	mustApply(t, e, ctxA, store(a, TierDevice, 11))  // 11 > 10: the oldest (2) goes
+	mustApply(t, e, ctxA, store(a, TierDevice, 12))  // and then 3
 	st, _ := e.Stats(ctxA)
-	if st.Blocks != 9 || st.Evictions != 1 || st.EvictedBlocks != 2 {
+	if st.Blocks != 10 || st.Evictions != 2 || st.EvictedBlocks != 2 {
 		t.Fatalf("stats = %+v", st)
 	}
-	for h := uint64(1); h <= 11; h++ {
+	for h := uint64(1); h <= 12; h++ {
 		got := rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0).Disk
 		want := int64(16)
 		if h == 2 || h == 3 {
@@ -630,8 +631,9 @@ func TestCapacityEvictsOldestWritten(t *testing.T) {
 	mu.Lock()
 	logged := buf.String()
 	mu.Unlock()
-	if !strings.Contains(logged, "level=WARN") || !strings.Contains(logged, "evicted=2") {
-		t.Fatalf("eviction not logged as a warning: %q", logged)
+	// One warning for the first eviction; the second falls in the same log interval.
+	if !strings.Contains(logged, "level=WARN") || !strings.Contains(logged, "evicted=1") || strings.Count(logged, "over capacity") != 1 {
+		t.Fatalf("eviction not logged once as a warning: %q", logged)
 	}
 	// The slot's bookkeeping followed the eviction: clearing it empties the context.
 	mustApply(t, e, ctxA, Op{Kind: OpClear, Slot: a, ClearTiers: MaskAllEngine})
@@ -660,7 +662,7 @@ func TestEvictedSharedBindingsSurvive(t *testing.T) {
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: 2, Logger: log}, a)
 	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 100))
-	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2)) // 3 > 2: evicts down to 1, 100 and 1 go
+	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2)) // 3 > 2: the oldest, 100, goes
 	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got != (Tiers{}) {
 		t.Fatalf("evicted shared block visible: %+v", got)
 	}
@@ -680,8 +682,7 @@ func TestEvictedSharedBindingsSurvive(t *testing.T) {
 	}
 }
 
-// TestEvictionAtScale exercises the histogram threshold search with many blocks and a
-// wide epoch range.
+// TestEvictionAtScale: many blocks and refreshes; eviction follows the write order.
 func TestEvictionAtScale(t *testing.T) {
 	log, _, _ := captureLogger()
 	a := Slot{"a", 0}
@@ -696,7 +697,7 @@ func TestEvictionAtScale(t *testing.T) {
 		mustApply(t, e, ctxA, store(a, TierDevice, batch...), store(a, TierDisk, 1, 2, 3))
 	}
 	st, _ := e.Stats(ctxA)
-	if st.Evictions == 0 || st.Blocks > 20000 || st.Blocks < 18000 {
+	if st.Evictions == 0 || st.Blocks != 20000 {
 		t.Fatalf("stats = %+v", st)
 	}
 	// Blocks 1..3 are rewritten in every batch, so they are never the oldest.
@@ -713,14 +714,16 @@ func TestEvictionAtScale(t *testing.T) {
 	}
 }
 
-// tableOf runs on the writer goroutine to read writer-owned sizes safely.
-func tableOf(t testing.TB, e *Engine, k ContextKey) (entries, live, tombs, highWater int) {
+// tableOf runs on the writer goroutine to read writer-owned sizes safely: the current
+// table's capacity, the blocks, the current table's used entries (live and tombstones) and
+// the arena high-water mark.
+func tableOf(t testing.TB, e *Engine, k ContextKey) (entries, live, used, highWater int) {
 	t.Helper()
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
 	r.fn = func(c *context) {
-		entries, live, tombs, highWater = len(c.tab.entries), c.tab.live, c.tab.tombs, int(c.tab.ar.HighWater())
+		entries, live, used, highWater = len(c.tab.entries), c.tab.ar.Len(), c.tab.live+c.tab.tombs, int(c.tab.ar.HighWater())
 	}
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
@@ -764,9 +767,9 @@ func TestTombstoneChurnKeepsTableBounded(t *testing.T) {
 		}
 		mustApply(t, e, ctxA, store(a, TierDevice, hs...), remove(a, TierDevice, hs[:60]...))
 	}
-	entries, live, tombs, _ := tableOf(t, e, ctxA)
-	if live != 8000 || entries > 16384 || (live+tombs)*16 > entries*13 {
-		t.Fatalf("entries %d live %d tombs %d", entries, live, tombs)
+	entries, live, used, _ := tableOf(t, e, ctxA)
+	if live != 8000 || entries > 16384 || used*16 > entries*13 {
+		t.Fatalf("entries %d live %d used %d", entries, live, used)
 	}
 }
 

@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"testing"
+)
+
+// writerTable reads writer-owned table state on the writer goroutine.
+func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries, migrations int) {
+	t.Helper()
+	c := e.lookup(k)
+	r := e.getReq()
+	r.kind = reqSync
+	r.fn = func(c *context) {
+		migrating, entries, migrations = c.tab.prev.Load() != nil, len(c.tab.entries), c.migrations
+	}
+	if err := c.do(r); err != nil {
+		t.Fatal(err)
+	}
+	e.putReq(r)
+	return
+}
+
+// TestIncrementalGrowthKeepsBlocksVisible grows a context to 102,400 blocks in batches and,
+// while a migration is running across requests, checks that every block (old table, new
+// table, moved or not) answers, that removes and re-stores of blocks still in the old table
+// take effect, and that the table ends up migrated.
+func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
+	a := Slot{"a", 0}
+	e := setup(t, Config{MaxBlocksPerContext: -1}, a)
+	const n, batch = 102_400, 64
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	sawMigrating := 0
+	for done := 0; done < n; done += batch {
+		mustApply(t, e, ctxA, store(a, TierDevice, keys[done:done+batch]...))
+		migrating, _, _ := writerTable(t, e, ctxA)
+		if !migrating {
+			continue
+		}
+		sawMigrating++
+		if sawMigrating%16 != 1 {
+			continue
+		}
+		stored := keys[:done+batch]
+		// Every stored block answers, in order (a 1-block query per sample of keys,
+		// and one long walk over all of them).
+		if got := rankTiers(t, qk(t, e, ctxA, stored, ""), "a", 0).Device; got != int64(len(stored))*16 {
+			t.Fatalf("%d blocks stored, walk found %d during migration", len(stored), got/16)
+		}
+		// The oldest blocks are the last to be moved: remove and re-store one.
+		old := keys[1]
+		mustApply(t, e, ctxA, remove(a, TierDevice, old))
+		if got := rankTiers(t, qk(t, e, ctxA, []uint64{old}, ""), "a", 0); got != (Tiers{}) {
+			t.Fatalf("removed block still answers during migration: %+v", got)
+		}
+		if got := prefixCount(e, ctxA); got != len(stored)-1 {
+			t.Fatalf("prefix count %d, want %d", got, len(stored)-1)
+		}
+		mustApply(t, e, ctxA, store(a, TierDisk, old))
+		if got := rankTiers(t, qk(t, e, ctxA, []uint64{old}, ""), "a", 0); got != (Tiers{0, 0, 0, 16}) {
+			t.Fatalf("re-stored block during migration: %+v", got)
+		}
+		mustApply(t, e, ctxA, remove(a, TierDisk, old), store(a, TierDevice, old))
+	}
+	if sawMigrating < 10 {
+		t.Fatalf("migrations never spanned requests (%d observations)", sawMigrating)
+	}
+	// A few requests finish the last migration even without inserts.
+	for i := 0; i < 1000; i++ {
+		if m, _, _ := writerTable(t, e, ctxA); !m {
+			break
+		}
+	}
+	migrating, entries, migrations := writerTable(t, e, ctxA)
+	if migrating || entries > sizeFor(n)*2 || migrations < 10 {
+		t.Fatalf("after growth: migrating %v, %d entries, %d migrations", migrating, entries, migrations)
+	}
+	if got := rankTiers(t, qk(t, e, ctxA, keys, ""), "a", 0).Device; got != n*16 {
+		t.Fatalf("after growth the walk found %d of %d blocks", got/16, n)
+	}
+	if got := prefixCount(e, ctxA); got != n {
+		t.Fatalf("prefix count %d", got)
+	}
+}
+
+// TestWalkSurvivesTableReleasedUnderIt: a query stops in the middle of its walk while the
+// writer grows the table through whole migrations, so that the table the query loaded is
+// retired and its memory released (it reads as zeros). The query must still find the rest
+// of the prompt, in the latest table, instead of a false miss.
+func TestWalkSurvivesTableReleasedUnderIt(t *testing.T) {
+	a := Slot{"a", 0}
+	e, hooks := hookedEngine(t, Config{MaxBlocksPerContext: -1}, a)
+	keys := make([]uint64, 100)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	mustApply(t, e, ctxA, store(a, TierDevice, keys...))
+	_, before, _ := writerTable(t, e, ctxA)
+	more := make([]uint64, 5000)
+	for i := range more {
+		more[i] = benchKey(1<<20 + i)
+	}
+	fired := false
+	hooks.walkLoad = func(i, _ int) {
+		if i == 50 && !fired {
+			fired = true
+			for j := 0; j < len(more); j += 100 {
+				mustApply(t, e, ctxA, store(a, TierDisk, more[j:j+100]...))
+			}
+		}
+	}
+	hits := qk(t, e, ctxA, keys, "")
+	hooks.walkLoad = nil
+	migrating, after, _ := writerTable(t, e, ctxA)
+	if !fired || after < 8*before {
+		t.Fatalf("interleaving did not happen: fired %v, table %d -> %d entries (migrating %v)", fired, before, after, migrating)
+	}
+	if got := rankTiers(t, hits, "a", 0); got.Device != 100*16 {
+		t.Fatalf("walk lost blocks when its table was released: %+v", got)
+	}
+}
