@@ -22,7 +22,7 @@ type view struct {
 type slotTable struct {
 	insts []instSlots    // sorted by id
 	byID  map[string]int // index into insts
-	all   []uint64       // bitset of every registered slot, tab.w words
+	all   []uint64       // bitset of every registered slot, maskWords(tab.w) words
 	count int            // registered slots
 	// reuse is the context's slotReuse when this table was built: a query that finds
 	// slotReuse changed after its walk may have read bits of a slot number that now
@@ -33,7 +33,7 @@ type slotTable struct {
 type instSlots struct {
 	id    string
 	ranks []rankSlot // ascending rank
-	mask  []uint64   // bitset of this instance's slots, tab.w words
+	mask  []uint64   // bitset of this instance's slots, maskWords(tab.w) words
 }
 
 type rankSlot struct {
@@ -137,7 +137,7 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 		bindings: map[bindingKey]*binding{},
 		shared:   map[uint64]sharedCount{},
 	}
-	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(1)}), 1, &c.state)
+	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
 	return c
 }
@@ -242,7 +242,7 @@ func (c *context) publishTable() {
 }
 
 func (c *context) buildSlotTable() *slotTable {
-	w := c.tab.w
+	w := maskWords(c.tab.w)
 	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots), reuse: c.slotReuse.Load()}
 	for s, n := range c.slots {
 		i, ok := st.byID[s.InstanceID]
@@ -279,7 +279,7 @@ func (c *context) register(s Slot) bool {
 	}
 	c.slotUsed[n] = true
 	c.slots[s] = n
-	if need := n/64 + 1; need > c.tab.w {
+	if need := widthFor(n); need > c.tab.w {
 		c.rebuild(need)
 	}
 	c.publish()

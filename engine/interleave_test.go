@@ -22,21 +22,20 @@ func hookedEngine(t *testing.T, cfg Config, slots ...Slot) (*Engine, *testHooks)
 	return e, h
 }
 
-// steps runs fn[k] the first time the walk is about to load word at[k]; later visits
-// (a retry of the same record) do nothing.
+// steps runs fn[k], in order, when the walk is about to load word at[k] after fn[k-1]
+// ran; once all ran, later loads (a retry of the same record) do nothing.
 type steps struct {
 	at   []int
 	fn   []func()
 	done []bool
+	next int
 }
 
 func (s *steps) hook(_, w int) {
-	for k := range s.at {
-		if !s.done[k] && s.at[k] == w {
-			s.done[k] = true
-			s.fn[k]()
-			return
-		}
+	if k := s.next; k < len(s.at) && s.at[k] == w {
+		s.next++
+		s.done[k] = true
+		s.fn[k]()
 	}
 }
 
@@ -54,7 +53,8 @@ func (s *steps) allDone() bool {
 // K again (disk): K → K2 → K between two loads of the walk. The key re-check alone accepts
 // the mix (K2's cpu_local bit under K's key): a cpu_local hit that never existed.
 func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
-	for _, nslots := range []int{1, 65} { // one-word records (walk1) and two-word (walkN)
+	// Packed records (one bitset word), one word per tier (walk1), two (walkN).
+	for _, nslots := range []int{1, 30, 65} {
 		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
 			s := Slot{"a", 0}
 			e, hooks := hookedEngine(t, Config{}, s)
@@ -63,9 +63,13 @@ func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
 			}
 			const k, k2 = uint64(0xAAAA0001), uint64(0xBBBB0002)
 			mustApply(t, e, ctxA, store(s, TierDisk, k))
-			w := (nslots + 63) / 64
+			w := widthFor(nslots - 1)
+			at := []int{recBits + w, recBits + 2*w} // before loading cpu_local, before disk
+			if w == 0 {
+				at = []int{recBits, recMeta} // before loading the bitsets, before meta again
+			}
 			st := &steps{
-				at: []int{recBits + w, recBits + 2*w}, // before loading cpu_local, before disk
+				at: at,
 				fn: []func(){
 					func() { mustApply(t, e, ctxA, remove(s, TierDisk, k), store(s, TierCPULocal, k2)) },
 					func() { mustApply(t, e, ctxA, remove(s, TierCPULocal, k2), store(s, TierDisk, k)) },

@@ -186,11 +186,11 @@ func (c *context) engineStore(op *Op) {
 		return
 	}
 	t := int(op.Tier)
-	bit := uint64(1) << (n & 63)
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
 		idx, rec, created := c.findOrCreate(h)
-		word := recBits + t*c.tab.w + n>>6
+		wo, bit := bitAt(c.tab.w, t, n) // after findOrCreate: the table cannot widen here
+		word := recBits + wo
 		if old := rec[word]; old&bit == 0 {
 			if !created {
 				lockRec(rec)
@@ -215,8 +215,8 @@ func (c *context) engineRemove(op *Op) {
 		return // removing what an unknown slot never stored is a no-op
 	}
 	t := int(op.Tier)
-	bit := uint64(1) << (n & 63)
-	word := recBits + t*c.tab.w + n>>6
+	wo, bit := bitAt(c.tab.w, t, n)
+	word := recBits + wo
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
 		idx, ok := c.tab.lookup(h)
@@ -284,7 +284,6 @@ func (c *context) clearSlot(n int, mask TierMask) {
 	}
 	bulk := remaining > c.tab.ar.Len()/2
 	ar, w := c.tab.ar, c.tab.w
-	bit := uint64(1) << (n & 63)
 	hw := ar.HighWater()
 	emptied := 0
 	for idx := uint32(0); idx < hw && remaining > 0; idx++ {
@@ -297,7 +296,8 @@ func (c *context) clearSlot(n int, mask TierMask) {
 			if mask&(1<<t) == 0 {
 				continue
 			}
-			word := recBits + t*w + n>>6
+			wo, bit := bitAt(w, t, n)
+			word := recBits + wo
 			if old := rec[word]; old&bit != 0 {
 				if !changed {
 					lockRec(rec)
@@ -473,8 +473,8 @@ func (c *context) evictOldest() {
 	rec := c.tab.ar.Record(idx)
 	w := c.tab.w
 	for t := 0; t < 3; t++ {
-		for j := 0; j < w; j++ {
-			for b := rec[recBits+t*w+j]; b != 0; b &= b - 1 {
+		for j := 0; j < maskWords(w); j++ {
+			for b := tierBits(rec[recBits:], w, t, j); b != 0; b &= b - 1 {
 				c.slotCounts[j*64+bits.TrailingZeros64(b)][t]--
 			}
 		}
@@ -540,9 +540,7 @@ func (c *context) rebuild(w int) {
 				c.oldest = nidx + 1
 			}
 			prev = nidx + 1
-			for t := 0; t < 3; t++ {
-				copy(nrec[recBits+t*w:recBits+t*w+old.w], rec[recBits+t*old.w:recBits+(t+1)*old.w])
-			}
+			convertBits(nrec[recBits:], w, rec[recBits:], old.w)
 			nt.insertNew(nrec[recKey], nidx)
 			i = linkNext(rec[recLink])
 		}
@@ -562,6 +560,22 @@ func (c *context) rebuild(w int) {
 	arena.Release(old.entries)
 	if compact {
 		old.ar.Release()
+	}
+}
+
+// convertBits writes into dst (zero, width dw) the bitsets of src (width sw <= dw).
+func convertBits(dst []uint64, dw int, src []uint64, sw int) {
+	if sw == dw {
+		copy(dst, src)
+		return
+	}
+	for t := 0; t < 3; t++ {
+		for j := 0; j < maskWords(sw); j++ {
+			for b := tierBits(src, sw, t, j); b != 0; b &= b - 1 {
+				wo, bit := bitAt(dw, t, j*64+bits.TrailingZeros64(b))
+				dst[wo] |= bit
+			}
+		}
 	}
 }
 

@@ -200,6 +200,7 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
+	packed := tab.w == 0 // else 1: walk1 serves masks of one word
 	for i := 0; i < nblocks; i++ {
 		key, err := src.Next()
 		if err != nil {
@@ -222,28 +223,37 @@ func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks i
 			hook(i, recKey)
 		}
 		k := atomic.LoadUint64(&rec[recKey])
-		if hook != nil {
-			hook(i, recBits)
+		var dev, loc, dsk uint64
+		if packed {
+			if hook != nil {
+				hook(i, recBits)
+			}
+			x := atomic.LoadUint64(&rec[recBits])
+			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+		} else {
+			if hook != nil {
+				hook(i, recBits)
+			}
+			dev = atomic.LoadUint64(&rec[recBits])
+			if hook != nil {
+				hook(i, recBits+1)
+			}
+			loc = atomic.LoadUint64(&rec[recBits+1])
+			if hook != nil {
+				hook(i, recBits+2)
+			}
+			dsk = atomic.LoadUint64(&rec[recBits+2])
 		}
-		dev := atomic.LoadUint64(&rec[recBits])
-		if hook != nil {
-			hook(i, recBits+1)
-		}
-		loc := atomic.LoadUint64(&rec[recBits+1])
-		if hook != nil {
-			hook(i, recBits+2)
-		}
-		dsk := atomic.LoadUint64(&rec[recBits+2])
 		if hook != nil {
 			hook(i, recMeta)
 		}
 		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
 			var buf [3]uint64
-			if meta, ok = reread(tab, hook, i, key, buf[:]); !ok {
+			if meta, ok = reread(tab, hook, i, key, buf[:bitWords(tab.w)]); !ok {
 				end = i // gone, or changing faster than we can read it
 				break
 			}
-			dev, loc, dsk = buf[0], buf[1], buf[2]
+			dev, loc, dsk = tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0)
 		}
 		local := dev | loc
 		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3

@@ -466,6 +466,9 @@ func TestClearSharedScope(t *testing.T) {
 	}
 }
 
+// TestWideningPastSixtyFourSlots registers 200 slots with blocks between registrations: the
+// records widen from packed (21 slots) to one, two, three and four words per tier, and every
+// bit survives each conversion.
 func TestWideningPastSixtyFourSlots(t *testing.T) {
 	e := setup(t, Config{})
 	p := vllmProfile(t)

@@ -35,7 +35,47 @@ const (
 	metaFlags = metaSharedCPU | metaSharedDisk
 )
 
-func recordWords(w int) int { return recBits + 3*w }
+// Bitset layouts. Width w >= 1: tier t of slot n is bit n&63 of word recBits+t*w+n>>6.
+// Width 0 (packed, contexts whose slot numbers are below packedSlots): one word holds all
+// three tiers, tier t of slot n at bit t*packedSlots+n, so a record is 4 words (32 bytes)
+// instead of 6. A context starts packed and widens when a slot number needs it.
+const (
+	packedSlots = 21
+	packedMask  = 1<<packedSlots - 1
+)
+
+func recordWords(w int) int { return recBits + bitWords(w) }
+
+// bitWords returns the number of bitset words of a record of width w.
+func bitWords(w int) int { return max(3*w, 1) }
+
+// maskWords returns the number of words of a slot bitset (masks, alive sets) at width w.
+func maskWords(w int) int { return max(w, 1) }
+
+// widthFor returns the narrowest width that holds slot number n.
+func widthFor(n int) int {
+	if n < packedSlots {
+		return 0
+	}
+	return n/64 + 1
+}
+
+// bitAt returns the word (from recBits) and the bit of tier t of slot n at width w.
+func bitAt(w, t, n int) (int, uint64) {
+	if w == 0 {
+		return 0, 1 << (t*packedSlots + n)
+	}
+	return t*w + n>>6, 1 << (n & 63)
+}
+
+// tierBits returns word j (of maskWords(w)) of tier t's slot bitset from a record's bitset
+// words.
+func tierBits(bw []uint64, w, t, j int) uint64 {
+	if w == 0 {
+		return bw[0] >> (t * packedSlots) & packedMask
+	}
+	return bw[t*w+j]
+}
 
 // Table entries: fingerprint<<32 | (record index + 1). 0 is empty; tombEntry marks a
 // deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords).
@@ -52,13 +92,14 @@ const (
 // quotaFor returns how many entries a migration step must move so that a migration of
 // prevLive entries into a table of capacity newCap ends before the inserts made meanwhile
 // (one step per insert) fill it: twice the rate that exactly uses the new table's free
-// room. Growth (a full table into one twice as large) moves 2 per insert.
+// room. Growth (a full table into one twice as large) would need 2 per insert; at least 4 ends
+// it in a quarter of the old size in inserts, so that two tables coexist only briefly.
 func quotaFor(prevLive, newCap int) int {
 	room := newCap*13/16 - prevLive
 	if room < 1 {
 		room = 1
 	}
-	return max(2, (2*prevLive+room-1)/room)
+	return max(4, (2*prevLive+room-1)/room)
 }
 
 // table is an open-addressing (linear probing) hash table from block key to record,

@@ -94,6 +94,10 @@ type Result struct {
 	PopulateSeconds   float64 `json:"populate_seconds"`
 	PopulateBlocksSec float64 `json:"populate_blocks_per_second"`
 	RSSBytes          uint64  `json:"rss_bytes,omitempty"`
+	// RSSStartBytes is the conductor's RSS after registration, before indexing;
+	// BytesPerBlock is (RSSBytes - RSSStartBytes) / IndexedBlocks.
+	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
+	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
 	BinaryTokens      bool    `json:"binary_tokens"`
 	Cells             []Cell  `json:"cells"`
 }
@@ -146,6 +150,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens}
+	if cfg.Sample != nil {
+		if rss, _, err := cfg.Sample(); err == nil {
+			res.RSSStartBytes = rss
+		}
+	}
 
 	start := time.Now()
 	var toks []int32
@@ -182,6 +191,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Sample != nil {
 		if rss, _, err := cfg.Sample(); err == nil {
 			res.RSSBytes = rss
+			if res.RSSStartBytes > 0 && count > 0 {
+				res.BytesPerBlock = (float64(rss) - float64(res.RSSStartBytes)) / float64(count)
+			}
 		}
 	}
 	if cfg.Progress != nil {
