@@ -165,23 +165,47 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
+		if c.tab.prev.Load() != nil && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+			// A migration is running: between requests, move it on in bounded steps,
+			// so that an idle context soon holds one table (and its memory) again.
+			select {
+			case r := <-c.reqs:
+				c.serve(r)
+			case <-c.quit:
+				return
+			default:
+				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
+					c.migrateStep()
+				}
+			}
+			continue
+		}
 		select {
 		case r := <-c.reqs:
-			if h := c.eng.hooks; h != nil && h.step != nil {
-				h.step(true)
-				c.handle(r)
-				c.migrateStep()
-				h.step(false)
-			} else {
-				c.handle(r)
-				c.migrateStep()
-			}
-			c.blocks.Store(int64(c.tab.ar.Len()))
-			r.done <- struct{}{}
+			c.serve(r)
 		case <-c.quit:
 			return
 		}
 	}
+}
+
+// idleMigrateSteps is how many migration steps an idle writer takes between two looks
+// at its request channel (a few tens of microseconds).
+const idleMigrateSteps = 64
+
+// serve applies one request (a writer step) and hands it back.
+func (c *context) serve(r *request) {
+	if h := c.eng.hooks; h != nil && h.step != nil {
+		h.step(true)
+		c.handle(r)
+		c.migrateStep()
+		h.step(false)
+	} else {
+		c.handle(r)
+		c.migrateStep()
+	}
+	c.blocks.Store(int64(c.tab.ar.Len()))
+	r.done <- struct{}{}
 }
 
 func (c *context) handle(r *request) {

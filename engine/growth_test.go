@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"runtime"
 	"testing"
 )
 
@@ -26,7 +27,7 @@ func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries
 // take effect, and that the table ends up migrated.
 func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
 	a := Slot{"a", 0}
-	e := setup(t, Config{MaxBlocksPerContext: -1}, a)
+	e, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, &testHooks{noIdleMigration: true}, a)
 	const n, batch = 102_400, 64
 	keys := make([]uint64, n)
 	for i := range keys {
@@ -67,8 +68,8 @@ func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
 	if sawMigrating < 10 {
 		t.Fatalf("migrations never spanned requests (%d observations)", sawMigrating)
 	}
-	// A few requests finish the last migration even without inserts.
-	for i := 0; i < 1000; i++ {
+	// Requests finish the last migration even without inserts.
+	for i := 0; i < 100_000; i++ {
 		if m, _, _ := writerTable(t, e, ctxA); !m {
 			break
 		}
@@ -119,5 +120,38 @@ func TestWalkSurvivesTableReleasedUnderIt(t *testing.T) {
 	}
 	if got := rankTiers(t, hits, "a", 0); got.Device != 100*16 {
 		t.Fatalf("walk lost blocks when its table was released: %+v", got)
+	}
+}
+
+// TestIdleWriterFinishesMigration: a context that stops receiving requests in the middle
+// of a migration finishes it on its own (and gives the old table's memory back).
+func TestIdleWriterFinishesMigration(t *testing.T) {
+	a := Slot{"a", 0}
+	var e *Engine
+	migratingAfterStep := false
+	h := &testHooks{step: func(begin bool) {
+		if !begin && e != nil { // on the writer goroutine, which owns c.tab
+			migratingAfterStep = e.lookup(ctxA).tab.prev.Load() != nil
+		}
+	}}
+	e, _ = hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, h, a)
+	keys := make([]uint64, 1<<16)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	// One request stores enough blocks to leave a migration running at its end.
+	mustApply(t, e, ctxA, store(a, TierDevice, keys...))
+	if !migratingAfterStep {
+		t.Fatal("no migration was running after the request")
+	}
+	c := e.lookup(ctxA)
+	for i := 0; c.state.Load().tab.prev.Load() != nil; i++ {
+		if i == 10_000_000 {
+			t.Fatal("idle writer did not finish the migration")
+		}
+		runtime.Gosched()
+	}
+	if got := rankTiers(t, qk(t, e, ctxA, keys, ""), "a", 0).Device; got != int64(len(keys))*16 {
+		t.Fatalf("after the idle migration the walk found %d blocks", got/16)
 	}
 }

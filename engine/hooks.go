@@ -13,6 +13,9 @@ type testHooks struct {
 	// step runs on the writer goroutine before (begin true) and after every writer step
 	// (one request applied), for benchmarks that time steps.
 	step func(begin bool)
+	// noIdleMigration stops writers from migrating tables between requests, so that a
+	// test sees migrations advance only with requests.
+	noIdleMigration bool
 }
 
 func (e *Engine) walkHook() func(int, int) {

@@ -13,8 +13,13 @@ import (
 // read them); the test sets and clears the hook functions it needs on its own goroutine.
 func hookedEngine(t *testing.T, cfg Config, slots ...Slot) (*Engine, *testHooks) {
 	t.Helper()
+	return hookedEngineWith(t, cfg, &testHooks{}, slots...)
+}
+
+// hookedEngineWith is hookedEngine with h installed (for settings writers read).
+func hookedEngineWith(t *testing.T, cfg Config, h *testHooks, slots ...Slot) (*Engine, *testHooks) {
+	t.Helper()
 	e := newTestEngine(t, cfg)
-	h := &testHooks{}
 	e.hooks = h
 	for _, s := range slots {
 		mustRegister(t, e, ctxA, vllmProfile(t), s)
