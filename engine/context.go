@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -107,6 +108,13 @@ type context struct {
 	// gone is set by DropEmptyContext before it closes quit, so that do tells a dropped
 	// context (the caller looks the context up again) from a closed engine.
 	gone atomic.Bool
+	// Engine-wide budget (Config.MaxBlocks): oldestAt is the write epoch of this
+	// context's oldest block (MaxUint64 when empty), published after every step; debt is
+	// how many of its oldest blocks other contexts asked it to evict, and wake tells its
+	// writer so.
+	oldestAt atomic.Uint64
+	debt     atomic.Int64
+	wake     chan struct{}
 
 	// Everything below is owned by the writer goroutine.
 	tab        *table
@@ -115,7 +123,8 @@ type context struct {
 	slotCounts [][3]int     // per slot number, per engine tier: blocks owning the bit
 	bindings   map[bindingKey]*binding
 	shared     map[uint64]sharedCount
-	epoch      uint64 // last write stamp handed out
+	epoch      uint64 // last write epoch handed out (microseconds since the engine started)
+	now        uint64 // the current request's time, microseconds since the engine started
 	// oldest and newest end the write-order list (record index + 1, 0 when empty).
 	oldest, newest uint32
 	migrations     int // incremental table migrations started (tests)
@@ -133,12 +142,14 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 		profile:  p,
 		reqs:     make(chan *request),
 		quit:     make(chan struct{}),
+		wake:     make(chan struct{}, 1),
 		slots:    map[Slot]int{},
 		bindings: map[bindingKey]*binding{},
 		shared:   map[uint64]sharedCount{},
 	}
 	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
+	c.oldestAt.Store(math.MaxUint64)
 	return c
 }
 
@@ -171,6 +182,8 @@ func (c *context) run() {
 			select {
 			case r := <-c.reqs:
 				c.serve(r)
+			case <-c.wake:
+				c.payDebt()
 			case <-c.quit:
 				return
 			default:
@@ -183,6 +196,8 @@ func (c *context) run() {
 		select {
 		case r := <-c.reqs:
 			c.serve(r)
+		case <-c.wake:
+			c.payDebt()
 		case <-c.quit:
 			return
 		}
@@ -195,6 +210,10 @@ const idleMigrateSteps = 64
 
 // serve applies one request (a writer step) and hands it back.
 func (c *context) serve(r *request) {
+	c.now = uint64(time.Since(c.eng.start).Microseconds())
+	if h := c.eng.hooks; h != nil && h.now != nil {
+		c.now = h.now()
+	}
 	if h := c.eng.hooks; h != nil && h.step != nil {
 		h.step(true)
 		c.handle(r)
@@ -204,6 +223,7 @@ func (c *context) serve(r *request) {
 		c.handle(r)
 		c.migrateStep()
 	}
+	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
 	r.done <- struct{}{}
 }

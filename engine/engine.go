@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -39,6 +40,12 @@ type Config struct {
 	// MaxBlocksPerContext bounds the blocks of one context; past it the oldest-written
 	// blocks are evicted down to 90%. 0 means DefaultMaxBlocksPerContext; < 0 unlimited.
 	MaxBlocksPerContext int
+	// MaxBlocks bounds the blocks of all contexts together (a block that only Mooncake
+	// bindings hold counts like any other). Past it, every new block evicts the
+	// engine's oldest-written block, whichever context holds it (write times compared
+	// at microsecond resolution; the context that holds it evicts it on its own writer,
+	// right after). 0 means no engine-wide bound.
+	MaxBlocks int
 	// Logger receives eviction warnings. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -128,6 +135,9 @@ type Op struct {
 // Engine holds every context. Create it with New; all methods are safe for concurrent use.
 type Engine struct {
 	maxBlocks int
+	maxTotal  int          // Config.MaxBlocks; 0 none
+	total     atomic.Int64 // blocks of every context
+	start     time.Time    // epochs are microseconds since start
 	log       *slog.Logger
 
 	// ctxs is an immutable map replaced (copy on write) when a context is created, so
@@ -147,7 +157,7 @@ type Engine struct {
 
 // New returns an empty engine.
 func New(cfg Config) *Engine {
-	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, log: cfg.Logger}
+	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, maxTotal: max(cfg.MaxBlocks, 0), log: cfg.Logger, start: time.Now()}
 	if e.maxBlocks == 0 {
 		e.maxBlocks = DefaultMaxBlocksPerContext
 	}
@@ -434,6 +444,9 @@ func (e *Engine) GlobalView() []ContextView {
 	}
 	return out
 }
+
+// TotalBlocks returns the blocks of all contexts together (what Config.MaxBlocks bounds).
+func (e *Engine) TotalBlocks() int64 { return e.total.Load() }
 
 // ContextStats are the figures of one context exported as metrics.
 type ContextStats struct {

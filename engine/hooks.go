@@ -16,6 +16,8 @@ type testHooks struct {
 	// noIdleMigration stops writers from migrating tables between requests, so that a
 	// test sees migrations advance only with requests.
 	noIdleMigration bool
+	// now replaces the clock of write epochs (microseconds since the engine started).
+	now func() uint64
 }
 
 func (e *Engine) walkHook() func(int, int) {

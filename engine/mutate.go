@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"sync/atomic"
@@ -56,6 +57,7 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	}
 	c.tab.insertNew(key, idx)
 	c.linkNewest(idx, rec)
+	c.eng.total.Add(1)
 	return idx, rec, true
 }
 
@@ -167,7 +169,7 @@ func (c *context) unlink(rec []uint64) {
 // touch stamps rec with a new write epoch and moves it to the newest end of the write
 // order: every store makes its block the last to be evicted.
 func (c *context) touch(idx uint32, rec []uint64) {
-	c.epoch++
+	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
 	if c.newest != idx+1 {
 		c.unlink(rec)
@@ -265,6 +267,7 @@ func (c *context) freeRecord(idx uint32, rec []uint64) {
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
+	c.eng.total.Add(-1)
 }
 
 // clearSlot drops slot number n from the tiers in mask of every block. Scanning the records
@@ -363,7 +366,7 @@ func (c *context) sharedStore(op *Op) {
 		}
 		c.shared[op.Hash] = sc
 	}
-	c.epoch++
+	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, sharedFlags(sc))
 	if c.newest != idx+1 {
 		c.unlink(rec)
@@ -453,18 +456,86 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 // oldest-written block goes, with every owner (shared bindings stay, and a repeated store
 // re-adds them). O(1): the write order is a list.
 func (c *context) maybeEvict() {
-	limit := c.eng.maxBlocks
-	if limit <= 0 || c.tab.ar.Len() <= limit {
+	if limit := c.eng.maxBlocks; limit > 0 && c.tab.ar.Len() > limit {
+		evicted := 0
+		for c.tab.ar.Len() > limit && c.oldest != 0 {
+			c.evictOldest()
+			evicted++
+		}
+		c.countEvicted(evicted, "prefix context over capacity: evicted oldest-written blocks")
 		return
 	}
-	evicted := 0
-	for c.tab.ar.Len() > limit && c.oldest != 0 {
+	if c.eng.maxTotal > 0 && c.eng.total.Load() > int64(c.eng.maxTotal) {
+		c.evictForBudget()
+	}
+}
+
+// evictForBudget keeps the engine within Config.MaxBlocks after this context created a
+// block: the oldest-written block of the engine goes. When another context holds it,
+// that context is asked to (debt, paid by its own writer right after); its published
+// oldestAt may lag by the debts in flight, so the order across contexts is approximate
+// by those few blocks.
+func (c *context) evictForBudget() {
+	e := c.eng
+	victim, best := c, c.tab.ar.Record(c.oldest - 1)[recMeta]>>metaEpochShift
+	for _, o := range *e.ctxs.Load() {
+		if o != c {
+			if at := o.oldestAt.Load(); at < best {
+				victim, best = o, at
+			}
+		}
+	}
+	if victim == c {
 		c.evictOldest()
-		evicted++
+		c.countEvicted(1, "engine over max_blocks: evicted its oldest-written block")
+		return
+	}
+	victim.debt.Add(1)
+	select {
+	case victim.wake <- struct{}{}:
+	default: // already woken
+	}
+}
+
+// maxDebtPerStep bounds the evictions a writer makes for other contexts in one step.
+const maxDebtPerStep = 1024
+
+// payDebt evicts the oldest blocks other contexts asked this one to (see evictForBudget),
+// a bounded number per step, and publishes the write epoch of its oldest block.
+func (c *context) payDebt() {
+	if n := c.debt.Load(); n > 0 && !c.dropped {
+		pay := min(n, maxDebtPerStep)
+		evicted := 0
+		for ; evicted < int(pay) && c.oldest != 0; evicted++ {
+			c.evictOldest()
+		}
+		// Debt a context cannot pay (it is empty) is dropped: it no longer holds blocks.
+		if c.debt.Add(-pay) > 0 && c.oldest != 0 {
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		} else if c.oldest == 0 {
+			c.debt.Store(0)
+		}
+		c.countEvicted(evicted, "engine over max_blocks: evicted its oldest-written block")
+		c.blocks.Store(int64(c.tab.ar.Len()))
+	}
+	if c.oldest == 0 {
+		c.oldestAt.Store(math.MaxUint64)
+	} else {
+		c.oldestAt.Store(c.tab.ar.Record(c.oldest - 1)[recMeta] >> metaEpochShift)
+	}
+}
+
+// countEvicted counts evicted blocks in the context's metrics and logs them.
+func (c *context) countEvicted(evicted int, msg string) {
+	if evicted == 0 {
+		return
 	}
 	c.evictions.Add(1)
 	total := c.evictedBlocks.Add(uint64(evicted))
-	c.logEviction(evicted, total)
+	c.logEviction(msg, evicted, total)
 }
 
 // evictOldest drops the oldest-written block.
@@ -489,17 +560,18 @@ const evictLogEvery = 10 * time.Second
 
 // logEviction logs the first eviction of a context and then at most one summary per
 // evictLogEvery, with the blocks evicted since the previous line.
-func (c *context) logEviction(evicted int, total uint64) {
+func (c *context) logEviction(msg string, evicted int, total uint64) {
 	c.evictUnlogged += evicted
 	now := time.Now()
 	if !c.evictLogged.IsZero() && now.Sub(c.evictLogged) < evictLogEvery {
 		return
 	}
 	c.evictLogged = now
-	c.eng.log.Warn("prefix context over capacity: evicted oldest-written blocks",
+	c.eng.log.Warn(msg,
 		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
 		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),
-		"max_blocks", c.eng.maxBlocks, "evicted_total", total)
+		"max_blocks_per_context", c.eng.maxBlocks, "max_blocks", c.eng.maxTotal,
+		"engine_blocks", c.eng.total.Load(), "evicted_total", total)
 	c.evictUnlogged = 0
 }
 

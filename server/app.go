@@ -35,6 +35,9 @@ type AppConfig struct {
 	BindAddress string
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
+	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
+	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.
+	MaxBlocks int
 	// Extra HTTP routes, served beside /metrics, /healthz and /readyz.
 	ExtraRoutes map[string]fasthttp.RequestHandler
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
@@ -69,7 +72,7 @@ func Start(cfg AppConfig) (*App, error) {
 		log = slog.Default()
 	}
 	started := time.Now()
-	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log})
+	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks, Logger: log})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log})
 	app := &App{log: log, Engine: eng, Service: svc}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}

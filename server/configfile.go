@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -30,6 +31,9 @@ type FileConfig struct {
 	// StateFile persists services registered over HTTP/RPC: the "state_file" key, default
 	// conductor_state.json beside the config file; "" disables.
 	StateFile string
+	// MaxBlocks is the "max_blocks" key: the most blocks indexed over all contexts
+	// (oldest-written evicted first); 0 (the default) means no engine-wide bound.
+	MaxBlocks int
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -75,6 +79,13 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: %s must be an integer port in 0..65535", path, p.key)
 		}
 		*p.dst = int(port)
+	}
+	if raw, ok := root["max_blocks"]; ok {
+		n, err := jsonInt(raw)
+		if err != nil || n < 0 || n > math.MaxInt32 {
+			return cfg, fmt.Errorf("config file %s: max_blocks must be an integer in 0..%d", path, math.MaxInt32)
+		}
+		cfg.MaxBlocks = int(n)
 	}
 	if raw, ok := root["state_file"]; ok {
 		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
@@ -254,5 +265,5 @@ func (f *FileConfig) AppConfig() AppConfig {
 		rpc = -1
 	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
-		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile}
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile, MaxBlocks: f.MaxBlocks}
 }
