@@ -74,19 +74,21 @@ type bindingKey struct {
 	tier                    SharedTier
 }
 
-// binding is a shared object bound to a block. It is active (counted in shared[hash]) while
-// gen equals that entry's gen; eviction drops the entry, which deactivates the bindings of
-// the block without touching them, so that a repeated store can re-add them.
+// binding is a shared object bound to a block, counted in shared[hash] (while gen equals
+// that entry's gen) and listed there, so that evicting the block drops its bindings too.
 type binding struct {
 	hash  uint64
 	gen   uint64
 	comps []string // physical components still present; the binding goes with the last
+	key   bindingKey
+	next  *binding // next binding of the same block
 }
 
-// sharedCount counts the active bindings of one block per shared tier.
+// sharedCount counts the bindings of one block per shared tier and lists them.
 type sharedCount struct {
 	cpu, disk uint32
 	gen       uint64
+	head      *binding
 }
 
 // context is one cache-sharing group with its writer goroutine.

@@ -344,9 +344,11 @@ func (c *context) sharedStore(op *Op) {
 		op.Err = ErrBindingConflict
 		return
 	}
-	if b == nil {
-		b = &binding{hash: op.Hash}
+	added := b == nil
+	if added {
+		b = &binding{hash: op.Hash, key: bk}
 		c.bindings[bk] = b
+		c.eng.total.Add(1)
 	}
 	if !slices.Contains(b.comps, op.Component) {
 		b.comps = append(b.comps, op.Component)
@@ -359,6 +361,7 @@ func (c *context) sharedStore(op *Op) {
 			sc = sharedCount{gen: c.gen}
 		}
 		b.gen = sc.gen
+		b.next, sc.head = sc.head, b
 		if op.SharedTier == SharedCPU {
 			sc.cpu++
 		} else {
@@ -372,7 +375,7 @@ func (c *context) sharedStore(op *Op) {
 		c.unlink(rec)
 		c.linkNewest(idx, rec)
 	}
-	if created {
+	if created || added {
 		c.maybeEvict()
 	}
 }
@@ -411,6 +414,7 @@ func (c *context) sharedRemove(op *Op) {
 		return
 	}
 	delete(c.bindings, bk)
+	c.eng.total.Add(-1)
 	c.deactivate(b, op.SharedTier)
 }
 
@@ -424,6 +428,12 @@ func (c *context) deactivate(b *binding, tier SharedTier) {
 		sc.cpu--
 	} else {
 		sc.disk--
+	}
+	for p := &sc.head; *p != nil; p = &(*p).next {
+		if *p == b {
+			*p = b.next
+			break
+		}
 	}
 	if sc.cpu == 0 && sc.disk == 0 {
 		delete(c.shared, b.hash)
@@ -446,6 +456,7 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 	for k, b := range c.bindings {
 		if match(k) {
 			delete(c.bindings, k)
+			c.eng.total.Add(-1)
 			c.deactivate(b, k.tier)
 		}
 	}
@@ -456,9 +467,9 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 // oldest-written block goes, with every owner (shared bindings stay, and a repeated store
 // re-adds them). O(1): the write order is a list.
 func (c *context) maybeEvict() {
-	if limit := c.eng.maxBlocks; limit > 0 && c.tab.ar.Len() > limit {
+	if limit := c.eng.maxBlocks; limit > 0 && c.units() > limit {
 		evicted := 0
-		for c.tab.ar.Len() > limit && c.oldest != 0 {
+		for c.units() > limit && c.oldest != 0 {
 			c.evictOldest()
 			evicted++
 		}
@@ -469,6 +480,10 @@ func (c *context) maybeEvict() {
 		c.evictForBudget()
 	}
 }
+
+// units is what the capacities count: blocks, and shared bindings (each an object key
+// string held for its block).
+func (c *context) units() int { return c.tab.ar.Len() + len(c.bindings) }
 
 // evictForBudget keeps the engine within Config.MaxBlocks after this context created a
 // block: the oldest-written block of the engine goes. When another context holds it,
@@ -550,7 +565,14 @@ func (c *context) evictOldest() {
 			}
 		}
 	}
-	delete(c.shared, rec[recKey])
+	// The block's shared bindings go with it (they count against the capacity too).
+	if sc, ok := c.shared[rec[recKey]]; ok {
+		for b := sc.head; b != nil; b = b.next {
+			delete(c.bindings, b.key)
+			c.eng.total.Add(-1)
+		}
+		delete(c.shared, rec[recKey])
+	}
 	c.deleteRecord(idx, rec)
 }
 

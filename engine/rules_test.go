@@ -658,30 +658,51 @@ func TestCapacityUnlimited(t *testing.T) {
 	}
 }
 
-// TestEvictedSharedBindingsSurvive: eviction drops the block's owners but keeps the binding,
-// so a repeated store re-adds it and a remove of it is a quiet no-op.
-func TestEvictedSharedBindingsSurvive(t *testing.T) {
+// TestEvictionDropsSharedBindings: eviction drops the block with every owner, its shared
+// bindings included (their object keys would otherwise outlive it without bound): the
+// object key may then bind another hash.
+func TestEvictionDropsSharedBindings(t *testing.T) {
 	log, _, _ := captureLogger()
 	a := Slot{"a", 0}
-	e := setup(t, Config{MaxBlocksPerContext: 2, Logger: log}, a)
-	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 100))
-	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2)) // 3 > 2: the oldest, 100, goes
+	e := setup(t, Config{MaxBlocksPerContext: 3, Logger: log}, a)
+	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 100)) // block + binding: 2
+	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2))                    // 4 > 3: 100 goes, with "k"
 	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got != (Tiers{}) {
 		t.Fatalf("evicted shared block visible: %+v", got)
 	}
-	// Conflict detection still knows the binding.
-	ops := []Op{sharedOp(OpSharedStore, "k", SharedCPU, 101)}
-	_ = e.Apply(ctxA, ops)
-	if !errors.Is(ops[0].Err, ErrBindingConflict) {
-		t.Fatalf("binding forgotten by eviction: %v", ops[0].Err)
+	if st, _ := e.Stats(ctxA); st.Blocks != 2 || st.EvictedBlocks != 1 || e.TotalBlocks() != 2 {
+		t.Fatalf("stats %+v, total %d", st, e.TotalBlocks())
 	}
-	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 100))
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got.CPUShare != 16 {
-		t.Fatalf("repeated store did not re-add: %+v", got)
+	// The binding went with its block: "k" binds another hash without a conflict.
+	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 101)) // 4 > 3: block 1 goes
+	if got := rankTiers(t, qk(t, e, ctxA, []uint64{101}, ""), "a", 0); got.CPUShare != 16 {
+		t.Fatalf("re-bound object key: %+v", got)
 	}
-	mustApply(t, e, ctxA, sharedOp(OpSharedRemove, "k", SharedCPU, 100))
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got != (Tiers{}) {
-		t.Fatalf("remove after re-add: %+v", got)
+	mustApply(t, e, ctxA, sharedOp(OpSharedRemove, "k", SharedCPU, 101))
+	if got := rankTiers(t, qk(t, e, ctxA, []uint64{101}, ""), "a", 0); got != (Tiers{}) {
+		t.Fatalf("remove after re-bind: %+v", got)
+	}
+}
+
+// TestBindingsCountAgainstCapacity: bindings count like blocks, so a block bound by many
+// object keys cannot grow memory past the capacity.
+func TestBindingsCountAgainstCapacity(t *testing.T) {
+	log, _, _ := captureLogger()
+	a := Slot{"a", 0}
+	e := setup(t, Config{MaxBlocksPerContext: 3, Logger: log}, a)
+	mustApply(t, e, ctxA, store(a, TierDevice, 1))
+	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k1", SharedCPU, 100), sharedOp(OpSharedStore, "k2", SharedDisk, 100))
+	// 1 + (100, k1, k2) = 4 > 3: the oldest block, 1, went.
+	if rankTiers(t, qk(t, e, ctxA, []uint64{1}, ""), "a", 0).Device != 0 || rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0).CPUShare != 16 {
+		t.Fatal("block 1 should have made room for the bindings of 100")
+	}
+	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k3", SharedCPU, 100)) // 100 + 3 bindings = 4 > 3
+	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got != (Tiers{}) || e.TotalBlocks() != 0 {
+		t.Fatalf("a block over capacity by its bindings stayed: %+v, total %d", got, e.TotalBlocks())
+	}
+	ops := []Op{sharedOp(OpSharedStore, "k1", SharedCPU, 200)}
+	if err := e.Apply(ctxA, ops); err != nil || ops[0].Err != nil {
+		t.Fatalf("evicted binding still known: %v %v", err, ops[0].Err)
 	}
 }
 
