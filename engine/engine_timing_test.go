@@ -94,10 +94,14 @@ func BenchmarkQueryWalk(b *testing.B) {
 					b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
 				}
 				b.ReportAllocs()
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
 				b.ResetTimer()
+				c0 := threadCPU()
 				for i := 0; i < b.N; i++ {
 					_ = e.QueryKeys(ctxA, keys, blocks*16, "", &res)
 				}
+				b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
 			})
 		}

@@ -215,39 +215,26 @@ func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks i
 			}
 		}
 		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
-		if hook != nil {
-			hook(i, recMeta)
-		}
-		meta := atomic.LoadUint64(&rec[recMeta])
-		if hook != nil {
-			hook(i, recKey)
-		}
-		k := atomic.LoadUint64(&rec[recKey])
-		var dev, loc, dsk uint64
-		if packed {
-			if hook != nil {
-				hook(i, recBits)
-			}
+		// The loads are spelled twice: plain, and with the test hook between each.
+		var meta, k, m2, dev, loc, dsk uint64
+		switch {
+		case hook != nil:
+			meta, k, m2, dev, loc, dsk = hookedRead1(rec, packed, hook, i)
+		case packed:
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k = atomic.LoadUint64(&rec[recKey])
 			x := atomic.LoadUint64(&rec[recBits])
+			m2 = atomic.LoadUint64(&rec[recMeta])
 			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
-		} else {
-			if hook != nil {
-				hook(i, recBits)
-			}
+		default:
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k = atomic.LoadUint64(&rec[recKey])
 			dev = atomic.LoadUint64(&rec[recBits])
-			if hook != nil {
-				hook(i, recBits+1)
-			}
 			loc = atomic.LoadUint64(&rec[recBits+1])
-			if hook != nil {
-				hook(i, recBits+2)
-			}
 			dsk = atomic.LoadUint64(&rec[recBits+2])
+			m2 = atomic.LoadUint64(&rec[recMeta])
 		}
-		if hook != nil {
-			hook(i, recMeta)
-		}
-		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
 			var buf [3]uint64
 			if meta, ok = reread(tab, hook, i, key, buf[:bitWords(tab.w)]); !ok {
 				end = i // gone, or changing faster than we can read it
@@ -281,6 +268,28 @@ func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks i
 	r.drop(2, 0, a2, pos)
 	r.drop(3, 0, a3, pos)
 	return nil
+}
+
+// hookedRead1 is walk1's record read with the test hook before every load.
+func hookedRead1(rec []uint64, packed bool, hook func(int, int), i int) (meta, k, m2, dev, loc, dsk uint64) {
+	hook(i, recMeta)
+	meta = atomic.LoadUint64(&rec[recMeta])
+	hook(i, recKey)
+	k = atomic.LoadUint64(&rec[recKey])
+	hook(i, recBits)
+	if packed {
+		x := atomic.LoadUint64(&rec[recBits])
+		dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+	} else {
+		dev = atomic.LoadUint64(&rec[recBits])
+		hook(i, recBits+1)
+		loc = atomic.LoadUint64(&rec[recBits+1])
+		hook(i, recBits+2)
+		dsk = atomic.LoadUint64(&rec[recBits+2])
+	}
+	hook(i, recMeta)
+	m2 = atomic.LoadUint64(&rec[recMeta])
+	return
 }
 
 // maxRereads bounds how often a walk reads one block's record again after a torn read.

@@ -153,7 +153,23 @@ func (t *table) find(key uint64) ([]uint64, bool) {
 			return rec, true
 		}
 	}
-	return t.find1(key)
+	// find1, repeated here so that the common case (no migration) costs one call.
+	h := mix(key)
+	fp := uint64(uint32(h)) << 32
+	pos := h >> t.shift
+	for {
+		e := atomic.LoadUint64(&t.entries[pos])
+		if e == 0 {
+			return nil, false
+		}
+		if e&^0xFFFFFFFF == fp && e != tombEntry {
+			rec := t.ar.Record(uint32(e) - 1)
+			if atomic.LoadUint64(&rec[recKey]) == key {
+				return rec, true
+			}
+		}
+		pos = (pos + 1) & t.mask
+	}
 }
 
 // retryMiss is called after find missed key in t. A miss in a live table stands; t may
