@@ -666,7 +666,7 @@ func TestEvictionDropsSharedBindings(t *testing.T) {
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: 3, Logger: log}, a)
 	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 100)) // block + binding: 2
-	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2))                    // 4 > 3: 100 goes, with "k"
+	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2))                   // 4 > 3: 100 goes, with "k"
 	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got != (Tiers{}) {
 		t.Fatalf("evicted shared block visible: %+v", got)
 	}
