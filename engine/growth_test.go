@@ -2,6 +2,8 @@ package engine
 
 import (
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -153,5 +155,65 @@ func TestIdleWriterFinishesMigration(t *testing.T) {
 	}
 	if got := rankTiers(t, qk(t, e, ctxA, keys, ""), "a", 0).Device; got != int64(len(keys))*16 {
 		t.Fatalf("after the idle migration the walk found %d blocks", got/16)
+	}
+}
+
+// TestReadersDuringGrowthNeverMiss: readers walk a stored prompt over and over while one
+// writer grows the context through many migrations: every answer must cover the whole
+// prompt, since its blocks never change. Bounded (40K blocks).
+func TestReadersDuringGrowthNeverMiss(t *testing.T) {
+	a := Slot{"a", 0}
+	e := setup(t, Config{MaxBlocksPerContext: -1}, a)
+	prompt := make([]uint64, 256)
+	for i := range prompt {
+		prompt[i] = benchKey(i)
+	}
+	mustApply(t, e, ctxA, store(a, TierDevice, prompt...))
+	const readers, n, batch = 2, 40_960, 64
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var answers atomic.Int64
+	var up sync.WaitGroup
+	up.Add(readers)
+	for r := 0; r < readers; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res Result
+			first := true
+			defer func() {
+				if first {
+					up.Done()
+				}
+			}()
+			for !stop.Load() {
+				if err := e.QueryKeys(ctxA, prompt, len(prompt)*16, "a", &res); err != nil {
+					t.Error(err)
+					return
+				}
+				if len(res.Instances) != 1 || res.Instances[0].Device != int64(len(prompt))*16 {
+					t.Errorf("answer during growth: %s", formatHits(res.Instances))
+					return
+				}
+				answers.Add(1)
+				if first {
+					first = false
+					up.Done()
+				}
+			}
+		}()
+	}
+	up.Wait()
+	hs := make([]uint64, batch)
+	for done := 0; done < n && !t.Failed(); done += batch {
+		for j := range hs {
+			hs[j] = benchKey(1<<30 + done + j)
+		}
+		mustApply(t, e, ctxA, store(a, TierDisk, hs...))
+	}
+	stop.Store(true)
+	wg.Wait()
+	if answers.Load() == 0 {
+		t.Fatal("no answers")
 	}
 }
