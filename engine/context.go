@@ -129,10 +129,16 @@ type context struct {
 	now        uint64 // the current request's time, microseconds since the engine started
 	// oldest and newest end the write-order list (record index + 1, 0 when empty).
 	oldest, newest uint32
-	migrations     int // incremental table migrations started (tests)
-	evictLogged    time.Time
-	evictUnlogged  int
-	gen            uint64 // last sharedCount generation handed out
+	// next is the table the next migration will fill, prepared ahead (prepareNext):
+	// unpublished, its first nextFaulted entries' pages already written.
+	next        *table
+	nextFaulted int
+	// toRelease is memory of retired tables still to give back, a chunk per step.
+	toRelease     [][]uint64
+	migrations    int // incremental table migrations started (tests)
+	evictLogged   time.Time
+	evictUnlogged int
+	gen           uint64 // last sharedCount generation handed out
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 }
@@ -178,7 +184,7 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
-		if c.tab.prev.Load() != nil && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration is running: between requests, move it on in bounded steps,
 			// so that an idle context soon holds one table (and its memory) again.
 			select {
@@ -192,6 +198,7 @@ func (c *context) run() {
 				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
 					c.migrateStep()
 				}
+				c.releaseStep()
 			}
 			continue
 		}
@@ -220,10 +227,12 @@ func (c *context) serve(r *request) {
 		h.step(true)
 		c.handle(r)
 		c.migrateStep()
+		c.releaseStep()
 		h.step(false)
 	} else {
 		c.handle(r)
 		c.migrateStep()
+		c.releaseStep()
 	}
 	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
@@ -269,6 +278,14 @@ func (c *context) release() {
 		p.dead.Store(true)
 		arena.Release(p.entries)
 	}
+	if c.next != nil {
+		arena.Release(c.next.entries)
+		c.next = nil
+	}
+	for _, w := range c.toRelease {
+		arena.Release(w)
+	}
+	c.toRelease = nil
 }
 
 // publish makes the current slot table and prefix table visible to queries.

@@ -76,9 +76,20 @@ func (c *context) makeRoom() {
 			c.endMigration()
 		}
 	}
+	if c.tab.prev.Load() == nil {
+		c.prepareNext()
+	}
 	if c.tab.full() {
 		old := c.tab
-		nt := newTable(max(sizeFor(old.live), len(old.entries)/4), old.ar, old.w, &c.state)
+		size := max(sizeFor(old.live), len(old.entries)/4)
+		nt := c.next
+		c.next, c.nextFaulted = nil, 0
+		if nt == nil || len(nt.entries) < size || nt.w != old.w || nt.ar != old.ar {
+			if nt != nil {
+				arena.Release(nt.entries)
+			}
+			nt = newTable(size, old.ar, old.w, &c.state)
+		}
 		nt.prev.Store(old)
 		nt.quota = quotaFor(old.live, len(nt.entries))
 		c.tab = nt
@@ -86,6 +97,31 @@ func (c *context) makeRoom() {
 		c.migrations++
 	}
 }
+
+// prepareNext readies the table the next migration will fill, while the current one
+// fills from 11/16 to 13/16: it maps it and writes one page of it per insert, so that the
+// page faults (each a zeroed page from the kernel) are paid a few at a time rather than
+// hundreds in one step once the migration writes entries all over the new table.
+func (c *context) prepareNext() {
+	t := c.tab
+	used := t.live + t.tombs
+	if c.next == nil {
+		if used*16 <= len(t.entries)*11 {
+			return
+		}
+		// Live entries can only grow by the inserts left before the table is full.
+		projected := t.live + len(t.entries)*13/16 - used + 1
+		c.next = newTable(max(sizeFor(projected), len(t.entries)/4), t.ar, t.w, &c.state)
+		c.nextFaulted = 0
+	}
+	if e := c.next.entries; c.nextFaulted < len(e) {
+		e[c.nextFaulted] = 0 // a write: the kernel maps a page now
+		c.nextFaulted += pageWords
+	}
+}
+
+// pageWords is the number of table entries in a page.
+const pageWords = 4096 / 8
 
 // migrateStep advances a running migration by one step (after every request, so that a
 // context that stops inserting still finishes).
@@ -102,7 +138,33 @@ func (c *context) endMigration() {
 	c.tab.prev.Store(nil)
 	c.tab.moved = 0
 	old.dead.Store(true)
-	arena.Release(old.entries)
+	c.releaseLater(old.entries)
+}
+
+// releaseChunkWords is how much table memory one writer step gives back (256 KiB):
+// madvise costs time per page, and a 10M-block table is 128 MiB.
+const releaseChunkWords = 1 << 15
+
+// releaseLater queues memory (a whole arena.Map'd table) to give back to the kernel a
+// chunk per writer step (releaseStep).
+func (c *context) releaseLater(words []uint64) {
+	c.toRelease = append(c.toRelease, words)
+}
+
+// releaseStep gives back one chunk of queued memory.
+func (c *context) releaseStep() {
+	if len(c.toRelease) == 0 {
+		return
+	}
+	w := c.toRelease[0]
+	n := min(len(w), releaseChunkWords)
+	arena.Release(w[:n])
+	if n == len(w) {
+		c.toRelease[0] = nil
+		c.toRelease = c.toRelease[1:]
+	} else {
+		c.toRelease[0] = w[n:]
+	}
 }
 
 // lockRec marks rec busy before the writer changes its key or a bitset; setMeta ends the
@@ -613,6 +675,10 @@ func (c *context) rebuild(w int) {
 	old := c.tab
 	ar := old.ar
 	live := ar.Len()
+	if c.next != nil {
+		arena.Release(c.next.entries) // sized for the table being replaced
+		c.next, c.nextFaulted = nil, 0
+	}
 	compact := w != old.w || int(ar.HighWater()) > 4*live+arena.DefaultChunkRecords
 	if compact {
 		ar = arena.New(arena.Config{RecordWords: recordWords(w)})
