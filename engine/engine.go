@@ -37,11 +37,13 @@ type Slot struct {
 
 // Config configures an Engine.
 type Config struct {
-	// MaxBlocksPerContext bounds the blocks of one context; past it the oldest-written
-	// blocks are evicted down to 90%. 0 means DefaultMaxBlocksPerContext; < 0 unlimited.
+	// MaxBlocksPerContext bounds the blocks of one context, each shared (Mooncake)
+	// binding counting as one more: every new block or binding past it evicts the
+	// context's oldest-written block with all its owners and bindings (O(1) per
+	// eviction). 0 means DefaultMaxBlocksPerContext; < 0 unlimited.
 	MaxBlocksPerContext int
-	// MaxBlocks bounds the blocks of all contexts together (a block that only Mooncake
-	// bindings hold counts like any other). Past it, every new block evicts the
+	// MaxBlocks bounds the blocks (and shared bindings) of all contexts together.
+	// Past it, every new block or binding evicts the
 	// engine's oldest-written block, whichever context holds it (write times compared
 	// at microsecond resolution; the context that holds it evicts it on its own writer,
 	// right after). 0 means no engine-wide bound.
