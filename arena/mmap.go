@@ -2,6 +2,7 @@ package arena
 
 import (
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -14,6 +15,9 @@ import (
 func Map(n int) []uint64 {
 	if n <= 0 {
 		return nil
+	}
+	if raceHeap {
+		return make([]uint64, n)
 	}
 	b, err := syscall.Mmap(-1, 0, n*8, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
@@ -28,6 +32,12 @@ func Map(n int) []uint64 {
 // that all-zero words read as "absent". The words may be reused (they are zero again).
 func Release(words []uint64) {
 	if len(words) == 0 {
+		return
+	}
+	if raceHeap {
+		for i := range words {
+			atomic.StoreUint64(&words[i], 0) // what readers see after MADV_DONTNEED
+		}
 		return
 	}
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(words))), len(words)*8)
