@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sort"
 	"syscall"
 	"testing"
 	"time"
@@ -351,6 +352,9 @@ func BenchmarkWriterSteps(b *testing.B) {
 			b.ReportMetric(float64(wall[len(wall)*99/100].Microseconds()), "p99-wall-µs")
 			b.ReportMetric(float64(cpu[len(cpu)-1].Microseconds()), "max-cpu-µs")
 			b.ReportMetric(float64(cpu[len(cpu)*99/100].Microseconds()), "p99-cpu-µs")
+			over := len(cpu) - sort.Search(len(cpu), func(i int) bool { return cpu[i] > time.Millisecond })
+			b.ReportMetric(float64(over), "steps-over-1ms-cpu")
+			b.ReportMetric(float64(len(cpu)), "steps")
 		})
 	}
 }
