@@ -98,8 +98,8 @@ type Result struct {
 	// BytesPerBlock is (RSSBytes - RSSStartBytes) / IndexedBlocks.
 	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
 	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
-	BinaryTokens      bool    `json:"binary_tokens"`
-	Cells             []Cell  `json:"cells"`
+	BinaryTokens  bool    `json:"binary_tokens"`
+	Cells         []Cell  `json:"cells"`
 }
 
 // bodiesPerCell is how many distinct prompts each cell cycles through, so the server
