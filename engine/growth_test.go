@@ -23,14 +23,14 @@ func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries
 	return
 }
 
-// TestIncrementalGrowthKeepsBlocksVisible grows a context to 102,400 blocks in batches and,
+// TestIncrementalGrowthKeepsBlocksVisible grows a context to 40,960 blocks in batches and,
 // while a migration is running across requests, checks that every block (old table, new
 // table, moved or not) answers, that removes and re-stores of blocks still in the old table
 // take effect, and that the table ends up migrated.
 func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
 	a := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, &testHooks{noIdleMigration: true}, a)
-	const n, batch = 102_400, 64
+	const n, batch = 40_960, 64
 	keys := make([]uint64, n)
 	for i := range keys {
 		keys[i] = benchKey(i)
@@ -137,11 +137,12 @@ func TestIdleWriterFinishesMigration(t *testing.T) {
 		}
 	}}
 	e, _ = hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, h, a)
-	keys := make([]uint64, 1<<16)
+	keys := make([]uint64, 1<<13)
 	for i := range keys {
 		keys[i] = benchKey(i)
 	}
-	// One request stores enough blocks to leave a migration running at its end.
+	// One request stores enough blocks to leave a migration running at its end (the
+	// table fills at 6656 entries; moving them takes longer than the 1536 inserts left).
 	mustApply(t, e, ctxA, store(a, TierDevice, keys...))
 	if !migratingAfterStep {
 		t.Fatal("no migration was running after the request")
