@@ -23,14 +23,14 @@ func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries
 	return
 }
 
-// TestIncrementalGrowthKeepsBlocksVisible grows a context to 40,960 blocks in batches and,
+// TestIncrementalGrowthKeepsBlocksVisible grows a context to 16,384 blocks in batches and,
 // while a migration is running across requests, checks that every block (old table, new
 // table, moved or not) answers, that removes and re-stores of blocks still in the old table
 // take effect, and that the table ends up migrated.
 func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
 	a := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, &testHooks{noIdleMigration: true}, a)
-	const n, batch = 40_960, 64
+	const n, batch = 16_384, 64
 	keys := make([]uint64, n)
 	for i := range keys {
 		keys[i] = benchKey(i)
@@ -43,7 +43,7 @@ func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
 			continue
 		}
 		sawMigrating++
-		if sawMigrating%16 != 1 {
+		if sawMigrating%32 != 1 {
 			continue
 		}
 		stored := keys[:done+batch]
