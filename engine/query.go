@@ -35,6 +35,7 @@ type Result struct {
 	// are present with zero counts.
 	Instances []InstanceHit
 
+	hook   func(int, int) // test hook of the running walk1 (see testHooks.walkLoad)
 	chain  hashing.Chain
 	keys   sliceKeys
 	ranks  []RankHit
@@ -171,7 +172,9 @@ func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, i
 	}
 	var err error
 	if w == 1 {
-		err = r.walk1(v.tab, hook, src, nblocks, positions, bs, mask[0])
+		r.hook = hook
+		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
+		r.hook = nil
 	} else {
 		err = r.walkN(v.tab, hook, src, nblocks, positions, bs, mask)
 	}
@@ -197,50 +200,48 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 // at block i gets min(i*bs, positions) for that tier. This is the upstream nested-phase
 // walk (one cursor per tier, each accepting the tiers above it) at a few word operations
 // per block.
-func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask uint64) error {
+func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
-	packed := tab.w == 0 // else 1: walk1 serves masks of one word
 	for i := 0; i < nblocks; i++ {
 		key, err := src.Next()
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find(key)
+		rec, ok := tab.find1(key)
 		if !ok {
-			if tab, rec, ok = tab.retryMiss(key); !ok {
+			if tab, rec, ok = tab.findMissed(key); !ok {
 				end = i
 				break
 			}
 		}
 		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
-		// The loads are spelled twice: plain, and with the test hook between each.
-		var meta, k, m2, dev, loc, dsk uint64
+		// Torn reads and test hooks take the slow path (readSlow1), which keeps this
+		// loop's live values in registers.
+		var meta, dev, loc, dsk uint64
 		switch {
-		case hook != nil:
-			meta, k, m2, dev, loc, dsk = hookedRead1(rec, packed, hook, i)
-		case packed:
+		case r.hook != nil:
+			ok = false
+		case tab.w == 0:
 			meta = atomic.LoadUint64(&rec[recMeta])
-			k = atomic.LoadUint64(&rec[recKey])
+			k := atomic.LoadUint64(&rec[recKey])
 			x := atomic.LoadUint64(&rec[recBits])
-			m2 = atomic.LoadUint64(&rec[recMeta])
+			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
 			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
 		default:
 			meta = atomic.LoadUint64(&rec[recMeta])
-			k = atomic.LoadUint64(&rec[recKey])
+			k := atomic.LoadUint64(&rec[recKey])
 			dev = atomic.LoadUint64(&rec[recBits])
 			loc = atomic.LoadUint64(&rec[recBits+1])
 			dsk = atomic.LoadUint64(&rec[recBits+2])
-			m2 = atomic.LoadUint64(&rec[recMeta])
+			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
 		}
-		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
-			var buf [3]uint64
-			if meta, ok = reread(tab, hook, i, key, buf[:bitWords(tab.w)]); !ok {
+		if !ok {
+			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
 				end = i // gone, or changing faster than we can read it
 				break
 			}
-			dev, loc, dsk = tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0)
 		}
 		local := dev | loc
 		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
@@ -268,6 +269,23 @@ func (r *Result) walk1(tab *table, hook func(int, int), src keySource, nblocks i
 	r.drop(2, 0, a2, pos)
 	r.drop(3, 0, a3, pos)
 	return nil
+}
+
+// readSlow1 is walk1's read of rec (found for key) when the fast read was torn, or with
+// the test hook: the hooked read first (if a hook is set), then reread.
+func (r *Result) readSlow1(tab *table, rec []uint64, key uint64, i int) (meta, dev, loc, dsk uint64, ok bool) {
+	if r.hook != nil {
+		var k, m2 uint64
+		meta, k, m2, dev, loc, dsk = hookedRead1(rec, tab.w == 0, r.hook, i)
+		if m2 == meta && meta&(metaBusy|metaFree) == 0 && k == key {
+			return meta, dev, loc, dsk, true
+		}
+	}
+	var buf [3]uint64
+	if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
+		return 0, 0, 0, 0, false
+	}
+	return meta, tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0), true
 }
 
 // hookedRead1 is walk1's record read with the test hook before every load.
@@ -356,9 +374,9 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find(key)
+		rec, ok := tab.find1(key)
 		if !ok {
-			if tab, rec, ok = tab.retryMiss(key); !ok {
+			if tab, rec, ok = tab.findMissed(key); !ok {
 				end = i
 				break
 			}

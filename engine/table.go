@@ -109,11 +109,12 @@ func quotaFor(prevLive, newCap int) int {
 // Growing (or purging tombstones) is incremental: the writer publishes a new, larger
 // table whose prev is the old one and moves a bounded number of old entries per insert.
 // Entries moved stay in prev too; an entry deleted is tombstoned in both; new entries go
-// to the new table only. Readers look in prev first, then in the new table: an entry the
-// writer moves is in prev until the migration ends, and in the new table after, so no
-// reader misses it, even one that reads prev after its memory went back to the kernel
-// (zeros: empty). A table that stops being current is marked dead before its memory goes;
-// a reader that misses in a dead table looks again in the latest one (retryMiss).
+// to the new table only. Readers look in the new table, then in prev (findPrev): an
+// entry the writer moves is in prev until the migration ends, and in the new table after;
+// should prev be released (read as zeros) during the look, prev is dead and the new table
+// holds every entry, so the reader looks there again. No reader misses an entry. A table
+// that stops being current is marked dead before its memory goes; a reader that misses in
+// a dead table looks again in the latest one (retryMiss).
 type table struct {
 	entries []uint64
 	mask    uint64
@@ -148,28 +149,38 @@ func newTable(capacity int, ar *arena.Arena, w int, pub *atomic.Pointer[view]) *
 // check the record's version and key (see the record layout), because the writer may free
 // and reuse a record at any time.
 func (t *table) find(key uint64) ([]uint64, bool) {
-	if p := t.prev.Load(); p != nil {
-		if rec, ok := p.find1(key); ok {
-			return rec, true
-		}
+	if rec, ok := t.find1(key); ok {
+		return rec, true
 	}
-	// find1, repeated here so that the common case (no migration) costs one call.
-	h := mix(key)
-	fp := uint64(uint32(h)) << 32
-	pos := h >> t.shift
-	for {
-		e := atomic.LoadUint64(&t.entries[pos])
-		if e == 0 {
-			return nil, false
-		}
-		if e&^0xFFFFFFFF == fp && e != tombEntry {
-			rec := t.ar.Record(uint32(e) - 1)
-			if atomic.LoadUint64(&rec[recKey]) == key {
-				return rec, true
-			}
-		}
-		pos = (pos + 1) & t.mask
+	return t.findPrev(key)
+}
+
+// findPrev looks key up in the table being migrated into t, after find1 missed it in t.
+// Entries stay in prev until the migration ends, and are all in t once it has: so a miss
+// in t then prev is a true miss unless prev was released meanwhile (dead), and then t
+// holds the entry.
+func (t *table) findPrev(key uint64) ([]uint64, bool) {
+	p := t.prev.Load()
+	if p == nil {
+		return nil, false
 	}
+	if rec, ok := p.find1(key); ok {
+		return rec, true
+	}
+	if p.dead.Load() {
+		return t.find1(key)
+	}
+	return nil, false
+}
+
+// findMissed is the walk's slow path after find1 missed key in t: it looks in prev
+// (findPrev), then, if t itself was released, in the latest table (retryMiss). It returns
+// the table the walk goes on with.
+func (t *table) findMissed(key uint64) (*table, []uint64, bool) {
+	if rec, ok := t.findPrev(key); ok {
+		return t, rec, true
+	}
+	return t.retryMiss(key)
 }
 
 // retryMiss is called after find missed key in t. A miss in a live table stands; t may
@@ -190,6 +201,7 @@ func (t *table) retryMiss(key uint64) (*table, []uint64, bool) {
 	return t, nil, false
 }
 
+// find1 looks key up in t alone (a leaf function: the walk's fast path).
 func (t *table) find1(key uint64) ([]uint64, bool) {
 	h := mix(key)
 	fp := uint64(uint32(h)) << 32
