@@ -161,7 +161,7 @@ func TestIdleWriterFinishesMigration(t *testing.T) {
 
 // TestReadersDuringGrowthNeverMiss: readers walk a stored prompt over and over while one
 // writer grows the context through many migrations: every answer must cover the whole
-// prompt, since its blocks never change. Bounded (40K blocks).
+// prompt, since its blocks never change. Bounded (12K blocks, a few migrations).
 func TestReadersDuringGrowthNeverMiss(t *testing.T) {
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: -1}, a)
@@ -170,7 +170,7 @@ func TestReadersDuringGrowthNeverMiss(t *testing.T) {
 		prompt[i] = benchKey(i)
 	}
 	mustApply(t, e, ctxA, store(a, TierDevice, prompt...))
-	const readers, n, batch = 2, 40_960, 64
+	const readers, n, batch = 2, 12_288, 64
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	var answers atomic.Int64
