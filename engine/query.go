@@ -203,6 +203,7 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
+	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	for i := 0; i < nblocks; i++ {
 		key, err := src.Next()
 		if err != nil {
@@ -211,7 +212,7 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 		}
 		rec, ok := tab.find1(key)
 		if !ok {
-			if tab, rec, ok = tab.findMissed(key); !ok {
+			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
 				end = i
 				break
 			}
@@ -368,6 +369,7 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 		copy(alive[t*w:(t+1)*w], mask)
 	}
 	end := nblocks
+	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	for i := 0; i < nblocks; i++ {
 		key, err := src.Next()
 		if err != nil {
@@ -376,7 +378,7 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 		}
 		rec, ok := tab.find1(key)
 		if !ok {
-			if tab, rec, ok = tab.findMissed(key); !ok {
+			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
 				end = i
 				break
 			}

@@ -149,18 +149,19 @@ func newTable(capacity int, ar *arena.Arena, w int, pub *atomic.Pointer[view]) *
 // check the record's version and key (see the record layout), because the writer may free
 // and reuse a record at any time.
 func (t *table) find(key uint64) ([]uint64, bool) {
+	p := t.prev.Load() // before probing t: see findPrev
 	if rec, ok := t.find1(key); ok {
 		return rec, true
 	}
-	return t.findPrev(key)
+	return t.findPrev(p, key)
 }
 
-// findPrev looks key up in the table being migrated into t, after find1 missed it in t.
-// Entries stay in prev until the migration ends, and are all in t once it has: so a miss
-// in t then prev is a true miss unless prev was released meanwhile (dead), and then t
-// holds the entry.
-func (t *table) findPrev(key uint64) ([]uint64, bool) {
-	p := t.prev.Load()
+// findPrev looks key up in p, the table being migrated into t as loaded before the caller
+// probed t, after that probe missed. t.prev only ever goes from set to nil (a migration
+// ends), and entries stay in prev until it has, all of them being in t by then. So: p nil
+// means t held every entry during the probe, and the miss stands; otherwise the entry is
+// in p, unless p was released meanwhile (dead), and then t holds it: look there again.
+func (t *table) findPrev(p *table, key uint64) ([]uint64, bool) {
 	if p == nil {
 		return nil, false
 	}
@@ -173,14 +174,18 @@ func (t *table) findPrev(key uint64) ([]uint64, bool) {
 	return nil, false
 }
 
-// findMissed is the walk's slow path after find1 missed key in t: it looks in prev
-// (findPrev), then, if t itself was released, in the latest table (retryMiss). It returns
-// the table the walk goes on with.
-func (t *table) findMissed(key uint64) (*table, []uint64, bool) {
-	if rec, ok := t.findPrev(key); ok {
-		return t, rec, true
+// findMissed is the walk's slow path after find1 missed key in t (prev being t.prev as
+// loaded before that probe): it looks in prev, then, if t itself was released, in the
+// latest table (retryMiss). It returns the table the walk goes on with and its prev.
+func (t *table) findMissed(prev *table, key uint64) (*table, *table, []uint64, bool) {
+	if rec, ok := t.findPrev(prev, key); ok {
+		return t, prev, rec, true
 	}
-	return t.retryMiss(key)
+	nt, rec, ok := t.retryMiss(key)
+	if nt != t {
+		prev = nt.prev.Load() // no later than its probe in retryMiss: nil stays nil
+	}
+	return nt, prev, rec, ok
 }
 
 // retryMiss is called after find missed key in t. A miss in a live table stands; t may
