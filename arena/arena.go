@@ -14,10 +14,11 @@ import (
 	"sync/atomic"
 )
 
-// DefaultChunkRecords is the number of records per slab when Config leaves it zero. It keeps
-// a slab of 5-word records at 40 KiB: big enough that the slab directory stays small at
-// millions of records, small enough that an almost empty arena costs little.
-const DefaultChunkRecords = 1024
+// DefaultChunkRecords is the number of records per slab when Config leaves it zero. Slabs
+// are mappings outside the Go heap (Map) whose pages cost memory only once written, so a
+// large slab costs an almost empty arena little, and 10M records take a few hundred
+// mappings.
+const DefaultChunkRecords = 1 << 14
 
 // MaxRecords is the largest number of records an arena can address. Index values
 // 0xFFFFFFFE and 0xFFFFFFFF are kept free so that callers can encode "index + 1" and a
@@ -33,7 +34,9 @@ type Config struct {
 	ChunkRecords int
 }
 
-// Arena is a growable set of fixed-size records stored in slabs that never move.
+// Arena is a growable set of fixed-size records stored in slabs that never move. The slabs
+// live outside the Go heap (see Map), so the garbage collector neither scans them nor
+// counts them in its heap goal.
 type Arena struct {
 	recWords   int
 	chunkShift uint
@@ -107,7 +110,7 @@ func (a *Arena) Alloc() uint32 {
 
 // grow adds one slab and publishes the directory that includes it.
 func (a *Arena) grow(d [][]uint64) {
-	chunk := make([]uint64, a.chunkWords)
+	chunk := Map(a.chunkWords)
 	if len(d) < cap(d) {
 		// Readers holding the old header never look at index len(d), so writing it
 		// before publishing the longer header is race-free.
@@ -119,6 +122,15 @@ func (a *Arena) grow(d [][]uint64) {
 	copy(nd, d)
 	nd[len(d)] = chunk
 	a.dir.Store(&nd)
+}
+
+// Release gives every slab back to the kernel; the arena must not be used by the writer
+// afterwards. Readers that still hold an index read zero words, never fault. Writer only.
+func (a *Arena) Release() {
+	for _, c := range *a.dir.Load() {
+		Release(c)
+	}
+	a.free = nil // the directory stays: readers index it
 }
 
 // Free returns a record to the arena. The caller must have zeroed every word it wrote (with

@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/arena"
 	"github.com/conductor-go/conductor/hashing"
@@ -20,14 +23,18 @@ type view struct {
 type slotTable struct {
 	insts []instSlots    // sorted by id
 	byID  map[string]int // index into insts
-	all   []uint64       // bitset of every registered slot, tab.w words
+	all   []uint64       // bitset of every registered slot, maskWords(tab.w) words
 	count int            // registered slots
+	// reuse is the context's slotReuse when this table was built: a query that finds
+	// slotReuse changed after its walk may have read bits of a slot number that now
+	// belongs to another registration, and walks again with the current table.
+	reuse uint64
 }
 
 type instSlots struct {
 	id    string
 	ranks []rankSlot // ascending rank
-	mask  []uint64   // bitset of this instance's slots, tab.w words
+	mask  []uint64   // bitset of this instance's slots, maskWords(tab.w) words
 }
 
 type rankSlot struct {
@@ -67,19 +74,21 @@ type bindingKey struct {
 	tier                    SharedTier
 }
 
-// binding is a shared object bound to a block. It is active (counted in shared[hash]) while
-// gen equals that entry's gen; eviction drops the entry, which deactivates the bindings of
-// the block without touching them, so that a repeated store can re-add them.
+// binding is a shared object bound to a block, counted in shared[hash] (while gen equals
+// that entry's gen) and listed there, so that evicting the block drops its bindings too.
 type binding struct {
 	hash  uint64
 	gen   uint64
 	comps []string // physical components still present; the binding goes with the last
+	key   bindingKey
+	next  *binding // next binding of the same block
 }
 
-// sharedCount counts the active bindings of one block per shared tier.
+// sharedCount counts the bindings of one block per shared tier and lists them.
 type sharedCount struct {
 	cpu, disk uint32
 	gen       uint64
+	head      *binding
 }
 
 // context is one cache-sharing group with its writer goroutine.
@@ -94,6 +103,20 @@ type context struct {
 
 	blocks                   atomic.Int64
 	evictions, evictedBlocks atomic.Uint64
+	// slotReuse counts registrations that took a slot number freed by an unregistration.
+	// It is bumped before the slot table naming the new owner is published, hence before
+	// any bit of the new owner is stored.
+	slotReuse atomic.Uint64
+	// gone is set by DropEmptyContext before it closes quit, so that do tells a dropped
+	// context (the caller looks the context up again) from a closed engine.
+	gone atomic.Bool
+	// Engine-wide budget (Config.MaxBlocks): oldestAt is the write epoch of this
+	// context's oldest block (MaxUint64 when empty), published after every step; debt is
+	// how many of its oldest blocks other contexts asked it to evict, and wake tells its
+	// writer so.
+	oldestAt atomic.Uint64
+	debt     atomic.Int64
+	wake     chan struct{}
 
 	// Everything below is owned by the writer goroutine.
 	tab        *table
@@ -102,10 +125,20 @@ type context struct {
 	slotCounts [][3]int     // per slot number, per engine tier: blocks owning the bit
 	bindings   map[bindingKey]*binding
 	shared     map[uint64]sharedCount
-	epoch      uint64 // last write stamp handed out
-	gen        uint64 // last sharedCount generation handed out
-	evictHist  []int  // eviction scratch
-	evictScr   []uint64
+	epoch      uint64 // last write epoch handed out (microseconds since the engine started)
+	now        uint64 // the current request's time, microseconds since the engine started
+	// oldest and newest end the write-order list (record index + 1, 0 when empty).
+	oldest, newest uint32
+	// next is the table the next migration will fill, prepared ahead (prepareNext):
+	// unpublished, its first nextFaulted entries' pages already written.
+	next        *table
+	nextFaulted int
+	// toRelease is memory of retired tables still to give back, a chunk per step.
+	toRelease     [][]uint64
+	migrations    int // incremental table migrations started (tests)
+	evictLogged   time.Time
+	evictUnlogged int
+	gen           uint64 // last sharedCount generation handed out
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 }
@@ -117,37 +150,93 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 		profile:  p,
 		reqs:     make(chan *request),
 		quit:     make(chan struct{}),
+		wake:     make(chan struct{}, 1),
 		slots:    map[Slot]int{},
 		bindings: map[bindingKey]*binding{},
 		shared:   map[uint64]sharedCount{},
 	}
-	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(1)}), 1)
+	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
+	c.oldestAt.Store(math.MaxUint64)
 	return c
 }
 
 // do hands r to the writer and waits until it is done.
 func (c *context) do(r *request) error {
+	if h := c.eng.hooks; h != nil && h.beforeDo != nil {
+		h.beforeDo(c, r)
+	}
 	select {
 	case c.reqs <- r:
 	case <-c.quit:
+		if c.gone.Load() {
+			return errDropped
+		}
 		return ErrClosed
 	}
 	<-r.done
 	return nil
 }
 
+// errDropped: the context was dropped by DropEmptyContext before the request reached its
+// writer. Callers retry on a new context (registration) or report it unknown (Apply).
+var errDropped = errors.New("context was dropped")
+
 func (c *context) run() {
 	for {
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+			// A migration is running: between requests, move it on in bounded steps,
+			// so that an idle context soon holds one table (and its memory) again.
+			select {
+			case r := <-c.reqs:
+				c.serve(r)
+			case <-c.wake:
+				c.payDebt()
+			case <-c.quit:
+				return
+			default:
+				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
+					c.migrateStep()
+				}
+				c.releaseStep()
+			}
+			continue
+		}
 		select {
 		case r := <-c.reqs:
-			c.handle(r)
-			c.blocks.Store(int64(c.tab.live))
-			r.done <- struct{}{}
+			c.serve(r)
+		case <-c.wake:
+			c.payDebt()
 		case <-c.quit:
 			return
 		}
 	}
+}
+
+// idleMigrateSteps is how many migration steps an idle writer takes between two looks
+// at its request channel (a few tens of microseconds).
+const idleMigrateSteps = 64
+
+// serve applies one request (a writer step) and hands it back.
+func (c *context) serve(r *request) {
+	c.now = uint64(time.Since(c.eng.start).Microseconds())
+	if h := c.eng.hooks; h != nil && h.now != nil {
+		c.now = h.now()
+	}
+	if h := c.eng.hooks; h != nil && h.step != nil {
+		h.step(true)
+		c.handle(r)
+		c.migrateStep()
+		c.releaseStep()
+		h.step(false)
+	} else {
+		c.handle(r)
+		c.migrateStep()
+		c.releaseStep()
+	}
+	c.payDebt()
+	c.blocks.Store(int64(c.tab.ar.Len()))
+	r.done <- struct{}{}
 }
 
 func (c *context) handle(r *request) {
@@ -169,13 +258,34 @@ func (c *context) handle(r *request) {
 	case reqRetractSource:
 		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
 	case reqDropIfEmpty:
-		if len(c.slots) == 0 && c.tab.live == 0 && len(c.bindings) == 0 {
+		if len(c.slots) == 0 && c.tab.ar.Len() == 0 && len(c.bindings) == 0 {
 			c.dropped = true
 			r.dropped = true
+			c.release()
 		}
 	case reqSync:
 		r.fn(c)
 	}
+}
+
+// release gives the memory of a dropped context back to the kernel. Queries still holding
+// its view read zeros (empty table, empty records), which answer as misses.
+func (c *context) release() {
+	c.tab.dead.Store(true)
+	c.tab.ar.Release()
+	arena.Release(c.tab.entries)
+	if p := c.tab.prev.Load(); p != nil {
+		p.dead.Store(true)
+		arena.Release(p.entries)
+	}
+	if c.next != nil {
+		arena.Release(c.next.entries)
+		c.next = nil
+	}
+	for _, w := range c.toRelease {
+		arena.Release(w)
+	}
+	c.toRelease = nil
 }
 
 // publish makes the current slot table and prefix table visible to queries.
@@ -195,8 +305,8 @@ func (c *context) publishTable() {
 }
 
 func (c *context) buildSlotTable() *slotTable {
-	w := c.tab.w
-	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots)}
+	w := maskWords(c.tab.w)
+	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots), reuse: c.slotReuse.Load()}
 	for s, n := range c.slots {
 		i, ok := st.byID[s.InstanceID]
 		if !ok {
@@ -222,15 +332,18 @@ func (c *context) register(s Slot) bool {
 		return false
 	}
 	n := slices.Index(c.slotUsed, false)
-	if n < 0 {
+	if n >= 0 {
+		// A query may still hold a slot table that maps n to its previous owner.
+		c.slotReuse.Add(1)
+	} else {
 		n = len(c.slotUsed)
 		c.slotUsed = append(c.slotUsed, true)
 		c.slotCounts = append(c.slotCounts, [3]int{})
 	}
 	c.slotUsed[n] = true
 	c.slots[s] = n
-	if need := n/64 + 1; need > c.tab.w {
-		c.rebuild(c.tab.live, need)
+	if need := widthFor(n); need > c.tab.w {
+		c.rebuild(need)
 	}
 	c.publish()
 	return true

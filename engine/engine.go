@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -36,9 +37,17 @@ type Slot struct {
 
 // Config configures an Engine.
 type Config struct {
-	// MaxBlocksPerContext bounds the blocks of one context; past it the oldest-written
-	// blocks are evicted down to 90%. 0 means DefaultMaxBlocksPerContext; < 0 unlimited.
+	// MaxBlocksPerContext bounds the blocks of one context, each shared (Mooncake)
+	// binding counting as one more: every new block or binding past it evicts the
+	// context's oldest-written block with all its owners and bindings (O(1) per
+	// eviction). 0 means DefaultMaxBlocksPerContext; < 0 unlimited.
 	MaxBlocksPerContext int
+	// MaxBlocks bounds the blocks (and shared bindings) of all contexts together.
+	// Past it, every new block or binding evicts the
+	// engine's oldest-written block, whichever context holds it (write times compared
+	// at microsecond resolution; the context that holds it evicts it on its own writer,
+	// right after). 0 means no engine-wide bound.
+	MaxBlocks int
 	// Logger receives eviction warnings. nil means slog.Default().
 	Logger *slog.Logger
 	// MemoEntries sizes the query key memo shared by every context (hashing.Memo): blocks
@@ -132,6 +141,9 @@ type Op struct {
 // Engine holds every context. Create it with New; all methods are safe for concurrent use.
 type Engine struct {
 	maxBlocks int
+	maxTotal  int          // Config.MaxBlocks; 0 none
+	total     atomic.Int64 // blocks of every context
+	start     time.Time    // epochs are microseconds since start
 	log       *slog.Logger
 	memo      *hashing.Memo // nil: no memo
 
@@ -146,11 +158,14 @@ type Engine struct {
 	// reqFree recycles requests so that Apply allocates nothing; a channel rather than a
 	// sync.Pool, which the garbage collector empties.
 	reqFree chan *request
+
+	hooks *testHooks // nil outside tests
 }
 
 // New returns an empty engine.
 func New(cfg Config) *Engine {
-	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, log: cfg.Logger, memo: hashing.NewMemo(cfg.MemoEntries)}
+	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, maxTotal: max(cfg.MaxBlocks, 0), log: cfg.Logger, start: time.Now(),
+		memo: hashing.NewMemo(cfg.MemoEntries)}
 	if e.maxBlocks == 0 {
 		e.maxBlocks = DefaultMaxBlocksPerContext
 	}
@@ -231,11 +246,8 @@ func (e *Engine) RegisterSlot(key ContextKey, p hashing.Profile, slot Slot) (isN
 		r.kind = reqRegister
 		r.slot = slot
 		err = c.do(r)
-		isNew, dropped := r.isNew, r.dropped
+		isNew, dropped := r.isNew, r.dropped || err == errDropped
 		e.putReq(r)
-		// ErrClosed from a context that is no longer in the map: DropEmptyContext closed it
-		// between our lookup and the hand-over.
-		dropped = dropped || (err == ErrClosed && e.lookup(key) != c)
 		if !dropped {
 			return isNew, err
 		}
@@ -273,6 +285,7 @@ func (e *Engine) DropEmptyContext(key ContextKey) bool {
 		}
 	}
 	e.ctxs.Store(&m)
+	c.gone.Store(true)
 	close(c.quit)
 	return true
 }
@@ -325,7 +338,7 @@ func (e *Engine) Apply(key ContextKey, ops []Op) error {
 	err := c.do(r)
 	dropped := r.dropped
 	e.putReq(r)
-	if dropped || (err == ErrClosed && e.lookup(key) != c) {
+	if dropped || err == errDropped {
 		return ErrUnknownContext
 	}
 	return err
@@ -439,6 +452,9 @@ func (e *Engine) GlobalView() []ContextView {
 	}
 	return out
 }
+
+// TotalBlocks returns the blocks of all contexts together (what Config.MaxBlocks bounds).
+func (e *Engine) TotalBlocks() int64 { return e.total.Load() }
 
 // ContextStats are the figures of one context exported as metrics.
 type ContextStats struct {

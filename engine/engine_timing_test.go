@@ -5,8 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"runtime"
+	"slices"
+	"sort"
+	"syscall"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -60,6 +66,11 @@ func benchContext(b *testing.B, nslots int, keys []uint64, extra int) *Engine {
 			b.Fatal(err)
 		}
 	}
+	// Measure the steady state: let the writer finish a table migration the stores left
+	// running (it does so between requests, in bounded steps).
+	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
+		runtime.Gosched()
+	}
 	return e
 }
 
@@ -89,10 +100,14 @@ func BenchmarkQueryWalk(b *testing.B) {
 					b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
 				}
 				b.ReportAllocs()
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
 				b.ResetTimer()
+				c0 := threadCPU()
 				for i := 0; i < b.N; i++ {
 					_ = e.QueryKeys(ctxA, keys, blocks*16, "", &res)
 				}
+				b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
 			})
 		}
@@ -243,9 +258,12 @@ func BenchmarkClearSlot(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/block")
 }
 
-// BenchmarkResidentBytes fills one context and reports the heap it holds per block
-// (runtime.MemStats.HeapInuse after GC, minus the empty engine). The 10M-block cases run
-// only with -bigmem.
+// BenchmarkResidentBytes fills one context and reports per block the Go heap it holds
+// (runtime.MemStats.HeapInuse after GC, minus the empty engine: "heap-bytes/block") and
+// the process's resident memory growth ("rss-bytes/block", which counts the tables and
+// record slabs mapped outside the heap; the whole test process, so indicative: the
+// product figure is the spawned binary's, see bench/). The 10M-block cases run only
+// with -bigmem.
 func BenchmarkResidentBytes(b *testing.B) {
 	sizes := []int{1_000_000}
 	if *bigMem {
@@ -255,21 +273,36 @@ func BenchmarkResidentBytes(b *testing.B) {
 		for _, nslots := range []int{8, 64} {
 			b.Run(fmt.Sprintf("blocks=%dM/slots=%d", n/1_000_000, nslots), func(b *testing.B) {
 				b.ReportAllocs()
-				var perBlock float64
+				var heap, rss float64
 				for i := 0; i < b.N; i++ {
-					perBlock = residentPerBlock(b, n, nslots)
+					heap, rss = residentPerBlock(b, n, nslots)
 				}
-				b.ReportMetric(perBlock, "bytes/block")
+				b.ReportMetric(heap, "heap-bytes/block")
+				b.ReportMetric(rss, "rss-bytes/block")
 			})
 		}
 	}
 }
 
-func residentPerBlock(b *testing.B, n, nslots int) float64 {
+// processRSS returns the resident memory of this process, from /proc/self/statm.
+func processRSS(b *testing.B) int64 {
+	data, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var size, rss int64
+	if _, err := fmt.Sscan(string(data), &size, &rss); err != nil {
+		b.Fatal(err)
+	}
+	return rss * int64(os.Getpagesize())
+}
+
+func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 	var before, after runtime.MemStats
 	buf := make([]uint64, 4096)
 	runtime.GC()
 	runtime.ReadMemStats(&before)
+	rss0 := processRSS(b)
 	e := New(Config{MaxBlocksPerContext: -1})
 	p := benchProfile(b)
 	slots := make([]Slot, nslots)
@@ -296,7 +329,93 @@ func residentPerBlock(b *testing.B, n, nslots int) float64 {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
+	rss1 := processRSS(b)
 	runtime.KeepAlive(e)
 	e.Close()
-	return float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n)
+	return float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n), float64(rss1-rss0) / float64(n)
+}
+
+// BenchmarkWriterSteps grows one context from empty by batches of 64 new blocks and
+// reports the longest and the 99th-percentile writer step (one applied request, timed on
+// the writer goroutine): "grow" without a capacity, "evict" with a capacity of half the
+// blocks, counting only the steps applied at capacity (each new block evicts the oldest).
+// Wall time (-wall-µs) includes the time other processes hold the CPU; thread CPU time
+// (-cpu-µs, the writer's thread, page faults included) does not. 256K blocks by default;
+// 10M with -bigmem.
+func BenchmarkWriterSteps(b *testing.B) {
+	n := 1 << 18
+	if *bigMem {
+		n = 10_000_000
+	}
+	for _, mode := range []string{"grow", "evict"} {
+		b.Run(fmt.Sprintf("%s/blocks=%d", mode, n), func(b *testing.B) {
+			var wall, cpu []time.Duration
+			for i := 0; i < b.N; i++ {
+				wall, cpu = writerSteps(b, n, mode == "evict")
+			}
+			b.ReportMetric(float64(wall[len(wall)-1].Microseconds()), "max-wall-µs")
+			b.ReportMetric(float64(wall[len(wall)*99/100].Microseconds()), "p99-wall-µs")
+			b.ReportMetric(float64(cpu[len(cpu)-1].Microseconds()), "max-cpu-µs")
+			b.ReportMetric(float64(cpu[len(cpu)*99/100].Microseconds()), "p99-cpu-µs")
+			over := len(cpu) - sort.Search(len(cpu), func(i int) bool { return cpu[i] > time.Millisecond })
+			b.ReportMetric(float64(over), "steps-over-1ms-cpu")
+			b.ReportMetric(float64(len(cpu)), "steps")
+		})
+	}
+}
+
+// threadCPU returns the CPU time of the calling thread.
+func threadCPU() time.Duration {
+	var ts syscall.Timespec
+	const clockThreadCPUTime = 3 // CLOCK_THREAD_CPUTIME_ID
+	syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTime, uintptr(unsafe.Pointer(&ts)), 0)
+	return time.Duration(ts.Nano())
+}
+
+// writerSteps returns the sorted wall and thread-CPU durations of the recorded steps.
+func writerSteps(b *testing.B, n int, evict bool) (wall, cpu []time.Duration) {
+	const batch = 64
+	limit := -1
+	if evict {
+		limit = n / 2
+	}
+	e := New(Config{MaxBlocksPerContext: limit, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer e.Close()
+	wall = make([]time.Duration, 0, n/batch+16)
+	cpu = make([]time.Duration, 0, n/batch+16)
+	record, locked := false, false
+	var w0 time.Time
+	var c0 time.Duration
+	e.hooks = &testHooks{step: func(begin bool) {
+		if !locked {
+			runtime.LockOSThread() // the writer goroutine keeps its thread: thread CPU time is its own
+			locked = true
+		}
+		if begin {
+			w0, c0 = time.Now(), threadCPU()
+			return
+		}
+		if record {
+			wall = append(wall, time.Since(w0))
+			cpu = append(cpu, threadCPU()-c0)
+		}
+	}}
+	s := Slot{"a", 0}
+	if _, err := e.RegisterSlot(ctxA, benchProfile(b), s); err != nil {
+		b.Fatal(err)
+	}
+	hs := make([]uint64, batch)
+	ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: hs}}
+	for done := 0; done < n; done += batch {
+		record = !evict || done >= limit+batch // set between requests: the writer reads it after the hand-off
+		for j := range hs {
+			hs[j] = benchKey(done + j)
+		}
+		if err := e.Apply(ctxA, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	slices.Sort(wall)
+	slices.Sort(cpu)
+	return wall, cpu
 }

@@ -106,30 +106,35 @@ func delFrom[K comparable](mm map[uint64]map[K]bool, h uint64, k K) {
 	}
 }
 
-// stored records a successful store of h; a store that created the block may push the
-// context over capacity.
-func (m *refModel) stored(c *refCtx, h uint64, existed bool) {
+// stored records a successful store of h; a store that created the block or a binding may
+// push the context over capacity, which counts blocks and bindings: the oldest-written
+// blocks go, with their bindings, until it fits.
+func (m *refModel) stored(c *refCtx, h uint64, existed, addedBinding bool) {
 	c.stamp++
 	c.written[h] = c.stamp
-	if !existed && m.max > 0 {
-		if n := len(c.blockKeys()); n > m.max {
-			m.evict(c, n-m.max*9/10)
+	if (!existed || addedBinding) && m.max > 0 {
+		for len(c.blockKeys())+len(c.bindings) > m.max && len(c.blockKeys()) > 0 {
+			m.evictOldest(c)
 		}
 	}
 }
 
-func (m *refModel) evict(c *refCtx, n int) {
+func (m *refModel) evictOldest(c *refCtx) {
 	keys := c.blockKeys()
 	sort.Slice(keys, func(i, j int) bool { return c.written[keys[i]] < c.written[keys[j]] })
-	for _, h := range keys[:n] {
-		delete(c.dev, h)
-		delete(c.loc, h)
-		delete(c.dsk, h)
-		delete(c.cpuOwn, h)
-		delete(c.diskOwn, h)
-		delete(c.written, h)
+	h := keys[0]
+	delete(c.dev, h)
+	delete(c.loc, h)
+	delete(c.dsk, h)
+	delete(c.cpuOwn, h)
+	delete(c.diskOwn, h)
+	delete(c.written, h)
+	for bk, b := range c.bindings {
+		if b.hash == h {
+			delete(c.bindings, bk)
+		}
 	}
-	c.evicted += n
+	c.evicted++
 }
 
 func (m *refModel) apply(k ContextKey, ops []Op) ([]error, error) {
@@ -153,7 +158,7 @@ func (m *refModel) applyOp(c *refCtx, op *Op) error {
 		for _, h := range op.Hashes {
 			existed := c.exists(h)
 			addTo(c.tierMap(op.Tier), h, op.Slot)
-			m.stored(c, h, existed)
+			m.stored(c, h, existed, false)
 		}
 	case OpRemove:
 		for _, h := range op.Hashes {
@@ -175,7 +180,8 @@ func (m *refModel) applyOp(c *refCtx, op *Op) error {
 		if b != nil && b.hash != op.Hash {
 			return ErrBindingConflict
 		}
-		if b == nil {
+		added := b == nil
+		if added {
 			b = &refBinding{hash: op.Hash, comps: map[string]bool{}}
 			c.bindings[bk] = b
 		}
@@ -186,7 +192,7 @@ func (m *refModel) applyOp(c *refCtx, op *Op) error {
 		} else {
 			addTo(c.diskOwn, op.Hash, bk)
 		}
-		m.stored(c, op.Hash, existed)
+		m.stored(c, op.Hash, existed, added)
 	case OpSharedRemove:
 		bk := bindingKey{source: op.Source, backend: op.Backend, object: op.ObjectKey, tier: op.SharedTier}
 		b := c.bindings[bk]

@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/arena"
 )
@@ -33,36 +35,208 @@ func (c *context) applyOp(op *Op) {
 	}
 }
 
-// findOrCreate returns the record of key, creating an empty one (stamped with a fresh
-// epoch by the caller's touch) when absent.
-func (c *context) findOrCreate(key uint64) (rec []uint64, created bool) {
-	if _, idx, ok := c.tab.slotOf(key); ok {
-		return c.tab.ar.Record(idx), false
+// findOrCreate returns the record of key, creating an empty one at the newest end of the
+// write order when absent; a created record is left busy for the caller's final meta store
+// (touch or setMeta with a fresh epoch).
+func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
+	if idx, ok := c.tab.lookup(key); ok {
+		return idx, c.tab.ar.Record(idx), false
 	}
-	if c.tab.full() {
-		c.rebuild(c.tab.live+1, c.tab.w)
-		c.publishTable()
-	}
-	idx := c.tab.ar.Alloc()
+	c.makeRoom()
+	idx = c.tab.ar.Alloc()
 	rec = c.tab.ar.Record(idx)
-	// A reused record may still be read by a query that found it under its old key: the
-	// key changes first, so that query's re-check of the key rejects what follows.
+	// A reused record may still be read by a query that found it under its old key: it
+	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
+	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
+	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^metaFlags|metaBusy)
 	atomic.StoreUint64(&rec[recKey], key)
 	for j := recBits; j < len(rec); j++ {
 		if rec[j] != 0 {
 			atomic.StoreUint64(&rec[j], 0)
 		}
 	}
-	atomic.StoreUint64(&rec[recMeta], 0)
 	c.tab.insertNew(key, idx)
-	return rec, true
+	c.linkNewest(idx, rec)
+	c.eng.total.Add(1)
+	return idx, rec, true
 }
 
-// touch stamps rec with a new write epoch: every store moves its block to the newest end
-// of the eviction order.
-func (c *context) touch(rec []uint64) {
-	c.epoch++
-	atomic.StoreUint64(&rec[recMeta], c.epoch<<metaEpochShift|rec[recMeta]&(metaSharedCPU|metaSharedDisk))
+// makeRoom ensures one more entry fits the table, in bounded work: it advances a running
+// migration by one step, or starts one (publishing a larger table that reads through to
+// the current one) when the table is full.
+func (c *context) makeRoom() {
+	if c.tab.prev.Load() != nil {
+		if c.tab.migrate() {
+			c.endMigration()
+		} else if c.tab.full() {
+			// Not reached: a migration ends long before its table fills (see
+			// migrateMoves). Should it happen, finishing is correct, only slower.
+			for !c.tab.migrate() {
+			}
+			c.endMigration()
+		}
+	}
+	if c.tab.prev.Load() == nil {
+		c.prepareNext()
+	}
+	if c.tab.full() {
+		old := c.tab
+		size := max(sizeFor(old.live), len(old.entries)/4)
+		nt := c.next
+		c.next, c.nextFaulted = nil, 0
+		if nt == nil || len(nt.entries) < size || nt.w != old.w || nt.ar != old.ar {
+			if nt != nil {
+				arena.Release(nt.entries)
+			}
+			nt = newTable(size, old.ar, old.w, &c.state)
+		}
+		nt.prev.Store(old)
+		nt.quota = quotaFor(old.live, len(nt.entries))
+		c.tab = nt
+		c.publishTable()
+		c.migrations++
+	}
+}
+
+// prepareNext readies the table the next migration will fill, while the current one
+// fills from 11/16 to 13/16: it maps it and writes one page of it per insert, so that the
+// page faults (each a zeroed page from the kernel) are paid a few at a time rather than
+// hundreds in one step once the migration writes entries all over the new table.
+func (c *context) prepareNext() {
+	t := c.tab
+	used := t.live + t.tombs
+	if c.next == nil {
+		if used*16 <= len(t.entries)*11 {
+			return
+		}
+		// Live entries can only grow by the inserts left before the table is full.
+		projected := t.live + len(t.entries)*13/16 - used + 1
+		c.next = newTable(max(sizeFor(projected), len(t.entries)/4), t.ar, t.w, &c.state)
+		c.nextFaulted = 0
+	}
+	if e := c.next.entries; c.nextFaulted < len(e) {
+		e[c.nextFaulted] = 0 // a write: the kernel maps a page now
+		c.nextFaulted += pageWords
+	}
+}
+
+// pageWords is the number of table entries in a page.
+const pageWords = 4096 / 8
+
+// migrateStep advances a running migration by one step (after every request, so that a
+// context that stops inserting still finishes).
+func (c *context) migrateStep() {
+	if c.tab.prev.Load() != nil && c.tab.migrate() {
+		c.endMigration()
+	}
+}
+
+// endMigration detaches the migrated table and releases its entries: a query still
+// probing them reads zeros (empty) and goes on to the new table, which holds every entry.
+func (c *context) endMigration() {
+	old := c.tab.prev.Load()
+	c.tab.prev.Store(nil)
+	c.tab.moved = 0
+	old.dead.Store(true)
+	c.releaseLater(old.entries)
+}
+
+// releaseChunkWords is how much table memory one writer step gives back (256 KiB):
+// madvise costs time per page, and a 10M-block table is 128 MiB.
+const releaseChunkWords = 1 << 15
+
+// releaseLater queues memory (a whole arena.Map'd table) to give back to the kernel a
+// chunk per writer step (releaseStep).
+func (c *context) releaseLater(words []uint64) {
+	c.toRelease = append(c.toRelease, words)
+}
+
+// releaseStep gives back one chunk of queued memory.
+func (c *context) releaseStep() {
+	if len(c.toRelease) == 0 {
+		return
+	}
+	w := c.toRelease[0]
+	n := min(len(w), releaseChunkWords)
+	arena.Release(w[:n])
+	if n == len(w) {
+		c.toRelease[0] = nil
+		c.toRelease = c.toRelease[1:]
+	} else {
+		c.toRelease[0] = w[n:]
+	}
+}
+
+// lockRec marks rec busy before the writer changes its key or a bitset; setMeta ends the
+// change.
+func lockRec(rec []uint64) {
+	atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaBusy)
+}
+
+// setMeta ends a change of rec: it stores meta with epoch and flags (shared flags, free
+// bit), seq bumped and busy clear. Epochs only grow, and within one epoch seq only grows,
+// so the record never holds the same meta twice and a reader's before/after comparison
+// sees every change; should seq wrap within one epoch, the record takes a fresh epoch.
+func (c *context) setMeta(rec []uint64, epoch, flags uint64) {
+	cur := rec[recMeta]
+	seq := (cur>>metaSeqShift + 1) & metaSeqMask
+	if seq == 0 && epoch == cur>>metaEpochShift {
+		c.epoch++
+		epoch = c.epoch
+	}
+	atomic.StoreUint64(&rec[recMeta], epoch<<metaEpochShift|seq<<metaSeqShift|flags)
+}
+
+// keepMeta ends a change of rec that leaves its epoch and flags as they are.
+func (c *context) keepMeta(rec []uint64) {
+	m := rec[recMeta]
+	c.setMeta(rec, m>>metaEpochShift, m&(metaFlags|metaFree))
+}
+
+// The write order is a doubly linked list through the records' link words (writer only,
+// indices + 1, 0 = none): oldest at c.oldest, newest at c.newest. A write moves its block
+// to the newest end; eviction takes the oldest, so both are O(1).
+func linkPrev(l uint64) uint32 { return uint32(l >> 32) }
+func linkNext(l uint64) uint32 { return uint32(l) }
+
+func (c *context) linkNewest(idx uint32, rec []uint64) {
+	rec[recLink] = uint64(c.newest) << 32
+	if c.newest != 0 {
+		p := c.tab.ar.Record(c.newest - 1)
+		p[recLink] = p[recLink]&^0xFFFFFFFF | uint64(idx+1)
+	} else {
+		c.oldest = idx + 1
+	}
+	c.newest = idx + 1
+}
+
+func (c *context) unlink(rec []uint64) {
+	l := rec[recLink]
+	p, n := linkPrev(l), linkNext(l)
+	if p != 0 {
+		pr := c.tab.ar.Record(p - 1)
+		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
+	} else {
+		c.oldest = n
+	}
+	if n != 0 {
+		nr := c.tab.ar.Record(n - 1)
+		nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
+	} else {
+		c.newest = p
+	}
+	rec[recLink] = 0
+}
+
+// touch stamps rec with a new write epoch and moves it to the newest end of the write
+// order: every store makes its block the last to be evicted.
+func (c *context) touch(idx uint32, rec []uint64) {
+	c.epoch = max(c.epoch, c.now)
+	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
+	if c.newest != idx+1 {
+		c.unlink(rec)
+		c.linkNewest(idx, rec)
+	}
 }
 
 func (c *context) engineStore(op *Op) {
@@ -76,16 +250,19 @@ func (c *context) engineStore(op *Op) {
 		return
 	}
 	t := int(op.Tier)
-	bit := uint64(1) << (n & 63)
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		rec, created := c.findOrCreate(h)
-		word := recBits + t*c.tab.w + n>>6
+		idx, rec, created := c.findOrCreate(h)
+		wo, bit := bitAt(c.tab.w, t, n) // after findOrCreate: the table cannot widen here
+		word := recBits + wo
 		if old := rec[word]; old&bit == 0 {
+			if !created {
+				lockRec(rec)
+			}
 			atomic.StoreUint64(&rec[word], old|bit)
 			c.slotCounts[n][t]++
 		}
-		c.touch(rec)
+		c.touch(idx, rec)
 		if created {
 			c.maybeEvict()
 		}
@@ -102,11 +279,11 @@ func (c *context) engineRemove(op *Op) {
 		return // removing what an unknown slot never stored is a no-op
 	}
 	t := int(op.Tier)
-	bit := uint64(1) << (n & 63)
-	word := recBits + t*c.tab.w + n>>6
+	wo, bit := bitAt(c.tab.w, t, n)
+	word := recBits + wo
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		pos, idx, ok := c.tab.slotOf(h)
+		idx, ok := c.tab.lookup(h)
 		if !ok {
 			continue
 		}
@@ -115,16 +292,19 @@ func (c *context) engineRemove(op *Op) {
 		if old&bit == 0 {
 			continue
 		}
+		lockRec(rec)
 		atomic.StoreUint64(&rec[word], old&^bit)
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {
-			c.deleteRecord(pos, idx, rec)
+			c.deleteRecord(idx, rec)
+		} else {
+			c.keepMeta(rec)
 		}
 	}
 }
 
 func recordEmpty(rec []uint64) bool {
-	if rec[recMeta]&(metaSharedCPU|metaSharedDisk) != 0 {
+	if rec[recMeta]&metaFlags != 0 {
 		return false
 	}
 	for _, w := range rec[recBits:] {
@@ -135,12 +315,21 @@ func recordEmpty(rec []uint64) bool {
 	return true
 }
 
-// deleteRecord drops the entry at pos and frees its record. The record keeps its words so
-// that a query still reading it sees the last state; reuse rewrites the key first.
-func (c *context) deleteRecord(pos uint64, idx uint32, rec []uint64) {
-	c.tab.deleteAt(pos)
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaFree)
+// deleteRecord drops the entries of rec's key and frees the record. The record keeps its
+// words; its meta says free, so a query still reading it reads again and finds nothing.
+func (c *context) deleteRecord(idx uint32, rec []uint64) {
+	c.tab.remove(rec[recKey])
+	c.freeRecord(idx, rec)
+}
+
+// freeRecord marks rec free (ending any change in progress), takes it out of the write
+// order and returns it to the arena.
+func (c *context) freeRecord(idx uint32, rec []uint64) {
+	m := rec[recMeta]
+	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
+	c.unlink(rec)
 	c.tab.ar.Free(idx)
+	c.eng.total.Add(-1)
 }
 
 // clearSlot drops slot number n from the tiers in mask of every block. Scanning the records
@@ -158,9 +347,8 @@ func (c *context) clearSlot(n int, mask TierMask) {
 	if remaining == 0 {
 		return
 	}
-	bulk := remaining > c.tab.live/2
+	bulk := remaining > c.tab.ar.Len()/2
 	ar, w := c.tab.ar, c.tab.w
-	bit := uint64(1) << (n & 63)
 	hw := ar.HighWater()
 	emptied := 0
 	for idx := uint32(0); idx < hw && remaining > 0; idx++ {
@@ -173,33 +361,37 @@ func (c *context) clearSlot(n int, mask TierMask) {
 			if mask&(1<<t) == 0 {
 				continue
 			}
-			word := recBits + t*w + n>>6
+			wo, bit := bitAt(w, t, n)
+			word := recBits + wo
 			if old := rec[word]; old&bit != 0 {
+				if !changed {
+					lockRec(rec)
+				}
 				atomic.StoreUint64(&rec[word], old&^bit)
 				c.slotCounts[n][t]--
 				remaining--
 				changed = true
 			}
 		}
-		if !changed || !recordEmpty(rec) {
+		if !changed {
+			continue
+		}
+		if !recordEmpty(rec) {
+			c.keepMeta(rec)
 			continue
 		}
 		if bulk {
 			// Queries may still reach it through the current table: it reads as
-			// empty, which answers like a missing block. No Alloc happens before the
+			// free, which answers like a missing block. No Alloc happens before the
 			// rebuild below drops its entry.
-			atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaFree)
-			ar.Free(idx)
+			c.freeRecord(idx, rec)
 			emptied++
 		} else {
-			pos, _, _ := c.tab.slotOf(rec[recKey])
-			c.deleteRecord(pos, idx, rec)
+			c.deleteRecord(idx, rec)
 		}
 	}
 	if emptied > 0 {
-		c.tab.live -= emptied
-		c.rebuild(c.tab.live, w)
-		c.publishTable()
+		c.rebuild(w)
 	}
 }
 
@@ -214,14 +406,16 @@ func (c *context) sharedStore(op *Op) {
 		op.Err = ErrBindingConflict
 		return
 	}
-	if b == nil {
-		b = &binding{hash: op.Hash}
+	added := b == nil
+	if added {
+		b = &binding{hash: op.Hash, key: bk}
 		c.bindings[bk] = b
+		c.eng.total.Add(1)
 	}
 	if !slices.Contains(b.comps, op.Component) {
 		b.comps = append(b.comps, op.Component)
 	}
-	rec, created := c.findOrCreate(op.Hash)
+	idx, rec, created := c.findOrCreate(op.Hash)
 	sc, ok := c.shared[op.Hash]
 	if !ok || sc.gen != b.gen {
 		if !ok {
@@ -229,6 +423,7 @@ func (c *context) sharedStore(op *Op) {
 			sc = sharedCount{gen: c.gen}
 		}
 		b.gen = sc.gen
+		b.next, sc.head = sc.head, b
 		if op.SharedTier == SharedCPU {
 			sc.cpu++
 		} else {
@@ -236,9 +431,13 @@ func (c *context) sharedStore(op *Op) {
 		}
 		c.shared[op.Hash] = sc
 	}
-	c.epoch++
-	atomic.StoreUint64(&rec[recMeta], c.epoch<<metaEpochShift|sharedFlags(sc))
-	if created {
+	c.epoch = max(c.epoch, c.now)
+	c.setMeta(rec, c.epoch, sharedFlags(sc))
+	if c.newest != idx+1 {
+		c.unlink(rec)
+		c.linkNewest(idx, rec)
+	}
+	if created || added {
 		c.maybeEvict()
 	}
 }
@@ -277,6 +476,7 @@ func (c *context) sharedRemove(op *Op) {
 		return
 	}
 	delete(c.bindings, bk)
+	c.eng.total.Add(-1)
 	c.deactivate(b, op.SharedTier)
 }
 
@@ -291,19 +491,25 @@ func (c *context) deactivate(b *binding, tier SharedTier) {
 	} else {
 		sc.disk--
 	}
+	for p := &sc.head; *p != nil; p = &(*p).next {
+		if *p == b {
+			*p = b.next
+			break
+		}
+	}
 	if sc.cpu == 0 && sc.disk == 0 {
 		delete(c.shared, b.hash)
 	} else {
 		c.shared[b.hash] = sc
 	}
-	pos, idx, found := c.tab.slotOf(b.hash)
+	idx, found := c.tab.lookup(b.hash)
 	if !found {
 		return // unreachable: a counted binding keeps its record alive
 	}
 	rec := c.tab.ar.Record(idx)
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaSharedCPU|metaSharedDisk)|sharedFlags(sc))
+	c.setMeta(rec, rec[recMeta]>>metaEpochShift, sharedFlags(sc))
 	if recordEmpty(rec) {
-		c.deleteRecord(pos, idx, rec)
+		c.deleteRecord(idx, rec)
 	}
 }
 
@@ -312,134 +518,231 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 	for k, b := range c.bindings {
 		if match(k) {
 			delete(c.bindings, k)
+			c.eng.total.Add(-1)
 			c.deactivate(b, k.tier)
 		}
 	}
 	c.maybeShrink()
 }
 
+// maybeEvict keeps the context within its capacity after a block was created: the
+// oldest-written block goes, with every owner (shared bindings stay, and a repeated store
+// re-adds them). O(1): the write order is a list.
 func (c *context) maybeEvict() {
-	if limit := c.eng.maxBlocks; limit > 0 && c.tab.live > limit {
-		c.evict(c.tab.live - limit*9/10)
+	if limit := c.eng.maxBlocks; limit > 0 && c.units() > limit {
+		evicted := 0
+		for c.units() > limit && c.oldest != 0 {
+			c.evictOldest()
+			evicted++
+		}
+		c.countEvicted(evicted, "prefix context over capacity: evicted oldest-written blocks")
+		return
+	}
+	if c.eng.maxTotal > 0 && c.eng.total.Load() > int64(c.eng.maxTotal) {
+		c.evictForBudget()
 	}
 }
 
-// evict drops the n oldest-written blocks with every owner; shared bindings stay (and a
-// repeated store re-adds them). The threshold epoch is found with a histogram pass and an
-// exact pass over one bucket, so eviction needs no per-block ordering structure.
-func (c *context) evict(n int) {
-	if n <= 0 {
-		return
-	}
-	ar := c.tab.ar
-	hw := ar.HighWater()
-	lo, hi := ^uint64(0), uint64(0)
-	for idx := uint32(0); idx < hw; idx++ {
-		m := ar.Record(idx)[recMeta]
-		if m&metaFree != 0 {
-			continue
-		}
-		e := m >> metaEpochShift
-		lo, hi = min(lo, e), max(hi, e)
-	}
-	const buckets = 1 << 12
-	sh := uint(0)
-	for (hi-lo)>>sh >= buckets {
-		sh++
-	}
-	if cap(c.evictHist) < buckets {
-		c.evictHist = make([]int, buckets)
-	}
-	hist := c.evictHist[:buckets]
-	clear(hist)
-	for idx := uint32(0); idx < hw; idx++ {
-		m := ar.Record(idx)[recMeta]
-		if m&metaFree == 0 {
-			hist[((m>>metaEpochShift)-lo)>>sh]++
-		}
-	}
-	need, bucket := n, 0
-	for ; bucket < buckets && hist[bucket] < need; bucket++ {
-		need -= hist[bucket]
-	}
-	scr := c.evictScr[:0]
-	for idx := uint32(0); idx < hw; idx++ {
-		m := ar.Record(idx)[recMeta]
-		if m&metaFree == 0 && int(((m>>metaEpochShift)-lo)>>sh) == bucket {
-			scr = append(scr, m>>metaEpochShift)
-		}
-	}
-	slices.Sort(scr)
-	thr := scr[need-1] // epochs are unique, so exactly n records are at or below thr
-	c.evictScr = scr[:0]
+// units is what the capacities count: blocks, and shared bindings (each an object key
+// string held for its block).
+func (c *context) units() int { return c.tab.ar.Len() + len(c.bindings) }
 
-	w := c.tab.w
-	evicted := 0
-	for idx := uint32(0); idx < hw; idx++ {
-		rec := ar.Record(idx)
-		m := rec[recMeta]
-		if m&metaFree != 0 || m>>metaEpochShift > thr {
-			continue
-		}
-		for t := 0; t < 3; t++ {
-			for j := 0; j < w; j++ {
-				for b := rec[recBits+t*w+j]; b != 0; b &= b - 1 {
-					c.slotCounts[j*64+bits.TrailingZeros64(b)][t]--
-				}
+// evictForBudget keeps the engine within Config.MaxBlocks after this context created a
+// block: the oldest-written block of the engine goes. When another context holds it,
+// that context is asked to (debt, paid by its own writer right after); its published
+// oldestAt may lag by the debts in flight, so the order across contexts is approximate
+// by those few blocks.
+func (c *context) evictForBudget() {
+	e := c.eng
+	victim, best := c, c.tab.ar.Record(c.oldest - 1)[recMeta]>>metaEpochShift
+	for _, o := range *e.ctxs.Load() {
+		if o != c {
+			if at := o.oldestAt.Load(); at < best {
+				victim, best = o, at
 			}
 		}
-		key := rec[recKey]
-		delete(c.shared, key)
-		pos, _, _ := c.tab.slotOf(key)
-		c.deleteRecord(pos, idx, rec)
-		evicted++
+	}
+	if victim == c {
+		c.evictOldest()
+		c.countEvicted(1, "engine over max_blocks: evicted its oldest-written block")
+		return
+	}
+	victim.debt.Add(1)
+	select {
+	case victim.wake <- struct{}{}:
+	default: // already woken
+	}
+}
+
+// maxDebtPerStep bounds the evictions a writer makes for other contexts in one step.
+const maxDebtPerStep = 1024
+
+// payDebt evicts the oldest blocks other contexts asked this one to (see evictForBudget),
+// a bounded number per step, and publishes the write epoch of its oldest block.
+func (c *context) payDebt() {
+	if n := c.debt.Load(); n > 0 && !c.dropped {
+		pay := min(n, maxDebtPerStep)
+		evicted := 0
+		for ; evicted < int(pay) && c.oldest != 0; evicted++ {
+			c.evictOldest()
+		}
+		// Debt a context cannot pay (it is empty) is dropped: it no longer holds blocks.
+		if c.debt.Add(-pay) > 0 && c.oldest != 0 {
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		} else if c.oldest == 0 {
+			c.debt.Store(0)
+		}
+		c.countEvicted(evicted, "engine over max_blocks: evicted its oldest-written block")
+		c.blocks.Store(int64(c.tab.ar.Len()))
+	}
+	if c.oldest == 0 {
+		c.oldestAt.Store(math.MaxUint64)
+	} else {
+		c.oldestAt.Store(c.tab.ar.Record(c.oldest - 1)[recMeta] >> metaEpochShift)
+	}
+}
+
+// countEvicted counts evicted blocks in the context's metrics and logs them.
+func (c *context) countEvicted(evicted int, msg string) {
+	if evicted == 0 {
+		return
 	}
 	c.evictions.Add(1)
 	total := c.evictedBlocks.Add(uint64(evicted))
-	c.eng.log.Warn("prefix context over capacity: evicted oldest-written blocks",
-		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
-		"block_size", c.key.BlockSize, "evicted", evicted, "remaining", c.tab.live,
-		"max_blocks", c.eng.maxBlocks, "evicted_total", total)
+	c.logEviction(msg, evicted, total)
 }
 
-// rebuild replaces c.tab with a table sized for live entries and records of w bitset
-// words per tier. It re-indexes the same arena, or copies every live record into a new
-// arena when the width grows or most of the old one is free. Readers keep using the old table until the
-// caller publishes. The caller publishes.
-func (c *context) rebuild(live, w int) {
+// evictOldest drops the oldest-written block.
+func (c *context) evictOldest() {
+	idx := c.oldest - 1
+	rec := c.tab.ar.Record(idx)
+	w := c.tab.w
+	for t := 0; t < 3; t++ {
+		for j := 0; j < maskWords(w); j++ {
+			for b := tierBits(rec[recBits:], w, t, j); b != 0; b &= b - 1 {
+				c.slotCounts[j*64+bits.TrailingZeros64(b)][t]--
+			}
+		}
+	}
+	// The block's shared bindings go with it (they count against the capacity too).
+	if sc, ok := c.shared[rec[recKey]]; ok {
+		for b := sc.head; b != nil; b = b.next {
+			delete(c.bindings, b.key)
+			c.eng.total.Add(-1)
+		}
+		delete(c.shared, rec[recKey])
+	}
+	c.deleteRecord(idx, rec)
+}
+
+// evictLogEvery bounds eviction warnings to one per context per interval: a context at
+// capacity evicts a block for every new one, and the log would otherwise repeat it.
+const evictLogEvery = 10 * time.Second
+
+// logEviction logs the first eviction of a context and then at most one summary per
+// evictLogEvery, with the blocks evicted since the previous line.
+func (c *context) logEviction(msg string, evicted int, total uint64) {
+	c.evictUnlogged += evicted
+	now := time.Now()
+	if !c.evictLogged.IsZero() && now.Sub(c.evictLogged) < evictLogEvery {
+		return
+	}
+	c.evictLogged = now
+	c.eng.log.Warn(msg,
+		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
+		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),
+		"max_blocks_per_context", c.eng.maxBlocks, "max_blocks", c.eng.maxTotal,
+		"engine_blocks", c.eng.total.Load(), "evicted_total", total)
+	c.evictUnlogged = 0
+}
+
+// rebuild replaces c.tab with a complete table for records of w bitset words per tier
+// and publishes it. It re-indexes the same arena, or copies every live record (in write
+// order) into a new arena when the width grows or most of the old one is free; the old
+// table's entries, and a replaced arena's slabs, go back to the kernel. It costs a pass
+// over the records: only registration widening past a multiple of 64 slots and the
+// shrink after a clear (itself a pass) use it; growth is incremental (makeRoom).
+func (c *context) rebuild(w int) {
+	// Finish a running migration first, so that the walk below sees one table.
+	for c.tab.prev.Load() != nil && !c.tab.migrate() {
+	}
+	if c.tab.prev.Load() != nil {
+		c.endMigration()
+	}
 	old := c.tab
 	ar := old.ar
-	// A new arena also compacts one that removals left mostly free.
-	compact := w != old.w || int(old.ar.HighWater()) > 4*live+arena.DefaultChunkRecords
+	live := ar.Len()
+	if c.next != nil {
+		arena.Release(c.next.entries) // sized for the table being replaced
+		c.next, c.nextFaulted = nil, 0
+	}
+	compact := w != old.w || int(ar.HighWater()) > 4*live+arena.DefaultChunkRecords
 	if compact {
 		ar = arena.New(arena.Config{RecordWords: recordWords(w)})
 	}
-	nt := newTable(sizeFor(live), ar, w)
-	hw := old.ar.HighWater()
-	for idx := uint32(0); idx < hw; idx++ {
-		rec := old.ar.Record(idx)
-		if rec[recMeta]&metaFree != 0 {
-			continue
-		}
-		nidx := idx
-		if compact {
-			nidx = ar.Alloc()
+	nt := newTable(sizeFor(live), ar, w, &c.state)
+	if compact {
+		// Copy in write order: the new arena's list is its index order.
+		var prev uint32
+		for i := c.oldest; i != 0; {
+			rec := old.ar.Record(i - 1)
+			nidx := ar.Alloc()
 			nrec := ar.Record(nidx)
-			nrec[recKey], nrec[recMeta] = rec[recKey], rec[recMeta]
-			for t := 0; t < 3; t++ {
-				copy(nrec[recBits+t*w:recBits+t*w+old.w], rec[recBits+t*old.w:recBits+(t+1)*old.w])
+			nrec[recKey], nrec[recMeta] = rec[recKey], rec[recMeta]&^metaBusy
+			nrec[recLink] = uint64(prev) << 32
+			if prev != 0 {
+				pr := ar.Record(prev - 1)
+				pr[recLink] |= uint64(nidx + 1)
+			} else {
+				c.oldest = nidx + 1
+			}
+			prev = nidx + 1
+			convertBits(nrec[recBits:], w, rec[recBits:], old.w)
+			nt.insertNew(nrec[recKey], nidx)
+			i = linkNext(rec[recLink])
+		}
+		c.newest = prev
+	} else {
+		hw := ar.HighWater()
+		for idx := uint32(0); idx < hw; idx++ {
+			rec := ar.Record(idx)
+			if rec[recMeta]&metaFree == 0 {
+				nt.insertNew(rec[recKey], idx)
 			}
 		}
-		nt.insertNew(rec[recKey], nidx)
 	}
 	c.tab = nt
+	c.publishTable()
+	old.dead.Store(true)
+	arena.Release(old.entries)
+	if compact {
+		old.ar.Release()
+	}
+}
+
+// convertBits writes into dst (zero, width dw) the bitsets of src (width sw <= dw).
+func convertBits(dst []uint64, dw int, src []uint64, sw int) {
+	if sw == dw {
+		copy(dst, src)
+		return
+	}
+	for t := 0; t < 3; t++ {
+		for j := 0; j < maskWords(sw); j++ {
+			for b := tierBits(src, sw, t, j); b != 0; b &= b - 1 {
+				wo, bit := bitAt(dw, t, j*64+bits.TrailingZeros64(b))
+				dst[wo] |= bit
+			}
+		}
+	}
 }
 
 // maybeShrink rebuilds a table that clears and removals left mostly empty.
 func (c *context) maybeShrink() {
 	t := c.tab
-	if len(t.entries) > minTableCap && t.live*8 < len(t.entries) && sizeFor(t.live) < len(t.entries) {
-		c.rebuild(t.live, t.w)
-		c.publishTable()
+	if t.prev.Load() == nil && len(t.entries) > minTableCap && t.live*8 < len(t.entries) && sizeFor(t.live) < len(t.entries) {
+		c.rebuild(t.w)
 	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/conductor-go/conductor/hashing"
@@ -34,6 +35,7 @@ type Result struct {
 	// are present with zero counts.
 	Instances []InstanceHit
 
+	hook   func(int, int) // test hook of the running walk1 (see testHooks.walkLoad)
 	chain  hashing.Chain
 	keys   sliceKeys
 	ranks  []RankHit
@@ -78,15 +80,47 @@ func (e *Engine) Query(q *Query, res *Result) error {
 	if c == nil {
 		return nil
 	}
-	v := c.state.Load()
-	insts, mask := v.slots.selectInstances(q.InstanceFilter)
-	if insts == nil {
-		return nil
+	hook := e.walkHook()
+	for attempt := 0; ; attempt++ {
+		v := c.state.Load()
+		insts, mask := v.slots.selectInstances(q.InstanceFilter)
+		if insts == nil {
+			res.Instances = res.Instances[:0]
+			return nil
+		}
+		res.chain.ResetMemo(e.memo, &c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
+		err := res.run(v, insts, mask, hook, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
+		res.chain.Done() // publishes the walk's memo inserts and counters
+		if err != nil || res.settled(c, v, insts, attempt) {
+			return err
+		}
 	}
-	res.chain.ResetMemo(e.memo, &c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
-	err := res.run(v, insts, mask, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
-	res.chain.Done() // publishes the query's memo inserts and counters
-	return err
+}
+
+// maxViewRetries bounds how often a query walks again because a slot number was reused
+// during its walk.
+const maxViewRetries = 8
+
+// settled reports whether the answer just computed from view v stands: true unless a slot
+// number was handed to a new registration since v's slot table was built (the walk may
+// have credited the new owner's bits to the old one). After maxViewRetries such walks it
+// settles for every covered rank with zero counts, which under-reports and never invents
+// a hit.
+func (r *Result) settled(c *context, v *view, insts []instSlots, attempt int) bool {
+	if c.slotReuse.Load() == v.slots.reuse {
+		return true
+	}
+	if attempt < maxViewRetries {
+		return false
+	}
+	for i := range insts {
+		for _, rs := range insts[i].ranks {
+			r.counts[rs.slot] = [4]int64{}
+		}
+	}
+	r.Instances = r.Instances[:0]
+	r.assemble(insts)
+	return true
 }
 
 // QueryKeys is Query with the block keys already computed: keys[i] is the projected key of
@@ -98,15 +132,21 @@ func (e *Engine) QueryKeys(key ContextKey, keys []uint64, positions int, instanc
 	if c == nil {
 		return nil
 	}
-	v := c.state.Load()
-	insts, mask := v.slots.selectInstances(instanceFilter)
-	if insts == nil {
-		return nil
+	hook := e.walkHook()
+	for attempt := 0; ; attempt++ {
+		v := c.state.Load()
+		insts, mask := v.slots.selectInstances(instanceFilter)
+		if insts == nil {
+			res.Instances = res.Instances[:0]
+			return nil
+		}
+		res.keys = sliceKeys{keys: keys}
+		err := res.run(v, insts, mask, hook, &res.keys, len(keys), int64(positions), key.BlockSize)
+		res.keys = sliceKeys{}
+		if err != nil || res.settled(c, v, insts, attempt) {
+			return err
+		}
 	}
-	res.keys = sliceKeys{keys: keys}
-	err := res.run(v, insts, mask, &res.keys, len(keys), int64(positions), key.BlockSize)
-	res.keys = sliceKeys{}
-	return err
 }
 
 // selectInstances returns the instances a query covers and the bitset of their slots, or
@@ -125,16 +165,19 @@ func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
 	return st.insts[i : i+1], st.insts[i].mask
 }
 
-func (r *Result) run(v *view, insts []instSlots, mask []uint64, src keySource, nblocks int, positions, bs int64) error {
+func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, int), src keySource, nblocks int, positions, bs int64) error {
+	r.Instances = r.Instances[:0]
 	w := len(mask)
 	if need := w * 64; len(r.counts) < need {
 		r.counts = make([][4]int64, need)
 	}
 	var err error
 	if w == 1 {
+		r.hook = hook
 		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
+		r.hook = nil
 	} else {
-		err = r.walkN(v.tab, src, nblocks, positions, bs, mask)
+		err = r.walkN(v.tab, hook, src, nblocks, positions, bs, mask)
 	}
 	if err != nil {
 		return err
@@ -161,24 +204,46 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
+	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	for i := 0; i < nblocks; i++ {
 		key, err := src.Next()
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find(key)
+		rec, ok := tab.find1(key)
 		if !ok {
-			end = i
-			break
+			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
+				end = i
+				break
+			}
 		}
-		meta := atomic.LoadUint64(&rec[recMeta])
-		dev := atomic.LoadUint64(&rec[recBits])
-		loc := atomic.LoadUint64(&rec[recBits+1])
-		dsk := atomic.LoadUint64(&rec[recBits+2])
-		if atomic.LoadUint64(&rec[recKey]) != key {
-			end = i // freed and reused while we read it: the block is gone
-			break
+		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
+		// Torn reads and test hooks take the slow path (readSlow1), which keeps this
+		// loop's live values in registers.
+		var meta, dev, loc, dsk uint64
+		switch {
+		case r.hook != nil:
+			ok = false
+		case tab.w == 0:
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k := atomic.LoadUint64(&rec[recKey])
+			x := atomic.LoadUint64(&rec[recBits])
+			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+		default:
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k := atomic.LoadUint64(&rec[recKey])
+			dev = atomic.LoadUint64(&rec[recBits])
+			loc = atomic.LoadUint64(&rec[recBits+1])
+			dsk = atomic.LoadUint64(&rec[recBits+2])
+			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+		}
+		if !ok {
+			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
+				end = i // gone, or changing faster than we can read it
+				break
+			}
 		}
 		local := dev | loc
 		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
@@ -208,8 +273,93 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	return nil
 }
 
+// readSlow1 is walk1's read of rec (found for key) when the fast read was torn, or with
+// the test hook: the hooked read first (if a hook is set), then reread.
+func (r *Result) readSlow1(tab *table, rec []uint64, key uint64, i int) (meta, dev, loc, dsk uint64, ok bool) {
+	if r.hook != nil {
+		var k, m2 uint64
+		meta, k, m2, dev, loc, dsk = hookedRead1(rec, tab.w == 0, r.hook, i)
+		if m2 == meta && meta&(metaBusy|metaFree) == 0 && k == key {
+			return meta, dev, loc, dsk, true
+		}
+	}
+	var buf [3]uint64
+	if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
+		return 0, 0, 0, 0, false
+	}
+	return meta, tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0), true
+}
+
+// hookedRead1 is walk1's record read with the test hook before every load.
+func hookedRead1(rec []uint64, packed bool, hook func(int, int), i int) (meta, k, m2, dev, loc, dsk uint64) {
+	hook(i, recMeta)
+	meta = atomic.LoadUint64(&rec[recMeta])
+	hook(i, recKey)
+	k = atomic.LoadUint64(&rec[recKey])
+	hook(i, recBits)
+	if packed {
+		x := atomic.LoadUint64(&rec[recBits])
+		dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+	} else {
+		dev = atomic.LoadUint64(&rec[recBits])
+		hook(i, recBits+1)
+		loc = atomic.LoadUint64(&rec[recBits+1])
+		hook(i, recBits+2)
+		dsk = atomic.LoadUint64(&rec[recBits+2])
+	}
+	hook(i, recMeta)
+	m2 = atomic.LoadUint64(&rec[recMeta])
+	return
+}
+
+// maxRereads bounds how often a walk reads one block's record again after a torn read.
+const maxRereads = 16
+
+// reread reads the record of key again after a torn read (meta changed or busy, or the
+// record holds another key): it looks key up anew, since the record may have been freed or
+// reused, and copies the bitsets into words once one read sees the same meta before and
+// after. It reports false when key is gone, or after maxRereads torn reads, which answers
+// as a missing block: an under-report, never a hit that did not exist.
+func reread(tab *table, hook func(int, int), i int, key uint64, words []uint64) (meta uint64, ok bool) {
+	for try := 0; try < maxRereads; try++ {
+		if try >= 4 {
+			runtime.Gosched() // the writer may be descheduled in the middle of a change
+		}
+		rec, found := tab.find(key)
+		if !found {
+			if tab, rec, found = tab.retryMiss(key); !found {
+				return 0, false
+			}
+		}
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		m1 := atomic.LoadUint64(&rec[recMeta])
+		if m1&(metaBusy|metaFree) != 0 {
+			continue
+		}
+		if hook != nil {
+			hook(i, recKey)
+		}
+		k := atomic.LoadUint64(&rec[recKey])
+		for j := range words {
+			if hook != nil {
+				hook(i, recBits+j)
+			}
+			words[j] = atomic.LoadUint64(&rec[recBits+j])
+		}
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		if atomic.LoadUint64(&rec[recMeta]) == m1 && k == key {
+			return m1, true
+		}
+	}
+	return 0, false
+}
+
 // walkN is walk1 for any number of bitset words.
-func (r *Result) walkN(tab *table, src keySource, nblocks int, positions, bs int64, mask []uint64) error {
+func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask []uint64) error {
 	w := len(mask)
 	if cap(r.alive) < 4*w {
 		r.alive = make([]uint64, 4*w)
@@ -220,24 +370,42 @@ func (r *Result) walkN(tab *table, src keySource, nblocks int, positions, bs int
 		copy(alive[t*w:(t+1)*w], mask)
 	}
 	end := nblocks
+	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	for i := 0; i < nblocks; i++ {
 		key, err := src.Next()
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find(key)
+		rec, ok := tab.find1(key)
 		if !ok {
-			end = i
-			break
+			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
+				end = i
+				break
+			}
+		}
+		if hook != nil {
+			hook(i, recMeta)
 		}
 		meta := atomic.LoadUint64(&rec[recMeta])
+		if hook != nil {
+			hook(i, recKey)
+		}
+		k := atomic.LoadUint64(&rec[recKey])
 		for j := range words {
+			if hook != nil {
+				hook(i, recBits+j)
+			}
 			words[j] = atomic.LoadUint64(&rec[recBits+j])
 		}
-		if atomic.LoadUint64(&rec[recKey]) != key {
-			end = i
-			break
+		if hook != nil {
+			hook(i, recMeta)
+		}
+		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+			if meta, ok = reread(tab, hook, i, key, words); !ok {
+				end = i
+				break
+			}
 		}
 		shCPU, shAny := meta&metaSharedCPU != 0, meta&(metaSharedCPU|metaSharedDisk) != 0
 		pos := min(int64(i)*bs, positions)

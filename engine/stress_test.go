@@ -38,10 +38,15 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 
 	logs := make([][]stressEvent, writers)
 	var wg sync.WaitGroup
+	// Writers start once every reader has answered a query, so that the readers run
+	// during the writes however the goroutines are scheduled.
+	var readersUp sync.WaitGroup
+	readersUp.Add(readers)
 	for wi := 0; wi < writers; wi++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			readersUp.Wait()
 			rng := rand.New(rand.NewPCG(uint64(wi), 77))
 			inst := fmt.Sprintf("w%d", wi)
 			src := fmt.Sprintf("tcp://src%d", wi)
@@ -104,6 +109,12 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 			defer rwg.Done()
 			rng := rand.New(rand.NewPCG(uint64(ri), 99))
 			var res Result
+			first := true
+			defer func() {
+				if first { // failed before its first answer: let the writers go
+					readersUp.Done()
+				}
+			}()
 			for !stop.Load() {
 				n := rng.IntN(len(univ) + 1)
 				positions := n * 16
@@ -119,6 +130,10 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 					return
 				}
 				queries.Add(1)
+				if first {
+					first = false
+					readersUp.Done()
+				}
 			}
 		}()
 	}

@@ -6,24 +6,76 @@ import (
 	"github.com/conductor-go/conductor/arena"
 )
 
-// Record layout, in 64-bit words: key, meta, then three bitsets of w words each
+// Record layout, in 64-bit words: key, meta, link, then three bitsets of w words each
 // (device, cpu_local, engine disk), one bit per slot number.
 //
-// meta = epoch<<metaEpochShift | freeBit | sharedCPU flag | sharedDisk flag. Readers use
-// only the two flags; the epoch (write order for eviction) and the free bit are writer
-// bookkeeping kept here so that a block costs no memory outside the table and its record.
+// meta = epoch<<metaEpochShift | seq<<metaSeqShift | busy | free | sharedCPU | sharedDisk.
+// The epoch is the write order (eviction drops the oldest first); the free bit marks a
+// record on the arena free list. meta is also the record's version word (a seqlock): the
+// writer sets busy before it changes the key or a bitset and ends every change with a meta
+// value the record never held before (a fresh epoch, or the same epoch with seq bumped).
+// A reader loads meta, then the key and bitsets, then meta again, and accepts what it read
+// only when both meta loads are equal and neither is busy or free: then nothing changed in
+// between, so what it read was one block at one moment, even if the record was freed and
+// reused meanwhile (K → K2 → K).
 const (
 	recKey  = 0
 	recMeta = 1
-	recBits = 2
+	recLink = 2 // writer only: the write-order list, (prev+1)<<32 | (next+1)
+	recBits = 3
 
 	metaSharedDisk = 1 << 0 // some shared disk binding owns the block
 	metaSharedCPU  = 1 << 1 // some shared cpu binding owns the block
 	metaFree       = 1 << 2 // record is on the arena free list
-	metaEpochShift = 3
+	metaBusy       = 1 << 3 // the writer is changing the key or bitsets
+	metaSeqShift   = 4
+	metaSeqMask    = 1<<12 - 1
+	metaEpochShift = 16 // 48-bit epochs: 2.8e14 writes per context
+
+	metaFlags = metaSharedCPU | metaSharedDisk
 )
 
-func recordWords(w int) int { return recBits + 3*w }
+// Bitset layouts. Width w >= 1: tier t of slot n is bit n&63 of word recBits+t*w+n>>6.
+// Width 0 (packed, contexts whose slot numbers are below packedSlots): one word holds all
+// three tiers, tier t of slot n at bit t*packedSlots+n, so a record is 4 words (32 bytes)
+// instead of 6. A context starts packed and widens when a slot number needs it.
+const (
+	packedSlots = 21
+	packedMask  = 1<<packedSlots - 1
+)
+
+func recordWords(w int) int { return recBits + bitWords(w) }
+
+// bitWords returns the number of bitset words of a record of width w.
+func bitWords(w int) int { return max(3*w, 1) }
+
+// maskWords returns the number of words of a slot bitset (masks, alive sets) at width w.
+func maskWords(w int) int { return max(w, 1) }
+
+// widthFor returns the narrowest width that holds slot number n.
+func widthFor(n int) int {
+	if n < packedSlots {
+		return 0
+	}
+	return n/64 + 1
+}
+
+// bitAt returns the word (from recBits) and the bit of tier t of slot n at width w.
+func bitAt(w, t, n int) (int, uint64) {
+	if w == 0 {
+		return 0, 1 << (t*packedSlots + n)
+	}
+	return t*w + n>>6, 1 << (n & 63)
+}
+
+// tierBits returns word j (of maskWords(w)) of tier t's slot bitset from a record's bitset
+// words.
+func tierBits(bw []uint64, w, t, j int) uint64 {
+	if w == 0 {
+		return bw[0] >> (t * packedSlots) & packedMask
+	}
+	return bw[t*w+j]
+}
 
 // Table entries: fingerprint<<32 | (record index + 1). 0 is empty; tombEntry marks a
 // deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords).
@@ -31,37 +83,131 @@ const (
 	tombEntry   = uint64(0xFFFFFFFF)
 	hashMul     = 0x9E3779B97F4A7C15 // Fibonacci hashing: the high bits pick the slot
 	minTableCap = 16
+
+	// A migration step scans up to migrateScan entries of the previous table and moves
+	// up to the table's quota of them (see quotaFor).
+	migrateScan = 64
 )
 
+// quotaFor returns how many entries a migration step must move so that a migration of
+// prevLive entries into a table of capacity newCap ends before the inserts made meanwhile
+// (one step per insert) fill it: twice the rate that exactly uses the new table's free
+// room. Growth (a full table into one twice as large) would need 2 per insert; at least 4 ends
+// it in a quarter of the old size in inserts, so that two tables coexist only briefly.
+func quotaFor(prevLive, newCap int) int {
+	room := newCap*13/16 - prevLive
+	if room < 1 {
+		room = 1
+	}
+	return max(4, (2*prevLive+room-1)/room)
+}
+
 // table is an open-addressing (linear probing) hash table from block key to record,
-// published as part of a view. The writer mutates entries and records in place with
-// atomic stores; growing, purging tombstones or widening records builds a new table.
+// published as part of a view. Its entries live outside the Go heap (arena.Map). The
+// writer mutates entries and records in place with atomic stores.
+//
+// Growing (or purging tombstones) is incremental: the writer publishes a new, larger
+// table whose prev is the old one and moves a bounded number of old entries per insert.
+// Entries moved stay in prev too; an entry deleted is tombstoned in both; new entries go
+// to the new table only. Readers look in the new table, then in prev (findPrev): an
+// entry the writer moves is in prev until the migration ends, and in the new table after;
+// should prev be released (read as zeros) during the look, prev is dead and the new table
+// holds every entry, so the reader looks there again. No reader misses an entry. A table
+// that stops being current is marked dead before its memory goes; a reader that misses in
+// a dead table looks again in the latest one (retryMiss).
 type table struct {
 	entries []uint64
 	mask    uint64
 	shift   uint8
 	ar      *arena.Arena
 	w       int // bitset words per tier
+	// prev is the table being migrated into this one, nil when none (or done).
+	prev atomic.Pointer[table]
+	// dead is set (before its entries go back to the kernel) when no newer view reads
+	// this table any more: a reader that misses in a dead table retries in the latest.
+	dead atomic.Bool
+	pub  *atomic.Pointer[view] // the context's published view
 
-	// Writer-only counters.
-	live, tombs int
-	sink        uint64 // keeps prefetch loads from being optimised away
+	// Writer-only.
+	moved       int // prev entries below this position have been migrated
+	quota       int // entries a migration step moves
+	live, tombs int // entries of this table (not of prev)
+	sink        uint64
 }
 
-func newTable(capacity int, ar *arena.Arena, w int) *table {
+func newTable(capacity int, ar *arena.Arena, w int, pub *atomic.Pointer[view]) *table {
 	c := minTableCap
 	shift := uint8(64 - 4)
 	for c < capacity {
 		c <<= 1
 		shift--
 	}
-	return &table{entries: make([]uint64, c), mask: uint64(c - 1), shift: shift, ar: ar, w: w}
+	return &table{entries: arena.Map(c), mask: uint64(c - 1), shift: shift, ar: ar, w: w, pub: pub}
 }
 
 // find returns the record of key. Safe for concurrent use with the writer: the caller must
-// re-check the record key after reading the words it needs, because the writer may free
+// check the record's version and key (see the record layout), because the writer may free
 // and reuse a record at any time.
 func (t *table) find(key uint64) ([]uint64, bool) {
+	p := t.prev.Load() // before probing t: see findPrev
+	if rec, ok := t.find1(key); ok {
+		return rec, true
+	}
+	return t.findPrev(p, key)
+}
+
+// findPrev looks key up in p, the table being migrated into t as loaded before the caller
+// probed t, after that probe missed. t.prev only ever goes from set to nil (a migration
+// ends), and entries stay in prev until it has, all of them being in t by then. So: p nil
+// means t held every entry during the probe, and the miss stands; otherwise the entry is
+// in p, unless p was released meanwhile (dead), and then t holds it: look there again.
+func (t *table) findPrev(p *table, key uint64) ([]uint64, bool) {
+	if p == nil {
+		return nil, false
+	}
+	if rec, ok := p.find1(key); ok {
+		return rec, true
+	}
+	if p.dead.Load() {
+		return t.find1(key)
+	}
+	return nil, false
+}
+
+// findMissed is the walk's slow path after find1 missed key in t (prev being t.prev as
+// loaded before that probe): it looks in prev, then, if t itself was released, in the
+// latest table (retryMiss). It returns the table the walk goes on with and its prev.
+func (t *table) findMissed(prev *table, key uint64) (*table, *table, []uint64, bool) {
+	if rec, ok := t.findPrev(prev, key); ok {
+		return t, prev, rec, true
+	}
+	nt, rec, ok := t.retryMiss(key)
+	if nt != t {
+		prev = nt.prev.Load() // no later than its probe in retryMiss: nil stays nil
+	}
+	return nt, prev, rec, ok
+}
+
+// retryMiss is called after find missed key in t. A miss in a live table stands; t may
+// however have been released (its entries read as zeros) after the caller loaded its view,
+// and then the key is looked up in the latest published table, if its records have the
+// same width. It returns the table the caller should go on with.
+func (t *table) retryMiss(key uint64) (*table, []uint64, bool) {
+	for t.dead.Load() {
+		nt := t.pub.Load().tab
+		if nt == t || nt.w != t.w {
+			return t, nil, false
+		}
+		t = nt
+		if rec, ok := t.find(key); ok {
+			return t, rec, true
+		}
+	}
+	return t, nil, false
+}
+
+// find1 looks key up in t alone (a leaf function: the walk's fast path).
+func (t *table) find1(key uint64) ([]uint64, bool) {
 	h := mix(key)
 	fp := uint64(uint32(h)) << 32
 	pos := h >> t.shift
@@ -80,7 +226,17 @@ func (t *table) find(key uint64) ([]uint64, bool) {
 	}
 }
 
-// slotOf returns the entry position and record index of key. Writer only.
+// lookup returns the record index of key. Writer only.
+func (t *table) lookup(key uint64) (idx uint32, ok bool) {
+	p := t.prev.Load()
+	if _, idx, ok = t.slotOf(key); ok || p == nil {
+		return idx, ok
+	}
+	_, idx, ok = p.slotOf(key)
+	return idx, ok
+}
+
+// slotOf returns the entry position and record index of key in this table alone. Writer only.
 func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
 	h := mix(key)
 	fp := uint64(uint32(h)) << 32
@@ -100,6 +256,20 @@ func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
 	}
 }
 
+// remove tombstones the entries of key, in this table and in prev. Writer only.
+func (t *table) remove(key uint64) {
+	if pos, _, ok := t.slotOf(key); ok {
+		atomic.StoreUint64(&t.entries[pos], tombEntry)
+		t.live--
+		t.tombs++
+	}
+	if p := t.prev.Load(); p != nil {
+		if pos, _, ok := p.slotOf(key); ok {
+			atomic.StoreUint64(&p.entries[pos], tombEntry)
+		}
+	}
+}
+
 // prefetch touches the first probe entry of every key before a batch is applied: the
 // loads are independent, so their cache misses overlap instead of being paid one by one
 // inside the dependent probe loop. Writer only.
@@ -114,8 +284,9 @@ func (t *table) prefetch(keys []uint64) {
 	t.sink = sink
 }
 
-// insertNew adds an entry for key (known absent) pointing at idx, reusing the first
-// tombstone on its probe path. The caller has made room (needsRebuild false). Writer only.
+// insertNew adds an entry for key (known absent from this table and prev) pointing at
+// idx, reusing the first tombstone on its probe path. The caller has made room (full
+// false). Writer only.
 func (t *table) insertNew(key uint64, idx uint32) {
 	h := mix(key)
 	e := uint64(uint32(h))<<32 | uint64(idx+1)
@@ -134,11 +305,22 @@ func (t *table) insertNew(key uint64, idx uint32) {
 	}
 }
 
-// deleteAt tombstones the entry at pos. Writer only.
-func (t *table) deleteAt(pos uint64) {
-	atomic.StoreUint64(&t.entries[pos], tombEntry)
-	t.live--
-	t.tombs++
+// migrate moves one bounded step of prev's live entries into t and reports whether the
+// migration is complete. Writer only.
+func (t *table) migrate() bool {
+	p := t.prev.Load()
+	scan, moves := migrateScan+t.quota, t.quota
+	for ; t.moved < len(p.entries) && scan > 0 && moves > 0; t.moved++ {
+		scan--
+		e := p.entries[t.moved]
+		if e == 0 || e == tombEntry {
+			continue
+		}
+		idx := uint32(e) - 1
+		t.insertNew(t.ar.Record(idx)[recKey], idx)
+		moves--
+	}
+	return t.moved == len(p.entries)
 }
 
 // full reports whether one more insert would push the used entries (live and tombstones)
@@ -147,8 +329,8 @@ func (t *table) full() bool {
 	return (t.live+t.tombs+1)*16 > len(t.entries)*13
 }
 
-// sizeFor returns the capacity a rebuilt table should have for live entries: doubling
-// once live reaches 5/8, so a rebuild is followed by many inserts before the next one.
+// sizeFor returns the capacity a new table should have for live entries: doubling
+// once live reaches 5/8, so a new table takes many inserts before the next one.
 func sizeFor(live int) int {
 	c := minTableCap
 	for (live+1)*8 > c*5 {

@@ -49,6 +49,9 @@ type AppConfig struct {
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
 	// disables it.
 	MemoEntries int
+	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
+	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.
+	MaxBlocks int
 	// Extra HTTP routes, served beside /metrics, /healthz and /readyz.
 	ExtraRoutes map[string]fasthttp.RequestHandler
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
@@ -98,7 +101,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
-	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log, MemoEntries: memo})
+	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
 		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -50,6 +51,9 @@ type FileConfig struct {
 	AdminToken string
 	// Limits from the limit keys (zero fields: defaults).
 	Limits Limits
+	// MaxBlocks is the "max_blocks" key: the most blocks indexed over all contexts
+	// (oldest-written evicted first); 0 (the default) means no engine-wide bound.
+	MaxBlocks int
 }
 
 // configKeys are the top-level keys understood; any other key is an error rather than
@@ -62,7 +66,7 @@ var configKeys = []string{
 	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
 	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
-	"access_log_flush_interval_ms",
+	"access_log_flush_interval_ms", "max_blocks",
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -175,6 +179,13 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: query_memo_entries must be an integer in 0..%d", path, maxMemoEntries)
 		}
 		cfg.MemoEntries = int(n)
+	}
+	if raw, ok := root["max_blocks"]; ok {
+		n, err := jsonInt(raw)
+		if err != nil || n < 0 || n > math.MaxInt32 {
+			return cfg, fmt.Errorf("config file %s: max_blocks must be an integer in 0..%d", path, math.MaxInt32)
+		}
+		cfg.MaxBlocks = int(n)
 	}
 	if raw, ok := root["state_file"]; ok {
 		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
@@ -363,5 +374,5 @@ func (f *FileConfig) AppConfig() AppConfig {
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
-		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo}
+		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks}
 }

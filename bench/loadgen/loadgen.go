@@ -131,9 +131,13 @@ type Result struct {
 	PopulateSeconds   float64 `json:"populate_seconds"`
 	PopulateBlocksSec float64 `json:"populate_blocks_per_second"`
 	RSSBytes          uint64  `json:"rss_bytes,omitempty"`
-	BinaryTokens      bool    `json:"binary_tokens"`
-	ByHash            bool    `json:"by_hash"`
-	Cells             []Cell  `json:"cells"`
+	// RSSStartBytes is the conductor's RSS after registration, before indexing;
+	// BytesPerBlock is (RSSBytes - RSSStartBytes) / IndexedBlocks.
+	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
+	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
+	BinaryTokens  bool    `json:"binary_tokens"`
+	ByHash        bool    `json:"by_hash"`
+	Cells         []Cell  `json:"cells"`
 }
 
 // bodiesPerCell is how many distinct prompts each cell cycles through, so the server
@@ -184,6 +188,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, ByHash: cfg.ByHash}
+	if cfg.Sample != nil {
+		if rss, _, err := cfg.Sample(); err == nil {
+			res.RSSStartBytes = rss
+		}
+	}
 
 	start := time.Now()
 	var toks []int32
@@ -220,6 +229,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Sample != nil {
 		if rss, _, err := cfg.Sample(); err == nil {
 			res.RSSBytes = rss
+			if res.RSSStartBytes > 0 && count > 0 {
+				res.BytesPerBlock = (float64(rss) - float64(res.RSSStartBytes)) / float64(count)
+			}
 		}
 	}
 	if cfg.Progress != nil {

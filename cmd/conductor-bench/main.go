@@ -401,7 +401,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("index built in %.1fs (%.0f blocks/s applied)", res.PopulateSeconds, res.PopulateBlocksSec))
 	if res.RSSBytes > 0 {
-		t.Notes = append(t.Notes, fmt.Sprintf("RSS after indexing: %.1f MiB", float64(res.RSSBytes)/(1<<20)))
+		t.Notes = append(t.Notes, fmt.Sprintf("RSS after indexing: %.1f MiB (start %.1f MiB, %.0f bytes per indexed block)",
+			float64(res.RSSBytes)/(1<<20), float64(res.RSSStartBytes)/(1<<20), res.BytesPerBlock))
 	}
 	fmt.Fprintln(stdout)
 	_ = t.Fprint(stdout)

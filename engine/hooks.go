@@ -1,0 +1,28 @@
+package engine
+
+// testHooks are interleaving points that tests use to stop a goroutine at an exact place
+// and let the writer run; production engines have none (New never sets them), and each
+// point costs one predictable nil check.
+type testHooks struct {
+	// beforeDo runs on the caller's goroutine before a request is handed to a context
+	// writer (after the caller looked the context up).
+	beforeDo func(c *context, r *request)
+	// walkLoad runs on the query goroutine before the walk loads word w (recKey,
+	// recMeta, recBits+...) of the record it found for block i.
+	walkLoad func(i, w int)
+	// step runs on the writer goroutine before (begin true) and after every writer step
+	// (one request applied), for benchmarks that time steps.
+	step func(begin bool)
+	// noIdleMigration stops writers from migrating tables between requests, so that a
+	// test sees migrations advance only with requests.
+	noIdleMigration bool
+	// now replaces the clock of write epochs (microseconds since the engine started).
+	now func() uint64
+}
+
+func (e *Engine) walkHook() func(int, int) {
+	if e.hooks == nil {
+		return nil
+	}
+	return e.hooks.walkLoad
+}
