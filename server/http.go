@@ -200,7 +200,7 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 		var held int64
 		ok := h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx)
 		if ok {
-			body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, 1)
+			body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, queryByHashBodyWeight)
 		}
 		if ok {
 			h.queryByHash(ctx, *body, &e)
@@ -301,9 +301,15 @@ func (h *HTTPServer) authorized(ctx *fasthttp.RequestCtx) bool {
 	return false
 }
 
-// queryBodyWeight: a /query body is held twice while it is served, as bytes and as the
-// int32 tokens decoded from them, so it counts twice against the in-flight budget.
-const queryBodyWeight = 2
+// queryBodyWeight and queryByHashBodyWeight: a query body is held while it is served as
+// its bytes and as what is decoded from them, and a positive fixint element takes one
+// byte but decodes to a 4-byte token or an 8-byte block key. So a body counts 1+4 (/query)
+// or 1+8 (/query_by_hash) times its size against the in-flight budget: an array of
+// small ids must not hold four or eight times what it was charged.
+const (
+	queryBodyWeight       = 1 + 4
+	queryByHashBodyWeight = 1 + 8
+)
 
 // errBodyTooLarge marks a chunked body that passed its bound while being read.
 var errBodyTooLarge = errors.New("request body too large")

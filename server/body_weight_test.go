@@ -1,0 +1,48 @@
+package server
+
+import (
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/wire"
+)
+
+// fixintBody is a query-shaped body whose list field holds n one-byte elements: the most
+// decoded memory per body byte a client can send.
+func fixintBody(listKey string, n int) []byte {
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "model")
+	b = msgp.AppendString(b, "m")
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt(b, 16)
+	b = msgp.AppendString(b, listKey)
+	b = msgp.AppendArrayHeader(b, uint32(n))
+	for i := 0; i < n; i++ {
+		b = append(b, byte(i%128))
+	}
+	return b
+}
+
+// TestQueryBodyWeightsCoverDecodedSize: what a query body holds while it is served (its
+// bytes plus the tokens or keys decoded from them) never exceeds what the in-flight
+// budget charged for it, for the densest encoding (positive fixints).
+func TestQueryBodyWeightsCoverDecodedSize(t *testing.T) {
+	const n = 1 << 16
+	body := fixintBody("token_ids", n)
+	var q wire.QueryRequest
+	if rerr := wire.DecodeQueryRequest(body, &q); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if held, charged := len(body)+4*cap(q.Tokens), queryBodyWeight*len(body); held > charged {
+		t.Errorf("/query: %d bytes held, %d charged", held, charged)
+	}
+	body = fixintBody("block_hashes", n)
+	var h wire.QueryByHashRequest
+	if rerr := wire.DecodeQueryByHashRequest(body, &h); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if held, charged := len(body)+8*cap(h.BlockHashes), queryByHashBodyWeight*len(body); held > charged {
+		t.Errorf("/query_by_hash: %d bytes held, %d charged", held, charged)
+	}
+}
