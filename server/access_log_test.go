@@ -382,3 +382,28 @@ func TestAccessLogModelAfterBodyRelease(t *testing.T) {
 		}
 	}
 }
+
+// TestAccessLogRPCQueryLargePrompt: a prompt too large for the connection to keep its
+// token buffer is still logged with its length.
+func TestAccessLogRPCQueryLargePrompt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	n := maxPooledTokens + 1
+	body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
+		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
+	conn := &rpcConn{s: app.RPC}
+	hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+	if err := conn.dispatch(hdr, body); err != nil {
+		t.Fatal(err)
+	}
+	app.AccessLog.Flush()
+	lines := readAccessLines(t, path)
+	if len(lines) != 1 || lines[0]["tokens"] != float64(n) {
+		t.Fatalf("lines = %v, want one with tokens %d", lines, n)
+	}
+}

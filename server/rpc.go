@@ -363,11 +363,12 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	q.InstanceFilter = rc.qreq.InstanceFilter
 	serr := rc.s.svc.Query(q, &rc.res)
 	*q = engine.Query{}
+	tokens := len(rc.qreq.Tokens)
 	if cap(rc.qreq.Tokens) > maxPooledTokens {
 		rc.qreq.Tokens = nil
 	}
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
-	rc.s.logQuery(start, ctx.ModelName, len(rc.qreq.Tokens), &rc.res, serr)
+	rc.s.logQuery(start, ctx.ModelName, tokens, &rc.res, serr)
 	if serr != nil {
 		return wire.AppendRPCQueryError(out, rpcCode(serr)), nil
 	}
