@@ -46,3 +46,26 @@ func TestQueryBodyWeightsCoverDecodedSize(t *testing.T) {
 		t.Errorf("/query_by_hash: %d bytes held, %d charged", held, charged)
 	}
 }
+
+// TestLargeBodiesCountsBufferSize: the large-body counter (which triggers returning heap
+// to the OS with a full collection) counts bodies whose buffer is too large for the pool,
+// not bodies whose budget charge (a multiple of their size) passes SmallBodyBytes.
+func TestLargeBodiesCountsBufferSize(t *testing.T) {
+	app := startLimited(t, Limits{}, "")
+	small := binQuery(make([]int32, SmallBodyBytes/4/queryBodyWeight*2)) // charged above, sized below SmallBodyBytes
+	if int64(len(small))*queryBodyWeight <= SmallBodyBytes || len(small) > SmallBodyBytes {
+		t.Fatalf("bad fixture: %d bytes", len(small))
+	}
+	if code, r := msgpackPost(t, app, "/query", small); code != 200 {
+		t.Fatalf("small: %d %v", code, r)
+	}
+	if n := app.Counters.LargeBodies.Load(); n != 0 {
+		t.Fatalf("after a %d-byte body: LargeBodies = %d, want 0", len(small), n)
+	}
+	if code, r := msgpackPost(t, app, "/query", binQuery(make([]int32, SmallBodyBytes/4+1))); code != 200 {
+		t.Fatalf("large: %d %v", code, r)
+	}
+	if n := app.Counters.LargeBodies.Load(); n != 1 {
+		t.Fatalf("after a body above SmallBodyBytes: LargeBodies = %d, want 1", n)
+	}
+}

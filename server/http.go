@@ -425,16 +425,21 @@ func (h *HTTPServer) releaseBody(body *[]byte, held int64) {
 	if held > 0 {
 		h.budget.release(held)
 	}
-	if held > SmallBodyBytes {
+	if body == nil {
+		return
+	}
+	// Counted by the buffer's size, not by the budget held (a multiple of it, or the
+	// whole bound for a chunked body): the memory release this triggers is a full
+	// collection, worth it only for buffers too large for the pool.
+	if cap(*body) > SmallBodyBytes {
 		h.counters.LargeBodies.Add(1)
+		return
 	}
-	if body != nil && cap(*body) <= SmallBodyBytes {
-		if h.poisonReleased {
-			clear((*body)[:cap(*body)])
-		}
-		*body = (*body)[:0]
-		h.bufs.Put(body)
+	if h.poisonReleased {
+		clear((*body)[:cap(*body)])
 	}
+	*body = (*body)[:0]
+	h.bufs.Put(body)
 }
 
 func (h *HTTPServer) requestError(ctx *fasthttp.RequestCtx, e *wire.RequestError) {
