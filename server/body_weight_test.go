@@ -69,3 +69,28 @@ func TestLargeBodiesCountsBufferSize(t *testing.T) {
 		t.Fatalf("after a body above SmallBodyBytes: LargeBodies = %d, want 1", n)
 	}
 }
+
+// TestRPCConnDropsLargeTokenBuffer: between frames an RPC connection keeps a token buffer
+// of at most maxConnTokens (so idle connections cannot each pin a multi-MiB prompt for
+// rpc_idle_timeout_ms), while a small prompt's buffer is kept for reuse.
+func TestRPCConnDropsLargeTokenBuffer(t *testing.T) {
+	app := startLimited(t, Limits{}, "")
+	conn := &rpcConn{s: app.RPC}
+	query := func(n int) {
+		t.Helper()
+		body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
+			Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
+		hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+		if err := conn.dispatch(hdr, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	query(1000)
+	if cap(conn.qreq.Tokens) < 1000 {
+		t.Fatalf("small prompt: token buffer of cap %d not kept", cap(conn.qreq.Tokens))
+	}
+	query(maxConnTokens + 1)
+	if c := cap(conn.qreq.Tokens); c > maxConnTokens {
+		t.Fatalf("after a %d-token prompt the connection keeps %d tokens", maxConnTokens+1, c)
+	}
+}

@@ -252,6 +252,12 @@ func (rc *rpcConn) serveFrame() bool {
 	return true
 }
 
+// maxConnTokens is the largest token buffer (1 MiB) an RPC connection keeps between
+// frames, like its frame buffers (SmallBodyBytes): an idle connection lives for
+// rpc_idle_timeout_ms, so what it keeps, times rpc_max_connections, is memory an
+// outsider can hold without any request in flight.
+const maxConnTokens = SmallBodyBytes / 4
+
 // isTimeout reports a deadline expiry.
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -364,7 +370,7 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	serr := rc.s.svc.Query(q, &rc.res)
 	*q = engine.Query{}
 	tokens := len(rc.qreq.Tokens)
-	if cap(rc.qreq.Tokens) > maxPooledTokens {
+	if cap(rc.qreq.Tokens) > maxConnTokens {
 		rc.qreq.Tokens = nil
 	}
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
