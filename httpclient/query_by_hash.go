@@ -29,32 +29,9 @@ type QueryByHashRequest struct {
 // AppendQueryByHashRequest appends q as a msgpack map to dst, allocating nothing once dst
 // has room.
 func AppendQueryByHashRequest(dst []byte, q *QueryByHashRequest) []byte {
-	n := uint32(3)
-	for _, s := range [...]string{q.LoraName, q.TenantID, q.InstanceID, q.CacheSalt} {
-		if s != "" {
-			n++
-		}
-	}
-	dst = msgp.AppendMapHeader(dst, n)
-	dst = appendKV(dst, "model", q.Model)
-	dst = appendOptKV(dst, "lora_name", q.LoraName)
-	dst = msgp.AppendString(dst, "block_size")
-	dst = msgp.AppendInt64(dst, q.BlockSize)
-	dst = appendOptKV(dst, "tenant_id", q.TenantID)
-	dst = appendOptKV(dst, "instance_id", q.InstanceID)
-	dst = appendOptKV(dst, "cache_salt", q.CacheSalt)
-	dst = msgp.AppendString(dst, "block_hashes")
+	dst = appendQueryFields(dst, q.Model, q.BlockSize, q.LoraName, q.TenantID, q.InstanceID, q.CacheSalt, "block_hashes")
 	if q.BinaryHashes {
-		size := 8 * len(q.BlockHashes)
-		switch {
-		case size <= 0xff:
-			dst = append(dst, 0xc4, byte(size))
-		case size <= 0xffff:
-			dst = append(dst, 0xc5, byte(size>>8), byte(size))
-		default:
-			dst = append(dst, 0xc6, byte(size>>24), byte(size>>16), byte(size>>8), byte(size))
-		}
-		dst = slices.Grow(dst, size)
+		dst = appendBinHeader(dst, 8*len(q.BlockHashes))
 		for _, k := range q.BlockHashes {
 			dst = binary.LittleEndian.AppendUint64(dst, k)
 		}

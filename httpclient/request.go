@@ -122,21 +122,7 @@ func AppendUnregisterRequest(dst []byte, r *UnregisterRequest) []byte {
 // AppendQueryRequest appends q as a msgpack map to dst. It allocates nothing once dst has
 // room, so a caller that keeps its buffer can query in a loop without garbage.
 func AppendQueryRequest(dst []byte, q *QueryRequest) []byte {
-	n := uint32(3)
-	for _, s := range [...]string{q.LoraName, q.TenantID, q.InstanceID, q.CacheSalt} {
-		if s != "" {
-			n++
-		}
-	}
-	dst = msgp.AppendMapHeader(dst, n)
-	dst = appendKV(dst, "model", q.Model)
-	dst = appendOptKV(dst, "lora_name", q.LoraName)
-	dst = msgp.AppendString(dst, "block_size")
-	dst = msgp.AppendInt64(dst, q.BlockSize)
-	dst = appendOptKV(dst, "tenant_id", q.TenantID)
-	dst = appendOptKV(dst, "instance_id", q.InstanceID)
-	dst = appendOptKV(dst, "cache_salt", q.CacheSalt)
-	dst = msgp.AppendString(dst, "token_ids")
+	dst = appendQueryFields(dst, q.Model, q.BlockSize, q.LoraName, q.TenantID, q.InstanceID, q.CacheSalt, "token_ids")
 	if q.BinaryTokens {
 		return appendTokensBin(dst, q.TokenIDs)
 	}
@@ -148,10 +134,30 @@ func AppendQueryRequest(dst []byte, q *QueryRequest) []byte {
 	return dst
 }
 
-// appendTokensBin writes the bin header, then the little-endian words in place, so a
-// large prompt costs one copy rather than an intermediate byte slice.
-func appendTokensBin(dst []byte, toks []int32) []byte {
-	size := 4 * len(toks)
+// appendQueryFields appends the map header and every field of a /query-shaped body up
+// to and including the key of its prompt field (listKey), whose value the caller appends.
+// Empty optional strings are left out.
+func appendQueryFields(dst []byte, model string, blockSize int64, lora, tenant, instance, salt, listKey string) []byte {
+	n := uint32(3)
+	for _, s := range [...]string{lora, tenant, instance, salt} {
+		if s != "" {
+			n++
+		}
+	}
+	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendKV(dst, "model", model)
+	dst = appendOptKV(dst, "lora_name", lora)
+	dst = msgp.AppendString(dst, "block_size")
+	dst = msgp.AppendInt64(dst, blockSize)
+	dst = appendOptKV(dst, "tenant_id", tenant)
+	dst = appendOptKV(dst, "instance_id", instance)
+	dst = appendOptKV(dst, "cache_salt", salt)
+	return msgp.AppendString(dst, listKey)
+}
+
+// appendBinHeader appends the header of a msgpack bin of size bytes and makes room for
+// them.
+func appendBinHeader(dst []byte, size int) []byte {
 	switch {
 	case size <= 0xff:
 		dst = append(dst, 0xc4, byte(size))
@@ -160,7 +166,13 @@ func appendTokensBin(dst []byte, toks []int32) []byte {
 	default:
 		dst = append(dst, 0xc6, byte(size>>24), byte(size>>16), byte(size>>8), byte(size))
 	}
-	dst = slices.Grow(dst, size)
+	return slices.Grow(dst, size)
+}
+
+// appendTokensBin writes the bin header, then the little-endian words in place, so a
+// large prompt costs one copy rather than an intermediate byte slice.
+func appendTokensBin(dst []byte, toks []int32) []byte {
+	dst = appendBinHeader(dst, 4*len(toks))
 	for _, t := range toks {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(t))
 	}

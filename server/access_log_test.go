@@ -334,3 +334,76 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 		t.Errorf("%v allocs per RPC Query with the access log on", n)
 	}
 }
+
+// TestAccessLogModelAfterBodyRelease: the access line's model aliases the request body,
+// so the body must not go back to its pool (where the next request overwrites it) before
+// the line is written. Released buffers are zeroed here, so a use after release logs a
+// wrong model every time instead of in a rare race.
+func TestAccessLogModelAfterBodyRelease(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	full := seqTokens(64, 1)
+	fillInstances(t, app, 1, full)
+	app.HTTP.poisonReleased = true
+	h := app.HTTP.Handler()
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", full)
+	for _, r := range []struct {
+		path string
+		body []byte
+	}{
+		{"/query", binQuery(full)},
+		{"/query", mp("model", "model-with-a-longer-name", "block_size", 16, "token_ids", []any{1, 2})},
+		{"/query_by_hash", mp("model", "m", "block_size", 16, "block_hashes", hashesAny(keys))},
+	} {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetRequestURI(r.path)
+		ctx.Request.Header.SetContentType("application/msgpack")
+		ctx.Request.SetBody(r.body)
+		h(&ctx)
+		if ctx.Response.StatusCode() != 200 {
+			t.Fatalf("%s: status %d", r.path, ctx.Response.StatusCode())
+		}
+	}
+	app.AccessLog.Flush()
+	lines := readAccessLines(t, path)
+	want := []string{"m", "model-with-a-longer-name", "m"}
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d: %v", len(lines), len(want), lines)
+	}
+	for i, l := range lines {
+		if l["model"] != want[i] {
+			t.Errorf("line %d: model %q, want %q (%v)", i, l["model"], want[i], l)
+		}
+	}
+}
+
+// TestAccessLogRPCQueryLargePrompt: a prompt too large for the connection to keep its
+// token buffer is still logged with its length.
+func TestAccessLogRPCQueryLargePrompt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	n := maxPooledTokens + 1
+	body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
+		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
+	conn := &rpcConn{s: app.RPC}
+	hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+	if err := conn.dispatch(hdr, body); err != nil {
+		t.Fatal(err)
+	}
+	app.AccessLog.Flush()
+	lines := readAccessLines(t, path)
+	if len(lines) != 1 || lines[0]["tokens"] != float64(n) {
+		t.Fatalf("lines = %v, want one with tokens %d", lines, n)
+	}
+}

@@ -140,24 +140,24 @@ func TestHTTPBodyTooLarge(t *testing.T) {
 // (big bodies cannot take the last eighth), and the budget is returned afterwards.
 func TestHTTPInflightBodyBudget(t *testing.T) {
 	app := startLimited(t, Limits{MaxQueryBodyBytes: 4 << 20, MaxInflightBodyBytes: 8 << 20}, "")
-	// A: declares 3 MiB, sends 16 KiB and stalls: 6 MiB are reserved (a /query body
-	// counts twice: bytes and decoded tokens).
+	// A: declares 1 MiB, sends 16 KiB and stalls: 5 MiB are reserved (a /query body
+	// counts five times: its bytes and up to 4 bytes of tokens per byte).
 	a, err := net.Dial("tcp", app.HTTPAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if _, err := a.Write(append([]byte(postHead("/query", "application/msgpack", 3<<20)), make([]byte, 16<<10)...)); err != nil {
+	if _, err := a.Write(append([]byte(postHead("/query", "application/msgpack", 1<<20)), make([]byte, 16<<10)...)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "A's body reserved", func() error {
-		if n := app.Counters.InflightBody.Load(); n != 6<<20 {
+		if n := app.Counters.InflightBody.Load(); n != 5<<20 {
 			return errf("in flight = %d", n)
 		}
 		return nil
 	})
-	// B: 1.5 MiB would need 3 MiB more; big bodies may use only 7 of the 8 MiB.
-	resp, _ := rawHTTP(t, app.HTTPAddr, postHead("/query", "application/msgpack", 3<<19), make([]byte, 16<<10))
+	// B: 512 KiB would need 2.5 MiB more; big bodies may use only 7 of the 8 MiB.
+	resp, _ := rawHTTP(t, app.HTTPAddr, postHead("/query", "application/msgpack", 1<<19), make([]byte, 16<<10))
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("B while A holds the budget: %d %v", resp.StatusCode, resp.Header)
 	}

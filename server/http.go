@@ -37,6 +37,10 @@ type HTTPServer struct {
 
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{}
+
+	// poisonReleased (tests only) zeroes a body buffer as it goes back to the pool, so
+	// that a use after release shows up as wrong bytes instead of a rare race.
+	poisonReleased bool
 }
 
 // maxPooledTokens: token buffers above this many tokens (4 MiB) are not kept in the
@@ -173,25 +177,39 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 	var e accessEntry
 	switch string(path) {
 	case "/query":
+		// The body goes back to its pool only after the access line is written: the
+		// entry's model aliases it.
 		blocks := 0
-		if h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxQueryBodyBytes, queryBodyWeight); ok {
-				blocks = h.query(ctx, *body, &e)
-				h.releaseBody(body, held)
-			}
+		var body *[]byte
+		var held int64
+		ok := h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx)
+		if ok {
+			body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, queryBodyWeight)
+		}
+		if ok {
+			blocks = h.query(ctx, *body, &e)
 		}
 		h.metrics.observeHTTPQuery(start, ctx.Response.StatusCode(), blocks)
 		h.logAccess(ctx, start, "/query", &e)
+		if ok {
+			h.releaseBody(body, held)
+		}
 		return
 	case "/query_by_hash":
-		if h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxQueryBodyBytes, 1); ok {
-				h.queryByHash(ctx, *body, &e)
-				h.releaseBody(body, held)
-			}
+		var body *[]byte
+		var held int64
+		ok := h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx)
+		if ok {
+			body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, queryByHashBodyWeight)
+		}
+		if ok {
+			h.queryByHash(ctx, *body, &e)
 		}
 		h.metrics.observeHTTPQueryByHash(start, ctx.Response.StatusCode())
 		h.logAccess(ctx, start, "/query_by_hash", &e)
+		if ok {
+			h.releaseBody(body, held)
+		}
 		return
 	case "/register":
 		route = "/register"
@@ -283,9 +301,15 @@ func (h *HTTPServer) authorized(ctx *fasthttp.RequestCtx) bool {
 	return false
 }
 
-// queryBodyWeight: a /query body is held twice while it is served, as bytes and as the
-// int32 tokens decoded from them, so it counts twice against the in-flight budget.
-const queryBodyWeight = 2
+// queryBodyWeight and queryByHashBodyWeight: a query body is held while it is served as
+// its bytes and as what is decoded from them, and a positive fixint element takes one
+// byte but decodes to a 4-byte token or an 8-byte block key. So a body counts 1+4 (/query)
+// or 1+8 (/query_by_hash) times its size against the in-flight budget: an array of
+// small ids must not hold four or eight times what it was charged.
+const (
+	queryBodyWeight       = 1 + 4
+	queryByHashBodyWeight = 1 + 8
+)
 
 // errBodyTooLarge marks a chunked body that passed its bound while being read.
 var errBodyTooLarge = errors.New("request body too large")
@@ -401,13 +425,21 @@ func (h *HTTPServer) releaseBody(body *[]byte, held int64) {
 	if held > 0 {
 		h.budget.release(held)
 	}
-	if held > SmallBodyBytes {
+	if body == nil {
+		return
+	}
+	// Counted by the buffer's size, not by the budget held (a multiple of it, or the
+	// whole bound for a chunked body): the memory release this triggers is a full
+	// collection, worth it only for buffers too large for the pool.
+	if cap(*body) > SmallBodyBytes {
 		h.counters.LargeBodies.Add(1)
+		return
 	}
-	if body != nil && cap(*body) <= SmallBodyBytes {
-		*body = (*body)[:0]
-		h.bufs.Put(body)
+	if h.poisonReleased {
+		clear((*body)[:cap(*body)])
 	}
+	*body = (*body)[:0]
+	h.bufs.Put(body)
 }
 
 func (h *HTTPServer) requestError(ctx *fasthttp.RequestCtx, e *wire.RequestError) {

@@ -17,7 +17,9 @@ type Limits struct {
 	MaxAdminBodyBytes int
 	// MaxInflightBodyBytes bounds the request-body bytes held at once by all HTTP and
 	// RPC requests together (max_inflight_body_bytes, default 256 MiB); a query body
-	// counts twice (its bytes and its decoded tokens). An HTTP body that does not fit is
+	// counts with what it decodes to: 5 times its size over HTTP (an array of one-byte
+	// ids decodes to 4 bytes per byte), 9 times for /query_by_hash (8-byte keys), twice
+	// over RPC (fixed 4-byte ids). An HTTP body that does not fit is
 	// answered 503 with Retry-After before it is read; an RPC frame is left unread until
 	// it fits or its read deadline passes. Bodies above SmallBodyBytes may only use 7/8
 	// of it, so big bodies never starve small queries.

@@ -75,7 +75,7 @@ func (m *Metrics) RegisterCounters(c *Counters) {
 	cnt("conductor_accept_errors_total", "Temporary accept failures (EMFILE...) retried with back-off, both listeners.", c.AcceptErrors.Load)
 	cnt("conductor_http_body_too_large_total", "HTTP requests answered 413 (body above max_query_body_bytes / max_admin_body_bytes).", c.BodyTooLarge.Load)
 	cnt("conductor_http_body_budget_full_total", "HTTP requests answered 503: max_inflight_body_bytes in use.", c.BodyBudgetFull.Load)
-	gauge("conductor_http_inflight_body_bytes", "Request-body bytes held now by HTTP and RPC requests (query bodies count twice).", c.InflightBody.Load)
+	gauge("conductor_http_inflight_body_bytes", "Request-body bytes held now by HTTP and RPC requests (query bodies count with their decoded size).", c.InflightBody.Load)
 	cnt("conductor_http_unauthorized_total", "Requests to state-changing routes without the admin token (401).", c.Unauthorized.Load)
 	cnt("conductor_rpc_connections_refused_total", "RPC connections closed at accept: rpc_max_connections reached.", c.RPCConnsRefused.Load)
 	gauge("conductor_rpc_connections", "RPC connections open now.", c.RPCConns.Load)

@@ -62,10 +62,11 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, body []byte, e *acces
 	e.fill(req.Model, int64(len(req.BlockHashes))*req.BlockSize, 0, &sc.res)
 	// Drop references into the request body before the scratch goes back to the pool.
 	req.Model, req.LoraName, req.TenantID, req.InstanceID, req.CacheSalt = "", "", "", "", ""
+	n := len(req.BlockHashes)
 	if cap(req.BlockHashes) > maxPooledTokens/2 {
 		req.BlockHashes = nil // an outlier prompt must not stay pinned in the pool
 	}
-	return len(req.BlockHashes)
+	return n
 }
 
 // writeQueryResult encodes res as the /query response body, appended into the scratch's

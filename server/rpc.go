@@ -252,6 +252,12 @@ func (rc *rpcConn) serveFrame() bool {
 	return true
 }
 
+// maxConnTokens is the largest token buffer (1 MiB) an RPC connection keeps between
+// frames, like its frame buffers (SmallBodyBytes): an idle connection lives for
+// rpc_idle_timeout_ms, so what it keeps, times rpc_max_connections, is memory an
+// outsider can hold without any request in flight.
+const maxConnTokens = SmallBodyBytes / 4
+
 // isTimeout reports a deadline expiry.
 func isTimeout(err error) bool {
 	var ne net.Error
@@ -363,11 +369,12 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	q.InstanceFilter = rc.qreq.InstanceFilter
 	serr := rc.s.svc.Query(q, &rc.res)
 	*q = engine.Query{}
-	if cap(rc.qreq.Tokens) > maxPooledTokens {
+	tokens := len(rc.qreq.Tokens)
+	if cap(rc.qreq.Tokens) > maxConnTokens {
 		rc.qreq.Tokens = nil
 	}
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
-	rc.s.logQuery(start, ctx.ModelName, len(rc.qreq.Tokens), &rc.res, serr)
+	rc.s.logQuery(start, ctx.ModelName, tokens, &rc.res, serr)
 	if serr != nil {
 		return wire.AppendRPCQueryError(out, rpcCode(serr)), nil
 	}

@@ -187,10 +187,6 @@ func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]b
 	return nil
 }
 
-// hostLittleEndian is true on little-endian CPUs (amd64, arm64), where an int32 LE bin
-// has the memory layout of an []int32. Set once from the platform; never changes.
-var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
-
 // httpAlias views b as a string without copying; the caller owns the lifetime rule.
 func httpAlias(b []byte) string {
 	if len(b) == 0 {
@@ -220,7 +216,7 @@ func httpDecodeTokens(b []byte, dst []int32) (_ []int32, _ []byte, terr httpToke
 		}
 		n := len(v) / 4
 		dst = slices.Grow(dst, n)[:n]
-		if hostLittleEndian && n > 0 {
+		if spHostLittleEndian && n > 0 {
 			// The bin is the []int32's memory image: one copy instead of a loop (the
 			// largest cost of a /query miss with a bin prompt).
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*n), v)

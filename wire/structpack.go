@@ -263,7 +263,9 @@ func (r *spReader) i32s(dst []int32) []int32 {
 	return dst
 }
 
-// spHostLittleEndian is fixed per build target; it selects the memmove path for vectors.
+// spHostLittleEndian is fixed per build target: on little-endian CPUs (amd64, arm64) a
+// little-endian int32 vector (struct_pack, or an HTTP token bin) has the memory layout of
+// an []int32, and is decoded with one memmove.
 var spHostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 func (r *spReader) i64() int64 { return int64(r.u64()) }

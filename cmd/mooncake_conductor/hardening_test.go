@@ -157,7 +157,7 @@ func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Once the server holds the half HTTP body (2 x 100000) and the first frame (2 x 3 MiB)
+	// Once the server holds the half HTTP body (5 x 100000) and the first frame (2 x 3 MiB)
 	// reserved (the second frame then waits for the budget),
 	// stop it: terminate requires exit 0 within 5 s (the read timeout alone would hold
 	// it 30 s).
@@ -169,7 +169,7 @@ func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.491456e+06") {
+		if strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.791456e+06") {
 			break
 		}
 		if time.Now().After(deadline) {
