@@ -161,3 +161,38 @@ func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 		t.Fatalf("warm query: %d blocks from the memo, %s", res.BlocksFromMemo(), formatHits(res.Instances))
 	}
 }
+
+// TestBlocksHashedDescribesTheLastQuery: a query that hashes nothing (unknown context or
+// filter, or QueryKeys) reports 0 blocks hashed, not the previous query's count, which
+// the server puts in metrics and the access log.
+func TestBlocksHashedDescribesTheLastQuery(t *testing.T) {
+	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
+	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
+	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
+	s := Slot{"a", 0}
+	mustRegister(t, e, k, p, s)
+	tokens := seqTokens(16 * 8)
+	keys := chainKeys(t, p, 16, "", "", tokens)
+	mustApply(t, e, k, store(s, TierDevice, keys...))
+	var res Result
+	full := func() {
+		t.Helper()
+		if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil || res.BlocksHashed() != 8 {
+			t.Fatalf("full query: err %v, %d blocks hashed", err, res.BlocksHashed())
+		}
+	}
+	full()
+	unknown := k
+	unknown.ModelName = "other"
+	if _ = e.Query(&Query{Key: unknown, Tokens: tokens}, &res); res.BlocksHashed() != 0 || res.BlocksFromMemo() != 0 {
+		t.Errorf("unknown context: %d hashed, %d from memo", res.BlocksHashed(), res.BlocksFromMemo())
+	}
+	full()
+	if _ = e.Query(&Query{Key: k, Tokens: tokens, InstanceFilter: "nobody"}, &res); res.BlocksHashed() != 0 {
+		t.Errorf("unknown filter: %d hashed", res.BlocksHashed())
+	}
+	full()
+	if err := e.QueryKeys(k, keys, len(tokens), "", &res); err != nil || res.BlocksHashed() != 0 || res.Instances[0].Device != int64(len(tokens)) {
+		t.Errorf("QueryKeys: err %v, %d hashed, %s", err, res.BlocksHashed(), formatHits(res.Instances))
+	}
+}

@@ -42,6 +42,10 @@ type Result struct {
 	counts [][4]int64 // per slot number: the four tier counts
 	alive  []uint64   // 4 tiers x w words
 	words  []uint64   // one record's bitsets, 3 x w words
+
+	// hashed and fromMemo describe the last Query: blocks it hashed, and how many of
+	// those came from the key memo (both 0 for QueryKeys or a query that hashed nothing).
+	hashed, fromMemo int
 }
 
 // Query is one prefix lookup.
@@ -76,6 +80,7 @@ func (s *sliceKeys) Next() (uint64, error) {
 // A token the profile cannot hash (*hashing.TokenError) gives an error and empty Instances.
 func (e *Engine) Query(q *Query, res *Result) error {
 	res.Instances = res.Instances[:0]
+	res.hashed, res.fromMemo = 0, 0
 	c := e.lookup(q.Key)
 	if c == nil {
 		return nil
@@ -91,6 +96,7 @@ func (e *Engine) Query(q *Query, res *Result) error {
 		res.chain.ResetMemo(e.memo, &c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
 		err := res.run(v, insts, mask, hook, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
 		res.chain.Done() // publishes the walk's memo inserts and counters
+		res.hashed, res.fromMemo = res.chain.Hashed(), res.chain.MemoHits()
 		if err != nil || res.settled(c, v, insts, attempt) {
 			return err
 		}
@@ -128,6 +134,7 @@ func (r *Result) settled(c *context, v *view, insts []instSlots, attempt int) bo
 // partial last block). It serves callers that hash elsewhere, and benchmarks of the walk.
 func (e *Engine) QueryKeys(key ContextKey, keys []uint64, positions int, instanceFilter string, res *Result) error {
 	res.Instances = res.Instances[:0]
+	res.hashed, res.fromMemo = 0, 0
 	c := e.lookup(key)
 	if c == nil {
 		return nil
