@@ -3,6 +3,9 @@ package ingest
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,4 +122,93 @@ func TestReceiveBufferShrinksAfterOutlier(t *testing.T) {
 			}
 		})
 	}
+}
+
+// procFDs and procThreads read this process's open descriptors and OS threads.
+func procFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func procThreads(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Threads:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(rest))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no Threads line")
+	return 0
+}
+
+// Subscribers in one Transport cost their sockets' descriptors and no OS thread each, and
+// give every descriptor back when they stop.
+func TestSubscribersShareTransportAndReleaseDescriptors(t *testing.T) {
+	tr, err := NewTransport(TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	// One live publisher among endpoints nobody listens on (ports 1..n of 127.0.0.1).
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	h := &recorder{}
+	cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
+	cfg.Transport = tr
+	live := startSub(t, cfg, h, p)
+	const n = 100
+	fds0, threads0 := procFDs(t), procThreads(t)
+	subs := make([]*Subscriber, n)
+	for i := range subs {
+		c := fastConfig("tcp://127.0.0.1:"+strconv.Itoa(1+i), "")
+		c.Transport = tr
+		s, err := NewSubscriber(c, &recorder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		subs[i] = s
+	}
+	// The live subscriber still works beside them.
+	publish(t, p, "a", "b")
+	waitUntil(t, "live batches", func() bool { return live.Stats().Applied == 2 })
+	fds, threads := procFDs(t)-fds0, procThreads(t)-threads0
+	t.Logf("%d subscribers: +%d descriptors, +%d threads", n, fds, threads)
+	if fds > 5*n {
+		t.Errorf("%d descriptors for %d subscribers", fds, n)
+	}
+	if threads > n/10 {
+		t.Errorf("%d OS threads for %d subscribers", threads, n)
+	}
+	if got := tr.Open(); got != n+1 {
+		t.Errorf("transport holds %d subscribers, want %d", got, n+1)
+	}
+	for _, s := range subs {
+		s.Stop()
+	}
+	waitUntil(t, "descriptors released", func() bool { return procFDs(t) <= fds0 })
+	if got := tr.Open(); got != 1 {
+		t.Errorf("transport holds %d subscribers after Stop, want 1", got)
+	}
+	if err := tr.Close(); err == nil {
+		t.Error("Close succeeded with a subscriber open")
+	}
+	live.Stop()
 }

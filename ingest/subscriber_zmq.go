@@ -83,6 +83,10 @@ static int cz_setmax(void *s, int64_t maxmsg) { return zmq_setsockopt(s, ZMQ_MAX
 
 static void cz_close_sock(cz_conn *c, int which) {
 	if (c->sock[which] != NULL) {
+		// Stopping the monitor closes libzmq's end of the monitor pipe now, from this
+		// thread; left to the reaper, neither end of the pipe is ever destroyed in a
+		// shared context, which leaks two descriptors per closed SUB.
+		if (which == CZ_SUB) zmq_socket_monitor(c->sock[which], NULL, 0);
 		zmq_close(c->sock[which]);
 		c->sock[which] = NULL;
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest"
 )
 
 // AppConfig configures a whole conductor process.
@@ -39,6 +40,10 @@ type AppConfig struct {
 	ExtraRoutes map[string]fasthttp.RequestHandler
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
 	DisableMetrics bool
+	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 64 MiB, -1: none).
+	ZMQMaxMessageSize int64
+	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
+	ZMQIOThreads int
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -55,6 +60,8 @@ type App struct {
 	RPCAddr  string
 
 	ready atomic.Bool
+	// zmq is the one ZMQ context of every subscription.
+	zmq *ingest.Transport
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -69,9 +76,14 @@ func Start(cfg AppConfig) (*App, error) {
 		log = slog.Default()
 	}
 	started := time.Now()
+	tr, err := ingest.NewTransport(ingest.TransportConfig{IOThreads: cfg.ZMQIOThreads})
+	if err != nil {
+		return nil, err
+	}
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log})
-	svc := NewService(ServiceOptions{Engine: eng, Logger: log})
-	app := &App{log: log, Engine: eng, Service: svc}
+	svc := NewService(ServiceOptions{Engine: eng, Logger: log,
+		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize})})
+	app := &App{log: log, Engine: eng, Service: svc, zmq: tr}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
 	for path, fn := range cfg.ExtraRoutes {
 		routes[path] = fn
@@ -84,6 +96,7 @@ func Start(cfg AppConfig) (*App, error) {
 	httpLn, err := net.Listen("tcp", net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.HTTPPort)))
 	if err != nil {
 		eng.Close()
+		_ = tr.Close()
 		return nil, fmt.Errorf("listen http_server_port %d: %w", cfg.HTTPPort, err)
 	}
 	app.HTTPAddr = httpLn.Addr().String()
@@ -152,6 +165,9 @@ func (a *App) Stop() {
 		a.wg.Wait()
 		n := len(a.Service.Services())
 		a.Service.Stop()
+		if err := a.zmq.Close(); err != nil {
+			a.log.Warn("zmq context not closed", "err", err)
+		}
 		a.Engine.Close()
 		a.log.Info("conductor stopped", "services", n)
 	})

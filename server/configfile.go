@@ -30,6 +30,11 @@ type FileConfig struct {
 	// StateFile persists services registered over HTTP/RPC: the "state_file" key, default
 	// conductor_state.json beside the config file; "" disables.
 	StateFile string
+	// ZMQMaxMessageSize is "zmq_max_message_size": bytes one ZMQ message may have (0:
+	// ingest.DefaultMaxMessageSize, -1: unlimited).
+	ZMQMaxMessageSize int64
+	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context (0: 1).
+	ZMQIOThreads int
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -75,6 +80,24 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: %s must be an integer port in 0..65535", path, p.key)
 		}
 		*p.dst = int(port)
+	}
+	for _, p := range []struct {
+		key      string
+		min, max int64
+		set      func(int64)
+	}{
+		{"zmq_max_message_size", -1, 1 << 40, func(v int64) { cfg.ZMQMaxMessageSize = v }},
+		{"zmq_io_threads", 0, 64, func(v int64) { cfg.ZMQIOThreads = int(v) }},
+	} {
+		raw, ok := root[p.key]
+		if !ok {
+			continue
+		}
+		v, err := jsonInt(raw)
+		if err != nil || v < p.min || v > p.max {
+			return cfg, fmt.Errorf("config file %s: %s must be an integer in %d..%d", path, p.key, p.min, p.max)
+		}
+		p.set(v)
 	}
 	if raw, ok := root["state_file"]; ok {
 		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
@@ -254,5 +277,6 @@ func (f *FileConfig) AppConfig() AppConfig {
 		rpc = -1
 	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
-		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile}
+		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
+		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads}
 }

@@ -32,8 +32,28 @@ func publisherOf(k PublisherKind) wire.Publisher {
 }
 
 // SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
-// vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler.
+// vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler,
+// with a private ZMQ context and default limits. A process uses ZMQSubscriber instead.
 func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error) {
+	return subscribeZMQ(cfg, eng, log, ZMQOptions{})
+}
+
+// ZMQOptions are the ingest settings every subscription of a process shares.
+type ZMQOptions struct {
+	// Transport is the shared ZMQ context; nil gives each subscriber its own.
+	Transport *ingest.Transport
+	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
+	MaxMessageSize int64
+}
+
+// ZMQSubscriber returns a SubscribeFunc whose subscribers share opts.
+func ZMQSubscriber(opts ZMQOptions) SubscribeFunc {
+	return func(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error) {
+		return subscribeZMQ(cfg, eng, log, opts)
+	}
+}
+
+func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts ZMQOptions) (Subscription, error) {
 	key := cfg.Key()
 	replay := cfg.ReplayEndpoint
 	if cfg.Kind == KindMooncake && replay != "" {
@@ -50,6 +70,7 @@ func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Sub
 		// restart of the conductor, or a new registration): a warm index at once. Best
 		// effort: an unanswered catch-up never marks the source stale.
 		CatchUpOnStart: replay != "",
+		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize,
 	}, h)
 	if err != nil {
 		return nil, fmt.Errorf("failed to start ZMQ client: %w", err)

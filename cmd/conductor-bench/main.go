@@ -40,6 +40,7 @@ const usage = `usage: conductor-bench <command> [flags]
 commands:
   replay   replay a request trace through the conductor and compare routing policies
   load     measure /query latency and throughput at fixed concurrency and prompt shape
+  services measure descriptors and OS threads per registered service (register, unregister)
 
 Run "conductor-bench <command> -h" for the flags of a command.
 `
@@ -57,6 +58,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runReplay(ctx, args[1:], stdout, stderr)
 	case "load":
 		err = runLoad(ctx, args[1:], stdout, stderr)
+	case "services":
+		err = runServices(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
