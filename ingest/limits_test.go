@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -211,4 +213,136 @@ func TestSubscribersShareTransportAndReleaseDescriptors(t *testing.T) {
 		t.Error("Close succeeded with a subscriber open")
 	}
 	live.Stop()
+}
+
+// A subscriber started while the process is out of descriptors does not fail: it is
+// Waiting, retries with a bounded backoff, and subscribes once descriptors free up.
+// The cases leave room for 0 to 5 new descriptors, so that opening fails at one of its
+// steps (poll set, SUB socket, monitor, monitor reader; libzmq may still be closing the
+// previous case's sockets, so which step is not fixed) or succeeds; either way the
+// subscriber ends up subscribed.
+func TestStartOutOfDescriptorsRetries(t *testing.T) {
+	tr, err := NewTransport(TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	var orig syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	for room := 0; room <= 5; room++ {
+		t.Run(strconv.Itoa(room), func(t *testing.T) {
+			p := newPub(t, zmqtest.Config{})
+			h := &recorder{}
+			cfg := fastConfig(p.Endpoint(), "")
+			cfg.Transport = tr
+			cfg.OpenRetryMax = 40 * time.Millisecond
+			s, err := NewSubscriber(cfg, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Stop()
+			open := procFDs(t) - 1 // procFDs counts the directory it reads
+			lim := orig
+			lim.Cur = uint64(open + room)
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				t.Fatal(err)
+			}
+			startErr := s.Start()
+			st := s.Stats()
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+				t.Fatal(err)
+			}
+			if startErr != nil {
+				t.Fatalf("Start with room for %d descriptors: %v", room, startErr)
+			}
+			t.Logf("room %d: waiting %v, open failures %d", room, st.Waiting, st.OpenFailures)
+			if st.Waiting != (st.OpenFailures > 0) || (room == 0 && !st.Waiting) {
+				t.Fatalf("room %d: stats %+v, want waiting", room, st)
+			}
+			waitUntil(t, "sockets open", func() bool { return !s.Stats().Waiting })
+			if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			publish(t, p, "a", "b")
+			waitUntil(t, "batches", func() bool { return s.Stats().Applied == 2 })
+		})
+	}
+}
+
+// Stop ends a subscriber still waiting for descriptors at once.
+func TestStopWhileWaitingForDescriptors(t *testing.T) {
+	var orig syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := NewTransport(TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig("tcp://127.0.0.1:1", "")
+	cfg.Transport = tr
+	cfg.ReconnectDelay = time.Hour // the retry never comes: only Stop can end the wait
+	s, err := NewSubscriber(cfg, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := orig
+	lim.Cur = uint64(procFDs(t) - 1) // procFDs counts the directory it reads
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	startErr := s.Start()
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	if startErr != nil || !s.Stats().Waiting {
+		t.Fatalf("Start = %v, stats %+v", startErr, s.Stats())
+	}
+	s.Stop()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Stop wakes a subscriber parked in the network poller whatever it is doing at that
+// moment (about to wait, waiting, between two waits): with an hour-long PollTimeout, a
+// lost wake-up would hold Stop for an hour instead of the watchdog's bound.
+func TestStopWakesPollerWait(t *testing.T) {
+	tr, err := NewTransport(TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for i := range 20 {
+		cfg := fastConfig("tcp://127.0.0.1:1", "")
+		cfg.Transport = tr
+		cfg.PollTimeout = time.Hour
+		s, err := NewSubscriber(cfg, &recorder{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			runtime.Gosched() // let it reach the wait on some rounds
+		}
+		done := make(chan struct{})
+		go func() { s.Stop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: Stop did not wake the subscriber", i)
+		}
+	}
 }

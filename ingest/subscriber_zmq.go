@@ -50,6 +50,17 @@ static void *cz_ctx_new(int io_threads, int max_sockets) {
 		errno = e;
 		return NULL;
 	}
+	// libzmq starts its threads with the first socket, and aborts if it cannot create
+	// their poll sets then: start them now, while descriptors are known to be there,
+	// rather than at a subscription that may find the process out of them.
+	void *s = zmq_socket(ctx, ZMQ_PAIR);
+	if (s == NULL) {
+		int e = zmq_errno();
+		zmq_ctx_term(ctx);
+		errno = e;
+		return NULL;
+	}
+	zmq_close(s);
 	return ctx;
 }
 
@@ -85,7 +96,9 @@ static void cz_close_sock(cz_conn *c, int which) {
 	if (c->sock[which] != NULL) {
 		// Stopping the monitor closes libzmq's end of the monitor pipe now, from this
 		// thread; left to the reaper, neither end of the pipe is ever destroyed in a
-		// shared context, which leaks two descriptors per closed SUB.
+		// shared context, which leaks two descriptors per closed SUB. The reader must
+		// still be open then (callers close the SUB first): libzmq's end may be in a
+		// blocking send to it from the I/O thread, holding the lock this waits for.
 		if (which == CZ_SUB) zmq_socket_monitor(c->sock[which], NULL, 0);
 		zmq_close(c->sock[which]);
 		c->sock[which] = NULL;
@@ -109,7 +122,12 @@ static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t max
 	void *m = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (m == NULL) { *step = "create monitor socket"; return zmq_errno(); }
 	c->sock[CZ_MON] = m;
-	if (cz_setint(m, ZMQ_LINGER, 0) || zmq_connect(m, monaddr)) { *step = "connect monitor socket"; return zmq_errno(); }
+	// libzmq's end sends events from the I/O thread with blocking sends: an unlimited
+	// pipe (RCVHWM 0 here) keeps a reader that is slow to drain from stalling the I/O
+	// thread that every subscription shares.
+	if (cz_setint(m, ZMQ_LINGER, 0) || cz_setint(m, ZMQ_RCVHWM, 0) || zmq_connect(m, monaddr)) {
+		*step = "connect monitor socket"; return zmq_errno();
+	}
 	if (zmq_connect(s, endpoint)) { *step = "connect"; return zmq_errno(); }
 	return 0;
 }
@@ -232,7 +250,9 @@ static int cz_mon_event(cz_conn *c) {
 // cz_free closes the sockets (linger 0) and frees c; the context is shared and stays.
 static void cz_free(cz_conn *c) {
 	cz_release(c);
-	for (int i = 0; i < 3; i++) cz_close_sock(c, i);
+	cz_close_sock(c, CZ_SUB);
+	cz_close_sock(c, CZ_MON);
+	cz_close_sock(c, CZ_DEALER);
 	free(c);
 }
 
@@ -447,9 +467,10 @@ func (z *zconn) openSub(endpoint string, rcvhwm int) error {
 	return nil
 }
 
+// closeSub closes the SUB socket, then its monitor reader (see cz_close_sock).
 func (z *zconn) closeSub() {
-	z.closeSock(sockMon)
 	z.closeSock(sockSub)
+	z.closeSock(sockMon)
 }
 
 func (z *zconn) hasSub() bool { return z.c.sock[sockSub] != nil }
@@ -569,7 +590,7 @@ func (z *zconn) free() {
 		return
 	}
 	if z.c != nil {
-		for _, w := range []C.int{sockMon, sockSub, sockDealer} {
+		for _, w := range []C.int{sockSub, sockMon, sockDealer} {
 			z.closeSock(w)
 		}
 		C.cz_free(z.c)
