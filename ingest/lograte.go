@@ -116,7 +116,8 @@ func (l *LogLimiter) Flush(ctx context.Context) {
 	l.mu.Unlock()
 	for _, p := range out {
 		r := slog.NewRecord(l.cfg.Now(), p.k.level, p.k.msg, 0)
-		r.AddAttrs(slog.Uint64("suppressed", p.e.suppressed), slog.Duration("suppressed_window", l.cfg.Now().Sub(p.e.start)))
+		r.AddAttrs(slog.Bool("summary", true), slog.Uint64("suppressed", p.e.suppressed),
+			slog.Duration("suppressed_window", l.cfg.Now().Sub(p.e.start)))
 		if p.e.h.Enabled(ctx, p.k.level) {
 			_ = p.e.h.Handle(ctx, r)
 		}

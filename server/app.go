@@ -44,6 +44,10 @@ type AppConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
+	// IngestLogBurst and IngestLogInterval rate-limit each subscription's repeated log
+	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
+	IngestLogBurst    int
+	IngestLogInterval time.Duration
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -82,7 +86,8 @@ func Start(cfg AppConfig) (*App, error) {
 	}
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, Logger: log})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log,
-		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize})})
+		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval})})
 	app := &App{log: log, Engine: eng, Service: svc, zmq: tr}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
 	for path, fn := range cfg.ExtraRoutes {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"time"
 )
 
 // Default ports of the contract.
@@ -35,6 +36,11 @@ type FileConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context (0: 1).
 	ZMQIOThreads int
+	// IngestLogBurst and IngestLogIntervalSeconds are "ingest_log_burst" and
+	// "ingest_log_interval_seconds": per subscription and kind of log line, how many
+	// lines pass per interval (0: defaults 10 and 10 s; burst -1: unlimited).
+	IngestLogBurst           int
+	IngestLogIntervalSeconds int
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -88,6 +94,8 @@ func LoadConfigFile(path string) (FileConfig, error) {
 	}{
 		{"zmq_max_message_size", -1, 1 << 40, func(v int64) { cfg.ZMQMaxMessageSize = v }},
 		{"zmq_io_threads", 0, 64, func(v int64) { cfg.ZMQIOThreads = int(v) }},
+		{"ingest_log_burst", -1, 1 << 20, func(v int64) { cfg.IngestLogBurst = int(v) }},
+		{"ingest_log_interval_seconds", 0, 86400, func(v int64) { cfg.IngestLogIntervalSeconds = int(v) }},
 	} {
 		raw, ok := root[p.key]
 		if !ok {
@@ -278,5 +286,6 @@ func (f *FileConfig) AppConfig() AppConfig {
 	}
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
-		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads}
+		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
+		IngestLogBurst: f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second}
 }

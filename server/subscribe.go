@@ -1,21 +1,30 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/wire"
 )
 
-// zmqSubscription pairs a ZMQ subscriber with the handler that applies its events.
+// zmqSubscription pairs a ZMQ subscriber with the handler that applies its events, and
+// the limiter of their log lines.
 type zmqSubscription struct {
 	sub     *ingest.Subscriber
 	handler *ingest.EventHandler
+	logs    *ingest.LogLimiter
 }
 
-func (z *zmqSubscription) Stop()                         { z.sub.Stop() }
+// Stop stops the subscriber, then reports the log lines its limiter held back.
+func (z *zmqSubscription) Stop() {
+	z.sub.Stop()
+	z.logs.Flush(context.Background())
+}
+
 func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() }
 
 // HandlerStats exposes the event handler's counters (for metrics).
@@ -44,6 +53,10 @@ type ZMQOptions struct {
 	Transport *ingest.Transport
 	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
 	MaxMessageSize int64
+	// LogBurst and LogInterval rate-limit each subscription's log lines per kind
+	// (0: ingest.DefaultLogBurst, ingest.DefaultLogInterval; LogBurst -1: no limit).
+	LogBurst    int
+	LogInterval time.Duration
 }
 
 // ZMQSubscriber returns a SubscribeFunc whose subscribers share opts.
@@ -55,6 +68,8 @@ func ZMQSubscriber(opts ZMQOptions) SubscribeFunc {
 
 func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts ZMQOptions) (Subscription, error) {
 	key := cfg.Key()
+	logs := ingest.NewLogLimiter(log.Handler(), ingest.LogLimit{Burst: opts.LogBurst, Interval: opts.LogInterval})
+	log = logs.Logger()
 	replay := cfg.ReplayEndpoint
 	if cfg.Kind == KindMooncake && replay != "" {
 		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
@@ -78,5 +93,5 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 	if err := sub.Start(); err != nil {
 		return nil, err // already "failed to start ZMQ client: ..."
 	}
-	return &zmqSubscription{sub: sub, handler: h}, nil
+	return &zmqSubscription{sub: sub, handler: h, logs: logs}, nil
 }
