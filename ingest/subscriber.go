@@ -192,7 +192,8 @@ type Subscriber struct {
 
 	// Owned by the subscriber goroutine.
 	z     *zconn
-	buf   []byte
+	rbuf  recvBuf
+	buf   []byte // rbuf.b
 	sizes [maxKeptFrames]int
 	// Receive-buffer shrinking: messages in a row that used under a quarter of a large
 	// buffer, and the largest of them.
@@ -234,8 +235,9 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		log:    log.With("service", cfg.Name, "endpoint", cfg.Endpoint),
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
-		buf:    make([]byte, recvBufInitial),
 	}
+	s.rbuf.b = make([]byte, recvBufInitial)
+	s.buf = s.rbuf.b
 	s.st.recvBuf.Store(int64(len(s.buf)))
 	s.rh, _ = h.(RestartHandler)
 	s.initSeq()
@@ -394,6 +396,7 @@ func (s *Subscriber) run() {
 		s.step()
 	}
 	s.z.free()
+	s.rbuf.release()
 	s.log.Info("ZMQ subscriber stopped")
 }
 
@@ -538,7 +541,8 @@ func (s *Subscriber) step() {
 
 // pumpSub reads and handles one live message; it returns 0 when none was ready.
 func (s *Subscriber) pumpSub() (int, error) {
-	n, err := s.z.recv(sockSub, &s.buf, &s.sizes)
+	n, err := s.z.recv(sockSub, &s.rbuf, &s.sizes)
+	s.buf = s.rbuf.b
 	if n == 0 || err != nil {
 		return 0, err
 	}
@@ -569,14 +573,17 @@ func (s *Subscriber) noteSize() {
 }
 
 func (s *Subscriber) shrinkBuf(size int) {
-	s.buf = make([]byte, size)
+	s.rbuf.release()
+	s.rbuf.b = make([]byte, size)
+	s.buf = s.rbuf.b
 	s.smallRun, s.smallMax = 0, 0
 	s.st.recvBuf.Store(int64(size))
 }
 
 // pumpDealer reads and handles one replay reply; it returns 0 when none was ready.
 func (s *Subscriber) pumpDealer() (int, error) {
-	n, err := s.z.recv(sockDealer, &s.buf, &s.sizes)
+	n, err := s.z.recv(sockDealer, &s.rbuf, &s.sizes)
+	s.buf = s.rbuf.b
 	if err != nil {
 		s.attemptFailed(time.Now(), fmt.Sprintf("replay receive: %v", err))
 		return 0, err
@@ -618,4 +625,36 @@ func (s *Subscriber) drainMonitor() {
 			s.log.Info("ZMQ publisher disconnected")
 		}
 	}
+}
+
+// recvBuf is a subscriber's receive buffer. Up to recvBufKeep bytes it is Go memory with
+// headroom; an outlier above that gets exactly its size in an anonymous mapping, outside
+// the Go heap, so that giving it back (release) returns the memory to the system at once
+// instead of at some later garbage collection and scavenge.
+type recvBuf struct {
+	b      []byte
+	mapped bool
+}
+
+// grow replaces the buffer with one of at least need bytes (its contents are not kept).
+func (r *recvBuf) grow(need int) []byte {
+	r.release()
+	if need > recvBufKeep {
+		if m, err := syscall.Mmap(-1, 0, need, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err == nil {
+			r.b, r.mapped = m, true
+			return r.b
+		}
+	}
+	r.b = make([]byte, need+need/2)
+	return r.b
+}
+
+// release unmaps a mapped buffer (nothing may refer to it any more); Go memory is left
+// to the collector.
+func (r *recvBuf) release() {
+	if r.mapped {
+		_ = syscall.Munmap(r.b)
+		r.mapped = false
+	}
+	r.b = nil
 }

@@ -506,8 +506,8 @@ func (z *zconn) sendReplay(from uint64) error {
 // recv reads one whole message from socket `which` into *buf (grown when needed, then
 // reused) without waiting. It returns the frame count, 0 when nothing is ready, and the
 // sizes of the first maxKeptFrames frames, which lie back to back at the start of *buf.
-func (z *zconn) recv(which C.int, buf *[]byte, sizes *[maxKeptFrames]int) (int, error) {
-	b := *buf
+func (z *zconn) recv(which C.int, buf *recvBuf, sizes *[maxKeptFrames]int) (int, error) {
+	b := buf.b
 	n := C.cz_recv(z.c, which, (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))), C.size_t(len(b)))
 	if n < 0 {
 		return 0, fmt.Errorf("receive: %w", zerr(-n))
@@ -516,12 +516,7 @@ func (z *zconn) recv(which C.int, buf *[]byte, sizes *[maxKeptFrames]int) (int, 
 		return 0, nil
 	}
 	if need := int(z.c.need); need > len(b) {
-		size := need + need/2
-		if need > recvBufKeep {
-			size = need // an outlier: no headroom, and noteSize gives it back
-		}
-		b = make([]byte, size)
-		*buf = b
+		b = buf.grow(need)
 		C.cz_copy(z.c, (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))))
 	}
 	kept := min(int(n), maxKeptFrames)
