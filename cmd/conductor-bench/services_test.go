@@ -38,3 +38,12 @@ func TestBigMessageCommand(t *testing.T) {
 		t.Fatalf("output:\n%s", out.String())
 	}
 }
+
+// TestLogFloodNeedsBinary: logflood measures a spawned conductor's log, so it refuses to
+// run without one.
+func TestLogFloodNeedsBinary(t *testing.T) {
+	var out, errOut strings.Builder
+	if code := run([]string{"logflood", "-n", "10"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "--conductor-bin") {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+}
