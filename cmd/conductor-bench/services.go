@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
@@ -117,10 +118,21 @@ func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	regTime := time.Since(t0)
+	cpu0, err := target.ReadProc(cond.PID)
+	if err != nil {
+		return err
+	}
+	w0 := time.Now()
 	reg, err := sample(fmt.Sprintf("%d registered", *n))
 	if err != nil {
 		return err
 	}
+	cpu1, err := target.ReadProc(cond.PID)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "idle CPU with %d services registered: %.1f%% of one core\n", *n,
+		100*float64(cpu1.CPU-cpu0.CPU)/float64(time.Since(w0)))
 	t0 = time.Now()
 	for i := range regs {
 		if _, err := cl.Unregister(&httpclient.UnregisterRequest{InstanceID: regs[i].InstanceID}); err != nil {
