@@ -2,6 +2,12 @@
 // ZMQ, keeps their sequence numbers in order, recovers gaps through the engine's replay
 // endpoint and marks a source stale when its stream can no longer be trusted. It does not
 // decode payloads: ordered batches go to a Handler.
+//
+// Resources: every subscriber of a process opens its sockets in one Transport (one libzmq
+// context, its I/O and reaper threads) and waits in Go's network poller, so a subscription
+// costs a few descriptors and no OS thread; messages are bounded (MaxMessageSize), an
+// outlier's receive buffer is given back, a subscriber that finds the process out of
+// descriptors retries, and LogLimiter keeps a misbehaving source from flooding the log.
 package ingest
 
 import (
