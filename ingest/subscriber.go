@@ -510,6 +510,9 @@ func (s *Subscriber) step() {
 		}
 	}
 	got := 0
+	// drained: every socket answered "nothing more", so the step may go on to wait
+	// rather than loop to ask again.
+	subDrained, dealerDrained := false, true
 	for got < recvBatch && !s.stop.Load() && !s.stale {
 		n, err := s.pumpSub()
 		if err != nil {
@@ -517,19 +520,27 @@ func (s *Subscriber) step() {
 			return
 		}
 		if n == 0 {
+			subDrained = true
 			break
 		}
 		got++
 	}
 	for s.z.hasDealer() && !s.stop.Load() && !s.stale {
 		n, err := s.pumpDealer()
-		if err != nil || n == 0 {
+		if err != nil {
+			dealerDrained = false
+			break
+		}
+		if n == 0 {
 			break
 		}
 		got++
 	}
-	if got > 0 || s.stale || s.stop.Load() {
+	if s.stale || s.stop.Load() || (got > 0 && !(subDrained && dealerDrained)) {
 		return
+	}
+	if got > 0 {
+		now = time.Now() // handling took time: the timers are measured from here
 	}
 	if len(s.buf) > recvBufKeep {
 		// Idle: an outlier's buffer is not kept while nothing arrives.

@@ -542,9 +542,8 @@ var pastDeadline = time.Unix(1, 0)
 // the network poller; 0 when d passed, stop was set, or the poll file's deadline was
 // moved to the past by wake.
 func (z *zconn) wait(d time.Duration, stop *atomic.Bool) (int, error) {
-	mask, err := z.ready()
-	if mask != 0 || err != nil || d <= 0 {
-		return mask, err
+	if d <= 0 {
+		return z.ready()
 	}
 	if err := z.ep.SetReadDeadline(time.Now().Add(d)); err != nil {
 		return 0, fmt.Errorf("poll: %w", err)
@@ -554,6 +553,10 @@ func (z *zconn) wait(d time.Duration, stop *atomic.Bool) (int, error) {
 	if stop.Load() {
 		return 0, nil
 	}
+	var mask int
+	var err error
+	// Read calls the function before it parks, so a socket that is ready already costs
+	// no wait.
 	rerr := z.rc.Read(func(uintptr) bool {
 		// ZMQ_FD is edge-triggered and consumed by ZMQ_EVENTS; asking after the poller
 		// was armed means an edge after this check wakes the wait.
