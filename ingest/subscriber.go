@@ -2,6 +2,12 @@
 // ZMQ, keeps their sequence numbers in order, recovers gaps through the engine's replay
 // endpoint and marks a source stale when its stream can no longer be trusted. It does not
 // decode payloads: ordered batches go to a Handler.
+//
+// Resources: every subscriber of a process opens its sockets in one Transport (one libzmq
+// context, its I/O and reaper threads) and waits in Go's network poller, so a subscription
+// costs a few descriptors and no OS thread; messages are bounded (MaxMessageSize), an
+// outlier's receive buffer is given back, a subscriber that finds the process out of
+// descriptors retries, and LogLimiter keeps a misbehaving source from flooding the log.
 package ingest
 
 import (
@@ -9,9 +15,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -23,7 +29,27 @@ const (
 	DefaultReconnectDelay        = time.Second
 	DefaultMaxRecoveryMessages   = 10000
 	DefaultMaxRecoveryBytes      = 64 << 20
+	// DefaultMaxMessageSize bounds one ZMQ message (all frames): far above a scheduler
+	// step's batch, far below what would hurt the process.
+	DefaultMaxMessageSize = 64 << 20
+	// DefaultOpenRetryMax bounds the backoff between attempts to open the sockets of a
+	// subscriber that found the process out of descriptors.
+	DefaultOpenRetryMax = 30 * time.Second
 )
+
+// Receive buffer sizes: a subscriber starts with recvBufInitial bytes, grows to fit the
+// largest message, and gives a buffer above recvBufKeep back when it goes idle or after
+// recvShrinkAfter messages in a row that used under a quarter of it.
+const (
+	recvBufInitial  = 64 << 10
+	recvBufKeep     = 1 << 20
+	recvShrinkAfter = 64
+)
+
+// protocolErrorGrace is how long a disconnect may go without libzmq scheduling a
+// reconnect before the subscriber takes it for a protocol error (after which libzmq
+// gives the connection up) and reopens the socket itself.
+const protocolErrorGrace = 500 * time.Millisecond
 
 // subRcvHWM matches upstream: deep enough that a burst of scheduler steps is not dropped
 // by libzmq while the handler is busy.
@@ -86,6 +112,18 @@ type SubscriberConfig struct {
 	CatchUpOnStart bool
 	// Logger receives the subscriber's log lines; nil discards them.
 	Logger *slog.Logger
+	// Transport is the shared ZMQ context the sockets are opened in; nil gives the
+	// subscriber a private one, terminated when it stops.
+	Transport *Transport
+	// MaxMessageSize bounds one ZMQ message on the SUB and replay sockets (libzmq
+	// ZMQ_MAXMSGSIZE); 0 takes DefaultMaxMessageSize, -1 is unlimited. libzmq refuses a
+	// bigger message before allocating it and drops the connection; the subscriber
+	// counts it (ProtocolErrors), reconnects, and recovers the lost batch through replay
+	// (without replay, or when the replayed batch is as big, the source goes stale).
+	MaxMessageSize int64
+	// OpenRetryMax bounds the backoff between attempts to open the sockets when Start
+	// found the process out of file descriptors; 0 takes DefaultOpenRetryMax.
+	OpenRetryMax time.Duration
 }
 
 // SubscriberStats is a snapshot of a subscriber's counters.
@@ -110,7 +148,17 @@ type SubscriberStats struct {
 	// one, the strict rules hold: a timeout continues as a gap recovery (counted under
 	// Replays*), and a skipped sequence or a full buffer makes the source stale.
 	CatchUpsFailed uint64
-	Stale          bool
+	// ProtocolErrors counts connections libzmq dropped for a protocol error: a message
+	// over MaxMessageSize, or malformed ZMTP. Each is reopened.
+	ProtocolErrors uint64
+	// OpenFailures counts attempts to open the sockets that failed for lack of
+	// resources (file descriptors); Waiting is set until one succeeds.
+	OpenFailures uint64
+	Waiting      bool
+	// RecvBufferBytes is the size of the receive buffer now (it grows to the largest
+	// message and is given back after an outlier).
+	RecvBufferBytes int64
+	Stale           bool
 	// LastEventUnixNano is when the last live message arrived (0 = never).
 	LastEventUnixNano int64
 }
@@ -120,7 +168,9 @@ type counters struct {
 	replaysOK, replaysFailed, replayRetries       atomic.Uint64
 	consumeErrors, rejected, restarts, reconnects atomic.Uint64
 	catchUps, catchUpsFailed                      atomic.Uint64
-	stale                                         atomic.Bool
+	protocolErrors, openFailures                  atomic.Uint64
+	waiting, stale                                atomic.Bool
+	recvBuf                                       atomic.Int64
 	lastEvent                                     atomic.Int64
 }
 
@@ -138,17 +188,24 @@ type Subscriber struct {
 	stopCh  chan struct{}
 	done    chan struct{}
 	stop    atomic.Bool
-	// A pipe whose write end Stop closes: its read end is in every poll, so Stop does
-	// not wait out a PollTimeout (servers stop many subscribers in a row).
-	wakeR, wakeW *os.File
-	wakeFD       int
+	// The poll file of the open sockets: Stop moves its read deadline to the past, so
+	// Stop does not wait out a PollTimeout (servers stop many subscribers in a row).
+	pollFile atomic.Pointer[os.File]
+	// private: the transport was created for this subscriber alone.
+	private bool
 
 	st counters
 
 	// Owned by the subscriber goroutine.
 	z     *zconn
-	buf   []byte
+	rbuf  recvBuf
+	buf   []byte // rbuf.b
 	sizes [maxKeptFrames]int
+	// Receive-buffer shrinking: messages in a row that used under a quarter of a large
+	// buffer, and the largest of them.
+	smallRun, smallMax int
+	// discAt: when the SUB's peer disconnected without a reconnect scheduled yet.
+	discAt time.Time
 	seqState
 }
 
@@ -162,7 +219,8 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		return nil, errors.New("new subscriber: empty endpoint")
 	}
 	if cfg.PollTimeout < 0 || cfg.ReplayTimeout < 0 || cfg.ReplayRecoveryTimeout < 0 ||
-		cfg.ReconnectDelay < 0 || cfg.MaxRecoveryMessages < 0 || cfg.MaxRecoveryBytes < 0 {
+		cfg.ReconnectDelay < 0 || cfg.MaxRecoveryMessages < 0 || cfg.MaxRecoveryBytes < 0 ||
+		cfg.MaxMessageSize < -1 || cfg.OpenRetryMax < 0 {
 		return nil, fmt.Errorf("new subscriber %q: negative timeout or limit", cfg.Name)
 	}
 	cfg.PollTimeout = orDefault(cfg.PollTimeout, DefaultPollTimeout)
@@ -171,6 +229,8 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	cfg.ReconnectDelay = orDefault(cfg.ReconnectDelay, DefaultReconnectDelay)
 	cfg.MaxRecoveryMessages = orDefault(cfg.MaxRecoveryMessages, DefaultMaxRecoveryMessages)
 	cfg.MaxRecoveryBytes = orDefault(cfg.MaxRecoveryBytes, DefaultMaxRecoveryBytes)
+	cfg.MaxMessageSize = orDefault(cfg.MaxMessageSize, DefaultMaxMessageSize)
+	cfg.OpenRetryMax = orDefault(cfg.OpenRetryMax, DefaultOpenRetryMax)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -181,9 +241,10 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		log:    log.With("service", cfg.Name, "endpoint", cfg.Endpoint),
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
-		buf:    make([]byte, 64<<10),
-		wakeFD: -1,
 	}
+	s.rbuf.b = make([]byte, recvBufInitial)
+	s.buf = s.rbuf.b
+	s.st.recvBuf.Store(int64(len(s.buf)))
 	s.rh, _ = h.(RestartHandler)
 	s.initSeq()
 	return s, nil
@@ -199,7 +260,9 @@ func orDefault[T comparable](v, d T) T {
 
 // Start creates the sockets, connects, and starts the receive goroutine. It fails when the
 // endpoint is malformed or a socket cannot be created; a publisher that is not up yet is
-// not an error (libzmq keeps trying to connect).
+// not an error (libzmq keeps trying to connect), and neither is a process out of file
+// descriptors: the subscriber is then Waiting, and its goroutine retries with a bounded
+// backoff (OpenRetryMax) until the sockets open or Stop.
 func (s *Subscriber) Start() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -209,20 +272,46 @@ func (s *Subscriber) Start() error {
 	if s.started {
 		return errors.New("failed to start ZMQ client: already started")
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("failed to start ZMQ client: wake pipe: %w", err)
+	if s.cfg.Transport == nil {
+		t, err := NewTransport(TransportConfig{})
+		if err != nil {
+			s.stopped = true
+			return fmt.Errorf("failed to start ZMQ client: %w", err)
+		}
+		s.cfg.Transport, s.private = t, true
 	}
-	s.wakeR, s.wakeW, s.wakeFD = r, w, int(r.Fd())
-	ready := make(chan error, 1)
-	go s.run(ready)
-	if err := <-ready; err != nil {
+	z, err := s.open()
+	switch {
+	case err == nil:
+		s.z = z
+		s.pollFile.Store(z.ep)
+	case resourceExhausted(err):
+		s.st.waiting.Store(true)
+		s.st.openFailures.Add(1)
+		s.log.Warn("ZMQ subscriber cannot open its sockets yet (out of resources); retrying",
+			"err", err, "retry_in", s.cfg.ReconnectDelay)
+	default:
 		s.stopped = true
-		_ = w.Close()
+		s.closePrivate()
 		return fmt.Errorf("failed to start ZMQ client: %w", err)
 	}
 	s.started = true
+	go s.run()
 	return nil
+}
+
+// resourceExhausted tells errors that free resources can cure (descriptors, memory).
+func resourceExhausted(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ENOBUFS)
+}
+
+func (s *Subscriber) closePrivate() {
+	if s.private {
+		if err := s.cfg.Transport.Close(); err != nil {
+			s.log.Warn("ZMQ subscriber transport not closed", "err", err)
+		}
+	}
 }
 
 // Stop ends the subscription and waits until the goroutine has closed its sockets, which
@@ -242,7 +331,9 @@ func (s *Subscriber) Stop() {
 	close(s.stopCh)
 	s.mu.Unlock()
 	if started {
-		_ = s.wakeW.Close()
+		if f := s.pollFile.Load(); f != nil {
+			_ = f.SetReadDeadline(pastDeadline) // fails harmlessly once the file is closed
+		}
 		<-s.done
 	}
 }
@@ -274,24 +365,24 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Reconnects:        s.st.reconnects.Load(),
 		CatchUps:          s.st.catchUps.Load(),
 		CatchUpsFailed:    s.st.catchUpsFailed.Load(),
+		ProtocolErrors:    s.st.protocolErrors.Load(),
+		OpenFailures:      s.st.openFailures.Load(),
+		Waiting:           s.st.waiting.Load(),
+		RecvBufferBytes:   s.st.recvBuf.Load(),
 		Stale:             s.st.stale.Load(),
 		LastEventUnixNano: s.st.lastEvent.Load(),
 	}
 }
 
-// run is the subscriber goroutine: it owns the libzmq context and every socket.
-func (s *Subscriber) run(ready chan<- error) {
-	// libzmq sockets may move between threads only with a full barrier; pinning the
-	// goroutine keeps every call for this subscriber on one thread.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+// run is the subscriber goroutine: it owns every socket of the subscriber. It is not
+// pinned to an OS thread: it waits in Go's network poller, and libzmq allows a socket to
+// move between threads behind a full memory barrier, which the scheduler provides.
+func (s *Subscriber) run() {
 	defer close(s.done)
-	defer s.wakeR.Close()
-	if err := s.open(); err != nil {
-		ready <- err
+	defer s.closePrivate()
+	if s.z == nil && !s.openWithRetry() {
 		return
 	}
-	ready <- nil
 	s.log.Info("ZMQ subscriber started", "replay_endpoint", s.cfg.ReplayEndpoint)
 	if s.catchUp {
 		s.startCatchUp(time.Now())
@@ -301,7 +392,6 @@ func (s *Subscriber) run(ready chan<- error) {
 			// A stale source stays stale until it is unregistered: close the sockets so
 			// the publisher stops sending to us, and wait for Stop.
 			s.z.free()
-			runtime.UnlockOSThread() // no socket left to pin the thread for
 			<-s.stopCh
 			break
 		}
@@ -312,30 +402,56 @@ func (s *Subscriber) run(ready chan<- error) {
 		s.step()
 	}
 	s.z.free()
+	s.rbuf.release()
 	s.log.Info("ZMQ subscriber stopped")
 }
 
-// open creates the context and the SUB socket on the calling goroutine.
-func (s *Subscriber) open() error {
-	z, err := newZconn()
+// openWithRetry opens the sockets that Start could not, backing off from ReconnectDelay
+// to OpenRetryMax. It returns false when stopped first.
+func (s *Subscriber) openWithRetry() bool {
+	delay := s.cfg.ReconnectDelay
+	for {
+		t := time.NewTimer(delay)
+		select {
+		case <-s.stopCh:
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		z, err := s.open()
+		if err == nil {
+			s.z = z
+			s.pollFile.Store(z.ep)
+			s.st.waiting.Store(false)
+			s.log.Info("ZMQ subscriber sockets opened after retrying", "failed_attempts", s.st.openFailures.Load())
+			return true
+		}
+		s.st.openFailures.Add(1)
+		delay = min(2*delay, s.cfg.OpenRetryMax)
+		s.log.Warn("ZMQ subscriber cannot open its sockets yet; retrying", "err", err, "retry_in", delay)
+	}
+}
+
+// open creates the poll set and the SUB socket in the transport.
+func (s *Subscriber) open() (*zconn, error) {
+	z, err := newZconn(s.cfg.Transport, s.cfg.MaxMessageSize)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := z.openSub(s.cfg.Endpoint, subRcvHWM); err != nil {
 		z.free()
-		return err
+		return nil, err
 	}
 	if s.replay {
 		// Each replay attempt opens its own DEALER; connecting one now rejects a
 		// malformed replay endpoint at registration instead of at the first gap.
 		if err := z.openDealer(s.cfg.ReplayEndpoint); err != nil {
 			z.free()
-			return err
+			return nil, err
 		}
 		z.closeDealer()
 	}
-	s.z = z
-	return nil
+	return z, nil
 }
 
 // reopen recreates the SUB socket after a socket error, after ReconnectDelay.
@@ -360,6 +476,19 @@ func (s *Subscriber) socketFailed(err error) {
 	s.log.Warn("ZMQ subscriber socket error, reconnecting", "err", err, "delay", s.cfg.ReconnectDelay)
 	s.dropAttempt()
 	s.z.closeSub()
+	s.discAt = time.Time{}
+}
+
+// protocolError reopens the SUB socket after libzmq dropped its connection for a protocol
+// error (it would not reconnect by itself). The new connection is a reconnect: with
+// replay, what was lost is recovered; without, the next batch shows the gap.
+func (s *Subscriber) protocolError() {
+	s.st.protocolErrors.Add(1)
+	s.log.Warn("ZMQ publisher connection dropped for a protocol error (a message over the size limit, or malformed framing); reopening",
+		"max_message_size", s.cfg.MaxMessageSize, "delay", s.cfg.ReconnectDelay)
+	s.dropAttempt()
+	s.z.closeSub()
+	s.discAt = time.Time{}
 }
 
 // recvBatch bounds how many messages one step reads before it looks at timers and the
@@ -370,6 +499,10 @@ const recvBatch = 256
 // timer) when nothing is.
 func (s *Subscriber) step() {
 	now := time.Now()
+	if !s.discAt.IsZero() && now.Sub(s.discAt) >= protocolErrorGrace {
+		s.protocolError()
+		return
+	}
 	if s.rec.active {
 		s.driveRecovery(now)
 		if s.stale {
@@ -377,6 +510,9 @@ func (s *Subscriber) step() {
 		}
 	}
 	got := 0
+	// drained: every socket answered "nothing more", so the step may go on to wait
+	// rather than loop to ask again.
+	subDrained, dealerDrained := false, true
 	for got < recvBatch && !s.stop.Load() && !s.stale {
 		n, err := s.pumpSub()
 		if err != nil {
@@ -384,21 +520,33 @@ func (s *Subscriber) step() {
 			return
 		}
 		if n == 0 {
+			subDrained = true
 			break
 		}
 		got++
 	}
 	for s.z.hasDealer() && !s.stop.Load() && !s.stale {
 		n, err := s.pumpDealer()
-		if err != nil || n == 0 {
+		if err != nil {
+			dealerDrained = false
+			break
+		}
+		if n == 0 {
 			break
 		}
 		got++
 	}
-	if got > 0 || s.stale || s.stop.Load() {
+	if s.stale || s.stop.Load() || (got > 0 && !(subDrained && dealerDrained)) {
 		return
 	}
-	mask, err := s.z.poll(s.waitFor(now), s.wakeFD)
+	if got > 0 {
+		now = time.Now() // handling took time: the timers are measured from here
+	}
+	if len(s.buf) > recvBufKeep {
+		// Idle: an outlier's buffer is not kept while nothing arrives.
+		s.shrinkBuf(recvBufInitial)
+	}
+	mask, err := s.z.wait(s.waitFor(now), &s.stop)
 	if err != nil {
 		s.socketFailed(err)
 		return
@@ -410,17 +558,49 @@ func (s *Subscriber) step() {
 
 // pumpSub reads and handles one live message; it returns 0 when none was ready.
 func (s *Subscriber) pumpSub() (int, error) {
-	n, err := s.z.recv(sockSub, &s.buf, &s.sizes)
+	n, err := s.z.recv(sockSub, &s.rbuf, &s.sizes)
+	s.buf = s.rbuf.b
 	if n == 0 || err != nil {
 		return 0, err
 	}
+	if int64(len(s.buf)) != s.st.recvBuf.Load() {
+		s.st.recvBuf.Store(int64(len(s.buf)))
+	}
 	s.onLiveMessage(n)
+	s.noteSize()
 	return n, nil
+}
+
+// noteSize gives back a large receive buffer once recvShrinkAfter messages in a row
+// used under a quarter of it, keeping room for twice the largest of them.
+func (s *Subscriber) noteSize() {
+	if len(s.buf) <= recvBufKeep {
+		return
+	}
+	used := int(s.z.c.need)
+	if used*4 > len(s.buf) {
+		s.smallRun, s.smallMax = 0, 0
+		return
+	}
+	s.smallRun++
+	s.smallMax = max(s.smallMax, used)
+	if s.smallRun >= recvShrinkAfter {
+		s.shrinkBuf(max(recvBufInitial, 2*s.smallMax))
+	}
+}
+
+func (s *Subscriber) shrinkBuf(size int) {
+	s.rbuf.release()
+	s.rbuf.b = make([]byte, size)
+	s.buf = s.rbuf.b
+	s.smallRun, s.smallMax = 0, 0
+	s.st.recvBuf.Store(int64(size))
 }
 
 // pumpDealer reads and handles one replay reply; it returns 0 when none was ready.
 func (s *Subscriber) pumpDealer() (int, error) {
-	n, err := s.z.recv(sockDealer, &s.buf, &s.sizes)
+	n, err := s.z.recv(sockDealer, &s.rbuf, &s.sizes)
+	s.buf = s.rbuf.b
 	if err != nil {
 		s.attemptFailed(time.Now(), fmt.Sprintf("replay receive: %v", err))
 		return 0, err
@@ -428,7 +608,11 @@ func (s *Subscriber) pumpDealer() (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
+	if int64(len(s.buf)) != s.st.recvBuf.Load() {
+		s.st.recvBuf.Store(int64(len(s.buf)))
+	}
 	s.onReplayMessage(n)
+	s.noteSize()
 	return n, nil
 }
 
@@ -444,12 +628,50 @@ func (s *Subscriber) drainMonitor() {
 		case 0:
 			return
 		case evConnected:
+			s.discAt = time.Time{}
 			if s.connectedOnce {
 				s.onReconnect()
 			}
 			s.connectedOnce = true
+		case evConnectRetried:
+			s.discAt = time.Time{}
 		case evDisconnected:
+			if s.discAt.IsZero() {
+				s.discAt = time.Now()
+			}
 			s.log.Info("ZMQ publisher disconnected")
 		}
 	}
+}
+
+// recvBuf is a subscriber's receive buffer. Up to recvBufKeep bytes it is Go memory with
+// headroom; an outlier above that gets exactly its size in an anonymous mapping, outside
+// the Go heap, so that giving it back (release) returns the memory to the system at once
+// instead of at some later garbage collection and scavenge.
+type recvBuf struct {
+	b      []byte
+	mapped bool
+}
+
+// grow replaces the buffer with one of at least need bytes (its contents are not kept).
+func (r *recvBuf) grow(need int) []byte {
+	r.release()
+	if need > recvBufKeep {
+		if m, err := syscall.Mmap(-1, 0, need, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err == nil {
+			r.b, r.mapped = m, true
+			return r.b
+		}
+	}
+	r.b = make([]byte, need+need/2)
+	return r.b
+}
+
+// release unmaps a mapped buffer (nothing may refer to it any more); Go memory is left
+// to the collector.
+func (r *recvBuf) release() {
+	if r.mapped {
+		_ = syscall.Munmap(r.b)
+		r.mapped = false
+	}
+	r.b = nil
 }

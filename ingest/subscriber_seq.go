@@ -362,6 +362,9 @@ func (s *Subscriber) dropAttempt() {
 // is due sooner.
 func (s *Subscriber) waitFor(now time.Time) time.Duration {
 	d := s.cfg.PollTimeout
+	if !s.discAt.IsZero() {
+		d = min(d, s.discAt.Add(protocolErrorGrace).Sub(now))
+	}
 	if s.rec.active {
 		d = min(d, s.rec.deadline.Sub(now))
 		if s.z.hasDealer() {

@@ -780,15 +780,24 @@ func TestPublisherRestart(t *testing.T) {
 func TestLivePathAllocatesNothing(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &countHandler{}
-	s, err := NewSubscriber(fastConfig(p.Endpoint(), ""), h)
+	tr, err := NewTransport(TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tr.Close() }()
+	cfg := fastConfig(p.Endpoint(), "")
+	cfg.Transport = tr
+	s, err := NewSubscriber(cfg, h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Drive the receive path on this goroutine (it owns the sockets here).
-	if err := s.open(); err != nil {
+	z, err := s.open()
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.z.free()
+	s.z = z
+	defer z.free()
 	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}

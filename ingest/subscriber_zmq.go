@@ -11,7 +11,7 @@ package ingest
 #cgo nocallback cz_recv
 #cgo noescape cz_copy
 #cgo nocallback cz_copy
-#cgo nocallback cz_poll
+#cgo nocallback cz_ready
 #include <zmq.h>
 #include <errno.h>
 #include <stdint.h>
@@ -24,6 +24,11 @@ package ingest
 #define CZ_DEALER 1
 #define CZ_MON 2
 
+// The monitor reports connects, disconnects and scheduled reconnects: a disconnect that
+// is not followed by a scheduled reconnect was a protocol error (a message over
+// ZMQ_MAXMSGSIZE, or malformed ZMTP), after which libzmq gives the connection up.
+#define CZ_MON_EVENTS (ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CONNECT_RETRIED)
+
 typedef struct {
 	void *ctx;
 	void *sock[3];
@@ -31,14 +36,46 @@ typedef struct {
 	int nparts;
 	size_t sizes[CZ_MAXF];
 	size_t need;
-	int mongen;
 } cz_conn;
 
-static cz_conn *cz_new(void) {
+// cz_ctx_new creates the shared context; NULL (errno set) on failure.
+static void *cz_ctx_new(int io_threads, int max_sockets) {
+	void *ctx = zmq_ctx_new();
+	if (ctx == NULL) return NULL;
+	int limit = zmq_ctx_get(ctx, ZMQ_SOCKET_LIMIT);
+	if (limit > 0 && max_sockets > limit) max_sockets = limit;
+	if (zmq_ctx_set(ctx, ZMQ_IO_THREADS, io_threads) || zmq_ctx_set(ctx, ZMQ_MAX_SOCKETS, max_sockets)) {
+		int e = zmq_errno();
+		zmq_ctx_term(ctx);
+		errno = e;
+		return NULL;
+	}
+	// libzmq starts its threads with the first socket, and aborts if it cannot create
+	// their poll sets then: start them now, while descriptors are known to be there,
+	// rather than at a subscription that may find the process out of them.
+	void *s = zmq_socket(ctx, ZMQ_PAIR);
+	if (s == NULL) {
+		int e = zmq_errno();
+		zmq_ctx_term(ctx);
+		errno = e;
+		return NULL;
+	}
+	zmq_close(s);
+	return ctx;
+}
+
+static int cz_ctx_term(void *ctx) {
+	int rc;
+	do { rc = zmq_ctx_term(ctx); } while (rc < 0 && zmq_errno() == EINTR);
+	return rc < 0 ? zmq_errno() : 0;
+}
+
+static int cz_errno(void) { return zmq_errno(); }
+
+static cz_conn *cz_new(void *ctx) {
 	cz_conn *c = calloc(1, sizeof(cz_conn));
 	if (c == NULL) return NULL;
-	c->ctx = zmq_ctx_new();
-	if (c->ctx == NULL) { free(c); return NULL; }
+	c->ctx = ctx;
 	for (int i = 0; i < CZ_MAXF; i++) zmq_msg_init(&c->parts[i]);
 	return c;
 }
@@ -53,32 +90,44 @@ static void cz_release(cz_conn *c) {
 
 static int cz_setint(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
 
+static int cz_setmax(void *s, int64_t maxmsg) { return zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg); }
+
 static void cz_close_sock(cz_conn *c, int which) {
 	if (c->sock[which] != NULL) {
+		// Stopping the monitor closes libzmq's end of the monitor pipe now, from this
+		// thread; left to the reaper, neither end of the pipe is ever destroyed in a
+		// shared context, which leaks two descriptors per closed SUB. The reader must
+		// still be open then (callers close the SUB first): libzmq's end may be in a
+		// blocking send to it from the I/O thread, holding the lock this waits for.
+		if (which == CZ_SUB) zmq_socket_monitor(c->sock[which], NULL, 0);
 		zmq_close(c->sock[which]);
 		c->sock[which] = NULL;
 	}
 }
 
-// cz_open_sub creates the SUB socket and its connection monitor and connects.
-// Returns 0, or an errno with *step naming what failed.
-static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, const char **step) {
+// cz_open_sub creates the SUB socket and its connection monitor (bound at the unique
+// inproc address monaddr) and connects. Returns 0, or an errno with *step naming what
+// failed.
+static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t maxmsg, const char *monaddr, const char **step) {
 	void *s = zmq_socket(c->ctx, ZMQ_SUB);
 	if (s == NULL) { *step = "create SUB socket"; return zmq_errno(); }
 	c->sock[CZ_SUB] = s;
-	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, rcvhwm)) {
+	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, rcvhwm) || cz_setmax(s, maxmsg)) {
 		*step = "set SUB options"; return zmq_errno();
 	}
 	if (zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0)) { *step = "subscribe"; return zmq_errno(); }
-	char addr[64];
-	snprintf(addr, sizeof addr, "inproc://conductor-sub-monitor-%d", c->mongen++);
-	if (zmq_socket_monitor(s, addr, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED)) {
+	if (zmq_socket_monitor(s, monaddr, CZ_MON_EVENTS)) {
 		*step = "monitor SUB socket"; return zmq_errno();
 	}
 	void *m = zmq_socket(c->ctx, ZMQ_PAIR);
 	if (m == NULL) { *step = "create monitor socket"; return zmq_errno(); }
 	c->sock[CZ_MON] = m;
-	if (cz_setint(m, ZMQ_LINGER, 0) || zmq_connect(m, addr)) { *step = "connect monitor socket"; return zmq_errno(); }
+	// libzmq's end sends events from the I/O thread with blocking sends: an unlimited
+	// pipe (RCVHWM 0 here) keeps a reader that is slow to drain from stalling the I/O
+	// thread that every subscription shares.
+	if (cz_setint(m, ZMQ_LINGER, 0) || cz_setint(m, ZMQ_RCVHWM, 0) || zmq_connect(m, monaddr)) {
+		*step = "connect monitor socket"; return zmq_errno();
+	}
 	if (zmq_connect(s, endpoint)) { *step = "connect"; return zmq_errno(); }
 	return 0;
 }
@@ -86,15 +135,41 @@ static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, const char 
 // cz_open_dealer creates the DEALER for one replay attempt. RCVHWM 0 (unlimited) because a
 // ROUTER silently drops replies to a peer whose pipe is full, which would show up as a
 // skipped sequence; the publisher's replay ring bounds the volume anyway.
-static int cz_open_dealer(cz_conn *c, const char *endpoint, const char **step) {
+static int cz_open_dealer(cz_conn *c, const char *endpoint, int64_t maxmsg, const char **step) {
 	void *s = zmq_socket(c->ctx, ZMQ_DEALER);
 	if (s == NULL) { *step = "create DEALER socket"; return zmq_errno(); }
 	c->sock[CZ_DEALER] = s;
-	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, 0)) {
+	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, 0) || cz_setmax(s, maxmsg)) {
 		*step = "set DEALER options"; return zmq_errno();
 	}
 	if (zmq_connect(s, endpoint)) { *step = "connect replay"; return zmq_errno(); }
 	return 0;
+}
+
+// cz_fd returns the ZMQ_FD of socket `which` (an edge-triggered signal: ZMQ_EVENTS tells
+// what is ready), or -errno.
+static int cz_fd(cz_conn *c, int which) {
+	int fd;
+	size_t len = sizeof fd;
+	if (zmq_getsockopt(c->sock[which], ZMQ_FD, &fd, &len)) return -zmq_errno();
+	return fd;
+}
+
+// cz_ready returns a mask (1 << which) of the open sockets that have a message to read,
+// or -errno. Asking ZMQ_EVENTS also processes the socket's pending commands, which is
+// what consumes the ZMQ_FD signal.
+static int cz_ready(cz_conn *c) {
+	int mask = 0;
+	for (int i = 0; i < 3; i++) {
+		if (c->sock[i] == NULL) continue;
+		int ev = 0;
+		size_t len = sizeof ev;
+		int rc;
+		do { rc = zmq_getsockopt(c->sock[i], ZMQ_EVENTS, &ev, &len); } while (rc < 0 && zmq_errno() == EINTR);
+		if (rc < 0) return -zmq_errno();
+		if (ev & ZMQ_POLLIN) mask |= 1 << i;
+	}
+	return mask;
 }
 
 // cz_send_replay sends the legacy replay request ["", u64be(from)]; 0 or an errno.
@@ -158,38 +233,6 @@ static int cz_recv(cz_conn *c, int which, unsigned char *buf, size_t cap) {
 	return total;
 }
 
-// cz_poll waits up to timeout_ms for input on the open sockets and on wakefd (if >= 0).
-// Returns a bit mask (1 << which, 1 << 3 for wakefd), 0 on timeout or EINTR (the caller
-// loops), or -errno.
-static int cz_poll(cz_conn *c, long timeout_ms, int wakefd) {
-	zmq_pollitem_t items[4];
-	int which[4];
-	int n = 0;
-	for (int i = 0; i < 3; i++) {
-		if (c->sock[i] == NULL) continue;
-		items[n].socket = c->sock[i];
-		items[n].fd = 0;
-		items[n].events = ZMQ_POLLIN;
-		items[n].revents = 0;
-		which[n++] = i;
-	}
-	if (wakefd >= 0) {
-		items[n].socket = NULL;
-		items[n].fd = wakefd;
-		items[n].events = ZMQ_POLLIN;
-		items[n].revents = 0;
-		which[n++] = 3;
-	}
-	int rc = zmq_poll(items, n, timeout_ms);
-	if (rc < 0) {
-		int e = zmq_errno();
-		return e == EINTR ? 0 : -e;
-	}
-	int mask = 0;
-	for (int i = 0; i < n; i++) if (items[i].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) mask |= 1 << which[i];
-	return mask;
-}
-
 // cz_mon_event reads one monitor event: its id (> 0), 0 if none, or -errno.
 static int cz_mon_event(cz_conn *c) {
 	int n = cz_recv(c, CZ_MON, NULL, 0);
@@ -204,11 +247,12 @@ static int cz_mon_event(cz_conn *c) {
 	return ev;
 }
 
+// cz_free closes the sockets (linger 0) and frees c; the context is shared and stays.
 static void cz_free(cz_conn *c) {
 	cz_release(c);
-	for (int i = 0; i < 3; i++) cz_close_sock(c, i);
-	int rc;
-	do { rc = zmq_ctx_term(c->ctx); } while (rc < 0 && zmq_errno() == EINTR);
+	cz_close_sock(c, CZ_SUB);
+	cz_close_sock(c, CZ_MON);
+	cz_close_sock(c, CZ_DEALER);
 	free(c);
 }
 
@@ -219,6 +263,11 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 )
@@ -232,47 +281,196 @@ const (
 
 // Monitor event ids the subscriber reacts to.
 const (
-	evConnected    = C.ZMQ_EVENT_CONNECTED
-	evDisconnected = C.ZMQ_EVENT_DISCONNECTED
+	evConnected      = C.ZMQ_EVENT_CONNECTED
+	evDisconnected   = C.ZMQ_EVENT_DISCONNECTED
+	evConnectRetried = C.ZMQ_EVENT_CONNECT_RETRIED
 )
 
 // maxKeptFrames is how many frames of one message are kept; the rest are only counted.
 const maxKeptFrames = C.CZ_MAXF
 
-// zconn is one subscriber's private libzmq context and sockets. It must be created,
-// used and freed by a single goroutine (libzmq sockets are not thread-safe).
-type zconn struct {
-	c *C.cz_conn
+// Transport defaults; a zero TransportConfig field takes them.
+const (
+	// DefaultIOThreads is libzmq's I/O thread count for all subscriptions together (one
+	// thread moves about a gigabyte per second).
+	DefaultIOThreads = 1
+	// DefaultMaxSockets bounds the sockets of the shared context (each subscription uses
+	// three, four while it replays). libzmq's own default, 1023, would cap a conductor at
+	// about 300 services.
+	DefaultMaxSockets = 65535
+)
+
+// TransportConfig configures the ZMQ context shared by every subscriber.
+type TransportConfig struct {
+	// IOThreads is the number of libzmq I/O threads; 0 takes DefaultIOThreads.
+	IOThreads int
+	// MaxSockets bounds the open sockets (libzmq ZMQ_MAX_SOCKETS); 0 takes
+	// DefaultMaxSockets, and libzmq lowers it to its own limit.
+	MaxSockets int
 }
+
+// Transport owns the one libzmq context (its I/O and reaper threads) that every
+// subscriber given it opens its sockets in. A subscriber costs its sockets' descriptors
+// and no OS thread of its own: its goroutine waits in Go's network poller.
+type Transport struct {
+	ctx    unsafe.Pointer
+	monSeq atomic.Uint64
+
+	mu     sync.Mutex
+	closed bool
+	conns  int
+}
+
+// NewTransport creates the shared context. Close it after every subscriber using it has
+// stopped.
+func NewTransport(cfg TransportConfig) (*Transport, error) {
+	if cfg.IOThreads < 0 || cfg.MaxSockets < 0 {
+		return nil, errors.New("new ZMQ transport: negative io_threads or max_sockets")
+	}
+	ctx := C.cz_ctx_new(C.int(orDefault(cfg.IOThreads, DefaultIOThreads)), C.int(orDefault(cfg.MaxSockets, DefaultMaxSockets)))
+	if ctx == nil {
+		return nil, fmt.Errorf("new ZMQ transport: create context: %w", zerr(C.cz_errno()))
+	}
+	return &Transport{ctx: ctx}, nil
+}
+
+// Close terminates the context. It fails while a subscriber still holds sockets in it.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	if t.conns > 0 {
+		return fmt.Errorf("close ZMQ transport: %d subscribers still open", t.conns)
+	}
+	t.closed = true
+	if e := C.cz_ctx_term(t.ctx); e != 0 {
+		return fmt.Errorf("close ZMQ transport: %w", zerr(e))
+	}
+	return nil
+}
+
+// Open reports how many subscribers hold sockets in the transport.
+func (t *Transport) Open() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conns
+}
+
+// zconn is one subscriber's sockets in the shared context, and the epoll set of their
+// ZMQ_FD signals, which Go's network poller watches: waiting for input parks the
+// goroutine instead of blocking an OS thread in zmq_poll. It must be used by a single
+// goroutine at a time (libzmq sockets are not thread-safe; Go's scheduler gives the full
+// memory barrier libzmq asks for when a socket moves between threads). Only the poll
+// file's read deadline may be set from elsewhere, to wake the owner.
+type zconn struct {
+	t      *Transport
+	c      *C.cz_conn
+	epfd   int
+	ep     *os.File
+	rc     syscall.RawConn
+	fds    [3]int
+	maxMsg int64
+}
+
+// zmqError is a libzmq error: its message as libzmq prints it, and its errno, so that
+// callers can tell resource exhaustion (errors.Is(err, syscall.EMFILE)) from the rest.
+type zmqError struct {
+	errno syscall.Errno
+	msg   string
+}
+
+func (e *zmqError) Error() string { return e.msg }
+func (e *zmqError) Unwrap() error { return e.errno }
 
 func zerr(e C.int) error {
-	return errors.New(C.GoString(C.cz_strerror(e)))
+	return &zmqError{errno: syscall.Errno(e), msg: C.GoString(C.cz_strerror(e))}
 }
 
-func newZconn() (*zconn, error) {
-	c := C.cz_new()
-	if c == nil {
-		return nil, errors.New("create ZMQ context")
+// newZconn registers a connection with t and creates its poll set.
+func newZconn(t *Transport, maxMsg int64) (*zconn, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, errors.New("ZMQ transport closed")
 	}
-	return &zconn{c: c}, nil
+	t.conns++
+	t.mu.Unlock()
+	z := &zconn{t: t, epfd: -1, fds: [3]int{-1, -1, -1}, maxMsg: maxMsg}
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		z.free()
+		return nil, fmt.Errorf("create poll set: %w", err)
+	}
+	z.epfd = epfd
+	if err := syscall.SetNonblock(epfd, true); err != nil {
+		z.free()
+		return nil, fmt.Errorf("create poll set: %w", err)
+	}
+	// Non-blocking, so os.NewFile hands it to the network poller.
+	z.ep = os.NewFile(uintptr(epfd), "zmq-poll")
+	if z.rc, err = z.ep.SyscallConn(); err != nil {
+		z.free()
+		return nil, fmt.Errorf("create poll set: %w", err)
+	}
+	c := C.cz_new(t.ctx)
+	if c == nil {
+		z.free()
+		return nil, errors.New("allocate ZMQ connection")
+	}
+	z.c = c
+	return z, nil
+}
+
+// watch adds socket `which`'s ZMQ_FD to the poll set.
+func (z *zconn) watch(which C.int) error {
+	fd := int(C.cz_fd(z.c, which))
+	if fd < 0 {
+		return fmt.Errorf("get ZMQ_FD: %w", zerr(C.int(-fd)))
+	}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(fd)}
+	if err := syscall.EpollCtl(z.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("watch ZMQ_FD: %w", err)
+	}
+	z.fds[which] = fd
+	return nil
+}
+
+// closeSock stops watching a socket and closes it.
+func (z *zconn) closeSock(which C.int) {
+	if fd := z.fds[which]; fd >= 0 {
+		_ = syscall.EpollCtl(z.epfd, syscall.EPOLL_CTL_DEL, fd, nil)
+		z.fds[which] = -1
+	}
+	C.cz_close_sock(z.c, which)
 }
 
 // openSub creates and connects the SUB socket (and its monitor).
 func (z *zconn) openSub(endpoint string, rcvhwm int) error {
 	cs := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(cs))
+	ma := C.CString("inproc://conductor-sub-monitor-" + strconv.FormatUint(z.t.monSeq.Add(1), 10))
+	defer C.free(unsafe.Pointer(ma))
 	var step *C.char
-	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), &step); e != 0 {
+	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), C.int64_t(z.maxMsg), ma, &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
 		z.closeSub()
 		return err
 	}
+	for _, w := range []C.int{sockSub, sockMon} {
+		if err := z.watch(w); err != nil {
+			z.closeSub()
+			return err
+		}
+	}
 	return nil
 }
 
+// closeSub closes the SUB socket, then its monitor reader (see cz_close_sock).
 func (z *zconn) closeSub() {
-	C.cz_close_sock(z.c, sockMon)
-	C.cz_close_sock(z.c, sockSub)
+	z.closeSock(sockSub)
+	z.closeSock(sockMon)
 }
 
 func (z *zconn) hasSub() bool { return z.c.sock[sockSub] != nil }
@@ -282,15 +480,19 @@ func (z *zconn) openDealer(endpoint string) error {
 	cs := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(cs))
 	var step *C.char
-	if e := C.cz_open_dealer(z.c, cs, &step); e != 0 {
+	if e := C.cz_open_dealer(z.c, cs, C.int64_t(z.maxMsg), &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
+		z.closeDealer()
+		return err
+	}
+	if err := z.watch(sockDealer); err != nil {
 		z.closeDealer()
 		return err
 	}
 	return nil
 }
 
-func (z *zconn) closeDealer() { C.cz_close_sock(z.c, sockDealer) }
+func (z *zconn) closeDealer() { z.closeSock(sockDealer) }
 
 func (z *zconn) hasDealer() bool { return z.c.sock[sockDealer] != nil }
 
@@ -304,8 +506,8 @@ func (z *zconn) sendReplay(from uint64) error {
 // recv reads one whole message from socket `which` into *buf (grown when needed, then
 // reused) without waiting. It returns the frame count, 0 when nothing is ready, and the
 // sizes of the first maxKeptFrames frames, which lie back to back at the start of *buf.
-func (z *zconn) recv(which C.int, buf *[]byte, sizes *[maxKeptFrames]int) (int, error) {
-	b := *buf
+func (z *zconn) recv(which C.int, buf *recvBuf, sizes *[maxKeptFrames]int) (int, error) {
+	b := buf.b
 	n := C.cz_recv(z.c, which, (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))), C.size_t(len(b)))
 	if n < 0 {
 		return 0, fmt.Errorf("receive: %w", zerr(-n))
@@ -314,8 +516,7 @@ func (z *zconn) recv(which C.int, buf *[]byte, sizes *[maxKeptFrames]int) (int, 
 		return 0, nil
 	}
 	if need := int(z.c.need); need > len(b) {
-		b = make([]byte, need+need/2)
-		*buf = b
+		b = buf.grow(need)
 		C.cz_copy(z.c, (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))))
 	}
 	kept := min(int(n), maxKeptFrames)
@@ -325,21 +526,47 @@ func (z *zconn) recv(which C.int, buf *[]byte, sizes *[maxKeptFrames]int) (int, 
 	return int(n), nil
 }
 
-// wakeBit is set in poll's mask when the wake fd became readable.
-const wakeBit = 1 << 3
-
-// poll waits up to d for input on the sockets or on wakeFD (-1: none) and returns a mask
-// of 1<<socket | wakeBit.
-func (z *zconn) poll(d time.Duration, wakeFD int) (int, error) {
-	ms := d.Milliseconds()
-	if ms <= 0 && d > 0 {
-		ms = 1
-	}
-	r := C.cz_poll(z.c, C.long(ms), C.int(wakeFD))
+// ready returns the mask (1<<socket) of sockets with a message to read.
+func (z *zconn) ready() (int, error) {
+	r := C.cz_ready(z.c)
 	if r < 0 {
 		return 0, fmt.Errorf("poll: %w", zerr(-r))
 	}
 	return int(r), nil
+}
+
+// pastDeadline wakes a waiting subscriber at once.
+var pastDeadline = time.Unix(1, 0)
+
+// wait returns the mask (1<<socket) of sockets with input, waiting up to d for one in
+// the network poller; 0 when d passed, stop was set, or the poll file's deadline was
+// moved to the past by wake.
+func (z *zconn) wait(d time.Duration, stop *atomic.Bool) (int, error) {
+	if d <= 0 {
+		return z.ready()
+	}
+	if err := z.ep.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return 0, fmt.Errorf("poll: %w", err)
+	}
+	// Checked after the deadline is set: a wake that came before it is seen here, one
+	// that comes after it moves the deadline to the past.
+	if stop.Load() {
+		return 0, nil
+	}
+	var mask int
+	var err error
+	// Read calls the function before it parks, so a socket that is ready already costs
+	// no wait.
+	rerr := z.rc.Read(func(uintptr) bool {
+		// ZMQ_FD is edge-triggered and consumed by ZMQ_EVENTS; asking after the poller
+		// was armed means an edge after this check wakes the wait.
+		mask, err = z.ready()
+		return mask != 0 || err != nil
+	})
+	if rerr != nil && !errors.Is(rerr, os.ErrDeadlineExceeded) {
+		return 0, fmt.Errorf("poll: %w", rerr)
+	}
+	return mask, err
 }
 
 // monEvent returns the next monitor event id, or 0 when none is queued.
@@ -354,10 +581,27 @@ func (z *zconn) monEvent() (int, error) {
 	return int(r), nil
 }
 
-// free closes every socket and terminates the context; linger is 0 so it does not block.
+// free closes every socket (linger 0, so it does not block) and the poll set, and lets
+// the transport go.
 func (z *zconn) free() {
+	if z.t == nil {
+		return
+	}
 	if z.c != nil {
+		for _, w := range []C.int{sockSub, sockMon, sockDealer} {
+			z.closeSock(w)
+		}
 		C.cz_free(z.c)
 		z.c = nil
 	}
+	if z.ep != nil {
+		_ = z.ep.Close()
+	} else if z.epfd >= 0 {
+		_ = syscall.Close(z.epfd)
+	}
+	z.epfd = -1
+	z.t.mu.Lock()
+	z.t.conns--
+	z.t.mu.Unlock()
+	z.t = nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/ingest"
 )
 
 // AppConfig configures a whole conductor process.
@@ -58,6 +59,14 @@ type AppConfig struct {
 	DisableMetrics bool
 	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
 	AccessLog AccessLogConfig
+	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 64 MiB, -1: none).
+	ZMQMaxMessageSize int64
+	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
+	ZMQIOThreads int
+	// IngestLogBurst and IngestLogInterval rate-limit each subscription's repeated log
+	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
+	IngestLogBurst    int
+	IngestLogInterval time.Duration
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -81,6 +90,8 @@ type App struct {
 	// releaseDone stops releaseMemory.
 	releaseDone chan struct{}
 	state       *StateFile // nil when persistence is off
+	// zmq is the one ZMQ context of every subscription.
+	zmq *ingest.Transport
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -101,10 +112,16 @@ func Start(cfg AppConfig) (*App, error) {
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
+	tr, err := ingest.NewTransport(ingest.TransportConfig{IOThreads: cfg.ZMQIOThreads})
+	if err != nil {
+		return nil, err
+	}
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
-		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters})
-	app := &App{log: log, Engine: eng, Service: svc, Counters: counters}
+		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
+		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval})})
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
 	for path, fn := range cfg.ExtraRoutes {
 		routes[path] = fn
@@ -119,6 +136,7 @@ func Start(cfg AppConfig) (*App, error) {
 	accessLog, err := OpenAccessLog(cfg.AccessLog)
 	if err != nil {
 		eng.Close()
+		_ = tr.Close()
 		return nil, err
 	}
 	app.AccessLog = accessLog
@@ -136,6 +154,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if err != nil {
 		_ = app.AccessLog.Close()
 		eng.Close()
+		_ = tr.Close()
 		return nil, fmt.Errorf("listen http_bind_address %q http_server_port %d: %w", httpBind, cfg.HTTPPort, err)
 	}
 	app.HTTPAddr = httpLn.Addr().String()
@@ -219,6 +238,9 @@ func (a *App) Stop() {
 		a.Service.Stop()
 		if a.state != nil {
 			_ = a.state.Close()
+		}
+		if err := a.zmq.Close(); err != nil {
+			a.log.Warn("zmq context not closed", "err", err)
 		}
 		a.Engine.Close()
 		a.log.Info("conductor stopped", "services", n)

@@ -54,6 +54,16 @@ type FileConfig struct {
 	// MaxBlocks is the "max_blocks" key: the most blocks indexed over all contexts
 	// (oldest-written evicted first); 0 (the default) means no engine-wide bound.
 	MaxBlocks int
+	// ZMQMaxMessageSize is "zmq_max_message_size": bytes one ZMQ message may have (0:
+	// ingest.DefaultMaxMessageSize, -1: unlimited).
+	ZMQMaxMessageSize int64
+	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context (0: 1).
+	ZMQIOThreads int
+	// IngestLogBurst and IngestLogIntervalSeconds are "ingest_log_burst" and
+	// "ingest_log_interval_seconds": per subscription and kind of log line, how many
+	// lines pass per interval (0: defaults 10 and 10 s; burst -1: unlimited).
+	IngestLogBurst           int
+	IngestLogIntervalSeconds int
 }
 
 // configKeys are the top-level keys understood; any other key is an error rather than
@@ -66,7 +76,8 @@ var configKeys = []string{
 	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
 	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
-	"access_log_flush_interval_ms", "max_blocks",
+	"access_log_flush_interval_ms", "max_blocks", "zmq_max_message_size", "zmq_io_threads",
+	"ingest_log_burst", "ingest_log_interval_seconds",
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -186,6 +197,26 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: max_blocks must be an integer in 0..%d", path, math.MaxInt32)
 		}
 		cfg.MaxBlocks = int(n)
+	}
+	for _, p := range []struct {
+		key      string
+		min, max int64
+		set      func(int64)
+	}{
+		{"zmq_max_message_size", -1, 1 << 40, func(v int64) { cfg.ZMQMaxMessageSize = v }},
+		{"zmq_io_threads", 0, 64, func(v int64) { cfg.ZMQIOThreads = int(v) }},
+		{"ingest_log_burst", -1, 1 << 20, func(v int64) { cfg.IngestLogBurst = int(v) }},
+		{"ingest_log_interval_seconds", 0, 86400, func(v int64) { cfg.IngestLogIntervalSeconds = int(v) }},
+	} {
+		raw, ok := root[p.key]
+		if !ok {
+			continue
+		}
+		v, err := jsonInt(raw)
+		if err != nil || v < p.min || v > p.max {
+			return cfg, fmt.Errorf("config file %s: %s must be an integer in %d..%d", path, p.key, p.min, p.max)
+		}
+		p.set(v)
 	}
 	if raw, ok := root["state_file"]; ok {
 		if err := json.Unmarshal(raw, &cfg.StateFile); err != nil {
@@ -374,5 +405,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
-		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks}
+		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks,
+		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
+		IngestLogBurst: f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second}
 }

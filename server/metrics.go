@@ -162,6 +162,8 @@ var (
 		"Publisher restarts detected (sequence reset); the source's previous entries were retracted.", []string{"service", "type"}, nil)
 	descSvcStale = prometheus.NewDesc("conductor_service_stale",
 		"1 when the source is stale (its entries are retracted until it is registered again).", []string{"service", "type"}, nil)
+	descSvcWaiting = prometheus.NewDesc("conductor_service_waiting_for_resources",
+		"1 while the subscription cannot open its sockets (out of file descriptors) and retries.", []string{"service", "type"}, nil)
 	descSvcAge = prometheus.NewDesc("conductor_service_last_event_age_seconds",
 		"Seconds since the last message from the publisher (absent before the first).", []string{"service", "type"}, nil)
 	descCtxBlocks = prometheus.NewDesc("conductor_context_blocks",
@@ -182,7 +184,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
-		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions,
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
 		ch <- d
 	}
@@ -208,6 +210,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cnt(descSvcRejected, st.ConsumeErrors, "malformed_message")
 		cnt(descSvcRejected, st.Rejected, "batch_rejected")
 		cnt(descSvcRejected, st.Duplicates, "duplicate_sequence")
+		cnt(descSvcRejected, st.ProtocolErrors, "protocol_error")
 		if s.HasHandler {
 			h := &s.Handler
 			cnt(descSvcRejected, h.BatchesDropped, "invalid_envelope")
@@ -221,6 +224,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			stale = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descSvcStale, prometheus.GaugeValue, stale, k, t)
+		waiting := 0.0
+		if st.Waiting {
+			waiting = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descSvcWaiting, prometheus.GaugeValue, waiting, k, t)
 		if st.LastEventUnixNano > 0 {
 			age := now.Sub(time.Unix(0, st.LastEventUnixNano)).Seconds()
 			ch <- prometheus.MustNewConstMetric(descSvcAge, prometheus.GaugeValue, age, k, t)

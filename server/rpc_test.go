@@ -1045,7 +1045,8 @@ func TestRPCQueryDispatchAllocs(t *testing.T) {
 		overNet = rc.call(2, wire.FuncQuery, body)
 		var res wire.RPCQueryResult
 		if code, err := wire.DecodeRPCQueryResponse(overNet, &res); err != nil || code != wire.RPCCodeOK ||
-			len(res.Instances) != 1 || len(res.Instances[0].Hit.DP) != 2 || res.Instances[0].Hit.DP[1].Value != 2048-16 {
+			len(res.Instances) != 1 || len(res.Instances[0].Hit.DP) != 2 || res.Instances[0].Hit.DP[1].Value != 2048-16 ||
+			res.Instances[0].Hit.DP[0].Value != 2048 {
 			return fmt.Errorf("answer %+v %v %v", res, code, err)
 		}
 		return nil

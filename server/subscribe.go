@@ -1,21 +1,30 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/wire"
 )
 
-// zmqSubscription pairs a ZMQ subscriber with the handler that applies its events.
+// zmqSubscription pairs a ZMQ subscriber with the handler that applies its events, and
+// the limiter of their log lines.
 type zmqSubscription struct {
 	sub     *ingest.Subscriber
 	handler *ingest.EventHandler
+	logs    *ingest.LogLimiter
 }
 
-func (z *zmqSubscription) Stop()                         { z.sub.Stop() }
+// Stop stops the subscriber, then reports the log lines its limiter held back.
+func (z *zmqSubscription) Stop() {
+	z.sub.Stop()
+	z.logs.Flush(context.Background())
+}
+
 func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() }
 
 // HandlerStats exposes the event handler's counters (for metrics).
@@ -32,9 +41,35 @@ func publisherOf(k PublisherKind) wire.Publisher {
 }
 
 // SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
-// vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler.
+// vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler,
+// with a private ZMQ context and default limits. A process uses ZMQSubscriber instead.
 func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error) {
+	return subscribeZMQ(cfg, eng, log, ZMQOptions{})
+}
+
+// ZMQOptions are the ingest settings every subscription of a process shares.
+type ZMQOptions struct {
+	// Transport is the shared ZMQ context; nil gives each subscriber its own.
+	Transport *ingest.Transport
+	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
+	MaxMessageSize int64
+	// LogBurst and LogInterval rate-limit each subscription's log lines per kind
+	// (0: ingest.DefaultLogBurst, ingest.DefaultLogInterval; LogBurst -1: no limit).
+	LogBurst    int
+	LogInterval time.Duration
+}
+
+// ZMQSubscriber returns a SubscribeFunc whose subscribers share opts.
+func ZMQSubscriber(opts ZMQOptions) SubscribeFunc {
+	return func(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error) {
+		return subscribeZMQ(cfg, eng, log, opts)
+	}
+}
+
+func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts ZMQOptions) (Subscription, error) {
 	key := cfg.Key()
+	logs := ingest.NewLogLimiter(log.Handler(), ingest.LogLimit{Burst: opts.LogBurst, Interval: opts.LogInterval})
+	log = logs.Logger()
 	replay := cfg.ReplayEndpoint
 	if cfg.Kind == KindMooncake && replay != "" {
 		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
@@ -50,6 +85,7 @@ func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Sub
 		// restart of the conductor, or a new registration): a warm index at once. Best
 		// effort: an unanswered catch-up never marks the source stale.
 		CatchUpOnStart: replay != "",
+		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize,
 	}, h)
 	if err != nil {
 		return nil, fmt.Errorf("failed to start ZMQ client: %w", err)
@@ -57,5 +93,5 @@ func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Sub
 	if err := sub.Start(); err != nil {
 		return nil, err // already "failed to start ZMQ client: ..."
 	}
-	return &zmqSubscription{sub: sub, handler: h}, nil
+	return &zmqSubscription{sub: sub, handler: h, logs: logs}, nil
 }

@@ -40,6 +40,9 @@ const usage = `usage: conductor-bench <command> [flags]
 commands:
   replay   replay a request trace through the conductor and compare routing policies
   load     measure /query latency and throughput at fixed concurrency and prompt shape
+  services measure descriptors and OS threads per registered service (register, unregister)
+  bigmsg   measure RSS around one outsized ZMQ message from a registered publisher
+  logflood measure the log a spawned conductor writes for a flood of malformed batches
 
 Run "conductor-bench <command> -h" for the flags of a command.
 `
@@ -57,6 +60,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runReplay(ctx, args[1:], stdout, stderr)
 	case "load":
 		err = runLoad(ctx, args[1:], stdout, stderr)
+	case "services":
+		err = runServices(ctx, args[1:], stdout, stderr)
+	case "bigmsg":
+		err = runBigMessage(ctx, args[1:], stdout, stderr)
+	case "logflood":
+		err = runLogFlood(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/bench/target"
+	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/ingest/zmqtest"
+)
+
+// procCost is what a process holds at one instant: open descriptors and OS threads.
+type procCost struct{ fds, threads int }
+
+func readCost(pid int) (procCost, error) {
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		return procCost{}, fmt.Errorf("count descriptors: %w", err)
+	}
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return procCost{}, fmt.Errorf("read threads: %w", err)
+	}
+	c := procCost{fds: len(ents)}
+	for _, line := range bytes.Split(status, []byte("\n")) {
+		if rest, ok := bytes.CutPrefix(line, []byte("Threads:")); ok {
+			c.threads, _ = strconv.Atoi(string(bytes.TrimSpace(rest)))
+		}
+	}
+	return c, nil
+}
+
+// runServices measures what registrations cost the conductor process: descriptors and OS
+// threads before, after registering n services over HTTP, and after unregistering them.
+func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("services", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf conductorFlags
+	cf.register(fs)
+	n := fs.Int("n", 500, "services to register")
+	live := fs.Bool("live", false, "register against live publishers (one per service, in this process) instead of endpoints nobody listens on")
+	replay := fs.Bool("replay", false, "with -live, give each publisher a replay endpoint")
+	settle := fs.Duration("settle", 2*time.Second, "wait before each sample")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *n <= 0 {
+		return errors.New("-n must be positive")
+	}
+	cond, err := cf.start(stderr)
+	if err != nil {
+		return err
+	}
+	defer cond.Stop()
+	if cond.PID <= 0 {
+		return errors.New("services needs a process to sample: --conductor-bin, or --conductor with --pid")
+	}
+	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	hash := sim.VLLMHash("sha256", "0")
+	regs := make([]httpclient.RegisterRequest, *n)
+	for i := range regs {
+		regs[i] = httpclient.RegisterRequest{
+			Type: "vLLM", ModelName: "svc-bench",
+			InstanceID: "svc-" + strconv.Itoa(i), BlockSize: 16,
+			HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
+				PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
+		}
+		// Ports 1..1000 on loopback addresses: privileged, unused on a test machine, so
+		// nobody answers; each thousand takes the next loopback address.
+		regs[i].Endpoint = "tcp://127.0.0." + strconv.Itoa(1+i/1000) + ":" + strconv.Itoa(1+i%1000)
+	}
+	if *live {
+		for i := range regs {
+			cfg := zmqtest.Config{}
+			if *replay {
+				cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
+			}
+			p, err := zmqtest.NewPublisher(cfg)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			regs[i].Endpoint, regs[i].ReplayEndpoint = p.Endpoint(), p.ReplayEndpoint()
+		}
+	}
+	sample := func(what string) (procCost, error) {
+		select {
+		case <-ctx.Done():
+			return procCost{}, ctx.Err()
+		case <-time.After(*settle):
+		}
+		c, err := readCost(cond.PID)
+		if err == nil {
+			fmt.Fprintf(stdout, "%-28s fds %6d  threads %5d\n", what, c.fds, c.threads)
+		}
+		return c, err
+	}
+	base, err := sample("before")
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	for i := range regs {
+		if _, err := cl.Register(&regs[i]); err != nil {
+			return fmt.Errorf("register %d: %w", i, err)
+		}
+	}
+	regTime := time.Since(t0)
+	cpu0, err := target.ReadProc(cond.PID)
+	if err != nil {
+		return err
+	}
+	w0 := time.Now()
+	reg, err := sample(fmt.Sprintf("%d registered", *n))
+	if err != nil {
+		return err
+	}
+	cpu1, err := target.ReadProc(cond.PID)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "idle CPU with %d services registered: %.1f%% of one core\n", *n,
+		100*float64(cpu1.CPU-cpu0.CPU)/float64(time.Since(w0)))
+	t0 = time.Now()
+	for i := range regs {
+		if _, err := cl.Unregister(&httpclient.UnregisterRequest{InstanceID: regs[i].InstanceID}); err != nil {
+			return fmt.Errorf("unregister %d: %w", i, err)
+		}
+	}
+	unregTime := time.Since(t0)
+	unreg, err := sample("all unregistered")
+	if err != nil {
+		return err
+	}
+	per := func(a, b int) float64 { return float64(b-a) / float64(*n) }
+	fmt.Fprintf(stdout, "per service: %.2f fds, %.2f threads; left after unregister: %d fds, %d threads\n",
+		per(base.fds, reg.fds), per(base.threads, reg.threads), unreg.fds-base.fds, unreg.threads-base.threads)
+	fmt.Fprintf(stdout, "register %v (%v each), unregister %v (%v each)\n", regTime, regTime/time.Duration(*n),
+		unregTime, unregTime/time.Duration(*n))
+	return nil
+}

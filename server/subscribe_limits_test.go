@@ -1,0 +1,100 @@
+package server
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest"
+)
+
+// Services restored from the state file while the process is out of descriptors are not
+// lost: they are registered, marked waiting (metric conductor_service_waiting_for_resources),
+// and subscribe once descriptors free up.
+func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state.json")
+	pub := newPublisher(t, false)
+	first, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(), StateFile: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := msgpackPost(t, first, "/register", registerBody(pub.Endpoint(), "engine-a", 0)); code != 200 {
+		t.Fatalf("register: %d %v", code, body)
+	}
+	first.Stop()
+
+	// The restore runs in a bare App (no listeners): while the descriptor limit is down,
+	// a listener could hit it too, which is issue 12's listener item, not this test's.
+	tr, err := ingest.NewTransport(ingest.TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := engine.New(engine.Config{Logger: testLogger()})
+	svc := NewService(ServiceOptions{Engine: eng, Logger: testLogger(), Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr})})
+	app := &App{log: testLogger(), Engine: eng, Service: svc, zmq: tr}
+	defer app.Stop()
+	var orig syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := orig
+	lim.Cur = uint64(len(ents) - 1) // no room for one more descriptor
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	restored := app.restoreState(state)
+	st := svc.Stats()
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	if restored != 1 || len(st) != 1 || !st[0].Stats.Waiting || st[0].Stats.OpenFailures == 0 {
+		t.Fatalf("restored %d, stats %+v", restored, st)
+	}
+	fams, err := NewMetrics(svc).Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := -1.0
+	for _, f := range fams {
+		if f.GetName() == "conductor_service_waiting_for_resources" && len(f.GetMetric()) == 1 {
+			waiting = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	if waiting != 1 {
+		t.Fatalf("conductor_service_waiting_for_resources = %v", waiting)
+	}
+	eventually(t, "subscribed", func() error {
+		if s := svc.Stats(); s[0].Stats.Waiting {
+			return errf("still waiting: %+v", s[0].Stats)
+		}
+		return nil
+	})
+	// The first app's subscription counted once already.
+	if err := pub.WaitSubscribers(2, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(32, 1)
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
+	if _, err := pub.Publish(vllmBatch(0, stored(keys, "GPU"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "events applied", func() error {
+		if s := svc.Stats(); s[0].Handler.BlocksApplied != uint64(len(keys)) {
+			return errf("blocks applied %d", s[0].Handler.BlocksApplied)
+		}
+		return nil
+	})
+	// The service was not rolled back, nor dropped from the state file.
+	if got := svc.Services(); len(got) != 1 || got[0].Endpoint != pub.Endpoint() {
+		t.Fatalf("services %+v", got)
+	}
+	if saved, err := (&StateFile{Path: state}).Load(); err != nil || len(saved.Services) != 1 {
+		t.Fatalf("state file: %+v, %v", saved, err)
+	}
+}
