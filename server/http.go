@@ -38,6 +38,11 @@ type HTTPServer struct {
 	connMu sync.Mutex
 	conns  map[net.Conn]struct{}
 
+	// lnMu guards ln (the listener Serve runs on) and shut (Shutdown was called).
+	lnMu sync.Mutex
+	ln   net.Listener
+	shut bool
+
 	// poisonReleased (tests only) zeroes a body buffer as it goes back to the pool, so
 	// that a use after release shows up as wrong bytes instead of a rare race.
 	poisonReleased bool
@@ -144,6 +149,16 @@ func (h *HTTPServer) Serve(ln net.Listener) error {
 	if _, ok := ln.(*retryListener); !ok {
 		ln = newRetryListener(ln, "http", h.log, h.counters)
 	}
+	// fasthttp's Shutdown closes only the listeners Serve has registered so far: one
+	// called just before Serve gets there would leave Serve accepting for ever. So
+	// Shutdown also closes the listener it finds here, and Serve after Shutdown returns.
+	h.lnMu.Lock()
+	if h.shut {
+		h.lnMu.Unlock()
+		return ln.Close()
+	}
+	h.ln = ln
+	h.lnMu.Unlock()
 	return h.srv.Serve(ln)
 }
 
@@ -151,9 +166,19 @@ func (h *HTTPServer) Serve(ln net.Listener) error {
 // for at most the shutdown timeout; connections still open then (a half-sent request)
 // are closed.
 func (h *HTTPServer) Shutdown() error {
+	h.lnMu.Lock()
+	h.shut = true
+	ln := h.ln
+	h.lnMu.Unlock()
+	if ln != nil {
+		_ = ln.Close() // see Serve; closing twice is harmless
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), h.limits.ShutdownTimeout)
 	defer cancel()
 	err := h.srv.ShutdownWithContext(ctx)
+	if errors.Is(err, net.ErrClosed) {
+		err = nil // we closed the listener first
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		h.connMu.Lock()
 		n := len(h.conns)

@@ -1,0 +1,56 @@
+package server
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/engine"
+)
+
+// TestHTTPShutdownBeforeServe: App.Stop right after Start can run Shutdown before the
+// serving goroutine reaches Serve. fasthttp's Shutdown knows nothing of that listener, so
+// Serve used to accept for ever and Stop waited for it. Serve after Shutdown must return
+// at once and close its listener; Shutdown during Serve must end it.
+func TestHTTPShutdownBeforeServe(t *testing.T) {
+	eng := engine.New(engine.Config{})
+	defer eng.Close()
+	svc := NewService(ServiceOptions{Engine: eng, Logger: testLogger()})
+	for _, order := range []string{"shutdown-first", "serve-first"} {
+		h := NewHTTPServer(HTTPOptions{Service: svc, Logger: testLogger()})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		if order == "shutdown-first" {
+			if err := h.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { served <- h.Serve(ln) }()
+		} else {
+			go func() { served <- h.Serve(ln) }()
+			// Wait until Serve accepts (a request is answered), then shut down.
+			for {
+				c, err := net.Dial("tcp", ln.Addr().String())
+				if err == nil {
+					c.Close()
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if err := h.Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Serve still running 10 s after Shutdown", order)
+		}
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			c.Close()
+			t.Errorf("%s: listener still open after Serve returned", order)
+		}
+	}
+}
