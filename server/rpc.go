@@ -243,20 +243,25 @@ func (rc *rpcConn) serveFrame() bool {
 	}
 	// Give large buffers back: an outlier request must not pin its size for the life of
 	// the connection.
-	if cap(rc.in) > SmallBodyBytes {
+	if cap(rc.in) > rpcKeptBufferBytes {
 		rc.in = nil
 	}
-	if cap(rc.out) > SmallBodyBytes {
+	if cap(rc.out) > rpcKeptBufferBytes {
 		rc.out = nil
 	}
 	return true
 }
 
-// maxConnTokens is the largest token buffer (1 MiB) an RPC connection keeps between
-// frames, like its frame buffers (SmallBodyBytes): an idle connection lives for
-// rpc_idle_timeout_ms, so what it keeps, times rpc_max_connections, is memory an
-// outsider can hold without any request in flight.
-const maxConnTokens = SmallBodyBytes / 4
+// rpcKeptBufferBytes bounds each buffer (frame in, frame out, decoded tokens) an RPC
+// connection keeps between frames. An idle connection lives for rpc_idle_timeout_ms, so
+// what it keeps, times rpc_max_connections, is memory an outsider can hold with no
+// request in flight: 3 x 64 KiB (plus bufio's 2 x 64 KiB) x 1024 connections is about
+// 320 MiB at the defaults. 64 KiB holds a 16K-token query, so ordinary prompts still
+// reuse their buffers and allocate nothing.
+const rpcKeptBufferBytes = 64 << 10
+
+// maxConnTokens is the largest token buffer an RPC connection keeps between frames.
+const maxConnTokens = rpcKeptBufferBytes / 4
 
 // isTimeout reports a deadline expiry.
 func isTimeout(err error) bool {
