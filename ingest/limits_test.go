@@ -7,11 +7,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/internal/fdtest"
 )
 
 // A message over MaxMessageSize is refused by libzmq before it is allocated and the
@@ -231,10 +231,6 @@ func TestStartOutOfDescriptorsRetries(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	var orig syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
 	for room := 0; room <= 5; room++ {
 		t.Run(strconv.Itoa(room), func(t *testing.T) {
 			p := newPub(t, zmqtest.Config{})
@@ -247,17 +243,12 @@ func TestStartOutOfDescriptorsRetries(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Stop()
-			open := procFDs(t) - 1 // procFDs counts the directory it reads
-			lim := orig
-			lim.Cur = uint64(open + room)
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-				t.Fatal(err)
-			}
-			startErr := s.Start()
-			st := s.Stats()
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-				t.Fatal(err)
-			}
+			var startErr error
+			var st SubscriberStats
+			fdtest.WithRoom(t, room, func() {
+				startErr = s.Start()
+				st = s.Stats()
+			})
 			if startErr != nil {
 				t.Fatalf("Start with room for %d descriptors: %v", room, startErr)
 			}
@@ -277,10 +268,6 @@ func TestStartOutOfDescriptorsRetries(t *testing.T) {
 
 // Stop ends a subscriber still waiting for descriptors at once.
 func TestStopWhileWaitingForDescriptors(t *testing.T) {
-	var orig syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
 	tr, err := NewTransport(TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -292,15 +279,8 @@ func TestStopWhileWaitingForDescriptors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim := orig
-	lim.Cur = uint64(procFDs(t) - 1) // procFDs counts the directory it reads
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	startErr := s.Start()
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
+	var startErr error
+	fdtest.WithRoom(t, 0, func() { startErr = s.Start() })
 	if startErr != nil || !s.Stats().Waiting {
 		t.Fatalf("Start = %v, stats %+v", startErr, s.Stats())
 	}

@@ -299,8 +299,16 @@ func (a *App) readyz(ctx *fasthttp.RequestCtx) {
 // everything else keeps working.
 func (a *App) restoreState(path string) int {
 	sf := &StateFile{Path: path, Log: a.log}
-	a.state = sf
 	st, err := sf.Load()
+	return a.applyState(sf, st, err)
+}
+
+// applyState is restoreState after the file was read: it registers what Load found (st,
+// err) and makes sf the store. Apart so that a test can read the file and then restore
+// with no descriptor left.
+func (a *App) applyState(sf *StateFile, st StateLoad, err error) int {
+	path := sf.Path
+	a.state = sf
 	if err != nil {
 		a.log.Error("state file not restored", "path", path, "err", err, "set_aside", st.SetAside)
 		if st.SetAside == "" {

@@ -1,13 +1,12 @@
 package server
 
 import (
-	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/internal/fdtest"
 )
 
 // Services restored from the state file while the process is out of descriptors are not
@@ -35,24 +34,15 @@ func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
 	svc := NewService(ServiceOptions{Engine: eng, Logger: testLogger(), Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr})})
 	app := &App{log: testLogger(), Engine: eng, Service: svc, zmq: tr}
 	defer app.Stop()
-	var orig syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
+	// The file is read first: what is under test is subscribing without descriptors.
+	sf := &StateFile{Path: state, Log: testLogger()}
+	loaded, lerr := sf.Load()
+	if lerr != nil || len(loaded.Services) != 1 {
+		t.Fatalf("state file: %+v, %v", loaded, lerr)
 	}
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim := orig
-	lim.Cur = uint64(len(ents) - 1) // no room for one more descriptor
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	restored := app.restoreState(state)
+	var restored int
+	fdtest.WithRoom(t, 0, func() { restored = app.applyState(sf, loaded, lerr) })
 	st := svc.Stats()
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
 	if restored != 1 || len(st) != 1 || !st[0].Stats.Waiting || st[0].Stats.OpenFailures == 0 {
 		t.Fatalf("restored %d, stats %+v", restored, st)
 	}
