@@ -1,7 +1,7 @@
 package ingest_test
 
 // End-to-end tests of event ingestion: a real zmqtest publisher on 127.0.0.1, a real
-// ingest.Subscriber feeding an ingest.EventHandler, a real engine.Engine, and answers read
+// ingest.Subscriber feeding an translate.EventHandler, a real engine.Engine, and answers read
 // back with engine.Query over hashes computed by hashing.Chain (the same recipe the engines
 // use, checked against the shared vectors in package hashing). Payloads are built here
 // byte by byte the way vLLM, SGLang and the Mooncake master encode them.
@@ -22,6 +22,7 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/wire"
 )
@@ -247,7 +248,7 @@ type stream struct {
 	t   *testing.T
 	pub *zmqtest.Publisher
 	sub *ingest.Subscriber
-	h   *ingest.EventHandler
+	h   *translate.EventHandler
 }
 
 // subConfig keeps every timer short so failure paths end quickly.
@@ -274,19 +275,19 @@ func newPublisher(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 
 // attach starts a publisher (cfg) and a subscriber+handler for src, and waits until the
 // publisher sees the subscription.
-func (r *rig) attach(src ingest.Source, cfg zmqtest.Config) *stream {
+func (r *rig) attach(src translate.Source, cfg zmqtest.Config) *stream {
 	r.t.Helper()
 	pub := newPublisher(r.t, cfg)
 	return r.attachTo(src, pub)
 }
 
-func (r *rig) attachTo(src ingest.Source, pub *zmqtest.Publisher) *stream {
+func (r *rig) attachTo(src translate.Source, pub *zmqtest.Publisher) *stream {
 	r.t.Helper()
 	src.Endpoint = pub.Endpoint()
 	if src.Name == "" {
 		src.Name = src.Slot.InstanceID
 	}
-	h := ingest.NewEventHandler(src, r.eng, r.log)
+	h := translate.NewEventHandler(src, r.eng, r.log)
 	sub, err := ingest.NewSubscriber(subConfig(src.Name, pub.Endpoint(), pub.ReplayEndpoint(), r.log), h)
 	if err != nil {
 		r.t.Fatal(err)
@@ -392,7 +393,7 @@ func (r *rig) blocks(key engine.ContextKey) int {
 
 func device(n int64) engine.Tiers { return engine.Tiers{Device: n, CPULocal: n, CPUShare: n, Disk: n} }
 
-func wantStats(t *testing.T, h *ingest.EventHandler, applied, rejected, ignored uint64) {
+func wantStats(t *testing.T, h *translate.EventHandler, applied, rejected, ignored uint64) {
 	t.Helper()
 	st := h.Stats()
 	if st.EventsApplied != applied || st.EventsRejected != rejected || st.EventsIgnored != ignored {
@@ -413,7 +414,7 @@ func (r *rig) vllmStream(inst string, rank int, cfg zmqtest.Config) *stream {
 	r.t.Helper()
 	p := vllmProfile(r.t)
 	r.registerSlot(vllmKey(), p, inst, rank)
-	return r.attach(ingest.Source{Kind: wire.PublisherVLLM, Context: vllmKey(),
+	return r.attach(translate.Source{Kind: wire.PublisherVLLM, Context: vllmKey(),
 		Slot: engine.Slot{InstanceID: inst, DPRank: rank}, Profile: p}, cfg)
 }
 
@@ -523,7 +524,7 @@ func TestVLLMVectorPayload(t *testing.T) {
 	p := mustProfile(t, "vllm_v1", "sha256", "0", "low64_be")
 	key := vllmKey()
 	r.registerSlot(key, p, "vllm-a", 0)
-	s := r.attach(ingest.Source{Kind: wire.PublisherVLLM, Context: key,
+	s := r.attach(translate.Source{Kind: wire.PublisherVLLM, Context: key,
 		Slot: engine.Slot{InstanceID: "vllm-a"}, Profile: p}, zmqtest.Config{Topic: "kv-events"})
 	toks := tokens(40)
 	got := keysOf(hashBlocks(t, p, 16, "", toks))
@@ -559,7 +560,7 @@ func TestSGLangTiers(t *testing.T) {
 		}
 	}
 	r.registerSlot(key, p, "sgl-a", 0)
-	s := r.attach(ingest.Source{Kind: wire.PublisherSGLang, Context: key,
+	s := r.attach(translate.Source{Kind: wire.PublisherSGLang, Context: key,
 		Slot: engine.Slot{InstanceID: "sgl-a"}, Profile: p}, zmqtest.Config{})
 
 	// The integration vector: GPU 1 block, CPU_PINNED 2, DISK 3 (page 4), one event per page.
@@ -624,7 +625,7 @@ func TestMooncakeVLLMKeys(t *testing.T) {
 	r.registerSlot(key, p, "engine-a", 0)
 	r.registerSlot(key, p, "engine-b", 0)
 	r.registerSlot(key, p, "engine-b", 1)
-	s := r.attach(ingest.Source{Name: "master", Kind: wire.PublisherMooncake, Context: key, Profile: p},
+	s := r.attach(translate.Source{Name: "master", Kind: wire.PublisherMooncake, Context: key, Profile: p},
 		zmqtest.Config{})
 	s.pub.Skip(1) // the master numbers batches from 1
 	objKey := func(tp, i int) string {
@@ -698,7 +699,7 @@ func TestMooncakeSGLangKeys(t *testing.T) {
 	toks := tokens(12)
 	b := hashBlocks(t, p, 4, "", toks)
 	r.registerSlot(key, p, "sgl-a", 0)
-	s := r.attach(ingest.Source{Name: "master", Kind: wire.PublisherMooncake, Context: key, Profile: p},
+	s := r.attach(translate.Source{Name: "master", Kind: wire.PublisherMooncake, Context: key, Profile: p},
 		zmqtest.Config{})
 	s.pub.Skip(1)
 	k := func(i int, comp string) string { return b[i].hex + comp }
@@ -832,8 +833,8 @@ func TestMooncakeGapRetractsSource(t *testing.T) {
 	toks := tokens(32)
 	b := hashBlocks(t, p, 16, "", toks)
 	r.registerSlot(key, p, "engine-a", 0)
-	m1 := r.attach(ingest.Source{Name: "m1", Kind: wire.PublisherMooncake, Context: key, Profile: p}, zmqtest.Config{})
-	m2 := r.attach(ingest.Source{Name: "m2", Kind: wire.PublisherMooncake, Context: key, Profile: p}, zmqtest.Config{})
+	m1 := r.attach(translate.Source{Name: "m1", Kind: wire.PublisherMooncake, Context: key, Profile: p}, zmqtest.Config{})
+	m2 := r.attach(translate.Source{Name: "m2", Kind: wire.PublisherMooncake, Context: key, Profile: p}, zmqtest.Config{})
 	keyOf := func(i int) string { return "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + b[i].hex }
 	m1.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", keyOf(0)), mcEvent("stored", key, "cpu", keyOf(1))))
 	m2.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", keyOf(0))))
@@ -922,7 +923,7 @@ func TestSGLangRejectsMooncakeEnvelope(t *testing.T) {
 	toks := tokens(8)
 	b := hashBlocks(t, p, 4, "", toks)
 	r.registerSlot(key, p, "sgl-a", 0)
-	s := r.attach(ingest.Source{Kind: wire.PublisherSGLang, Context: key,
+	s := r.attach(translate.Source{Kind: wire.PublisherSGLang, Context: key,
 		Slot: engine.Slot{InstanceID: "sgl-a"}, Profile: p}, zmqtest.Config{})
 	s.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", b[0].hex+"_0_k")),
 		engineBatch(0, sStored(b[0].key, 4, "GPU")))
@@ -1011,7 +1012,7 @@ func TestVLLMFieldRules(t *testing.T) {
 	lkey.LoraName = "lora-a"
 	p := vllmProfile(t)
 	r.registerSlot(lkey, p, "vllm-l", 0)
-	ls := r.attach(ingest.Source{Kind: wire.PublisherVLLM, Context: lkey,
+	ls := r.attach(translate.Source{Kind: wire.PublisherVLLM, Context: lkey,
 		Slot: engine.Slot{InstanceID: "vllm-l"}, Profile: p}, zmqtest.Config{})
 	lk := keysOf(hashBlocks(t, p, 16, "lora-a", toks))
 	ls.publishAndWait(engineBatch(0,
@@ -1034,8 +1035,8 @@ func TestMooncakeContextsWithSeparatorBytes(t *testing.T) {
 	r.registerSlot(k2, p, "e2", 0)
 	toks := tokens(16)
 	b := hashBlocks(t, p, 16, "", toks)
-	src := ingest.Source{Name: "master", Kind: wire.PublisherMooncake, Endpoint: "tcp://master", Profile: p}
-	h := ingest.NewEventHandler(src, r.eng, r.log)
+	src := translate.Source{Name: "master", Kind: wire.PublisherMooncake, Endpoint: "tcp://master", Profile: p}
+	h := translate.NewEventHandler(src, r.eng, r.log)
 	objKey := "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + b[0].hex
 	if err := h.HandleBatch(1, mooncakeBatch(mcEvent("stored", k1, "cpu", objKey))); err != nil {
 		t.Fatal(err)
@@ -1077,7 +1078,7 @@ func TestHandleBatchAllocatesNothing(t *testing.T) {
 				store, remove = engineBatch(0, st...), engineBatch(0, rm...)
 			}
 			r.registerSlot(tc.key, tc.profile, "e", 0)
-			h := ingest.NewEventHandler(ingest.Source{Kind: tc.kind, Context: tc.key,
+			h := translate.NewEventHandler(translate.Source{Kind: tc.kind, Context: tc.key,
 				Slot: engine.Slot{InstanceID: "e"}, Profile: tc.profile}, r.eng, r.log)
 			seq := uint64(0)
 			step := func() {

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/wire"
 )
 
@@ -23,7 +23,7 @@ func BenchmarkHandleBatch(b *testing.B) {
 	k := keysOf(blocks)
 
 	b.Run("vLLM", func(b *testing.B) {
-		h := ingest.NewEventHandler(ingest.Source{Kind: wire.PublisherVLLM, Context: key,
+		h := translate.NewEventHandler(translate.Source{Kind: wire.PublisherVLLM, Context: key,
 			Slot: engine.Slot{InstanceID: "e"}, Profile: p}, eng, testLogger())
 		batches := [][]byte{engineBatch(0, vStored(k)), engineBatch(0, vRemoved(k))}
 		b.ReportAllocs()
@@ -35,7 +35,7 @@ func BenchmarkHandleBatch(b *testing.B) {
 		}
 	})
 	b.Run("Mooncake", func(b *testing.B) {
-		h := ingest.NewEventHandler(ingest.Source{Name: "master", Kind: wire.PublisherMooncake,
+		h := translate.NewEventHandler(translate.Source{Name: "master", Kind: wire.PublisherMooncake,
 			Endpoint: "tcp://master", Context: key, Profile: p}, eng, testLogger())
 		var st, rm []any
 		for _, blk := range blocks {

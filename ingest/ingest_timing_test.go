@@ -10,6 +10,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/wire"
 )
@@ -81,7 +82,7 @@ func BenchmarkIngestEndToEnd(b *testing.B) {
 		if _, err := eng.RegisterSlot(key, p, slot); err != nil {
 			b.Fatal(err)
 		}
-		h := ingest.NewEventHandler(ingest.Source{Name: slot.InstanceID, Kind: wire.PublisherVLLM,
+		h := translate.NewEventHandler(translate.Source{Name: slot.InstanceID, Kind: wire.PublisherVLLM,
 			Endpoint: pub.Endpoint(), Context: key, Slot: slot, Profile: p}, eng, testLogger())
 		sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{Name: slot.InstanceID, Endpoint: pub.Endpoint(), Logger: testLogger()}, h)
 		if err != nil {

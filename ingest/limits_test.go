@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/fdtest"
 )
 
@@ -158,7 +159,7 @@ func procThreads(t *testing.T) int {
 // Subscribers in one Transport cost their sockets' descriptors and no OS thread each, and
 // give every descriptor back when they stop.
 func TestSubscribersShareTransportAndReleaseDescriptors(t *testing.T) {
-	tr, err := NewTransport(TransportConfig{})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestSubscribersShareTransportAndReleaseDescriptors(t *testing.T) {
 // previous case's sockets, so which step is not fixed) or succeeds; either way the
 // subscriber ends up subscribed.
 func TestStartOutOfDescriptorsRetries(t *testing.T) {
-	tr, err := NewTransport(TransportConfig{})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +269,7 @@ func TestStartOutOfDescriptorsRetries(t *testing.T) {
 
 // Stop ends a subscriber still waiting for descriptors at once.
 func TestStopWhileWaitingForDescriptors(t *testing.T) {
-	tr, err := NewTransport(TransportConfig{})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +295,7 @@ func TestStopWhileWaitingForDescriptors(t *testing.T) {
 // moment (about to wait, waiting, between two waits): with an hour-long PollTimeout, a
 // lost wake-up would hold Stop for an hour instead of the watchdog's bound.
 func TestStopWakesPollerWait(t *testing.T) {
-	tr, err := NewTransport(TransportConfig{})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

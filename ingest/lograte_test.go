@@ -11,6 +11,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/wire"
 )
 
@@ -61,13 +62,13 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 	step := 5 * time.Second / time.Duration(batches)
 	broken := []byte{0xc1}
 	badEvent := vllmBadEventBatch()
-	flood := func(t *testing.T, out io.Writer, limit ingest.LogLimit) *ingest.EventHandler {
+	flood := func(t *testing.T, out io.Writer, limit ingest.LogLimit) *translate.EventHandler {
 		clock := &stepClock{now: time.Unix(1_700_000_000, 0)}
 		limit.Now = clock.Now
 		lim := ingest.NewLogLimiter(slog.NewJSONHandler(out, nil), limit)
 		eng := engine.New(engine.Config{})
 		t.Cleanup(eng.Close)
-		h := ingest.NewEventHandler(ingest.Source{
+		h := translate.NewEventHandler(translate.Source{
 			Name: "svc", Kind: wire.PublisherVLLM, Endpoint: "tcp://127.0.0.1:1",
 			Context: engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16},
 			Slot:    engine.Slot{InstanceID: "i"}, Profile: vllmProfile(t),

@@ -3,11 +3,18 @@
 // endpoint and marks a source stale when its stream can no longer be trusted. It does not
 // decode payloads: ordered batches go to a Handler.
 //
-// Resources: every subscriber of a process opens its sockets in one Transport (one libzmq
-// context, its I/O and reaper threads) and waits in Go's network poller, so a subscription
-// costs a few descriptors and no OS thread; messages are bounded (MaxMessageSize), an
-// outlier's receive buffer is given back, a subscriber that finds the process out of
-// descriptors retries, and LogLimiter keeps a misbehaving source from flooding the log.
+// The work is split in three packages that this one ties together: seqtrack (the pure
+// sequence / replay / stale state machine), zmqtransport (the cgo libzmq layer) and
+// translate (the events of a batch turned into engine operations: the Handler the
+// server gives a Subscriber).
+//
+// Resources: every subscriber of a process opens its sockets in one zmqtransport.Transport
+// (one libzmq context, its I/O and reaper threads) and waits in Go's network poller, so a
+// subscription costs a few descriptors and no OS thread; messages are bounded
+// (MaxMessageSize), an outlier's receive buffer is given back, a subscriber that finds
+// the process out of descriptors retries, and LogLimiter keeps a misbehaving source from
+// flooding the log. Built without cgo, the package compiles and Start fails with
+// "ZMQ subscriptions need cgo".
 package ingest
 
 import (
@@ -19,6 +26,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/conductor-go/conductor/ingest/seqtrack"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 )
 
 // Defaults of reference notes §5.1 (upstream zmq_client.h); a zero config field takes them.
@@ -42,7 +52,7 @@ const (
 // recvShrinkAfter messages in a row that used under a quarter of it.
 const (
 	recvBufInitial  = 64 << 10
-	recvBufKeep     = 1 << 20
+	recvBufKeep     = zmqtransport.MappedAbove
 	recvShrinkAfter = 64
 )
 
@@ -114,7 +124,7 @@ type SubscriberConfig struct {
 	Logger *slog.Logger
 	// Transport is the shared ZMQ context the sockets are opened in; nil gives the
 	// subscriber a private one, terminated when it stops.
-	Transport *Transport
+	Transport *zmqtransport.Transport
 	// MaxMessageSize bounds one ZMQ message on the SUB and replay sockets (libzmq
 	// ZMQ_MAXMSGSIZE); 0 takes DefaultMaxMessageSize, -1 is unlimited. libzmq refuses a
 	// bigger message before allocating it and drops the connection; the subscriber
@@ -163,15 +173,13 @@ type SubscriberStats struct {
 	LastEventUnixNano int64
 }
 
+// counters are the subscriber's own; the sequence counts are the tracker's.
 type counters struct {
-	received, applied, dropped, duplicates, gaps  atomic.Uint64
-	replaysOK, replaysFailed, replayRetries       atomic.Uint64
-	consumeErrors, rejected, restarts, reconnects atomic.Uint64
-	catchUps, catchUpsFailed                      atomic.Uint64
-	protocolErrors, openFailures                  atomic.Uint64
-	waiting, stale                                atomic.Bool
-	recvBuf                                       atomic.Int64
-	lastEvent                                     atomic.Int64
+	received, applied, consumeErrors, rejected atomic.Uint64
+	protocolErrors, openFailures               atomic.Uint64
+	waiting, stale                             atomic.Bool
+	recvBuf                                    atomic.Int64
+	lastEvent                                  atomic.Int64
 }
 
 // Subscriber follows one publisher. All ZMQ work happens on one goroutine started by
@@ -196,17 +204,22 @@ type Subscriber struct {
 
 	st counters
 
+	// tr is the sequence state; its counters may be read from anywhere.
+	tr *seqtrack.Tracker
+
 	// Owned by the subscriber goroutine.
-	z     *zconn
-	rbuf  recvBuf
-	buf   []byte // rbuf.b
-	sizes [maxKeptFrames]int
+	z     *zmqtransport.Conn
+	rbuf  zmqtransport.RecvBuf
+	buf   []byte // rbuf.B
+	sizes [zmqtransport.MaxFrames]int
 	// Receive-buffer shrinking: messages in a row that used under a quarter of a large
 	// buffer, and the largest of them.
 	smallRun, smallMax int
 	// discAt: when the SUB's peer disconnected without a reconnect scheduled yet.
 	discAt time.Time
-	seqState
+	// Malformed live messages are logged at most once a second.
+	consumeLogAt      time.Time
+	consumeSuppressed int
 }
 
 // NewSubscriber validates cfg, fills in defaults and returns a subscriber that is not yet
@@ -242,11 +255,11 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	s.rbuf.b = make([]byte, recvBufInitial)
-	s.buf = s.rbuf.b
+	s.rbuf.B = make([]byte, recvBufInitial)
+	s.buf = s.rbuf.B
 	s.st.recvBuf.Store(int64(len(s.buf)))
 	s.rh, _ = h.(RestartHandler)
-	s.initSeq()
+	s.tr = s.newTracker()
 	return s, nil
 }
 
@@ -273,7 +286,7 @@ func (s *Subscriber) Start() error {
 		return errors.New("failed to start ZMQ client: already started")
 	}
 	if s.cfg.Transport == nil {
-		t, err := NewTransport(TransportConfig{})
+		t, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 		if err != nil {
 			s.stopped = true
 			return fmt.Errorf("failed to start ZMQ client: %w", err)
@@ -284,7 +297,7 @@ func (s *Subscriber) Start() error {
 	switch {
 	case err == nil:
 		s.z = z
-		s.pollFile.Store(z.ep)
+		s.pollFile.Store(z.PollFile())
 	case resourceExhausted(err):
 		s.st.waiting.Store(true)
 		s.st.openFailures.Add(1)
@@ -332,7 +345,7 @@ func (s *Subscriber) Stop() {
 	s.mu.Unlock()
 	if started {
 		if f := s.pollFile.Load(); f != nil {
-			_ = f.SetReadDeadline(pastDeadline) // fails harmlessly once the file is closed
+			_ = f.SetReadDeadline(zmqtransport.PastDeadline) // fails harmlessly once the file is closed
 		}
 		<-s.done
 	}
@@ -350,21 +363,22 @@ func (s *Subscriber) doneOrClosed() <-chan struct{} {
 
 // Stats returns the counters; each field is read atomically.
 func (s *Subscriber) Stats() SubscriberStats {
+	c := s.tr.Counters()
 	return SubscriberStats{
 		Received:          s.st.received.Load(),
 		Applied:           s.st.applied.Load(),
-		Dropped:           s.st.dropped.Load(),
-		Duplicates:        s.st.duplicates.Load(),
-		Gaps:              s.st.gaps.Load(),
-		ReplaysOK:         s.st.replaysOK.Load(),
-		ReplaysFailed:     s.st.replaysFailed.Load(),
-		ReplayRetries:     s.st.replayRetries.Load(),
+		Dropped:           c.Dropped,
+		Duplicates:        c.Duplicates,
+		Gaps:              c.Gaps,
+		ReplaysOK:         c.ReplaysOK,
+		ReplaysFailed:     c.ReplaysFailed,
+		ReplayRetries:     c.ReplayRetries,
 		ConsumeErrors:     s.st.consumeErrors.Load(),
 		Rejected:          s.st.rejected.Load(),
-		Restarts:          s.st.restarts.Load(),
-		Reconnects:        s.st.reconnects.Load(),
-		CatchUps:          s.st.catchUps.Load(),
-		CatchUpsFailed:    s.st.catchUpsFailed.Load(),
+		Restarts:          c.Restarts,
+		Reconnects:        c.Reconnects,
+		CatchUps:          c.CatchUps,
+		CatchUpsFailed:    c.CatchUpsFailed,
 		ProtocolErrors:    s.st.protocolErrors.Load(),
 		OpenFailures:      s.st.openFailures.Load(),
 		Waiting:           s.st.waiting.Load(),
@@ -384,25 +398,23 @@ func (s *Subscriber) run() {
 		return
 	}
 	s.log.Info("ZMQ subscriber started", "replay_endpoint", s.cfg.ReplayEndpoint)
-	if s.catchUp {
-		s.startCatchUp(time.Now())
-	}
+	s.do(s.tr.Start(time.Now()))
 	for !s.stop.Load() {
-		if s.stale {
+		if s.tr.Stale() {
 			// A stale source stays stale until it is unregistered: close the sockets so
 			// the publisher stops sending to us, and wait for Stop.
-			s.z.free()
+			s.z.Free()
 			<-s.stopCh
 			break
 		}
-		if !s.z.hasSub() {
+		if !s.z.HasSub() {
 			s.reopen()
 			continue
 		}
 		s.step()
 	}
-	s.z.free()
-	s.rbuf.release()
+	s.z.Free()
+	s.rbuf.Release()
 	s.log.Info("ZMQ subscriber stopped")
 }
 
@@ -421,7 +433,7 @@ func (s *Subscriber) openWithRetry() bool {
 		z, err := s.open()
 		if err == nil {
 			s.z = z
-			s.pollFile.Store(z.ep)
+			s.pollFile.Store(z.PollFile())
 			s.st.waiting.Store(false)
 			s.log.Info("ZMQ subscriber sockets opened after retrying", "failed_attempts", s.st.openFailures.Load())
 			return true
@@ -433,23 +445,23 @@ func (s *Subscriber) openWithRetry() bool {
 }
 
 // open creates the poll set and the SUB socket in the transport.
-func (s *Subscriber) open() (*zconn, error) {
-	z, err := newZconn(s.cfg.Transport, s.cfg.MaxMessageSize)
+func (s *Subscriber) open() (*zmqtransport.Conn, error) {
+	z, err := zmqtransport.NewConn(s.cfg.Transport, s.cfg.MaxMessageSize)
 	if err != nil {
 		return nil, err
 	}
-	if err := z.openSub(s.cfg.Endpoint, subRcvHWM); err != nil {
-		z.free()
+	if err := z.OpenSub(s.cfg.Endpoint, subRcvHWM); err != nil {
+		z.Free()
 		return nil, err
 	}
-	if s.replay {
+	if s.cfg.ReplayEndpoint != "" {
 		// Each replay attempt opens its own DEALER; connecting one now rejects a
 		// malformed replay endpoint at registration instead of at the first gap.
-		if err := z.openDealer(s.cfg.ReplayEndpoint); err != nil {
-			z.free()
+		if err := z.OpenDealer(s.cfg.ReplayEndpoint); err != nil {
+			z.Free()
 			return nil, err
 		}
-		z.closeDealer()
+		z.CloseDealer()
 	}
 	return z, nil
 }
@@ -463,7 +475,7 @@ func (s *Subscriber) reopen() {
 		return
 	case <-t.C:
 	}
-	if err := s.z.openSub(s.cfg.Endpoint, subRcvHWM); err != nil {
+	if err := s.z.OpenSub(s.cfg.Endpoint, subRcvHWM); err != nil {
 		s.log.Warn("ZMQ subscriber reconnect failed", "err", err)
 		return
 	}
@@ -474,8 +486,8 @@ func (s *Subscriber) reopen() {
 // socketFailed closes the sockets after an unexpected libzmq error; run reopens them.
 func (s *Subscriber) socketFailed(err error) {
 	s.log.Warn("ZMQ subscriber socket error, reconnecting", "err", err, "delay", s.cfg.ReconnectDelay)
-	s.dropAttempt()
-	s.z.closeSub()
+	s.do(s.tr.DropAttempt(time.Now()))
+	s.z.CloseSub()
 	s.discAt = time.Time{}
 }
 
@@ -486,8 +498,8 @@ func (s *Subscriber) protocolError() {
 	s.st.protocolErrors.Add(1)
 	s.log.Warn("ZMQ publisher connection dropped for a protocol error (a message over the size limit, or malformed framing); reopening",
 		"max_message_size", s.cfg.MaxMessageSize, "delay", s.cfg.ReconnectDelay)
-	s.dropAttempt()
-	s.z.closeSub()
+	s.do(s.tr.DropAttempt(time.Now()))
+	s.z.CloseSub()
 	s.discAt = time.Time{}
 }
 
@@ -503,9 +515,9 @@ func (s *Subscriber) step() {
 		s.protocolError()
 		return
 	}
-	if s.rec.active {
-		s.driveRecovery(now)
-		if s.stale {
+	if s.tr.Recovering() {
+		s.do(s.tr.Tick(now))
+		if s.tr.Stale() {
 			return
 		}
 	}
@@ -513,7 +525,7 @@ func (s *Subscriber) step() {
 	// drained: every socket answered "nothing more", so the step may go on to wait
 	// rather than loop to ask again.
 	subDrained, dealerDrained := false, true
-	for got < recvBatch && !s.stop.Load() && !s.stale {
+	for got < recvBatch && !s.stop.Load() && !s.tr.Stale() {
 		n, err := s.pumpSub()
 		if err != nil {
 			s.socketFailed(err)
@@ -525,7 +537,7 @@ func (s *Subscriber) step() {
 		}
 		got++
 	}
-	for s.z.hasDealer() && !s.stop.Load() && !s.stale {
+	for s.z.HasDealer() && !s.stop.Load() && !s.tr.Stale() {
 		n, err := s.pumpDealer()
 		if err != nil {
 			dealerDrained = false
@@ -536,7 +548,7 @@ func (s *Subscriber) step() {
 		}
 		got++
 	}
-	if s.stale || s.stop.Load() || (got > 0 && !(subDrained && dealerDrained)) {
+	if s.tr.Stale() || s.stop.Load() || (got > 0 && !(subDrained && dealerDrained)) {
 		return
 	}
 	if got > 0 {
@@ -546,20 +558,20 @@ func (s *Subscriber) step() {
 		// Idle: an outlier's buffer is not kept while nothing arrives.
 		s.shrinkBuf(recvBufInitial)
 	}
-	mask, err := s.z.wait(s.waitFor(now), &s.stop)
+	mask, err := s.z.Wait(s.waitFor(now), &s.stop)
 	if err != nil {
 		s.socketFailed(err)
 		return
 	}
-	if mask&(1<<sockMon) != 0 {
+	if mask&(1<<zmqtransport.SockMon) != 0 {
 		s.drainMonitor()
 	}
 }
 
 // pumpSub reads and handles one live message; it returns 0 when none was ready.
 func (s *Subscriber) pumpSub() (int, error) {
-	n, err := s.z.recv(sockSub, &s.rbuf, &s.sizes)
-	s.buf = s.rbuf.b
+	n, err := s.z.Recv(zmqtransport.SockSub, &s.rbuf, &s.sizes)
+	s.buf = s.rbuf.B
 	if n == 0 || err != nil {
 		return 0, err
 	}
@@ -577,7 +589,7 @@ func (s *Subscriber) noteSize() {
 	if len(s.buf) <= recvBufKeep {
 		return
 	}
-	used := int(s.z.c.need)
+	used := s.z.Used()
 	if used*4 > len(s.buf) {
 		s.smallRun, s.smallMax = 0, 0
 		return
@@ -590,19 +602,19 @@ func (s *Subscriber) noteSize() {
 }
 
 func (s *Subscriber) shrinkBuf(size int) {
-	s.rbuf.release()
-	s.rbuf.b = make([]byte, size)
-	s.buf = s.rbuf.b
+	s.rbuf.Release()
+	s.rbuf.B = make([]byte, size)
+	s.buf = s.rbuf.B
 	s.smallRun, s.smallMax = 0, 0
 	s.st.recvBuf.Store(int64(size))
 }
 
 // pumpDealer reads and handles one replay reply; it returns 0 when none was ready.
 func (s *Subscriber) pumpDealer() (int, error) {
-	n, err := s.z.recv(sockDealer, &s.rbuf, &s.sizes)
-	s.buf = s.rbuf.b
+	n, err := s.z.Recv(zmqtransport.SockDealer, &s.rbuf, &s.sizes)
+	s.buf = s.rbuf.B
 	if err != nil {
-		s.attemptFailed(time.Now(), fmt.Sprintf("replay receive: %v", err))
+		s.do(s.tr.ReplayFailed(time.Now(), fmt.Sprintf("replay receive: %v", err)))
 		return 0, err
 	}
 	if n == 0 {
@@ -619,7 +631,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 // drainMonitor consumes the SUB connection events queued so far.
 func (s *Subscriber) drainMonitor() {
 	for {
-		ev, err := s.z.monEvent()
+		ev, err := s.z.MonEvent()
 		if err != nil {
 			s.log.Debug("ZMQ monitor event unreadable", "err", err)
 			return
@@ -627,51 +639,16 @@ func (s *Subscriber) drainMonitor() {
 		switch ev {
 		case 0:
 			return
-		case evConnected:
+		case zmqtransport.EvConnected:
 			s.discAt = time.Time{}
-			if s.connectedOnce {
-				s.onReconnect()
-			}
-			s.connectedOnce = true
-		case evConnectRetried:
+			s.do(s.tr.Connected(time.Now()))
+		case zmqtransport.EvConnectRetried:
 			s.discAt = time.Time{}
-		case evDisconnected:
+		case zmqtransport.EvDisconnected:
 			if s.discAt.IsZero() {
 				s.discAt = time.Now()
 			}
 			s.log.Info("ZMQ publisher disconnected")
 		}
 	}
-}
-
-// recvBuf is a subscriber's receive buffer. Up to recvBufKeep bytes it is Go memory with
-// headroom; an outlier above that gets exactly its size in an anonymous mapping, outside
-// the Go heap, so that giving it back (release) returns the memory to the system at once
-// instead of at some later garbage collection and scavenge.
-type recvBuf struct {
-	b      []byte
-	mapped bool
-}
-
-// grow replaces the buffer with one of at least need bytes (its contents are not kept).
-func (r *recvBuf) grow(need int) []byte {
-	r.release()
-	if need > recvBufKeep {
-		if m, err := syscall.Mmap(-1, 0, need, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON); err == nil {
-			r.b, r.mapped = m, true
-			return r.b
-		}
-	}
-	r.b = make([]byte, need+need/2)
-	return r.b
-}
-
-// release unmaps a mapped buffer (nothing may refer to it any more); Go memory is left
-// to the collector.
-func (r *recvBuf) release() {
-	if r.mapped {
-		_ = syscall.Munmap(r.b)
-		r.mapped = false
-	}
-	r.b = nil
 }

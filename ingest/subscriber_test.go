@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 )
 
 // recorder is a Handler that keeps what it was given.
@@ -780,7 +781,7 @@ func TestPublisherRestart(t *testing.T) {
 func TestLivePathAllocatesNothing(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &countHandler{}
-	tr, err := NewTransport(TransportConfig{})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -797,7 +798,7 @@ func TestLivePathAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.z = z
-	defer z.free()
+	defer z.Free()
 	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -834,45 +835,6 @@ type countHandler struct{ n int }
 
 func (c *countHandler) HandleBatch(uint64, []byte) error { c.n++; return nil }
 func (c *countHandler) OnStale(string)                   {}
-
-func TestPendingBuffer(t *testing.T) {
-	var p pendingBuf
-	for _, seq := range []uint64{10, 12, 11, 15, 13} {
-		p.insert(seq, 3, []byte(fmt.Sprint(seq)))
-	}
-	if _, found := p.search(12); !found {
-		t.Fatal("12 not found")
-	}
-	if _, found := p.search(14); found {
-		t.Fatal("14 found")
-	}
-	if p.len() != 5 || p.bytes != 15 {
-		t.Fatalf("len %d bytes %d", p.len(), p.bytes)
-	}
-	var got []string
-	for p.len() > 0 {
-		m := p.first()
-		got = append(got, fmt.Sprintf("%d:%s", m.seq, p.payload(m)))
-		p.pop()
-	}
-	if strings.Join(got, " ") != "10:10 11:11 12:12 13:13 15:15" || p.bytes != 0 {
-		t.Fatalf("drained %v, bytes %d", got, p.bytes)
-	}
-	payload := bytes.Repeat([]byte{1}, 5000)
-	cycle := func() {
-		for i := range uint64(64) {
-			p.insert(100+i, 5000, payload)
-		}
-		for p.len() > 0 {
-			_ = p.payload(p.first())
-			p.pop()
-		}
-	}
-	cycle()
-	if allocs := testing.AllocsPerRun(20, cycle); allocs != 0 {
-		t.Fatalf("buffer cycle allocates %v", allocs)
-	}
-}
 
 func catchUpConfig(p *zmqtest.Publisher) SubscriberConfig {
 	cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())

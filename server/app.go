@@ -14,7 +14,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 )
 
 // AppConfig configures a whole conductor process.
@@ -91,7 +91,7 @@ type App struct {
 	releaseDone chan struct{}
 	state       *StateFile // nil when persistence is off
 	// zmq is the one ZMQ context of every subscription.
-	zmq *ingest.Transport
+	zmq *zmqtransport.Transport
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -112,7 +112,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
-	tr, err := ingest.NewTransport(ingest.TransportConfig{IOThreads: cfg.ZMQIOThreads})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads})
 	if err != nil {
 		return nil, err
 	}

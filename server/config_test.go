@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/conductor-go/conductor/hashing"
 	"time"
+
+	"github.com/conductor-go/conductor/hashing"
 )
 
 // writeConfig writes text to a fresh file and returns its path.

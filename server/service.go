@@ -12,6 +12,7 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 )
 
 // Subscription is a running event consumer for one registered service.
@@ -339,12 +340,12 @@ type ServiceStats struct {
 	Config ServiceConfig
 	Stats  ingest.SubscriberStats
 	// Handler holds the event handler's counters when HasHandler (ZMQ subscriptions).
-	Handler    ingest.HandlerStats
+	Handler    translate.HandlerStats
 	HasHandler bool
 }
 
 // handlerStatser is implemented by subscriptions that expose their event handler's counters.
-type handlerStatser interface{ HandlerStats() ingest.HandlerStats }
+type handlerStatser interface{ HandlerStats() translate.HandlerStats }
 
 // Stats returns every service's subscriber counters, ordered by service key.
 func (s *Service) Stats() []ServiceStats {

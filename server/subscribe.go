@@ -8,6 +8,8 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/wire"
 )
 
@@ -15,7 +17,7 @@ import (
 // the limiter of their log lines.
 type zmqSubscription struct {
 	sub     *ingest.Subscriber
-	handler *ingest.EventHandler
+	handler *translate.EventHandler
 	logs    *ingest.LogLimiter
 }
 
@@ -28,7 +30,7 @@ func (z *zmqSubscription) Stop() {
 func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() }
 
 // HandlerStats exposes the event handler's counters (for metrics).
-func (z *zmqSubscription) HandlerStats() ingest.HandlerStats { return z.handler.Stats() }
+func (z *zmqSubscription) HandlerStats() translate.HandlerStats { return z.handler.Stats() }
 
 func publisherOf(k PublisherKind) wire.Publisher {
 	switch k {
@@ -41,7 +43,7 @@ func publisherOf(k PublisherKind) wire.Publisher {
 }
 
 // SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
-// vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler,
+// vLLM and SGLang when a replay endpoint is registered) feeding an translate.EventHandler,
 // with a private ZMQ context and default limits. A process uses ZMQSubscriber instead.
 func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Subscription, error) {
 	return subscribeZMQ(cfg, eng, log, ZMQOptions{})
@@ -50,7 +52,7 @@ func SubscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger) (Sub
 // ZMQOptions are the ingest settings every subscription of a process shares.
 type ZMQOptions struct {
 	// Transport is the shared ZMQ context; nil gives each subscriber its own.
-	Transport *ingest.Transport
+	Transport *zmqtransport.Transport
 	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
 	MaxMessageSize int64
 	// LogBurst and LogInterval rate-limit each subscription's log lines per kind
@@ -75,7 +77,7 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
 		replay = ""
 	}
-	h := ingest.NewEventHandler(ingest.Source{
+	h := translate.NewEventHandler(translate.Source{
 		Name: key, Kind: publisherOf(cfg.Kind), Endpoint: cfg.Endpoint,
 		Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile,
 	}, eng, log)

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/fdtest"
 )
 
@@ -26,7 +26,7 @@ func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
 
 	// The restore runs in a bare App (no listeners): while the descriptor limit is down,
 	// a listener could hit it too, which is issue 12's listener item, not this test's.
-	tr, err := ingest.NewTransport(ingest.TransportConfig{})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,10 @@ type Result struct {
 	// PopulateSeconds is the time to publish the index and have it applied.
 	PopulateSeconds   float64 `json:"populate_seconds"`
 	PopulateBlocksSec float64 `json:"populate_blocks_per_second"`
-	RSSBytes          uint64  `json:"rss_bytes,omitempty"`
+	// PopulateCPUPerBlockUS is the conductor's CPU time (user + system) spent while the
+	// index was published and applied, per block applied; 0 when unknown.
+	PopulateCPUPerBlockUS float64 `json:"populate_cpu_per_block_us,omitempty"`
+	RSSBytes              uint64  `json:"rss_bytes,omitempty"`
 	// RSSStartBytes is the conductor's RSS after registration, before indexing;
 	// BytesPerBlock is (RSSBytes - RSSStartBytes) / IndexedBlocks.
 	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
@@ -188,9 +191,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, ByHash: cfg.ByHash}
+	var cpuStart time.Duration
 	if cfg.Sample != nil {
-		if rss, _, err := cfg.Sample(); err == nil {
-			res.RSSStartBytes = rss
+		if rss, cpu, err := cfg.Sample(); err == nil {
+			res.RSSStartBytes, cpuStart = rss, cpu
 		}
 	}
 
@@ -227,8 +231,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("populate: conductor indexes %d blocks, fleet holds %d", count, f.UnionBlocks())
 	}
 	if cfg.Sample != nil {
-		if rss, _, err := cfg.Sample(); err == nil {
+		if rss, cpu, err := cfg.Sample(); err == nil {
 			res.RSSBytes = rss
+			if cpuStart > 0 && f.Stats().Stored > 0 {
+				res.PopulateCPUPerBlockUS = float64(cpu-cpuStart) / float64(time.Microsecond) / float64(f.Stats().Stored)
+			}
 			if res.RSSStartBytes > 0 && count > 0 {
 				res.BytesPerBlock = (float64(rss) - float64(res.RSSStartBytes)) / float64(count)
 			}

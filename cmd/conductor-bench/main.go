@@ -409,6 +409,9 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, fmt.Sprintf("%.0f", c.RequestBytes), c.Wrong)
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("index built in %.1fs (%.0f blocks/s applied)", res.PopulateSeconds, res.PopulateBlocksSec))
+	if res.PopulateCPUPerBlockUS > 0 {
+		t.Notes = append(t.Notes, fmt.Sprintf("conductor CPU while indexing: %.3f us per block", res.PopulateCPUPerBlockUS))
+	}
 	if res.RSSBytes > 0 {
 		t.Notes = append(t.Notes, fmt.Sprintf("RSS after indexing: %.1f MiB (start %.1f MiB, %.0f bytes per indexed block)",
 			float64(res.RSSBytes)/(1<<20), float64(res.RSSStartBytes)/(1<<20), res.BytesPerBlock))

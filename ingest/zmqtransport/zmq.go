@@ -1,4 +1,6 @@
-package ingest
+//go:build cgo
+
+package zmqtransport
 
 // The subscriber talks to libzmq through this small shim instead of pebbe/zmq4's Socket:
 // pebbe allocates a fresh []byte per frame and makes about five cgo calls per frame
@@ -272,42 +274,31 @@ import (
 	"unsafe"
 )
 
-// Socket slots inside a zconn.
+// Socket names one of a Conn's sockets.
+type Socket int
+
+// The sockets of a Conn.
 const (
-	sockSub    = C.CZ_SUB
-	sockDealer = C.CZ_DEALER
-	sockMon    = C.CZ_MON
+	// SockSub is the SUB socket connected to the publisher.
+	SockSub Socket = C.CZ_SUB
+	// SockDealer is the DEALER of the replay attempt in progress.
+	SockDealer Socket = C.CZ_DEALER
+	// SockMon is the reader of the SUB socket's connection monitor.
+	SockMon Socket = C.CZ_MON
 )
 
-// Monitor event ids the subscriber reacts to.
+// Monitor event ids a subscriber reacts to (MonEvent).
 const (
-	evConnected      = C.ZMQ_EVENT_CONNECTED
-	evDisconnected   = C.ZMQ_EVENT_DISCONNECTED
-	evConnectRetried = C.ZMQ_EVENT_CONNECT_RETRIED
+	// EvConnected: the SUB socket (re)connected to its publisher.
+	EvConnected = C.ZMQ_EVENT_CONNECTED
+	// EvDisconnected: the connection was lost.
+	EvDisconnected = C.ZMQ_EVENT_DISCONNECTED
+	// EvConnectRetried: libzmq scheduled a reconnect.
+	EvConnectRetried = C.ZMQ_EVENT_CONNECT_RETRIED
 )
 
-// maxKeptFrames is how many frames of one message are kept; the rest are only counted.
-const maxKeptFrames = C.CZ_MAXF
-
-// Transport defaults; a zero TransportConfig field takes them.
-const (
-	// DefaultIOThreads is libzmq's I/O thread count for all subscriptions together (one
-	// thread moves about a gigabyte per second).
-	DefaultIOThreads = 1
-	// DefaultMaxSockets bounds the sockets of the shared context (each subscription uses
-	// three, four while it replays). libzmq's own default, 1023, would cap a conductor at
-	// about 300 services.
-	DefaultMaxSockets = 65535
-)
-
-// TransportConfig configures the ZMQ context shared by every subscriber.
-type TransportConfig struct {
-	// IOThreads is the number of libzmq I/O threads; 0 takes DefaultIOThreads.
-	IOThreads int
-	// MaxSockets bounds the open sockets (libzmq ZMQ_MAX_SOCKETS); 0 takes
-	// DefaultMaxSockets, and libzmq lowers it to its own limit.
-	MaxSockets int
-}
+// MaxFrames is how many frames of one message are kept; the rest are only counted.
+const MaxFrames = C.CZ_MAXF
 
 // Transport owns the one libzmq context (its I/O and reaper threads) that every
 // subscriber given it opens its sockets in. A subscriber costs its sockets' descriptors
@@ -358,13 +349,13 @@ func (t *Transport) Open() int {
 	return t.conns
 }
 
-// zconn is one subscriber's sockets in the shared context, and the epoll set of their
+// Conn is one subscriber's sockets in the shared context, and the epoll set of their
 // ZMQ_FD signals, which Go's network poller watches: waiting for input parks the
 // goroutine instead of blocking an OS thread in zmq_poll. It must be used by a single
 // goroutine at a time (libzmq sockets are not thread-safe; Go's scheduler gives the full
 // memory barrier libzmq asks for when a socket moves between threads). Only the poll
-// file's read deadline may be set from elsewhere, to wake the owner.
-type zconn struct {
+// file's read deadline may be set from elsewhere, to wake the owner (Wake).
+type Conn struct {
 	t      *Transport
 	c      *C.cz_conn
 	epfd   int
@@ -388,8 +379,9 @@ func zerr(e C.int) error {
 	return &zmqError{errno: syscall.Errno(e), msg: C.GoString(C.cz_strerror(e))}
 }
 
-// newZconn registers a connection with t and creates its poll set.
-func newZconn(t *Transport, maxMsg int64) (*zconn, error) {
+// NewConn registers a connection with t and creates its poll set; maxMsg bounds one
+// message on its sockets (ZMQ_MAXMSGSIZE, -1 unlimited).
+func NewConn(t *Transport, maxMsg int64) (*Conn, error) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -397,35 +389,38 @@ func newZconn(t *Transport, maxMsg int64) (*zconn, error) {
 	}
 	t.conns++
 	t.mu.Unlock()
-	z := &zconn{t: t, epfd: -1, fds: [3]int{-1, -1, -1}, maxMsg: maxMsg}
+	z := &Conn{t: t, epfd: -1, fds: [3]int{-1, -1, -1}, maxMsg: maxMsg}
 	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
-		z.free()
+		z.Free()
 		return nil, fmt.Errorf("create poll set: %w", err)
 	}
 	z.epfd = epfd
 	if err := syscall.SetNonblock(epfd, true); err != nil {
-		z.free()
+		z.Free()
 		return nil, fmt.Errorf("create poll set: %w", err)
 	}
 	// Non-blocking, so os.NewFile hands it to the network poller.
 	z.ep = os.NewFile(uintptr(epfd), "zmq-poll")
 	if z.rc, err = z.ep.SyscallConn(); err != nil {
-		z.free()
+		z.Free()
 		return nil, fmt.Errorf("create poll set: %w", err)
 	}
 	c := C.cz_new(t.ctx)
 	if c == nil {
-		z.free()
+		z.Free()
 		return nil, errors.New("allocate ZMQ connection")
 	}
 	z.c = c
 	return z, nil
 }
 
-// watch adds socket `which`'s ZMQ_FD to the poll set.
-func (z *zconn) watch(which C.int) error {
-	fd := int(C.cz_fd(z.c, which))
+// PollFile is the poll set the owner waits on; Wake moves its deadline.
+func (z *Conn) PollFile() *os.File { return z.ep }
+
+// watch adds socket which's ZMQ_FD to the poll set.
+func (z *Conn) watch(which Socket) error {
+	fd := int(C.cz_fd(z.c, C.int(which)))
 	if fd < 0 {
 		return fmt.Errorf("get ZMQ_FD: %w", zerr(C.int(-fd)))
 	}
@@ -438,16 +433,16 @@ func (z *zconn) watch(which C.int) error {
 }
 
 // closeSock stops watching a socket and closes it.
-func (z *zconn) closeSock(which C.int) {
+func (z *Conn) closeSock(which Socket) {
 	if fd := z.fds[which]; fd >= 0 {
 		_ = syscall.EpollCtl(z.epfd, syscall.EPOLL_CTL_DEL, fd, nil)
 		z.fds[which] = -1
 	}
-	C.cz_close_sock(z.c, which)
+	C.cz_close_sock(z.c, C.int(which))
 }
 
-// openSub creates and connects the SUB socket (and its monitor).
-func (z *zconn) openSub(endpoint string, rcvhwm int) error {
+// OpenSub creates and connects the SUB socket (and its monitor).
+func (z *Conn) OpenSub(endpoint string, rcvhwm int) error {
 	cs := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(cs))
 	ma := C.CString("inproc://conductor-sub-monitor-" + strconv.FormatUint(z.t.monSeq.Add(1), 10))
@@ -455,60 +450,64 @@ func (z *zconn) openSub(endpoint string, rcvhwm int) error {
 	var step *C.char
 	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), C.int64_t(z.maxMsg), ma, &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
-		z.closeSub()
+		z.CloseSub()
 		return err
 	}
-	for _, w := range []C.int{sockSub, sockMon} {
+	for _, w := range []Socket{SockSub, SockMon} {
 		if err := z.watch(w); err != nil {
-			z.closeSub()
+			z.CloseSub()
 			return err
 		}
 	}
 	return nil
 }
 
-// closeSub closes the SUB socket, then its monitor reader (see cz_close_sock).
-func (z *zconn) closeSub() {
-	z.closeSock(sockSub)
-	z.closeSock(sockMon)
+// CloseSub closes the SUB socket, then its monitor reader (see cz_close_sock).
+func (z *Conn) CloseSub() {
+	z.closeSock(SockSub)
+	z.closeSock(SockMon)
 }
 
-func (z *zconn) hasSub() bool { return z.c.sock[sockSub] != nil }
+// HasSub tells whether the SUB socket is open.
+func (z *Conn) HasSub() bool { return z.c.sock[SockSub] != nil }
 
-// openDealer creates a DEALER connected to the replay endpoint.
-func (z *zconn) openDealer(endpoint string) error {
+// OpenDealer creates a DEALER connected to the replay endpoint.
+func (z *Conn) OpenDealer(endpoint string) error {
 	cs := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(cs))
 	var step *C.char
 	if e := C.cz_open_dealer(z.c, cs, C.int64_t(z.maxMsg), &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
-		z.closeDealer()
+		z.CloseDealer()
 		return err
 	}
-	if err := z.watch(sockDealer); err != nil {
-		z.closeDealer()
+	if err := z.watch(SockDealer); err != nil {
+		z.CloseDealer()
 		return err
 	}
 	return nil
 }
 
-func (z *zconn) closeDealer() { z.closeSock(sockDealer) }
+// CloseDealer closes the replay DEALER, discarding replies still queued.
+func (z *Conn) CloseDealer() { z.closeSock(SockDealer) }
 
-func (z *zconn) hasDealer() bool { return z.c.sock[sockDealer] != nil }
+// HasDealer tells whether a replay DEALER is open.
+func (z *Conn) HasDealer() bool { return z.c.sock[SockDealer] != nil }
 
-func (z *zconn) sendReplay(from uint64) error {
+// SendReplay sends the legacy replay request ["", u64be(from)] on the DEALER.
+func (z *Conn) SendReplay(from uint64) error {
 	if e := C.cz_send_replay(z.c, C.uint64_t(from)); e != 0 {
 		return fmt.Errorf("send replay request from %d: %w", from, zerr(e))
 	}
 	return nil
 }
 
-// recv reads one whole message from socket `which` into *buf (grown when needed, then
+// Recv reads one whole message from socket which into buf (grown when needed, then
 // reused) without waiting. It returns the frame count, 0 when nothing is ready, and the
-// sizes of the first maxKeptFrames frames, which lie back to back at the start of *buf.
-func (z *zconn) recv(which C.int, buf *recvBuf, sizes *[maxKeptFrames]int) (int, error) {
-	b := buf.b
-	n := C.cz_recv(z.c, which, (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))), C.size_t(len(b)))
+// sizes of the first MaxFrames frames, which lie back to back at the start of buf.B.
+func (z *Conn) Recv(which Socket, buf *RecvBuf, sizes *[MaxFrames]int) (int, error) {
+	b := buf.B
+	n := C.cz_recv(z.c, C.int(which), (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))), C.size_t(len(b)))
 	if n < 0 {
 		return 0, fmt.Errorf("receive: %w", zerr(-n))
 	}
@@ -519,15 +518,18 @@ func (z *zconn) recv(which C.int, buf *recvBuf, sizes *[maxKeptFrames]int) (int,
 		b = buf.grow(need)
 		C.cz_copy(z.c, (*C.uchar)(unsafe.Pointer(unsafe.SliceData(b))))
 	}
-	kept := min(int(n), maxKeptFrames)
+	kept := min(int(n), MaxFrames)
 	for i := range kept {
 		sizes[i] = int(z.c.sizes[i])
 	}
 	return int(n), nil
 }
 
+// Used is the size of the kept frames of the last message Recv returned.
+func (z *Conn) Used() int { return int(z.c.need) }
+
 // ready returns the mask (1<<socket) of sockets with a message to read.
-func (z *zconn) ready() (int, error) {
+func (z *Conn) ready() (int, error) {
 	r := C.cz_ready(z.c)
 	if r < 0 {
 		return 0, fmt.Errorf("poll: %w", zerr(-r))
@@ -535,13 +537,10 @@ func (z *zconn) ready() (int, error) {
 	return int(r), nil
 }
 
-// pastDeadline wakes a waiting subscriber at once.
-var pastDeadline = time.Unix(1, 0)
-
-// wait returns the mask (1<<socket) of sockets with input, waiting up to d for one in
-// the network poller; 0 when d passed, stop was set, or the poll file's deadline was
-// moved to the past by wake.
-func (z *zconn) wait(d time.Duration, stop *atomic.Bool) (int, error) {
+// Wait returns the mask (1<<Socket) of sockets with input, waiting up to d for one in
+// the network poller; 0 when d passed, stop was set, or Wake moved the poll file's
+// deadline to the past.
+func (z *Conn) Wait(d time.Duration, stop *atomic.Bool) (int, error) {
 	if d <= 0 {
 		return z.ready()
 	}
@@ -569,9 +568,9 @@ func (z *zconn) wait(d time.Duration, stop *atomic.Bool) (int, error) {
 	return mask, err
 }
 
-// monEvent returns the next monitor event id, or 0 when none is queued.
-func (z *zconn) monEvent() (int, error) {
-	if z.c.sock[sockMon] == nil {
+// MonEvent returns the next monitor event id, or 0 when none is queued.
+func (z *Conn) MonEvent() (int, error) {
+	if z.c.sock[SockMon] == nil {
 		return 0, nil
 	}
 	r := C.cz_mon_event(z.c)
@@ -581,14 +580,14 @@ func (z *zconn) monEvent() (int, error) {
 	return int(r), nil
 }
 
-// free closes every socket (linger 0, so it does not block) and the poll set, and lets
-// the transport go.
-func (z *zconn) free() {
+// Free closes every socket (linger 0, so it does not block) and the poll set, and lets
+// the transport go. It is idempotent.
+func (z *Conn) Free() {
 	if z.t == nil {
 		return
 	}
 	if z.c != nil {
-		for _, w := range []C.int{sockSub, sockMon, sockDealer} {
+		for _, w := range []Socket{SockSub, SockMon, SockDealer} {
 			z.closeSock(w)
 		}
 		C.cz_free(z.c)

@@ -1,4 +1,10 @@
-package ingest
+// Package translate turns the decoded KV-event batches of one registered source into
+// engine operations and applies them: the vLLM, SGLang and Mooncake master rules of
+// reference notes §5.2–5.4 (block size, LoRA, cache group, medium to tier, Mooncake
+// object keys and contexts), retraction when the source goes stale or its publisher
+// restarts. It has no socket: ingest's subscriber hands it ordered payloads through the
+// ingest.Handler interface, which EventHandler implements.
+package translate
 
 import (
 	"bytes"
@@ -39,7 +45,8 @@ type HandlerStats struct {
 }
 
 // EventHandler decodes the batches of one source and applies them, in order, through the
-// context writers of the engine. It implements Handler; one subscriber goroutine drives it.
+// context writers of the engine. It implements ingest.Handler; one subscriber goroutine
+// drives it.
 type EventHandler struct {
 	src Source
 	eng *engine.Engine

@@ -1,0 +1,691 @@
+// Package seqtrack is the sequence state machine of one KV-event stream: which batch to
+// apply next, which are duplicates, when a gap needs the publisher's replay endpoint,
+// when a publisher restarted, and when the stream can no longer be trusted (stale).
+//
+// It does no I/O and reads no clock. A Tracker is fed inputs (a live batch, a replay
+// reply, the end of a replay, a failed replay attempt, a reconnect, a rejected batch, a
+// timer tick), each with the current time, and answers with the actions its owner must
+// carry out, in order: apply a batch, open a replay attempt from a sequence, close it,
+// tell the handler the source is stale or its publisher restarted, write a log line.
+// The owner (ingest's subscriber) does the sockets and the handler calls; the rules are
+// proven here by tables of inputs and expected actions, with no socket and no sleep.
+//
+// Rules (reference notes §5.1, and the choices documented on ingest.SubscriberConfig):
+// the first live batch is the baseline; a batch below the next expected one is a
+// duplicate unless it marks a publisher restart; a gap is closed through replay (live
+// batches are buffered meanwhile, within MaxRecoveryMessages / MaxRecoveryBytes) or,
+// without replay, makes the source stale; a recovery that does not finish within
+// RecoveryTimeout makes the source stale; a catch-up (CatchUpOnStart) is best effort.
+package seqtrack
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// Config is what the tracker needs of a subscription's settings. Zero durations and
+// limits are taken literally: the owner fills in its defaults.
+type Config struct {
+	// Replay: the publisher has a replay endpoint. Without it a gap makes the source stale.
+	Replay bool
+	// CatchUpOnStart asks for everything the publisher buffers at Start and after a
+	// publisher restart (with Replay only).
+	CatchUpOnStart bool
+	// ReplayTimeout is how long one replay attempt waits for its next reply.
+	ReplayTimeout time.Duration
+	// RecoveryTimeout bounds the closing of one gap, retries included.
+	RecoveryTimeout time.Duration
+	// RetryDelay is the pause before a failed replay attempt is retried.
+	RetryDelay time.Duration
+	// MaxMessages and MaxBytes bound the live batches buffered during a recovery.
+	MaxMessages, MaxBytes int
+}
+
+// Kind is what an Action asks of the owner.
+type Kind uint8
+
+// Action kinds.
+const (
+	// Apply: hand batch Seq (Payload) to the handler. When the handler rejects it, the
+	// owner skips the rest of the actions and calls Rejected.
+	Apply Kind = iota + 1
+	// OpenReplay: open a fresh replay attempt (a new DEALER) asking for every batch from
+	// Seq on. When that fails, the owner carries out the rest of the actions and then
+	// calls ReplayFailed.
+	OpenReplay
+	// CloseReplay: close the replay attempt; its queued replies are discarded.
+	CloseReplay
+	// Stale: the source is stale (Reason); tell the handler. It is the last action the
+	// tracker ever emits besides logs.
+	Stale
+	// Restarted: the publisher restarted (its last sequence Last, the new one Seq);
+	// tell the handler before any batch of the new stream.
+	Restarted
+	// Log: write a log line (Level, Msg, Attrs).
+	Log
+)
+
+var kindNames = [...]string{"?", "apply", "open-replay", "close-replay", "stale", "restarted", "log"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("kind(%d)", k)
+}
+
+// Action is one step for the owner. Payload is valid until the next call on the tracker.
+type Action struct {
+	Kind    Kind
+	Seq     uint64
+	Last    uint64 // Restarted: the old stream's last applied sequence
+	Payload []byte
+	Reason  string // Stale
+	Level   slog.Level
+	Msg     string
+	Attrs   []any
+}
+
+// Counters are the tracker's counts (see ingest.SubscriberStats for their meaning).
+type Counters struct {
+	Dropped, Duplicates, Gaps                      uint64
+	ReplaysOK, ReplaysFailed, ReplayRetries        uint64
+	Restarts, Reconnects, CatchUps, CatchUpsFailed uint64
+}
+
+type counters struct {
+	dropped, duplicates, gaps               atomic.Uint64
+	replaysOK, replaysFailed, replayRetries atomic.Uint64
+	restarts, reconnects                    atomic.Uint64
+	catchUps, catchUpsFailed                atomic.Uint64
+}
+
+// Tracker is the state of one stream. It is used by one goroutine; Counters and Stale may
+// be read from any.
+type Tracker struct {
+	cfg Config
+
+	base   bool   // the baseline is set: next is meaningful
+	next   uint64 // next sequence number to apply
+	hiNext uint64 // highest sequence seen + 1; gaps are counted against it
+	// liveTop is the highest sequence received live + 1 (0: none since the stream
+	// began). Unlike next and hiNext it never moves for replayed batches, so a live
+	// batch 0 that arrives after a catch-up replayed it is not taken for a restart.
+	liveTop uint64
+	stale   bool
+
+	connectedOnce bool // the SUB has connected at least once
+	reconnected   bool // it reconnected since the last batch was applied
+
+	rec  recovery
+	pend pendingBuf
+
+	acts []Action
+	st   counters
+	// staleSeen is set once the owner may see Stale (published after the Stale action).
+	staleSeen atomic.Bool
+}
+
+// recovery is one gap being closed through the replay endpoint, possibly over several
+// attempts (each with a fresh DEALER, so replies to an abandoned attempt cannot mix in).
+type recovery struct {
+	active       bool
+	open         bool      // an attempt is open (the owner holds a DEALER)
+	from         uint64    // next when the recovery began (for logs)
+	deadline     time.Time // RecoveryTimeout after the start
+	retryAt      time.Time // when the next attempt may open
+	recvDeadline time.Time // ReplayTimeout after the last reply of the open attempt
+	attempts     int
+	progress     bool // a replayed batch was applied
+	// catchUp: a best-effort catch-up (CatchUpOnStart), not a gap. Until its first
+	// replayed batch sets the baseline (base), it tolerates a replay that starts late
+	// and ends without marking the source stale when it fails.
+	catchUp bool
+}
+
+// New returns the tracker of a stream that has not started.
+func New(cfg Config) *Tracker {
+	cfg.CatchUpOnStart = cfg.CatchUpOnStart && cfg.Replay
+	return &Tracker{cfg: cfg}
+}
+
+// Counters returns the counts; each is read atomically.
+func (t *Tracker) Counters() Counters {
+	return Counters{
+		Dropped: t.st.dropped.Load(), Duplicates: t.st.duplicates.Load(), Gaps: t.st.gaps.Load(),
+		ReplaysOK: t.st.replaysOK.Load(), ReplaysFailed: t.st.replaysFailed.Load(), ReplayRetries: t.st.replayRetries.Load(),
+		Restarts: t.st.restarts.Load(), Reconnects: t.st.reconnects.Load(),
+		CatchUps: t.st.catchUps.Load(), CatchUpsFailed: t.st.catchUpsFailed.Load(),
+	}
+}
+
+// Stale tells whether the stream is stale (owner goroutine).
+func (t *Tracker) Stale() bool { return t.stale }
+
+// Next is the next sequence to apply (meaningful once a baseline is set).
+func (t *Tracker) Next() uint64 { return t.next }
+
+// Recovering tells whether a gap recovery or catch-up is in progress.
+func (t *Tracker) Recovering() bool { return t.rec.active }
+
+// AttemptOpen tells whether a replay attempt is open: the owner holds a DEALER.
+func (t *Tracker) AttemptOpen() bool { return t.rec.open }
+
+// Buffered is how many live batches wait for a recovery to finish.
+func (t *Tracker) Buffered() int { return t.pend.len() }
+
+// Deadline is when the tracker next needs a Tick (ok false: no timer runs).
+func (t *Tracker) Deadline() (time.Time, bool) {
+	if !t.rec.active || t.stale {
+		return time.Time{}, false
+	}
+	d := t.rec.deadline
+	if t.rec.open {
+		d = earliest(d, t.rec.recvDeadline)
+	} else {
+		d = earliest(d, t.rec.retryAt)
+	}
+	return d, true
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// begin starts a call: the actions of the previous one are dropped, and the buffer's
+// arena is truncated once empty (only here, so that payloads handed out in one call
+// stay valid through it).
+func (t *Tracker) begin() {
+	t.acts = t.acts[:0]
+	t.pend.compact()
+}
+
+func (t *Tracker) emit(a Action) { t.acts = append(t.acts, a) }
+
+func (t *Tracker) log(level slog.Level, msg string, attrs ...any) {
+	t.emit(Action{Kind: Log, Level: level, Msg: msg, Attrs: attrs})
+}
+
+// Start begins the stream: with CatchUpOnStart, a catch-up.
+func (t *Tracker) Start(now time.Time) []Action {
+	t.begin()
+	if t.cfg.CatchUpOnStart && !t.stale {
+		t.startCatchUp(now)
+	}
+	return t.acts
+}
+
+// NeedsConnectCheck tells whether a live batch seq would be taken for a duplicate
+// unless the SUB reconnected: the owner should read its queued connection events
+// (Connected) before it hands the batch in, as the connect event may still be queued
+// behind the message that revealed it.
+func (t *Tracker) NeedsConnectCheck(seq uint64) bool {
+	return !t.stale && t.base && seq < t.next && !t.restartByZero(seq) && !t.reconnected
+}
+
+// Live handles one well-formed live batch; cost is the bytes it would take in the
+// recovery buffer (topic and payload).
+func (t *Tracker) Live(now time.Time, seq uint64, cost int, payload []byte) []Action {
+	t.begin()
+	if !t.stale {
+		t.live(now, seq, cost, payload)
+	}
+	return t.acts
+}
+
+func (t *Tracker) live(now time.Time, seq uint64, cost int, payload []byte) {
+	if t.base && seq < t.next {
+		if !t.restartByZero(seq) && !t.reconnected {
+			t.st.duplicates.Add(1)
+			return
+		}
+		t.restart(now, seq)
+	}
+	if !t.base && !t.rec.active {
+		// The first message is the baseline (unless a catch-up, still looking for one,
+		// buffers it); nothing before it is requested.
+		t.base = true
+		t.next, t.hiNext = seq, seq
+	}
+	if t.liveTop <= seq {
+		t.liveTop = seq + 1
+	}
+	// While a catch-up has no baseline, gaps count only between live batches.
+	if (t.base || t.pend.len() > 0) && seq > t.hiNext {
+		missing := seq - t.hiNext
+		t.st.gaps.Add(1)
+		t.st.dropped.Add(missing)
+		t.log(slog.LevelWarn, "ZMQ sequence gap", "expected", t.hiNext, "got", seq, "missing", missing,
+			"replay", t.cfg.Replay)
+	}
+	if seq >= t.hiNext {
+		t.hiNext = seq + 1
+	}
+	if t.rec.active {
+		if !t.rec.catchUp || t.base || t.fits(cost) {
+			t.bufferLive(seq, cost, payload)
+			return
+		}
+		// A catch-up that would overflow the buffer before it found a baseline is
+		// given up: the buffered live batches become the stream, as without catch-up.
+		t.catchUpFailed(now, fmt.Sprintf("recovery buffer limit reached (%d messages, %d bytes buffered)",
+			t.pend.len(), t.pend.bytes))
+		if t.stale {
+			return
+		}
+		if !t.base {
+			t.base = true
+			t.next, t.hiNext = seq, seq+1
+		}
+		if t.rec.active {
+			t.bufferLive(seq, cost, payload)
+			return
+		}
+		if seq < t.next {
+			t.st.duplicates.Add(1)
+			return
+		}
+	}
+	if seq == t.next {
+		t.apply(seq, payload)
+		return
+	}
+	if !t.cfg.Replay {
+		t.markStale(fmt.Sprintf("sequence gap: expected %d, got %d (no replay endpoint)", t.next, seq))
+		return
+	}
+	if t.bufferLive(seq, cost, payload) {
+		t.startRecovery(now)
+	}
+}
+
+// restartByZero: sequence 0 after later ones can only come from a new publisher process.
+// Any older sequence right after the SUB reconnected is also taken as a restart, because
+// the first batches of a new publisher are often sent before the SUB has reconnected.
+func (t *Tracker) restartByZero(seq uint64) bool {
+	return seq == 0 && t.next >= 2 && t.liveTop >= 2
+}
+
+// restart re-baselines on a publisher restart. With replay (vLLM, SGLang: sequences start
+// at 0 per process) the new stream is expected from 0, so batches it sent before the SUB
+// reconnected count as a gap and are replayed; with CatchUpOnStart they are caught up
+// instead, so that a new publisher whose ring no longer reaches 0 does not make the
+// source stale (the handler has just dropped the old publisher's state, so the lost
+// start can only under-report). Without replay the first batch seen is the new
+// baseline, as at startup: the Mooncake master numbers from 1, so a missing start cannot
+// be told from a stream that begins there.
+func (t *Tracker) restart(now time.Time, seq uint64) {
+	last := t.next - 1
+	t.st.restarts.Add(1)
+	t.log(slog.LevelWarn, "ZMQ publisher restarted (sequence reset)", "last_seq", last, "seq", seq)
+	if t.rec.active {
+		t.rec.active, t.rec.catchUp = false, false
+		t.closeAttempt()
+		t.log(slog.LevelInfo, "replay recovery abandoned after publisher restart")
+	}
+	t.pend.reset()
+	t.next, t.hiNext = seq, seq
+	if t.cfg.Replay {
+		t.next, t.hiNext = 0, 0
+	}
+	t.liveTop = 0
+	t.reconnected = false
+	t.emit(Action{Kind: Restarted, Last: last, Seq: seq})
+	if t.cfg.CatchUpOnStart {
+		t.base = false
+		t.startCatchUp(now)
+	}
+}
+
+// apply emits one batch for the handler and advances; a rejection comes back through
+// Rejected.
+func (t *Tracker) apply(seq uint64, payload []byte) {
+	t.emit(Action{Kind: Apply, Seq: seq, Payload: payload})
+	t.next = seq + 1
+	t.reconnected = false
+}
+
+// Rejected is the owner's report that the handler rejected batch seq (the last Apply it
+// carried out; it skipped the actions after it): the source is stale, and the stream
+// did not advance past seq.
+func (t *Tracker) Rejected(seq uint64, err error) []Action {
+	t.begin()
+	t.next = seq
+	t.markStale(fmt.Sprintf("batch %d rejected: %v", seq, err))
+	return t.acts
+}
+
+// fits tells whether one more buffered message of cost bytes stays within the limits.
+func (t *Tracker) fits(cost int) bool {
+	return t.pend.len()+1 <= t.cfg.MaxMessages && t.pend.bytes+cost <= t.cfg.MaxBytes
+}
+
+// bufferLive keeps a live batch that arrived during recovery. It returns false when the
+// recovery limits were exceeded and the source went stale.
+func (t *Tracker) bufferLive(seq uint64, cost int, payload []byte) bool {
+	if _, found := t.pend.search(seq); found {
+		t.st.duplicates.Add(1)
+		return true
+	}
+	if !t.fits(cost) {
+		t.markStale(fmt.Sprintf("recovery buffer limit exceeded (%d messages, %d bytes buffered; limits %d, %d)",
+			t.pend.len(), t.pend.bytes, t.cfg.MaxMessages, t.cfg.MaxBytes))
+		return false
+	}
+	t.pend.insert(seq, cost, payload)
+	return true
+}
+
+// startRecovery begins closing the gap between next and the first buffered batch (or,
+// after a reconnect with nothing buffered, whatever the publisher has from next on).
+func (t *Tracker) startRecovery(now time.Time) {
+	t.rec = recovery{
+		active:   true,
+		from:     t.next,
+		deadline: now.Add(t.cfg.RecoveryTimeout),
+		retryAt:  now,
+	}
+	if until, bounded := t.pend.min(); bounded {
+		t.log(slog.LevelInfo, "replay recovery started", "from", t.next, "until", until)
+	} else {
+		t.log(slog.LevelInfo, "replay recovery started", "from", t.next, "until", "end of publisher buffer")
+	}
+	t.driveRecovery(now)
+}
+
+// startCatchUp asks for everything the publisher still buffers (from next, 0 before any
+// baseline), without waiting for a live batch. Live batches are buffered meanwhile, as
+// during a gap recovery.
+func (t *Tracker) startCatchUp(now time.Time) {
+	t.rec = recovery{
+		active:   true,
+		catchUp:  true,
+		from:     t.next,
+		deadline: now.Add(t.cfg.RecoveryTimeout),
+		retryAt:  now,
+	}
+	t.log(slog.LevelInfo, "catch-up started", "from", t.next)
+	t.driveRecovery(now)
+}
+
+// catchUpFailed ends a catch-up that found no baseline, without marking the source
+// stale: the buffered live batches, if any, become the stream, and otherwise the next
+// live batch is the baseline, as without catch-up.
+func (t *Tracker) catchUpFailed(now time.Time, reason string) {
+	t.closeAttempt()
+	t.rec.active, t.rec.catchUp = false, false
+	t.st.catchUpsFailed.Add(1)
+	t.log(slog.LevelWarn, "catch-up failed; continuing from the live stream", "err", reason, "attempts", t.rec.attempts)
+	if until, ok := t.pend.min(); ok {
+		t.base = true
+		t.next, t.hiNext = until, max(t.hiNext, until)
+		t.flush(now)
+	}
+}
+
+// Tick enforces the recovery deadline and opens or times out attempts.
+func (t *Tracker) Tick(now time.Time) []Action {
+	t.begin()
+	if !t.stale {
+		t.driveRecovery(now)
+	}
+	return t.acts
+}
+
+func (t *Tracker) driveRecovery(now time.Time) {
+	if !t.rec.active {
+		return
+	}
+	if !now.Before(t.rec.deadline) {
+		if t.rec.catchUp && !t.base {
+			t.catchUpFailed(now, fmt.Sprintf("deadline %v exceeded", t.cfg.RecoveryTimeout))
+			return
+		}
+		until, _ := t.pend.min()
+		t.markStale(fmt.Sprintf("replay recovery deadline exceeded after %d attempts (next %d, live boundary %d)",
+			t.rec.attempts, t.next, until))
+		return
+	}
+	if !t.rec.open {
+		if now.Before(t.rec.retryAt) {
+			return
+		}
+		t.rec.attempts++
+		t.rec.open = true
+		t.rec.recvDeadline = now.Add(t.cfg.ReplayTimeout)
+		t.emit(Action{Kind: OpenReplay, Seq: t.next})
+		return
+	}
+	if !now.Before(t.rec.recvDeadline) {
+		t.attemptFailed(now, fmt.Sprintf("no replay reply within %v", t.cfg.ReplayTimeout))
+	}
+}
+
+// ReplayFailed reports that the open attempt failed: it could not be opened or its
+// request sent, a reply was malformed, or its socket failed.
+func (t *Tracker) ReplayFailed(now time.Time, reason string) []Action {
+	t.begin()
+	if !t.stale && t.rec.active && t.rec.open {
+		t.attemptFailed(now, reason)
+	}
+	return t.acts
+}
+
+// attemptFailed drops the current attempt; another opens after RetryDelay, until the
+// recovery deadline. A catch-up is not retried: before its baseline it ends, after it
+// (replayed batches applied) the rest of the window must be closed, so it carries on as
+// a strict gap recovery.
+func (t *Tracker) attemptFailed(now time.Time, reason string) {
+	if t.rec.active && t.rec.catchUp {
+		if !t.base {
+			t.catchUpFailed(now, reason)
+			return
+		}
+		t.rec.catchUp = false
+		t.st.catchUpsFailed.Add(1)
+		t.log(slog.LevelWarn, "catch-up interrupted after replayed batches; recovering the rest as a gap",
+			"next", t.next, "err", reason)
+	}
+	t.closeAttempt()
+	t.st.replayRetries.Add(1)
+	t.rec.retryAt = now.Add(t.cfg.RetryDelay)
+	t.log(slog.LevelWarn, "replay attempt failed", "attempt", t.rec.attempts, "next", t.next, "err", reason)
+}
+
+// DropAttempt closes the open attempt without counting it, so that it reopens at once
+// (the owner's sockets failed and are reopened).
+func (t *Tracker) DropAttempt(now time.Time) []Action {
+	t.begin()
+	if t.rec.open {
+		t.closeAttempt()
+		t.rec.retryAt = now
+	}
+	return t.acts
+}
+
+func (t *Tracker) closeAttempt() {
+	if t.rec.open {
+		t.rec.open = false
+		t.emit(Action{Kind: CloseReplay})
+	}
+}
+
+// ReplayBatch handles one replayed batch of the open attempt.
+func (t *Tracker) ReplayBatch(now time.Time, seq uint64, payload []byte) []Action {
+	t.begin()
+	if !t.rec.active || !t.rec.open || t.stale {
+		return t.acts
+	}
+	t.rec.recvDeadline = now.Add(t.cfg.ReplayTimeout)
+	if seq > math.MaxInt64 {
+		t.attemptFailed(now, fmt.Sprintf("malformed replay reply: sequence %d exceeds INT64_MAX", seq))
+		return t.acts
+	}
+	t.replayBatch(now, seq, payload)
+	return t.acts
+}
+
+// replayBatch applies replayed batches below the live boundary, in order, once each.
+func (t *Tracker) replayBatch(now time.Time, seq uint64, payload []byte) {
+	if t.rec.catchUp && !t.base {
+		// The first batch of a catch-up sets the baseline, wherever the publisher's ring
+		// starts; when the live stream is already buffered from an older batch, that is
+		// where the stream starts.
+		t.base = true
+		until, bounded := t.pend.min()
+		if bounded && seq >= until {
+			t.next = until
+			t.finishRecovery(now)
+			return
+		}
+		t.next = seq
+		if seq > t.rec.from {
+			t.log(slog.LevelInfo, "catch-up starts after the requested sequence: older batches are no longer buffered",
+				"requested", t.rec.from, "first", seq)
+		}
+	}
+	if seq < t.next {
+		t.st.duplicates.Add(1)
+		return
+	}
+	until, bounded := t.pend.min()
+	if bounded && seq >= until && t.next == until {
+		t.finishRecovery(now)
+		return
+	}
+	if seq != t.next {
+		t.markStale(fmt.Sprintf("replay skipped sequence: expected %d, got %d", t.next, seq))
+		return
+	}
+	t.apply(seq, payload)
+	t.rec.progress = true
+	if bounded && t.next == until {
+		// Replies at or past the live boundary are not needed: closing the DEALER
+		// discards them, and the boundary is applied once, from the buffer.
+		t.finishRecovery(now)
+	}
+}
+
+// ReplayEnd handles the end marker: the publisher has nothing more after what it sent.
+func (t *Tracker) ReplayEnd(now time.Time) []Action {
+	t.begin()
+	if !t.rec.active || !t.rec.open || t.stale {
+		return t.acts
+	}
+	t.rec.recvDeadline = now.Add(t.cfg.ReplayTimeout)
+	until, bounded := t.pend.min()
+	if t.rec.catchUp {
+		// Nothing replayed: the buffered live batches (or the next one) start the stream.
+		// Live batches missing after the replayed ones (sent after the publisher read
+		// its ring, before the SUB had joined) are recovered strictly by the flush.
+		if !t.base && bounded {
+			t.base = true
+			t.next = until
+		}
+		t.finishRecovery(now)
+		return t.acts
+	}
+	switch {
+	case !bounded || t.next >= until:
+		t.finishRecovery(now)
+	case !t.rec.progress:
+		t.markStale(fmt.Sprintf("replay completed without progress: publisher has no batch %d (live boundary %d)",
+			t.next, until))
+	default:
+		t.markStale(fmt.Sprintf("replay buffer did not contain every missing sequence (next %d, live boundary %d)",
+			t.next, until))
+	}
+	return t.acts
+}
+
+// finishRecovery closes the attempt and applies the buffered live batches.
+func (t *Tracker) finishRecovery(now time.Time) {
+	t.closeAttempt()
+	t.rec.active = false
+	// An unbounded replay (after a reconnect, or a catch-up) may apply past every live
+	// batch seen; later live batches are not gaps for that.
+	t.hiNext = max(t.hiNext, t.next)
+	if !t.rec.catchUp {
+		t.st.replaysOK.Add(1)
+		t.log(slog.LevelInfo, "replay recovery complete", "from", t.rec.from, "next", t.next, "attempts", t.rec.attempts)
+		t.flush(now)
+		return
+	}
+	t.rec.catchUp = false
+	t.st.catchUps.Add(1)
+	t.log(slog.LevelInfo, "catch-up complete", "from", t.rec.from, "next", t.next, "baseline", t.base)
+	if t.base {
+		if until, ok := t.pend.min(); ok && until > t.next {
+			// Published after the ring was read but before the SUB had joined: a gap in
+			// the established window, recovered strictly by flush.
+			missing := until - t.next
+			t.st.gaps.Add(1)
+			t.st.dropped.Add(missing)
+			t.log(slog.LevelWarn, "ZMQ sequence gap after catch-up", "expected", t.next, "got", until, "missing", missing)
+		}
+	}
+	t.flush(now)
+}
+
+// flush applies buffered batches while they are contiguous; a hole among them (a second
+// gap that opened during recovery) starts another recovery at now.
+func (t *Tracker) flush(now time.Time) {
+	for t.pend.len() > 0 {
+		m := t.pend.first()
+		switch {
+		case m.seq < t.next:
+			t.st.duplicates.Add(1)
+		case m.seq > t.next:
+			t.startRecovery(now)
+			return
+		default:
+			t.apply(m.seq, t.pend.payload(m))
+		}
+		t.pend.pop()
+	}
+}
+
+// Connected reports a (re)connection of the SUB socket. With replay, whatever was lost
+// while disconnected is requested at once rather than when the next live batch shows
+// the gap.
+func (t *Tracker) Connected(now time.Time) []Action {
+	t.begin()
+	if !t.connectedOnce {
+		t.connectedOnce = true
+		return t.acts
+	}
+	t.st.reconnects.Add(1)
+	t.reconnected = true
+	t.log(slog.LevelInfo, "ZMQ publisher reconnected")
+	if t.cfg.Replay && t.base && !t.stale && !t.rec.active {
+		t.startRecovery(now)
+	}
+	return t.acts
+}
+
+// markStale is one-shot: it drops the recovery state and emits Stale.
+func (t *Tracker) markStale(reason string) {
+	if t.stale {
+		return
+	}
+	t.stale = true
+	if t.rec.active {
+		t.rec.active = false
+		if t.rec.catchUp {
+			t.st.catchUpsFailed.Add(1)
+		} else {
+			t.st.replaysFailed.Add(1)
+		}
+		t.rec.catchUp = false
+	}
+	t.closeAttempt()
+	t.pend.reset()
+	t.log(slog.LevelWarn, "ZMQ source marked stale", "reason", reason, "next_seq", t.next)
+	t.emit(Action{Kind: Stale, Reason: reason})
+}
