@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -90,7 +91,7 @@ type App struct {
 	// releaseDone stops releaseMemory.
 	releaseDone chan struct{}
 	state       *StateFile // nil when persistence is off
-	// zmq is the one ZMQ context of every subscription.
+	// zmq is the one ZMQ context of every subscription (nil in a build without cgo).
 	zmq *zmqtransport.Transport
 
 	stopOnce sync.Once
@@ -113,7 +114,13 @@ func Start(cfg AppConfig) (*App, error) {
 		memo = hashing.DefaultMemoEntries
 	}
 	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads})
-	if err != nil {
+	switch {
+	case errors.Is(err, zmqtransport.ErrNoCgo):
+		// A binary built without cgo serves queries; every ZMQ subscription fails with
+		// this error when it is registered.
+		log.Warn("no ZMQ in this build: service registrations will fail", "err", err)
+		tr = nil
+	case err != nil:
 		return nil, err
 	}
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks, Logger: log, MemoEntries: memo})
@@ -239,8 +246,10 @@ func (a *App) Stop() {
 		if a.state != nil {
 			_ = a.state.Close()
 		}
-		if err := a.zmq.Close(); err != nil {
-			a.log.Warn("zmq context not closed", "err", err)
+		if a.zmq != nil { // nil: built without cgo
+			if err := a.zmq.Close(); err != nil {
+				a.log.Warn("zmq context not closed", "err", err)
+			}
 		}
 		a.Engine.Close()
 		a.log.Info("conductor stopped", "services", n)

@@ -48,4 +48,3 @@ func TestPendingBuffer(t *testing.T) {
 		t.Fatalf("buffer cycle allocates %v", allocs)
 	}
 }
-
