@@ -1,0 +1,412 @@
+package seqtrack
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The tracker is a pure function of its inputs: each case below is a script of inputs at
+// given times and the actions each must produce, rendered as text:
+//
+//	apply N:P      Apply of batch N with payload P
+//	open N         OpenReplay from N
+//	close          CloseReplay
+//	stale          Stale
+//	restart L>F    Restarted (last L, first F)
+//
+// Log actions are left out. Times are offsets from t0 in milliseconds; no clock is read and
+// nothing sleeps.
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+// step is one input. op: start, live, replay, end, fail (ReplayFailed), tick, conn
+// (Connected), reject (Rejected), drop (DropAttempt).
+type step struct {
+	at   int // ms after t0
+	op   string
+	seq  uint64
+	want string
+}
+
+func cfgReplay() Config {
+	return Config{Replay: true, ReplayTimeout: 100 * time.Millisecond, RecoveryTimeout: time.Second,
+		RetryDelay: 50 * time.Millisecond, MaxMessages: 100, MaxBytes: 1 << 20}
+}
+
+func cfgNoReplay() Config {
+	c := cfgReplay()
+	c.Replay = false
+	return c
+}
+
+func cfgCatchUp() Config {
+	c := cfgReplay()
+	c.CatchUpOnStart = true
+	return c
+}
+
+func render(acts []Action) string {
+	var parts []string
+	for _, a := range acts {
+		switch a.Kind {
+		case Apply:
+			parts = append(parts, fmt.Sprintf("apply %d:%s", a.Seq, a.Payload))
+		case OpenReplay:
+			parts = append(parts, fmt.Sprintf("open %d", a.Seq))
+		case CloseReplay:
+			parts = append(parts, "close")
+		case Stale:
+			parts = append(parts, "stale")
+		case Restarted:
+			parts = append(parts, fmt.Sprintf("restart %d>%d", a.Last, a.Seq))
+		case Log:
+		default:
+			parts = append(parts, a.Kind.String())
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// feed applies one step; payloads are "p<seq>" for live batches and "r<seq>" for replayed
+// ones, so an Apply shows where its batch came from.
+func feed(tr *Tracker, s step) []Action {
+	now := t0.Add(time.Duration(s.at) * time.Millisecond)
+	switch s.op {
+	case "start":
+		return tr.Start(now)
+	case "live":
+		p := fmt.Sprintf("p%d", s.seq)
+		return tr.Live(now, s.seq, len(p), []byte(p))
+	case "replay":
+		return tr.ReplayBatch(now, s.seq, []byte(fmt.Sprintf("r%d", s.seq)))
+	case "end":
+		return tr.ReplayEnd(now)
+	case "fail":
+		return tr.ReplayFailed(now, "test failure")
+	case "tick":
+		return tr.Tick(now)
+	case "conn":
+		return tr.Connected(now)
+	case "reject":
+		return tr.Rejected(s.seq, errors.New("rejected by test"))
+	case "drop":
+		return tr.DropAttempt(now)
+	}
+	panic("unknown op " + s.op)
+}
+
+func live(at int, seq uint64, want string) step {
+	return step{at: at, op: "live", seq: seq, want: want}
+}
+func replay(at int, seq uint64, want string) step {
+	return step{at: at, op: "replay", seq: seq, want: want}
+}
+func op(at int, name, want string) step { return step{at: at, op: name, want: want} }
+
+type trackerCase struct {
+	name  string
+	cfg   Config
+	steps []step
+	// want holds counters that must match at the end (others are not checked).
+	want  Counters
+	stale bool
+	next  uint64
+}
+
+var trackerCases = []trackerCase{
+	{name: "in order from 0", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(1, 1, "apply 1:p1"), live(2, 2, "apply 2:p2"),
+	}, next: 3},
+	{name: "first batch is the baseline", cfg: cfgNoReplay(), steps: []step{
+		live(0, 41, "apply 41:p41"), live(1, 42, "apply 42:p42"),
+	}, next: 43},
+	{name: "duplicates and older batches dropped", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), live(0, 2, "apply 2:p2"),
+		live(0, 2, ""), live(0, 1, ""), live(0, 3, "apply 3:p3"),
+	}, want: Counters{Duplicates: 2}, next: 4},
+	{name: "gap without replay is stale", cfg: cfgNoReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "stale"), live(0, 3, ""),
+	}, want: Counters{Gaps: 1, Dropped: 1}, stale: true, next: 1},
+	{name: "gap recovered by replay exactly once", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"),
+		live(1, 3, "open 1"),
+		live(2, 4, ""),
+		replay(3, 1, "apply 1:r1"),
+		replay(3, 2, "apply 2:r2 close apply 3:p3 apply 4:p4"),
+		live(4, 5, "apply 5:p5"),
+	}, want: Counters{Gaps: 1, Dropped: 2, ReplaysOK: 1}, next: 6},
+	{name: "replies past the live boundary are not applied twice", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(1, 2, "open 1"),
+		replay(2, 1, "apply 1:r1 close apply 2:p2"),
+		replay(2, 2, ""), // the attempt is closed: a late reply is ignored
+	}, want: Counters{ReplaysOK: 1}, next: 3},
+	{name: "second gap during recovery starts another", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"), live(0, 4, ""),
+		replay(1, 1, "apply 1:r1 close apply 2:p2 open 3"),
+		replay(2, 3, "apply 3:r3 close apply 4:p4"),
+	}, want: Counters{Gaps: 2, Dropped: 2, ReplaysOK: 2}, next: 5},
+	{name: "replay without the missing batch is stale", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), op(1, "end", "close stale"),
+	}, want: Counters{ReplaysFailed: 1}, stale: true, next: 1},
+	{name: "replay with part of the gap is stale", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), replay(1, 1, "apply 1:r1"), op(1, "end", "close stale"),
+	}, want: Counters{ReplaysFailed: 1}, stale: true, next: 2},
+	{name: "replay skipping a sequence is stale", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 5, "open 1"), replay(1, 2, "close stale"),
+	}, stale: true, next: 1},
+	{name: "replayed duplicates dropped", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), live(0, 4, "open 2"),
+		replay(1, 0, ""), replay(1, 1, ""), replay(1, 2, "apply 2:r2"), replay(1, 3, "apply 3:r3 close apply 4:p4"),
+	}, want: Counters{Duplicates: 2, ReplaysOK: 1}, next: 5},
+	{name: "silent replay retried then stale at the deadline", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"),
+		op(99, "tick", ""),
+		op(100, "tick", "close"), // no reply within ReplayTimeout
+		op(149, "tick", ""),
+		op(150, "tick", "open 1"), // after RetryDelay
+		op(250, "tick", "close"),
+		op(300, "tick", "open 1"),
+		op(1000, "tick", "close stale"), // RecoveryTimeout from the start
+	}, want: Counters{ReplayRetries: 2, ReplaysFailed: 1}, stale: true, next: 1},
+	{name: "replies push the attempt's timeout", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"),
+		replay(90, 1, "apply 1:r1"),
+		op(150, "tick", ""), // 100 ms after the open, 60 after the reply
+		op(190, "tick", "close"),
+	}, want: Counters{ReplayRetries: 1}, next: 2},
+	{name: "malformed reply fails the attempt, retried", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"),
+		op(10, "fail", "close"), op(59, "tick", ""), op(60, "tick", "open 1"),
+		replay(61, 1, "apply 1:r1 close apply 2:p2"),
+	}, want: Counters{ReplayRetries: 1, ReplaysOK: 1}, next: 3},
+	{name: "replayed sequence above INT64_MAX fails the attempt", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"),
+		replay(1, math.MaxInt64+1, "close"),
+	}, want: Counters{ReplayRetries: 1}, next: 1},
+	{name: "dropped attempt reopens at once, uncounted", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"),
+		op(5, "drop", "close"), op(5, "tick", "open 1"),
+	}, want: Counters{ReplayRetries: 0}, next: 1},
+	{name: "recovery buffer limit is stale", cfg: func() Config { c := cfgReplay(); c.MaxMessages = 2; return c }(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"), live(0, 3, ""), live(0, 4, "close stale"),
+	}, want: Counters{ReplaysFailed: 1}, stale: true, next: 1},
+	{name: "recovery byte limit is stale", cfg: func() Config { c := cfgReplay(); c.MaxBytes = 3; return c }(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"), live(0, 3, "close stale"),
+	}, stale: true, next: 1},
+	{name: "buffered duplicate dropped", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"), live(0, 2, ""),
+		replay(1, 1, "apply 1:r1 close apply 2:p2"),
+	}, want: Counters{Duplicates: 1}, next: 3},
+	{name: "rejected batch is stale without advancing", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), step{op: "reject", seq: 1, want: "stale"},
+		live(0, 2, ""),
+	}, stale: true, next: 1},
+	{name: "restart to 0 with replay re-baselines at 0", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), live(0, 2, "apply 2:p2"),
+		live(1, 0, "restart 2>0 apply 0:p0"), live(1, 1, "apply 1:p1"),
+	}, want: Counters{Restarts: 1}, next: 2},
+	{name: "restart seen late is replayed from 0", cfg: cfgReplay(), steps: []step{
+		op(0, "conn", ""),
+		live(0, 5, "apply 5:p5"), live(0, 6, "apply 6:p6"),
+		op(1, "conn", "open 7"), // reconnect: ask for what was lost
+		live(2, 2, "close restart 6>2 open 0"),
+		replay(3, 0, "apply 0:r0"), replay(3, 1, "apply 1:r1 close apply 2:p2"),
+	}, want: Counters{Restarts: 1, Reconnects: 1}, next: 3},
+	{name: "restart without replay takes the first batch", cfg: cfgNoReplay(), steps: []step{
+		live(0, 1, "apply 1:p1"), live(0, 2, "apply 2:p2"), live(0, 3, "apply 3:p3"),
+		live(1, 0, "restart 3>0 apply 0:p0"),
+	}, want: Counters{Restarts: 1}, next: 1},
+	{name: "old sequence after a reconnect is a restart", cfg: cfgNoReplay(), steps: []step{
+		op(0, "conn", ""), live(0, 7, "apply 7:p7"), live(0, 8, "apply 8:p8"),
+		op(1, "conn", ""), live(1, 1, "restart 8>1 apply 1:p1"),
+	}, want: Counters{Restarts: 1, Reconnects: 1}, next: 2},
+	{name: "old sequence without a reconnect is a duplicate", cfg: cfgNoReplay(), steps: []step{
+		live(0, 7, "apply 7:p7"), live(0, 8, "apply 8:p8"), live(1, 1, ""),
+	}, want: Counters{Duplicates: 1}, next: 9},
+	{name: "catch-up replays everything", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"),
+		replay(1, 0, "apply 0:r0"), replay(1, 1, "apply 1:r1"), op(1, "end", "close"),
+		live(2, 2, "apply 2:p2"),
+	}, want: Counters{CatchUps: 1}, next: 3},
+	{name: "catch-up accepts a ring starting late", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 5, "apply 5:r5"), op(1, "end", "close"), live(2, 6, "apply 6:p6"),
+	}, want: Counters{CatchUps: 1}, next: 7},
+	{name: "catch-up with nothing to replay", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), op(1, "end", "close"), live(2, 9, "apply 9:p9"),
+	}, want: Counters{CatchUps: 1}, next: 10},
+	{name: "catch-up failure is not stale", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), op(1, "fail", "close"), live(2, 7, "apply 7:p7"),
+	}, want: Counters{CatchUpsFailed: 1}, next: 8},
+	{name: "catch-up timeout is not stale", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), op(100, "tick", "close"), live(101, 3, "apply 3:p3"),
+	}, want: Counters{CatchUpsFailed: 1}, next: 4},
+	{name: "catch-up while live batches stream", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), live(1, 3, ""), live(1, 4, ""),
+		replay(2, 0, "apply 0:r0"), replay(2, 1, "apply 1:r1"), replay(2, 2, "apply 2:r2 close apply 3:p3 apply 4:p4"),
+	}, want: Counters{CatchUps: 1}, next: 5},
+	{name: "catch-up ring past the buffered live batches", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), live(1, 3, ""), replay(2, 5, "close apply 3:p3"),
+	}, want: Counters{CatchUps: 1}, next: 4},
+	{name: "catch-up end with live batches buffered", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), live(1, 3, ""), live(1, 4, ""), op(2, "end", "close apply 3:p3 apply 4:p4"),
+	}, want: Counters{CatchUps: 1}, next: 5},
+	{name: "catch-up gap after the ring is recovered strictly", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), live(1, 4, ""),
+		replay(2, 0, "apply 0:r0"), replay(2, 1, "apply 1:r1"), op(2, "end", "close open 2"),
+		replay(3, 2, "apply 2:r2"), replay(3, 3, "apply 3:r3 close apply 4:p4"),
+	}, want: Counters{CatchUps: 1, ReplaysOK: 1, Gaps: 1, Dropped: 2}, next: 5},
+	{name: "catch-up interrupted after progress is strict", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), live(1, 3, ""),
+		replay(2, 0, "apply 0:r0"), op(3, "fail", "close"),
+		op(53, "tick", "open 1"),
+		replay(54, 1, "apply 1:r1"), replay(54, 2, "apply 2:r2 close apply 3:p3"),
+	}, want: Counters{CatchUpsFailed: 1, ReplayRetries: 1, ReplaysOK: 1}, next: 4},
+	{name: "catch-up overflow before a baseline gives up", cfg: func() Config { c := cfgCatchUp(); c.MaxMessages = 2; return c }(), steps: []step{
+		op(0, "start", "open 0"), live(1, 5, ""), live(1, 6, ""),
+		live(1, 7, "close apply 5:p5 apply 6:p6 apply 7:p7"),
+	}, want: Counters{CatchUpsFailed: 1}, next: 8},
+	{name: "catch-up again after a publisher restart", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), op(1, "end", "close"),
+		live(2, 0, "apply 0:p0"), live(2, 1, "apply 1:p1"), live(2, 2, "apply 2:p2"),
+		live(3, 0, "restart 2>0 open 0"),
+		replay(4, 0, "close apply 0:p0"), // the buffered live 0 is the boundary: applied once, from the buffer
+	}, want: Counters{CatchUps: 2, Restarts: 1}, next: 1},
+	{name: "reconnect with nothing lost replays to the end", cfg: cfgReplay(), steps: []step{
+		op(0, "conn", ""), live(0, 0, "apply 0:p0"), op(1, "conn", "open 1"), op(2, "end", "close"),
+		live(3, 1, "apply 1:p1"),
+	}, want: Counters{Reconnects: 1, ReplaysOK: 1}, next: 2},
+	{name: "reconnect without replay only counts", cfg: cfgNoReplay(), steps: []step{
+		op(0, "conn", ""), live(0, 0, "apply 0:p0"), op(1, "conn", ""), live(1, 1, "apply 1:p1"),
+	}, want: Counters{Reconnects: 1}, next: 2},
+	{name: "stale tracker ignores everything", cfg: cfgNoReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 5, "stale"), live(0, 1, ""), op(1, "conn", ""), op(2, "tick", ""),
+	}, stale: true, next: 1},
+}
+
+func TestTrackerTables(t *testing.T) {
+	for _, tc := range trackerCases {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(tc.cfg)
+			for i, s := range tc.steps {
+				if got := render(feed(tr, s)); got != s.want {
+					t.Fatalf("step %d (%s %d at %dms): actions %q, want %q", i, s.op, s.seq, s.at, got, s.want)
+				}
+			}
+			if tr.Stale() != tc.stale || tr.Next() != tc.next {
+				t.Fatalf("stale %v next %d, want %v %d", tr.Stale(), tr.Next(), tc.stale, tc.next)
+			}
+			got := tr.Counters()
+			check := func(name string, g, w uint64) {
+				if w != 0 && g != w {
+					t.Errorf("%s = %d, want %d (all: %+v)", name, g, w, got)
+				}
+			}
+			w := tc.want
+			check("Dropped", got.Dropped, w.Dropped)
+			check("Duplicates", got.Duplicates, w.Duplicates)
+			check("Gaps", got.Gaps, w.Gaps)
+			check("ReplaysOK", got.ReplaysOK, w.ReplaysOK)
+			check("ReplaysFailed", got.ReplaysFailed, w.ReplaysFailed)
+			check("ReplayRetries", got.ReplayRetries, w.ReplayRetries)
+			check("Restarts", got.Restarts, w.Restarts)
+			check("Reconnects", got.Reconnects, w.Reconnects)
+			check("CatchUps", got.CatchUps, w.CatchUps)
+			check("CatchUpsFailed", got.CatchUpsFailed, w.CatchUpsFailed)
+			if tc.name == "dropped attempt reopens at once, uncounted" && got.ReplayRetries != 0 {
+				t.Errorf("ReplayRetries = %d, want 0", got.ReplayRetries)
+			}
+		})
+	}
+}
+
+// TestTrackerDeadline: the owner's next wake-up is the earliest of the recovery
+// deadline, the open attempt's reply timeout, or the retry time.
+func TestTrackerDeadline(t *testing.T) {
+	tr := New(cfgReplay())
+	if _, ok := tr.Deadline(); ok {
+		t.Fatal("deadline without a recovery")
+	}
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	tr.Live(ms(0), 0, 1, []byte("a"))
+	tr.Live(ms(0), 2, 1, []byte("c"))
+	if d, ok := tr.Deadline(); !ok || !d.Equal(ms(100)) || !tr.AttemptOpen() {
+		t.Fatalf("open attempt: deadline %v %v, want reply timeout at 100ms", d.Sub(t0), ok)
+	}
+	tr.Tick(ms(100))
+	if d, ok := tr.Deadline(); !ok || !d.Equal(ms(150)) || tr.AttemptOpen() {
+		t.Fatalf("after a timeout: deadline %v %v, want retry at 150ms", d.Sub(t0), ok)
+	}
+	tr.Tick(ms(980))
+	if d, _ := tr.Deadline(); !d.Equal(ms(1000)) {
+		t.Fatalf("near the end: deadline %v, want the recovery deadline at 1000ms", d.Sub(t0))
+	}
+	if tr.Buffered() != 1 {
+		t.Fatalf("buffered %d, want 1", tr.Buffered())
+	}
+}
+
+// TestNeedsConnectCheck: only a batch that would otherwise be dropped as a duplicate asks
+// the owner to read its pending connection events first.
+func TestNeedsConnectCheck(t *testing.T) {
+	tr := New(cfgNoReplay())
+	if tr.NeedsConnectCheck(0) {
+		t.Fatal("before a baseline")
+	}
+	for s := range uint64(4) {
+		tr.Live(t0, s, 1, []byte("x"))
+	}
+	for _, tc := range []struct {
+		seq  uint64
+		want bool
+	}{{4, false}, {9, false}, {3, true}, {1, true}, {0, false /* restart by sequence 0 */}} {
+		if got := tr.NeedsConnectCheck(tc.seq); got != tc.want {
+			t.Errorf("NeedsConnectCheck(%d) = %v, want %v", tc.seq, got, tc.want)
+		}
+	}
+	tr.Connected(t0)
+	tr.Connected(t0)
+	if tr.NeedsConnectCheck(2) {
+		t.Fatal("after a reconnect the check is done")
+	}
+}
+
+// TestTrackerPayloadsStayValid: payloads handed out from the recovery buffer stay intact
+// through the call that hands them out, even when the same call buffers again.
+func TestTrackerPayloadsStayValid(t *testing.T) {
+	c := cfgCatchUp()
+	c.MaxMessages = 2
+	tr := New(c)
+	tr.Start(t0)
+	tr.Live(t0, 5, 2, []byte("p5"))
+	tr.Live(t0, 7, 2, []byte("p7"))
+	// Overflow before a baseline: the catch-up ends, 5 is applied from the buffer, the
+	// hole at 6 starts a recovery, and 8 is buffered in the same call.
+	acts := tr.Live(t0, 8, 2, []byte("p8"))
+	if got := render(acts); got != "close apply 5:p5 open 6" {
+		t.Fatalf("actions %q", got)
+	}
+	for _, a := range acts {
+		if a.Kind == Apply && string(a.Payload) != "p5" {
+			t.Fatalf("payload of 5 overwritten: %q", a.Payload)
+		}
+	}
+}
+
+// TestLivePathAllocatesNothing: an in-order live batch costs no allocation.
+func TestLivePathAllocatesNothing(t *testing.T) {
+	tr := New(cfgReplay())
+	p := []byte("payload")
+	seq := uint64(0)
+	if n := testing.AllocsPerRun(1000, func() {
+		if acts := tr.Live(t0, seq, len(p), p); len(acts) != 1 {
+			panic("not applied")
+		}
+		seq++
+	}); n != 0 {
+		t.Fatalf("%v allocations per batch", n)
+	}
+}
