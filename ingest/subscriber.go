@@ -78,6 +78,18 @@ type Handler interface {
 	OnStale(reason string)
 }
 
+// BurstHandler may be implemented by a Handler that applies the batches of a burst
+// together. The subscriber then hands it each batch with HandleBatchDeferred (same
+// contract as HandleBatch, except that the batch need not be applied yet) and calls
+// Flush once it has read everything that was ready: before it waits for more input,
+// before it stops. A handler must apply whatever is deferred before OnStale and
+// OnPublisherRestart act.
+type BurstHandler interface {
+	Handler
+	HandleBatchDeferred(seq uint64, payload []byte) error
+	Flush()
+}
+
 // RestartHandler may be implemented by a Handler that wants to hear about publisher
 // restarts: the engine process behind the stream was replaced, so whatever it announced
 // before is gone from its cache and the handler should drop it. It is called before the
@@ -187,6 +199,7 @@ type counters struct {
 type Subscriber struct {
 	cfg SubscriberConfig
 	h   Handler
+	bh  BurstHandler // h, when it defers; nil otherwise
 	rh  RestartHandler
 	log *slog.Logger
 
@@ -215,6 +228,8 @@ type Subscriber struct {
 	// Receive-buffer shrinking: messages in a row that used under a quarter of a large
 	// buffer, and the largest of them.
 	smallRun, smallMax int
+	// deferred counts the batches a BurstHandler accepted and has not flushed yet.
+	deferred uint64
 	// discAt: when the SUB's peer disconnected without a reconnect scheduled yet.
 	discAt time.Time
 	// Malformed live messages are logged at most once a second.
@@ -259,6 +274,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	s.buf = s.rbuf.B
 	s.st.recvBuf.Store(int64(len(s.buf)))
 	s.rh, _ = h.(RestartHandler)
+	s.bh, _ = h.(BurstHandler)
 	s.tr = s.newTracker()
 	return s, nil
 }
@@ -412,6 +428,7 @@ func (s *Subscriber) run() {
 			continue
 		}
 		s.step()
+		s.flush()
 	}
 	s.z.Free()
 	s.rbuf.Release()
@@ -503,6 +520,18 @@ func (s *Subscriber) protocolError() {
 	s.discAt = time.Time{}
 }
 
+// flush applies the batches a BurstHandler deferred.
+// Applied counts them only then, so that a batch counted is in the index.
+func (s *Subscriber) flush() {
+	if s.bh != nil {
+		s.bh.Flush()
+		if s.deferred > 0 {
+			s.st.applied.Add(s.deferred)
+			s.deferred = 0
+		}
+	}
+}
+
 // recvBatch bounds how many messages one step reads before it looks at timers and the
 // replay socket again.
 const recvBatch = 256
@@ -554,6 +583,9 @@ func (s *Subscriber) step() {
 	if got > 0 {
 		now = time.Now() // handling took time: the timers are measured from here
 	}
+	// Everything that was ready has been read: the burst goes to the index before the
+	// wait.
+	s.flush()
 	if len(s.buf) > recvBufKeep {
 		// Idle: an outlier's buffer is not kept while nothing arrives.
 		s.shrinkBuf(recvBufInitial)

@@ -35,12 +35,16 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 		a := &acts[i]
 		switch a.Kind {
 		case seqtrack.Apply:
-			if err := s.h.HandleBatch(a.Seq, a.Payload); err != nil {
+			if err := s.handle(a.Seq, a.Payload); err != nil {
 				s.st.rejected.Add(1)
 				s.do(s.tr.Rejected(a.Seq, err))
 				return
 			}
-			s.st.applied.Add(1)
+			if s.bh != nil {
+				s.deferred++ // counted in Applied once flushed
+			} else {
+				s.st.applied.Add(1)
+			}
 		case seqtrack.OpenReplay:
 			if err := s.openAttempt(a.Seq); err != nil {
 				replayErr = err.Error()
@@ -63,6 +67,14 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 	if replayErr != "" {
 		s.do(s.tr.ReplayFailed(time.Now(), replayErr))
 	}
+}
+
+// handle hands one batch to the handler: deferred to the end of the burst when it can.
+func (s *Subscriber) handle(seq uint64, payload []byte) error {
+	if s.bh != nil {
+		return s.bh.HandleBatchDeferred(seq, payload)
+	}
+	return s.h.HandleBatch(seq, payload)
 }
 
 // openAttempt opens a fresh DEALER and asks for every batch from from on.

@@ -53,6 +53,8 @@ type EventHandler struct {
 	log *slog.Logger
 	dec wire.Decoder
 	ops []engine.Op
+	// The engine ops of a burst of batches wait here until Flush (burst.go).
+	burst burstBuf
 
 	// Mooncake: the context of the pending ops, and a one-entry cache of the last
 	// event context so a steady stream does not build key strings per event.
@@ -92,6 +94,16 @@ var ErrDPRankConflict = errors.New("batch data_parallel_rank conflicts with trus
 // (logged, counted; not stale, as upstream). A dp_rank conflict is returned: the
 // subscriber marks the source stale. Invalid events are skipped; the rest apply in order.
 func (h *EventHandler) HandleBatch(seq uint64, payload []byte) error {
+	err := h.HandleBatchDeferred(seq, payload)
+	h.Flush()
+	return err
+}
+
+// HandleBatchDeferred is HandleBatch, except that the engine ops of a vLLM or SGLang
+// batch may wait, in order, for Flush (or for the next batch that cannot wait), so that
+// the batches of a burst reach the context writer in one request. It implements
+// ingest.BurstHandler.
+func (h *EventHandler) HandleBatchDeferred(seq uint64, payload []byte) error {
 	h.batches.Add(1)
 	b, err := h.dec.Decode(h.src.Kind, payload)
 	if err != nil {
@@ -100,13 +112,14 @@ func (h *EventHandler) HandleBatch(seq uint64, payload []byte) error {
 		return nil
 	}
 	if h.src.Kind == wire.PublisherMooncake {
+		h.Flush()
 		h.handleMooncake(seq, b)
 		return nil
 	}
 	if b.HasDPRank && b.DPRank != int64(h.src.Slot.DPRank) {
 		return fmt.Errorf("%w: batch dp_rank %d, registered %d", ErrDPRankConflict, b.DPRank, h.src.Slot.DPRank)
 	}
-	h.ops = h.ops[:0]
+	first := len(h.ops)
 	for i := range b.Events {
 		ev := &b.Events[i]
 		if ev.Err != nil {
@@ -131,7 +144,7 @@ func (h *EventHandler) HandleBatch(seq uint64, payload []byte) error {
 		}
 		h.ops = append(h.ops, op)
 	}
-	h.applyEngineOps(seq)
+	h.deferOps(seq, first)
 	return nil
 }
 
@@ -140,29 +153,6 @@ func (h *EventHandler) reject(seq uint64, err error) {
 	h.log.Warn("kv event rejected", "seq", seq, "err", err)
 }
 
-// applyEngineOps hands the batch's ops to the context writer; the decoder's hash slices
-// stay valid because Apply returns only after the ops are applied.
-func (h *EventHandler) applyEngineOps(seq uint64) {
-	if len(h.ops) == 0 {
-		return
-	}
-	if err := h.eng.Apply(h.src.Context, h.ops); err != nil {
-		h.rejected.Add(uint64(len(h.ops)))
-		h.log.Warn("kv events not applied", "seq", seq, "events", len(h.ops), "err", err)
-		h.ops = h.ops[:0]
-		return
-	}
-	for i := range h.ops {
-		op := &h.ops[i]
-		if op.Err != nil {
-			h.reject(seq, op.Err)
-			continue
-		}
-		h.applied.Add(1)
-		h.blocks.Add(uint64(len(op.Hashes)))
-	}
-	h.ops = h.ops[:0]
-}
 
 var (
 	errBlockSize   = errors.New("block_size does not match the registration")
@@ -254,6 +244,7 @@ func (h *EventHandler) sglangOp(ev *wire.Event) (engine.Op, bool, error) {
 // OnStale retracts everything the source contributed: an engine's local tiers, or every
 // Mooncake binding from this endpoint.
 func (h *EventHandler) OnStale(reason string) {
+	h.Flush()
 	h.log.Error("source marked stale; its entries are retracted until it is registered again",
 		"endpoint", h.src.Endpoint, "reason", reason)
 	h.retract()
@@ -263,6 +254,7 @@ func (h *EventHandler) OnStale(reason string) {
 // engine starts with an empty cache, so its old entries would be hits that are not there.
 // The subscriber re-baselines the sequence (and replays what the new process buffers).
 func (h *EventHandler) OnPublisherRestart(lastSeq, firstSeq uint64) {
+	h.Flush()
 	h.log.Warn("publisher restarted; retracting its previous entries", "endpoint", h.src.Endpoint,
 		"last_seq", lastSeq, "first_seq", firstSeq)
 	h.retract()
