@@ -153,7 +153,6 @@ func (h *EventHandler) reject(seq uint64, err error) {
 	h.log.Warn("kv event rejected", "seq", seq, "err", err)
 }
 
-
 var (
 	errBlockSize   = errors.New("block_size does not match the registration")
 	errLoraID      = errors.New("lora_id requires a positive id and a non-empty lora_name")
