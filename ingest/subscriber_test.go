@@ -1138,3 +1138,69 @@ func TestCatchUpAfterPublisherRestart(t *testing.T) {
 		})
 	}
 }
+
+// burstRecorder defers batches until Flush, like translate.EventHandler.
+type burstRecorder struct {
+	deferred, flushed []uint64
+}
+
+func (b *burstRecorder) HandleBatch(seq uint64, _ []byte) error {
+	b.flushed = append(b.flushed, seq)
+	return nil
+}
+
+func (b *burstRecorder) HandleBatchDeferred(seq uint64, _ []byte) error {
+	b.deferred = append(b.deferred, seq)
+	return nil
+}
+
+func (b *burstRecorder) Flush() {
+	b.flushed = append(b.flushed, b.deferred...)
+	b.deferred = b.deferred[:0]
+}
+
+func (b *burstRecorder) OnStale(string) {}
+
+// TestBurstHandlerFlushedBeforeCounted: with a BurstHandler, the subscriber defers every
+// batch of a burst and counts it as applied only once Flush has returned. Driven on this
+// goroutine (it owns the sockets here), step by step.
+func TestBurstHandlerFlushedBeforeCounted(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &burstRecorder{}
+	s, err := NewSubscriber(fastConfig(p.Endpoint(), ""), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tr.Close() }()
+	s.cfg.Transport = tr
+	z, err := s.open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.z = z
+	defer z.Free()
+	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, p, "a", "b", "c")
+	for got := 0; got < 3; {
+		n, err := s.pumpSub()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			got++
+		}
+	}
+	if len(h.deferred) != 3 || len(h.flushed) != 0 || s.Stats().Applied != 0 {
+		t.Fatalf("before flush: deferred %v flushed %v applied %d", h.deferred, h.flushed, s.Stats().Applied)
+	}
+	s.flush()
+	if !equalSeqs(h.flushed, seqRange(0, 3)) || s.Stats().Applied != 3 {
+		t.Fatalf("after flush: flushed %v applied %d", h.flushed, s.Stats().Applied)
+	}
+}
