@@ -332,6 +332,7 @@ func (s *Subscriber) run() {
 		if s.tr.Stale() {
 			// A stale source stays stale until it is unregistered: close the sockets so
 			// the publisher stops sending to us, and wait for Stop.
+			s.flush() // OnStale applied the deferred batches: count them
 			s.z.Free()
 			<-s.stopCh
 			break
