@@ -778,30 +778,39 @@ func TestPublisherRestart(t *testing.T) {
 	})
 }
 
-func TestLivePathAllocatesNothing(t *testing.T) {
-	p := newPub(t, zmqtest.Config{})
-	h := &countHandler{}
+// steppedSub opens a subscriber of p's stream whose receive path the test drives on its
+// own goroutine (it owns the sockets then): no run goroutine is started.
+func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
+	t.Helper()
 	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tr.Close() }()
 	cfg := fastConfig(p.Endpoint(), "")
 	cfg.Transport = tr
 	s, err := NewSubscriber(cfg, h)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Drive the receive path on this goroutine (it owns the sockets here).
 	z, err := s.open()
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.z = z
-	defer z.Free()
+	t.Cleanup(func() {
+		z.Free()
+		_ = tr.Close()
+	})
 	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+func TestLivePathAllocatesNothing(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &countHandler{}
+	s := steppedSub(t, p, h)
 	payload := bytes.Repeat([]byte{7}, 5000)
 	const runs = 200
 	for range runs + 10 {
@@ -1167,25 +1176,7 @@ func (b *burstRecorder) OnStale(string) {}
 func TestBurstHandlerFlushedBeforeCounted(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &burstRecorder{}
-	s, err := NewSubscriber(fastConfig(p.Endpoint(), ""), h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tr.Close() }()
-	s.cfg.Transport = tr
-	z, err := s.open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.z = z
-	defer z.Free()
-	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	s := steppedSub(t, p, h)
 	publish(t, p, "a", "b", "c")
 	for got := 0; got < 3; {
 		n, err := s.pumpSub()
