@@ -1,0 +1,131 @@
+//go:build cgo
+
+package zmqtransport_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
+)
+
+// TestConnReceivesWholeMessages: a Conn subscribed to a publisher waits in the poller
+// until a message is ready, receives all its frames back to back into the buffer (grown
+// to fit, an outlier above MappedAbove mapped outside the heap), and the transport
+// counts the Conn until it is freed.
+func TestConnReceivesWholeMessages(t *testing.T) {
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := zmqtest.NewPublisher(zmqtest.Config{Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Close() }()
+	z, err := zmqtransport.NewConn(tr, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := z.OpenSub(p.Endpoint(), 1000); err != nil {
+		t.Fatal(err)
+	}
+	if !z.HasSub() || z.HasDealer() || tr.Open() != 1 {
+		t.Fatalf("sub %v dealer %v open %d", z.HasSub(), z.HasDealer(), tr.Open())
+	}
+	if err := tr.Close(); err == nil || !strings.Contains(err.Error(), "still open") {
+		t.Fatalf("Close with a Conn open = %v", err)
+	}
+	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	buf := zmqtransport.RecvBuf{B: make([]byte, 16)}
+	var sizes [zmqtransport.MaxFrames]int
+	for _, size := range []int{100, 200 << 10, zmqtransport.MappedAbove + 1} {
+		payload := bytes.Repeat([]byte{byte(size)}, size)
+		seq, err := p.Publish(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for deadline := time.Now().Add(5 * time.Second); n == 0 && time.Now().Before(deadline); {
+			mask, err := z.Wait(time.Second, &stop)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mask&(1<<zmqtransport.SockSub) == 0 {
+				continue
+			}
+			if n, err = z.Recv(zmqtransport.SockSub, &buf, &sizes); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n != 3 || sizes[0] != 2 || sizes[1] != 8 || sizes[2] != size || z.Used() != 10+size {
+			t.Fatalf("size %d: %d frames, sizes %v, used %d", size, n, sizes[:3], z.Used())
+		}
+		b := buf.B
+		if string(b[:2]) != "kv" || binary.BigEndian.Uint64(b[2:10]) != seq || !bytes.Equal(b[10:10+size], payload) {
+			t.Fatalf("size %d: frames not back to back in the buffer", size)
+		}
+		if len(b) < 10+size {
+			t.Fatalf("buffer of %d bytes for a %d-byte message", len(b), 10+size)
+		}
+	}
+	if n, err := z.Recv(zmqtransport.SockSub, &buf, &sizes); n != 0 || err != nil {
+		t.Fatalf("Recv with nothing ready = %d, %v", n, err)
+	}
+	buf.Release()
+	z.Free()
+	z.Free() // idempotent
+	if tr.Open() != 0 {
+		t.Fatalf("%d Conns open after Free", tr.Open())
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := zmqtransport.NewConn(tr, -1); err == nil {
+		t.Fatal("NewConn on a closed transport")
+	}
+}
+
+// TestWaitWokenByPastDeadline: a Wait parked in the poller returns at once when another
+// goroutine moves the poll file's deadline to the past (how Stop wakes a subscriber).
+func TestWaitWokenByPastDeadline(t *testing.T) {
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tr.Close() }()
+	z, err := zmqtransport.NewConn(tr, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Free()
+	if err := z.OpenSub("tcp://127.0.0.1:1", 1000); err != nil { // nobody there: never ready
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	done := make(chan int)
+	go func() {
+		mask, _ := z.Wait(time.Minute, &stop)
+		done <- mask
+	}()
+	// Set stop first: a Wait that has not armed its deadline yet sees it; one parked
+	// already is woken by the deadline.
+	stop.Store(true)
+	_ = z.PollFile().SetReadDeadline(zmqtransport.PastDeadline)
+	select {
+	case m := <-done:
+		if m&(1<<zmqtransport.SockSub) != 0 {
+			t.Fatalf("mask %b: SUB ready with no publisher", m)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait not woken")
+	}
+}
