@@ -73,10 +73,15 @@ func (p *pendingBuf) pop() {
 	}
 }
 
-// reset forgets every message; the arena is kept until compact.
+// reset forgets every message. The arena is truncated only by compact; an outsized one
+// is dropped here (which leaves payloads already handed out intact), so that a stream
+// that goes stale does not hold its recovery buffer until it is stopped.
 func (p *pendingBuf) reset() {
 	p.msgs = p.msgs[:0]
 	p.head, p.bytes = 0, 0
+	if cap(p.arena) > pendingKeepArena {
+		p.arena = nil
+	}
 }
 
 // compact truncates the arena of an empty buffer, releasing an outsized one.

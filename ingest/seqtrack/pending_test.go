@@ -48,3 +48,20 @@ func TestPendingBuffer(t *testing.T) {
 		t.Fatalf("buffer cycle allocates %v", allocs)
 	}
 }
+
+// TestPendingBufferReleasedOnReset: an outsized arena is let go at reset (a stale stream
+// does not keep it), while a payload handed out before stays intact.
+func TestPendingBufferReleasedOnReset(t *testing.T) {
+	var p pendingBuf
+	big := bytes.Repeat([]byte{9}, pendingKeepArena/2+1)
+	p.insert(1, len(big), big)
+	p.insert(2, len(big), big)
+	held := p.payload(p.first())
+	p.reset()
+	if p.arena != nil || p.len() != 0 || p.bytes != 0 {
+		t.Fatalf("after reset: arena cap %d, len %d, bytes %d", cap(p.arena), p.len(), p.bytes)
+	}
+	if !bytes.Equal(held, big) {
+		t.Fatal("payload handed out before reset was overwritten")
+	}
+}
