@@ -335,6 +335,7 @@ func (s *Subscriber) run() {
 			// A stale source stays stale until it is unregistered: close the sockets so
 			// the publisher stops sending to us, and wait for Stop.
 			s.flush() // OnStale applied the deferred batches: count them
+			s.tr.Release()
 			s.z.Free()
 			<-s.stopCh
 			break

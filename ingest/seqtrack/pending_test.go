@@ -65,3 +65,21 @@ func TestPendingBufferReleasedOnReset(t *testing.T) {
 		t.Fatal("payload handed out before reset was overwritten")
 	}
 }
+
+// TestReleaseDropsPayloadReferences: after Release the tracker's last actions no longer
+// refer to the buffered payloads.
+func TestReleaseDropsPayloadReferences(t *testing.T) {
+	tr := New(cfgReplay())
+	tr.Live(t0, 0, 1, []byte("a"))
+	tr.Live(t0, 2, 1, []byte("c"))
+	acts := tr.ReplayBatch(t0, 1, []byte("b"))
+	if render(acts) != "apply 1:b close apply 2:c" {
+		t.Fatalf("actions %q", render(acts))
+	}
+	tr.Release()
+	for i, a := range acts[:cap(acts)] {
+		if a.Payload != nil {
+			t.Fatalf("action %d still refers to %q", i, a.Payload)
+		}
+	}
+}

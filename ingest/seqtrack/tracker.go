@@ -201,8 +201,16 @@ func earliest(a, b time.Time) time.Time {
 // arena is truncated once empty (only here, so that payloads handed out in one call
 // stay valid through it).
 func (t *Tracker) begin() {
+	clear(t.acts) // drop the payload references of the previous call
 	t.acts = t.acts[:0]
 	t.pend.compact()
+}
+
+// Release drops what the last call's actions refer to, and an empty recovery buffer. An
+// owner that will not call again for a while (its stream is stale) calls it, so that
+// no buffer is held for nothing.
+func (t *Tracker) Release() {
+	t.begin()
 }
 
 func (t *Tracker) emit(a Action) { t.acts = append(t.acts, a) }
