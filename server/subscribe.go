@@ -8,7 +8,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // zmqSubscription pairs a ZMQ subscriber with the handler that applies its events, and
@@ -30,14 +30,14 @@ func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() 
 // HandlerStats exposes the event handler's counters (for metrics).
 func (z *zmqSubscription) HandlerStats() ingest.HandlerStats { return z.handler.Stats() }
 
-func publisherOf(k PublisherKind) wire.Publisher {
+func publisherOf(k PublisherKind) publisher.Kind {
 	switch k {
 	case KindSGLang:
-		return wire.PublisherSGLang
+		return publisher.SGLang
 	case KindMooncake:
-		return wire.PublisherMooncake
+		return publisher.Mooncake
 	}
-	return wire.PublisherVLLM
+	return publisher.VLLM
 }
 
 // SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
