@@ -13,7 +13,6 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/wire/cororpc"
-	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // RPCServer serves the coro_rpc/struct_pack wire of the upstream Python client over TCP.
@@ -470,7 +469,7 @@ func rpcServiceList(svcs []ServiceConfig) []cororpc.ServiceConfig {
 	for i := range svcs {
 		c := &svcs[i]
 		out[i] = cororpc.ServiceConfig{
-			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: publisher.Kind(c.Kind),
+			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: c.Kind,
 			ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,
 			BlockSize: c.BlockSize, DPRank: int32(c.DPRank), HashProfile: rpcProfile(&c.Profile),
 		}

@@ -30,16 +30,6 @@ func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() 
 // HandlerStats exposes the event handler's counters (for metrics).
 func (z *zmqSubscription) HandlerStats() ingest.HandlerStats { return z.handler.Stats() }
 
-func publisherOf(k PublisherKind) publisher.Kind {
-	switch k {
-	case KindSGLang:
-		return publisher.SGLang
-	case KindMooncake:
-		return publisher.Mooncake
-	}
-	return publisher.VLLM
-}
-
 // SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
 // vLLM and SGLang when a replay endpoint is registered) feeding an ingest.EventHandler,
 // with a private ZMQ context and default limits. A process uses ZMQSubscriber instead.
@@ -71,12 +61,12 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 	logs := ingest.NewLogLimiter(log.Handler(), ingest.LogLimit{Burst: opts.LogBurst, Interval: opts.LogInterval})
 	log = logs.Logger()
 	replay := cfg.ReplayEndpoint
-	if cfg.Kind == KindMooncake && replay != "" {
+	if cfg.Kind == publisher.Mooncake && replay != "" {
 		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
 		replay = ""
 	}
 	h := ingest.NewEventHandler(ingest.Source{
-		Name: key, Kind: publisherOf(cfg.Kind), Endpoint: cfg.Endpoint,
+		Name: key, Kind: cfg.Kind, Endpoint: cfg.Endpoint,
 		Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile,
 	}, eng, log)
 	sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{
