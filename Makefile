@@ -10,7 +10,7 @@ FUZZTIME  ?= 10s
 # Python packages the tests need (pyzmq/msgspec publish events the way vLLM does).
 PY_TEST_PKGS := pytest pyzmq msgspec msgpack
 
-.PHONY: all build run test gotest pytest vet fmtcheck rules bench fuzz deps deps-promtool venv clean
+.PHONY: all build run test gotest nocgo pytest vet fmtcheck rules bench fuzz generate deps deps-promtool venv clean
 
 all: build
 
@@ -90,6 +90,11 @@ fuzz: deps
 			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
 		done; \
 	done
+
+# Regenerates the committed generated code (httpclient/views_gen.go, tinylib/msgp) from
+# the go:generate lines; the generators run at the versions those lines pin.
+generate:
+	$(GO) generate ./...
 
 clean:
 	rm -rf bin $(VENV)
