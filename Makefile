@@ -48,6 +48,18 @@ gotest: deps
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
 
+# The packages that must build and test without cgo (CGO_ENABLED=0): all but the ZMQ layer
+# (ingest links libzmq through pebbe/zmq4) and what imports it (server, bench/sim and
+# what uses them, the commands). This is the one list: a package that gains a cgo
+# dependency fails `make nocgo`; one that loses its last cgo dependency is added here.
+NOCGO_PKGS := ./arena ./bench/report ./engine ./hashing ./httpclient ./internal/fdtest ./rpcclient ./wire/...
+
+# Vet and test NOCGO_PKGS with cgo off (no -race: the race detector needs cgo; gotest runs
+# these tests under it).
+nocgo:
+	CGO_ENABLED=0 $(GO) vet $(NOCGO_PKGS)
+	CGO_ENABLED=0 $(GO) test -count=1 $(NOCGO_PKGS)
+
 pytest: build venv
 	CONDUCTOR_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest python/tests -q
 
@@ -65,8 +77,8 @@ rules: deps-promtool
 	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 # Every test: formatting, vet, Go tests under the race detector, every benchmark once,
-# the alert rules, Python.
-test: fmtcheck vet deps-promtool gotest rules pytest
+# the cgo-free packages without cgo, the alert rules, Python.
+test: fmtcheck vet deps-promtool gotest nocgo rules pytest
 
 # Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
 # --max-requests for the full trace). The replay's JSON goes to bench/results/, with PNG
