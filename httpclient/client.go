@@ -7,6 +7,10 @@
 // network. Client.Query is the hot path: with a QueryResult reused across calls it
 // allocates nothing in steady state. A goroutine querying in a loop (a router, a load
 // generator) uses a Session, which also sends pre-encoded bodies and returns raw answers.
+//
+// Files: client.go and session.go (transport), request.go (request encoders), response.go
+// (the hand-written, allocation-free /query decoder), views.go and its generated
+// views_gen.go (tinylib/msgp decoders of the management responses and error bodies).
 package httpclient
 
 import (

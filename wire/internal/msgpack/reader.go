@@ -105,8 +105,17 @@ func (r *Reader) readHeader(fixTag, op16, op32 byte, minBytes int) (int, error) 
 }
 
 // ReadStr returns the bytes of a msgpack str (not bin: map keys and text fields are
-// str on every format we read).
-func (r *Reader) ReadStr() ([]byte, error) { return r.readBytes(0xd9) }
+// str on every format we read). The fixstr form (every map key) is read inline; the
+// other forms, and every error, go through readBytes.
+func (r *Reader) ReadStr() ([]byte, error) {
+	if p := r.Pos; p < len(r.Buf) {
+		if c := r.Buf[p]; c&0xe0 == 0xa0 && int(c&0x1f) < len(r.Buf)-p {
+			r.Pos = p + 1 + int(c&0x1f)
+			return r.Buf[p+1 : r.Pos : r.Pos], nil
+		}
+	}
+	return r.readBytes(0xd9)
+}
 
 // ReadBin returns the bytes of a msgpack bin.
 func (r *Reader) ReadBin() ([]byte, error) { return r.readBytes(0xc4) }
