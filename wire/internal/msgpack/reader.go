@@ -117,8 +117,17 @@ func (r *Reader) ReadStr() ([]byte, error) {
 	return r.readBytes(0xd9)
 }
 
-// ReadBin returns the bytes of a msgpack bin.
-func (r *Reader) ReadBin() ([]byte, error) { return r.readBytes(0xc4) }
+// ReadBin returns the bytes of a msgpack bin. The bin8 form (binary block hashes) is read
+// inline; the other forms, and every error, go through readBytes.
+func (r *Reader) ReadBin() ([]byte, error) {
+	if p := r.Pos; p+1 < len(r.Buf) && r.Buf[p] == 0xc4 {
+		if n := int(r.Buf[p+1]); n <= len(r.Buf)-p-2 {
+			r.Pos = p + 2 + n
+			return r.Buf[p+2 : r.Pos : r.Pos], nil
+		}
+	}
+	return r.readBytes(0xc4)
+}
 
 // readBytes is the one str/bin reader: op8 is the 8-bit form's lead (str8 0xd9 or bin8
 // 0xc4; the 16- and 32-bit forms follow it), and str adds the fixstr form. The result
