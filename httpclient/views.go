@@ -6,7 +6,9 @@ package httpclient
 // regenerate with `make generate` or `go generate ./httpclient`). Like the hand-written
 // query decoder (response.go), they skip unknown keys, so a newer server with extra fields
 // still works with an older client, and take integers signed or unsigned; nil reads as
-// empty for the pointer, slice and map fields.
+// empty for the pointer, slice and map fields. Unlike the hand-written decoders they
+// replaced, a nil string, integer or nested object (hash profile) is an error rather than
+// its zero value, and a bin is not read as a string: the server sends neither.
 
 //go:generate go run github.com/tinylib/msgp@v1.6.5 -file views.go -o views_gen.go -io=false -tests=false -unexported
 
