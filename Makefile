@@ -10,7 +10,7 @@ FUZZTIME  ?= 10s
 # Python packages the tests need (pyzmq/msgspec publish events the way vLLM does).
 PY_TEST_PKGS := pytest pyzmq msgspec msgpack
 
-.PHONY: all build run test gotest pytest vet fmtcheck rules bench fuzz deps deps-promtool venv clean
+.PHONY: all build run test gotest nocgo pytest vet fmtcheck rules bench fuzz generate deps deps-promtool venv clean
 
 all: build
 
@@ -48,6 +48,21 @@ gotest: deps
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
 
+# The packages that must build and test without cgo (CGO_ENABLED=0): all but the libzmq
+# users' tests (ingest's subscriber tests, server's registration tests and bench/sim need
+# real ZMQ sockets; without cgo those packages still build, with stubs that fail at run
+# time with "ZMQ subscriptions need cgo"). This is the one list: a package that gains a
+# cgo dependency fails `make nocgo`; one that loses its last cgo dependency is added here.
+NOCGO_PKGS := ./arena ./bench/report ./engine ./hashing ./httpclient ./ingest/seqtrack \
+	./ingest/translate ./ingest/zmqtransport ./internal/fdtest ./rpcclient ./wire/...
+
+# Build the whole tree, then vet and test NOCGO_PKGS, with cgo off (no -race: the race
+# detector needs cgo; gotest runs these tests under it).
+nocgo:
+	CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) vet $(NOCGO_PKGS)
+	CGO_ENABLED=0 $(GO) test -count=1 $(NOCGO_PKGS)
+
 pytest: build venv
 	CONDUCTOR_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest python/tests -q
 
@@ -65,8 +80,8 @@ rules: deps-promtool
 	cd deploy/prometheus && promtool test rules alerts_test.yml
 
 # Every test: formatting, vet, Go tests under the race detector, every benchmark once,
-# the alert rules, Python.
-test: fmtcheck vet deps-promtool gotest rules pytest
+# the cgo-free packages without cgo, the alert rules, Python.
+test: fmtcheck vet deps-promtool gotest nocgo rules pytest
 
 # Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
 # --max-requests for the full trace). The replay's JSON goes to bench/results/, with PNG
@@ -90,6 +105,11 @@ fuzz: deps
 			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$pkg; \
 		done; \
 	done
+
+# Regenerates the committed generated code (httpclient/views_gen.go, tinylib/msgp) from
+# the go:generate lines; the generators run at the versions those lines pin.
+generate:
+	$(GO) generate ./...
 
 clean:
 	rm -rf bin $(VENV)

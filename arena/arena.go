@@ -5,8 +5,16 @@
 // words hold no pointers (the garbage collector never scans them) and are meant to be read
 // and written with sync/atomic, so concurrent readers stay race-clean.
 //
-// Concurrency: exactly one goroutine (the writer) may call Alloc, Free, Reset and
-// Len; any goroutine may call Record and Words at any time.
+// Record contents are the caller's: the arena never writes a record's words. A record
+// that was never allocated before reads as all zeros (fresh pages of Map); a record that
+// was freed comes back from Alloc exactly as its last owner left it, because readers may
+// still be reading it and only the caller's record layout can say when its words are
+// stale. The engine, the one user, relies on this: Free only marks the record free in its
+// meta word, and when Alloc hands the record out again the engine marks it busy before it
+// rewrites the key and zeroes the bitset words (engine/mutate.go findOrCreate, freeRecord).
+//
+// Concurrency: exactly one goroutine (the writer) may call Alloc, Free, Len, HighWater and
+// Release; any goroutine may call Record at any time.
 package arena
 
 import (
@@ -84,12 +92,10 @@ func (a *Arena) RecordWords() int { return a.recWords }
 // Len returns the number of records currently allocated (allocated minus freed). Writer only.
 func (a *Arena) Len() int { return int(a.next) - len(a.free) }
 
-// Cap returns the number of records the allocated slabs can hold. Writer only.
-func (a *Arena) Cap() int { return len(*a.dir.Load()) << a.chunkShift }
-
-// Alloc returns the index of a record whose words are all zero. Writer only.
-// It reuses freed records first (most recently freed first). It panics when MaxRecords
-// records are live, which callers prevent by bounding their record count.
+// Alloc returns the index of a record. Writer only. It reuses freed records first (most
+// recently freed first), with their words as they were when freed; otherwise it takes a
+// never-used record, whose words are zero. It panics when MaxRecords records are live,
+// which callers prevent by bounding their record count.
 func (a *Arena) Alloc() uint32 {
 	if n := len(a.free); n > 0 {
 		idx := a.free[n-1]
@@ -133,10 +139,10 @@ func (a *Arena) Release() {
 	a.free = nil // the directory stays: readers index it
 }
 
-// Free returns a record to the arena. The caller must have zeroed every word it wrote (with
-// atomic stores), because Alloc hands out freed records without clearing them: readers may
-// still be looking at a freed record, so the arena cannot decide when to clear it.
-// Writer only.
+// Free returns a record to the arena for a later Alloc. It does not touch the record's
+// words: readers may still be looking at it, so the caller marks it free in its own layout
+// (the engine sets a flag in the record's meta word) and clears what it must when the
+// record is allocated again. Writer only.
 func (a *Arena) Free(idx uint32) {
 	a.free = append(a.free, idx)
 }
@@ -149,28 +155,6 @@ func (a *Arena) Record(idx uint32) []uint64 {
 	c := d[idx>>a.chunkShift]
 	off := int(idx&a.chunkMask) * a.recWords
 	return c[off : off+a.recWords : off+a.recWords]
-}
-
-// Word returns a pointer to word w of record idx, for sync/atomic access. Safe for
-// concurrent use; idx and w must be in range.
-func (a *Arena) Word(idx uint32, w int) *uint64 {
-	d := *a.dir.Load()
-	return &d[idx>>a.chunkShift][int(idx&a.chunkMask)*a.recWords+w]
-}
-
-// Range calls fn for every index below the allocation high-water mark, in increasing
-// order, including freed ones (the caller's records say which are live). It stops early
-// when fn returns false. Writer only.
-func (a *Arena) Range(fn func(idx uint32, rec []uint64) bool) {
-	d := *a.dir.Load()
-	n := a.next
-	for idx := uint32(0); idx < n; idx++ {
-		c := d[idx>>a.chunkShift]
-		off := int(idx&a.chunkMask) * a.recWords
-		if !fn(idx, c[off:off+a.recWords:off+a.recWords]) {
-			return
-		}
-	}
 }
 
 // HighWater returns one past the largest index ever allocated. Writer only.

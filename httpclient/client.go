@@ -7,6 +7,10 @@
 // network. Client.Query is the hot path: with a QueryResult reused across calls it
 // allocates nothing in steady state. A goroutine querying in a loop (a router, a load
 // generator) uses a Session, which also sends pre-encoded bodies and returns raw answers.
+//
+// Files: client.go and session.go (transport), request.go (request encoders), response.go
+// (the hand-written, allocation-free /query decoder), views.go and its generated
+// views_gen.go (tinylib/msgp decoders of the management responses and error bodies).
 package httpclient
 
 import (
@@ -19,7 +23,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tinylib/msgp/msgp"
 	"github.com/valyala/fasthttp"
 )
 
@@ -188,23 +191,14 @@ func (e *Error) Error() string {
 // error map (a proxy's HTML page, say) becomes the message, or the status text when empty.
 func DecodeError(status int, body []byte) *Error {
 	e := &Error{Status: status}
-	err := decodeMap(body, "error response", func(key, v []byte) ([]byte, error) {
-		var err error
-		switch string(key) {
-		case "error":
-			e.Message, v, err = readString(v)
-		case "reason":
-			e.Reason, v, err = readString(v)
-		case "field":
-			e.Field, v, err = readString(v)
-		case "index":
-			e.Index, v, err = readInt(v)
-			e.HasIndex = err == nil
-		default:
-			v, err = msgp.Skip(v)
+	var eb errorBody
+	_, err := eb.UnmarshalMsg(body)
+	if err == nil {
+		e.Message, e.Reason, e.Field = eb.Error, eb.Reason, eb.Field
+		if eb.Index != nil {
+			e.Index, e.HasIndex = *eb.Index, true
 		}
-		return v, err
-	})
+	}
 	if err != nil {
 		*e = Error{Status: status, Message: strings.TrimSpace(string(body))}
 		if len(e.Message) > 200 {

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/httpapi"
 )
 
 // TestAppendQueryByHashRequest: both forms decode, with the server's own strict decoder,
@@ -27,8 +27,8 @@ func TestAppendQueryByHashRequest(t *testing.T) {
 				InstanceID: "i", CacheSalt: "s", BinaryHashes: bin}
 			body := AppendQueryByHashRequest(nil, &q)
 			decodeStrict(t, body)
-			var got wire.QueryByHashRequest
-			if rerr := wire.DecodeQueryByHashRequest(body, &got); rerr != nil {
+			var got httpapi.QueryByHashRequest
+			if rerr := httpapi.DecodeQueryByHashRequest(body, &got); rerr != nil {
 				t.Fatalf("n=%d bin=%v: %v", n, bin, rerr)
 			}
 			if !slices.Equal(got.BlockHashes, keys) || got.Model != "m" || got.BlockSize != 16 || got.LoraName != "l" ||

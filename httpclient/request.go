@@ -7,18 +7,6 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// HashProfile describes how a publisher hashes its blocks. In requests only the four
-// selectors are sent; RootDigest is derived by the server and only appears in responses.
-// The JSON names are the contract's, so a registration file can be decoded straight into
-// a RegisterRequest and views print the same keys the server sends.
-type HashProfile struct {
-	Strategy        string `json:"strategy"`
-	Algorithm       string `json:"algorithm"`
-	PythonHashSeed  string `json:"python_hash_seed,omitempty"`
-	RootDigest      string `json:"root_digest,omitempty"`
-	IndexProjection string `json:"index_projection"`
-}
-
 // RegisterRequest is the body of POST /register, in the contract's HTTP field names.
 // Optional string fields that are empty are left out of the request, which the server
 // treats exactly like the default ("" lora, tenant "default", no replay endpoint).

@@ -305,3 +305,46 @@ func TestReadIntMatchesMsgp(t *testing.T) {
 		}
 	}
 }
+
+// TestViewDecodersLenience pins what views.go promises of the generated decoders: unknown
+// keys are skipped, integers may be unsigned, nil reads as empty for pointer, slice and
+// map fields, and an empty rank list or removed list decodes as [] (prints as [], not null).
+func TestViewDecodersLenience(t *testing.T) {
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "from_a_newer_server")
+	b = msgp.AppendArrayHeader(b, 2)
+	b = msgp.AppendMapHeader(b, 0)
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, "count")
+	b = msgp.AppendUint64(b, 1)
+	b = msgp.AppendString(b, "services")
+	b = msgp.AppendArrayHeader(b, 1)
+	b = msgp.AppendMapHeader(b, 3)
+	b = msgp.AppendString(b, "BlockSize")
+	b = msgp.AppendUint8(b, 16)
+	b = msgp.AppendString(b, "CacheGroup")
+	b = msgp.AppendNil(b)
+	b = msgp.AppendString(b, "Unknown")
+	b = msgp.AppendFloat64(b, 1.5)
+	l, err := DecodeServiceList(b)
+	if err != nil || l.Count != 1 || len(l.Services) != 1 || l.Services[0].BlockSize != 16 || l.Services[0].CacheGroup != nil {
+		t.Fatalf("services: %+v %v", l, err)
+	}
+
+	g, err := DecodeGlobalView(mustAppendIntf(t, map[string]any{"contexts": []any{map[string]any{
+		"instances": map[string]any{"a": []any{}}}}}))
+	if err != nil || len(g.Contexts) != 1 || g.Contexts[0].Instances["a"] == nil || len(g.Contexts[0].Instances["a"]) != 0 {
+		t.Fatalf("global view: %+v %v", g, err)
+	}
+	u, err := DecodeUnregisterResult(mustAppendIntf(t, map[string]any{"status": "ok", "removed_instances": []any{}}))
+	if err != nil || u.RemovedInstances == nil || len(u.RemovedInstances) != 0 {
+		t.Fatalf("unregister: %+v %v", u, err)
+	}
+	// The error body: an index is optional, and 0 is an index.
+	if e := DecodeError(400, mustAppendIntf(t, map[string]any{"error": "x", "index": uint64(0)})); !e.HasIndex || e.Index != 0 {
+		t.Fatalf("error index: %+v", e)
+	}
+	if e := DecodeError(400, mustAppendIntf(t, map[string]any{"error": "x"})); e.HasIndex || e.Message != "x" {
+		t.Fatalf("error without index: %+v", e)
+	}
+}

@@ -24,7 +24,7 @@ import (
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // vectorsPath is the shared test-vector file, relative to this package directory.
@@ -414,7 +414,7 @@ func (r *rig) vllmStream(inst string, rank int, cfg zmqtest.Config) *stream {
 	r.t.Helper()
 	p := vllmProfile(r.t)
 	r.registerSlot(vllmKey(), p, inst, rank)
-	return r.attach(translate.Source{Kind: wire.PublisherVLLM, Context: vllmKey(),
+	return r.attach(translate.Source{Kind: publisher.VLLM, Context: vllmKey(),
 		Slot: engine.Slot{InstanceID: inst, DPRank: rank}, Profile: p}, cfg)
 }
 
@@ -524,7 +524,7 @@ func TestVLLMVectorPayload(t *testing.T) {
 	p := mustProfile(t, "vllm_v1", "sha256", "0", "low64_be")
 	key := vllmKey()
 	r.registerSlot(key, p, "vllm-a", 0)
-	s := r.attach(translate.Source{Kind: wire.PublisherVLLM, Context: key,
+	s := r.attach(translate.Source{Kind: publisher.VLLM, Context: key,
 		Slot: engine.Slot{InstanceID: "vllm-a"}, Profile: p}, zmqtest.Config{Topic: "kv-events"})
 	toks := tokens(40)
 	got := keysOf(hashBlocks(t, p, 16, "", toks))
@@ -560,7 +560,7 @@ func TestSGLangTiers(t *testing.T) {
 		}
 	}
 	r.registerSlot(key, p, "sgl-a", 0)
-	s := r.attach(translate.Source{Kind: wire.PublisherSGLang, Context: key,
+	s := r.attach(translate.Source{Kind: publisher.SGLang, Context: key,
 		Slot: engine.Slot{InstanceID: "sgl-a"}, Profile: p}, zmqtest.Config{})
 
 	// The integration vector: GPU 1 block, CPU_PINNED 2, DISK 3 (page 4), one event per page.
@@ -625,7 +625,7 @@ func TestMooncakeVLLMKeys(t *testing.T) {
 	r.registerSlot(key, p, "engine-a", 0)
 	r.registerSlot(key, p, "engine-b", 0)
 	r.registerSlot(key, p, "engine-b", 1)
-	s := r.attach(translate.Source{Name: "master", Kind: wire.PublisherMooncake, Context: key, Profile: p},
+	s := r.attach(translate.Source{Name: "master", Kind: publisher.Mooncake, Context: key, Profile: p},
 		zmqtest.Config{})
 	s.pub.Skip(1) // the master numbers batches from 1
 	objKey := func(tp, i int) string {
@@ -699,7 +699,7 @@ func TestMooncakeSGLangKeys(t *testing.T) {
 	toks := tokens(12)
 	b := hashBlocks(t, p, 4, "", toks)
 	r.registerSlot(key, p, "sgl-a", 0)
-	s := r.attach(translate.Source{Name: "master", Kind: wire.PublisherMooncake, Context: key, Profile: p},
+	s := r.attach(translate.Source{Name: "master", Kind: publisher.Mooncake, Context: key, Profile: p},
 		zmqtest.Config{})
 	s.pub.Skip(1)
 	k := func(i int, comp string) string { return b[i].hex + comp }
@@ -833,8 +833,8 @@ func TestMooncakeGapRetractsSource(t *testing.T) {
 	toks := tokens(32)
 	b := hashBlocks(t, p, 16, "", toks)
 	r.registerSlot(key, p, "engine-a", 0)
-	m1 := r.attach(translate.Source{Name: "m1", Kind: wire.PublisherMooncake, Context: key, Profile: p}, zmqtest.Config{})
-	m2 := r.attach(translate.Source{Name: "m2", Kind: wire.PublisherMooncake, Context: key, Profile: p}, zmqtest.Config{})
+	m1 := r.attach(translate.Source{Name: "m1", Kind: publisher.Mooncake, Context: key, Profile: p}, zmqtest.Config{})
+	m2 := r.attach(translate.Source{Name: "m2", Kind: publisher.Mooncake, Context: key, Profile: p}, zmqtest.Config{})
 	keyOf := func(i int) string { return "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + b[i].hex }
 	m1.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", keyOf(0)), mcEvent("stored", key, "cpu", keyOf(1))))
 	m2.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", keyOf(0))))
@@ -923,7 +923,7 @@ func TestSGLangRejectsMooncakeEnvelope(t *testing.T) {
 	toks := tokens(8)
 	b := hashBlocks(t, p, 4, "", toks)
 	r.registerSlot(key, p, "sgl-a", 0)
-	s := r.attach(translate.Source{Kind: wire.PublisherSGLang, Context: key,
+	s := r.attach(translate.Source{Kind: publisher.SGLang, Context: key,
 		Slot: engine.Slot{InstanceID: "sgl-a"}, Profile: p}, zmqtest.Config{})
 	s.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", b[0].hex+"_0_k")),
 		engineBatch(0, sStored(b[0].key, 4, "GPU")))
@@ -1012,7 +1012,7 @@ func TestVLLMFieldRules(t *testing.T) {
 	lkey.LoraName = "lora-a"
 	p := vllmProfile(t)
 	r.registerSlot(lkey, p, "vllm-l", 0)
-	ls := r.attach(translate.Source{Kind: wire.PublisherVLLM, Context: lkey,
+	ls := r.attach(translate.Source{Kind: publisher.VLLM, Context: lkey,
 		Slot: engine.Slot{InstanceID: "vllm-l"}, Profile: p}, zmqtest.Config{})
 	lk := keysOf(hashBlocks(t, p, 16, "lora-a", toks))
 	ls.publishAndWait(engineBatch(0,
@@ -1035,7 +1035,7 @@ func TestMooncakeContextsWithSeparatorBytes(t *testing.T) {
 	r.registerSlot(k2, p, "e2", 0)
 	toks := tokens(16)
 	b := hashBlocks(t, p, 16, "", toks)
-	src := translate.Source{Name: "master", Kind: wire.PublisherMooncake, Endpoint: "tcp://master", Profile: p}
+	src := translate.Source{Name: "master", Kind: publisher.Mooncake, Endpoint: "tcp://master", Profile: p}
 	h := translate.NewEventHandler(src, r.eng, r.log)
 	objKey := "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + b[0].hex
 	if err := h.HandleBatch(1, mooncakeBatch(mcEvent("stored", k1, "cpu", objKey))); err != nil {
@@ -1054,20 +1054,20 @@ func TestHandleBatchAllocatesNothing(t *testing.T) {
 	r := newRig(t)
 	for _, tc := range []struct {
 		name    string
-		kind    wire.Publisher
+		kind    publisher.Kind
 		key     engine.ContextKey
 		profile hashing.Profile
 		store   []byte
 		remove  []byte
 	}{
-		{name: "vLLM", kind: wire.PublisherVLLM, key: vllmKey(), profile: vllmProfile(t)},
-		{name: "SGLang", kind: wire.PublisherSGLang, key: sglangKey(), profile: sglangProfile(t)},
+		{name: "vLLM", kind: publisher.VLLM, key: vllmKey(), profile: vllmProfile(t)},
+		{name: "SGLang", kind: publisher.SGLang, key: sglangKey(), profile: sglangProfile(t)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			toks := tokens(256)
 			k := keysOf(hashBlocks(t, tc.profile, int(tc.key.BlockSize), "", toks))
 			var store, remove []byte
-			if tc.kind == wire.PublisherVLLM {
+			if tc.kind == publisher.VLLM {
 				store, remove = engineBatch(0, vStored(k)), engineBatch(0, vRemoved(k))
 			} else {
 				var st, rm []any

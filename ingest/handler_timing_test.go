@@ -6,7 +6,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest/translate"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // BenchmarkHandleBatch measures decode + apply of one batch (no ZMQ): a vLLM step that
@@ -23,7 +23,7 @@ func BenchmarkHandleBatch(b *testing.B) {
 	k := keysOf(blocks)
 
 	b.Run("vLLM", func(b *testing.B) {
-		h := translate.NewEventHandler(translate.Source{Kind: wire.PublisherVLLM, Context: key,
+		h := translate.NewEventHandler(translate.Source{Kind: publisher.VLLM, Context: key,
 			Slot: engine.Slot{InstanceID: "e"}, Profile: p}, eng, testLogger())
 		batches := [][]byte{engineBatch(0, vStored(k)), engineBatch(0, vRemoved(k))}
 		b.ReportAllocs()
@@ -35,7 +35,7 @@ func BenchmarkHandleBatch(b *testing.B) {
 		}
 	})
 	b.Run("Mooncake", func(b *testing.B) {
-		h := translate.NewEventHandler(translate.Source{Name: "master", Kind: wire.PublisherMooncake,
+		h := translate.NewEventHandler(translate.Source{Name: "master", Kind: publisher.Mooncake,
 			Endpoint: "tcp://master", Context: key, Profile: p}, eng, testLogger())
 		var st, rm []any
 		for _, blk := range blocks {

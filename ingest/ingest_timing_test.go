@@ -12,7 +12,7 @@ import (
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // vllmStepPayload encodes one vLLM KVEventBatch of `events` BlockStored events, each with
@@ -82,7 +82,7 @@ func BenchmarkIngestEndToEnd(b *testing.B) {
 		if _, err := eng.RegisterSlot(key, p, slot); err != nil {
 			b.Fatal(err)
 		}
-		h := translate.NewEventHandler(translate.Source{Name: slot.InstanceID, Kind: wire.PublisherVLLM,
+		h := translate.NewEventHandler(translate.Source{Name: slot.InstanceID, Kind: publisher.VLLM,
 			Endpoint: pub.Endpoint(), Context: key, Slot: slot, Profile: p}, eng, testLogger())
 		sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{Name: slot.InstanceID, Endpoint: pub.Endpoint(), Logger: testLogger()}, h)
 		if err != nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // stepClock is a clock the test moves by hand.
@@ -69,7 +69,7 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 		eng := engine.New(engine.Config{})
 		t.Cleanup(eng.Close)
 		h := translate.NewEventHandler(translate.Source{
-			Name: "svc", Kind: wire.PublisherVLLM, Endpoint: "tcp://127.0.0.1:1",
+			Name: "svc", Kind: publisher.VLLM, Endpoint: "tcp://127.0.0.1:1",
 			Context: engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16},
 			Slot:    engine.Slot{InstanceID: "i"}, Profile: vllmProfile(t),
 		}, eng, lim.Logger())

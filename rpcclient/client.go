@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // DefaultConnectTimeout is used by Dial when connectTimeout <= 0; it matches the upstream
@@ -62,7 +62,7 @@ func Dial(addr string, connectTimeout time.Duration) (*Client, error) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	return &Client{conn: conn, br: bufio.NewReaderSize(conn, 64<<10), maxBody: wire.DefaultRPCMaxBody}, nil
+	return &Client{conn: conn, br: bufio.NewReaderSize(conn, 64<<10), maxBody: cororpc.DefaultMaxBody}, nil
 }
 
 // Close closes the connection; calls in flight fail. Repeated calls are safe.
@@ -76,14 +76,14 @@ func (c *Client) Close() error {
 // Code maps an error returned by this client to the upstream client's ErrorCode: nil is
 // OK, timeouts are RPC_TIMEOUT, everything else (connection, framework, decoding) is
 // RPC_FAIL.
-func Code(err error) wire.RPCErrorCode {
+func Code(err error) cororpc.ErrorCode {
 	switch {
 	case err == nil:
-		return wire.RPCCodeOK
+		return cororpc.CodeOK
 	case errors.Is(err, ErrTimeout):
-		return wire.RPCCodeRPCTimeout
+		return cororpc.CodeRPCTimeout
 	default:
-		return wire.RPCCodeRPCFail
+		return cororpc.CodeRPCFail
 	}
 }
 
@@ -91,56 +91,56 @@ func Code(err error) wire.RPCErrorCode {
 // passes the same res allocates little). Instance ids alias a buffer private to this call
 // and stay valid. The code is the business result; err reports transport, framework or
 // decoding failures.
-func (c *Client) Query(ctx context.Context, q *wire.RPCQueryRequest, res *wire.RPCQueryResult) (wire.RPCErrorCode, error) {
-	body, err := c.call(ctx, wire.FuncQuery, func(dst []byte) []byte { return wire.AppendRPCQueryRequest(dst, q) })
+func (c *Client) Query(ctx context.Context, q *cororpc.QueryRequest, res *cororpc.QueryResult) (cororpc.ErrorCode, error) {
+	body, err := c.call(ctx, cororpc.FuncQuery, func(dst []byte) []byte { return cororpc.AppendQueryRequest(dst, q) })
 	if err != nil {
 		return 0, err
 	}
-	return wire.DecodeRPCQueryResponse(body, res)
+	return cororpc.DecodeQueryResponse(body, res)
 }
 
 // Register runs ConductorService::Register.
-func (c *Client) Register(ctx context.Context, cfg *wire.RPCServiceConfig) (wire.RPCRegisterResult, wire.RPCErrorCode, error) {
-	body, err := c.call(ctx, wire.FuncRegister, func(dst []byte) []byte { return wire.AppendRPCServiceConfig(dst, cfg) })
+func (c *Client) Register(ctx context.Context, cfg *cororpc.ServiceConfig) (cororpc.RegisterResult, cororpc.ErrorCode, error) {
+	body, err := c.call(ctx, cororpc.FuncRegister, func(dst []byte) []byte { return cororpc.AppendServiceConfig(dst, cfg) })
 	if err != nil {
-		return wire.RPCRegisterResult{}, 0, err
+		return cororpc.RegisterResult{}, 0, err
 	}
-	return wire.DecodeRPCRegisterResponse(body)
+	return cororpc.DecodeRegisterResponse(body)
 }
 
 // Unregister runs ConductorService::Unregister.
-func (c *Client) Unregister(ctx context.Context, instanceID, tenantID string, dpRank int32) (wire.RPCUnregisterResult, wire.RPCErrorCode, error) {
-	body, err := c.call(ctx, wire.FuncUnregister, func(dst []byte) []byte {
-		return wire.AppendRPCUnregisterArgs(dst, instanceID, tenantID, dpRank)
+func (c *Client) Unregister(ctx context.Context, instanceID, tenantID string, dpRank int32) (cororpc.UnregisterResult, cororpc.ErrorCode, error) {
+	body, err := c.call(ctx, cororpc.FuncUnregister, func(dst []byte) []byte {
+		return cororpc.AppendUnregisterArgs(dst, instanceID, tenantID, dpRank)
 	})
 	if err != nil {
-		return wire.RPCUnregisterResult{}, 0, err
+		return cororpc.UnregisterResult{}, 0, err
 	}
-	return wire.DecodeRPCUnregisterResponse(body)
+	return cororpc.DecodeUnregisterResponse(body)
 }
 
 // GetGlobalView runs ConductorService::GetGlobalView (no business error code upstream).
-func (c *Client) GetGlobalView(ctx context.Context) (wire.RPCGlobalView, error) {
-	body, err := c.call(ctx, wire.FuncGetGlobalView, nil)
+func (c *Client) GetGlobalView(ctx context.Context) (cororpc.GlobalView, error) {
+	body, err := c.call(ctx, cororpc.FuncGetGlobalView, nil)
 	if err != nil {
-		return wire.RPCGlobalView{}, err
+		return cororpc.GlobalView{}, err
 	}
-	return wire.DecodeRPCGlobalView(body)
+	return cororpc.DecodeGlobalView(body)
 }
 
 // ListServices runs ConductorService::ListServices (no business error code upstream).
-func (c *Client) ListServices(ctx context.Context) ([]wire.RPCServiceConfig, error) {
-	body, err := c.call(ctx, wire.FuncListServices, nil)
+func (c *Client) ListServices(ctx context.Context) ([]cororpc.ServiceConfig, error) {
+	body, err := c.call(ctx, cororpc.FuncListServices, nil)
 	if err != nil {
 		return nil, err
 	}
-	return wire.DecodeRPCServiceList(body)
+	return cororpc.DecodeServiceList(body)
 }
 
 // call sends one request and returns the body of its successful response. encode appends
 // the argument body; nil means a method without parameters (empty body).
 func (c *Client) call(ctx context.Context, fn uint32, encode func([]byte) []byte) ([]byte, error) {
-	method := wire.RPCFunctionName(fn)
+	method := cororpc.FunctionName(fn)
 	if err := ctx.Err(); err != nil {
 		return nil, c.ctxError(method, err)
 	}
@@ -158,11 +158,11 @@ func (c *Client) call(ctx context.Context, fn uint32, encode func([]byte) []byte
 	}
 	seq := c.seq
 
-	frame, start := wire.BeginRPCRequest(c.wbuf[:0], seq, fn)
+	frame, start := cororpc.BeginRequest(c.wbuf[:0], seq, fn)
 	if encode != nil {
 		frame = encode(frame)
 	}
-	if err := wire.FinishRPCRequest(frame, start); err != nil {
+	if err := cororpc.FinishRequest(frame, start); err != nil {
 		return nil, fmt.Errorf("%s: %w", method, err)
 	}
 	c.wbuf = frame
@@ -194,7 +194,7 @@ func (c *Client) call(ctx context.Context, fn uint32, encode func([]byte) []byte
 		return nil, c.drop(ctx, method, err)
 	}
 	// A fresh body buffer per call: decoded strings alias it and must outlive the call.
-	h, body, err := wire.ReadRPCResponse(c.br, nil, c.maxBody)
+	h, body, err := cororpc.ReadResponse(c.br, nil, c.maxBody)
 	if err != nil {
 		return nil, c.drop(ctx, method, err)
 	}
@@ -202,7 +202,7 @@ func (c *Client) call(ctx context.Context, fn uint32, encode func([]byte) []byte
 		return nil, c.drop(ctx, method, fmt.Errorf("%w: response seq %d for request %d", ErrProtocol, h.SeqNum, seq))
 	}
 	if h.ErrCode != 0 {
-		fe, err := wire.DecodeRPCFrameworkError(h.ErrCode, body)
+		fe, err := cororpc.DecodeFrameworkError(h.ErrCode, body)
 		if err != nil {
 			return nil, fmt.Errorf("%s: framework error %d: %w", method, h.ErrCode, err)
 		}

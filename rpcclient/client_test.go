@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 func hx(t testing.TB, s string) []byte {
@@ -49,10 +49,10 @@ type fakeServer struct {
 	mu     sync.Mutex
 	seen   map[uint32][][]byte
 	conns  []net.Conn
-	handle func(h wire.RPCRequestHeader, body []byte) []byte
+	handle func(h cororpc.RequestHeader, body []byte) []byte
 }
 
-func startFake(t *testing.T, handle func(h wire.RPCRequestHeader, body []byte) []byte) *fakeServer {
+func startFake(t *testing.T, handle func(h cororpc.RequestHeader, body []byte) []byte) *fakeServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -92,7 +92,7 @@ func startFake(t *testing.T, handle func(h wire.RPCRequestHeader, body []byte) [
 func (s *fakeServer) serve(conn net.Conn) {
 	br := bufio.NewReader(conn)
 	for {
-		h, body, err := wire.ReadRPCRequest(br, nil, 0)
+		h, body, err := cororpc.ReadRequest(br, nil, 0)
 		if err != nil {
 			return
 		}
@@ -110,20 +110,20 @@ func (s *fakeServer) serve(conn net.Conn) {
 func (s *fakeServer) addr() string { return s.ln.Addr().String() }
 
 // goldenHandler answers every method with its golden response.
-func goldenHandler(t *testing.T) func(wire.RPCRequestHeader, []byte) []byte {
+func goldenHandler(t *testing.T) func(cororpc.RequestHeader, []byte) []byte {
 	resp := map[uint32][]byte{
-		wire.FuncQuery:         hx(t, goldenQueryResp),
-		wire.FuncRegister:      hx(t, goldenRegResp),
-		wire.FuncUnregister:    hx(t, goldenUnregResp),
-		wire.FuncGetGlobalView: hx(t, goldenViewResp),
-		wire.FuncListServices:  hx(t, goldenListResp),
+		cororpc.FuncQuery:         hx(t, goldenQueryResp),
+		cororpc.FuncRegister:      hx(t, goldenRegResp),
+		cororpc.FuncUnregister:    hx(t, goldenUnregResp),
+		cororpc.FuncGetGlobalView: hx(t, goldenViewResp),
+		cororpc.FuncListServices:  hx(t, goldenListResp),
 	}
-	return func(h wire.RPCRequestHeader, _ []byte) []byte {
+	return func(h cororpc.RequestHeader, _ []byte) []byte {
 		body, ok := resp[h.FunctionID]
 		if !ok {
-			return wire.AppendRPCFrameworkError(nil, h.SeqNum, wire.RPCErrcFunctionNotRegistered, "function not registered")
+			return cororpc.AppendFrameworkError(nil, h.SeqNum, cororpc.ErrcFunctionNotRegistered, "function not registered")
 		}
-		return wire.AppendRPCResponse(nil, h.SeqNum, 0, body)
+		return cororpc.AppendResponse(nil, h.SeqNum, 0, body)
 	}
 }
 
@@ -148,26 +148,26 @@ func TestClientAgainstGoldenServer(t *testing.T) {
 	c := dial(t, srv.addr())
 	ctx := ctxTimeout(t, 5*time.Second)
 
-	var res wire.RPCQueryResult
-	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: []int32{1, 2, 3}}
+	var res cororpc.QueryResult
+	q := cororpc.QueryRequest{Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: []int32{1, 2, 3}}
 	ec, err := c.Query(ctx, &q, &res)
-	if err != nil || ec != wire.RPCCodeOK {
+	if err != nil || ec != cororpc.CodeOK {
 		t.Fatalf("Query: %v %v", ec, err)
 	}
 	if len(res.Instances) != 1 || res.Instances[0].InstanceID != "e" || res.Instances[0].Hit.LongestMatchTokens != 48 ||
-		res.Instances[0].Hit.RankMatches[0] != (wire.RPCRankTiers{Rank: 0, Device: 32, CPULocal: 32, CPUShare: 48, Disk: 48}) {
+		res.Instances[0].Hit.RankMatches[0] != (cororpc.RankTiers{Rank: 0, Device: 32, CPULocal: 32, CPUShare: 48, Disk: 48}) {
 		t.Fatalf("Query result %+v", res)
 	}
 
-	cfg := wire.RPCServiceConfig{Endpoint: "tcp://127.0.0.1:5557", ModelName: "m", TenantID: "default", InstanceID: "e",
-		BlockSize: 16, HashProfile: wire.RPCHashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}}
+	cfg := cororpc.ServiceConfig{Endpoint: "tcp://127.0.0.1:5557", ModelName: "m", TenantID: "default", InstanceID: "e",
+		BlockSize: 16, HashProfile: cororpc.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}}
 	rr, ec, err := c.Register(ctx, &cfg)
-	if err != nil || ec != wire.RPCCodeOK || rr != (wire.RPCRegisterResult{InstanceID: "e", IsNew: true}) {
+	if err != nil || ec != cororpc.CodeOK || rr != (cororpc.RegisterResult{InstanceID: "e", IsNew: true}) {
 		t.Fatalf("Register: %+v %v %v", rr, ec, err)
 	}
 
 	ur, ec, err := c.Unregister(ctx, "e", "default", 0)
-	if err != nil || ec != wire.RPCCodeServiceNotFound || ur.RemovedKey != "" {
+	if err != nil || ec != cororpc.CodeServiceNotFound || ur.RemovedKey != "" {
 		t.Fatalf("Unregister: %+v %v %v", ur, ec, err)
 	}
 
@@ -187,52 +187,52 @@ func TestClientAgainstGoldenServer(t *testing.T) {
 	srv.mu.Lock()
 	defer srv.mu.Unlock()
 	for fn, want := range map[uint32][]byte{
-		wire.FuncQuery: hx(t, goldenQueryArgs), wire.FuncRegister: hx(t, goldenRegArgs),
-		wire.FuncUnregister: hx(t, goldenUnregArgs), wire.FuncGetGlobalView: {}, wire.FuncListServices: {},
+		cororpc.FuncQuery: hx(t, goldenQueryArgs), cororpc.FuncRegister: hx(t, goldenRegArgs),
+		cororpc.FuncUnregister: hx(t, goldenUnregArgs), cororpc.FuncGetGlobalView: {}, cororpc.FuncListServices: {},
 	} {
 		got := srv.seen[fn]
 		if len(got) != 1 || !bytes.Equal(got[0], want) {
-			t.Errorf("%s request body %x, want %x", wire.RPCFunctionName(fn), got, want)
+			t.Errorf("%s request body %x, want %x", cororpc.FunctionName(fn), got, want)
 		}
 	}
 }
 
 func TestClientBusinessAndFrameworkErrors(t *testing.T) {
 	var calls int
-	srv := startFake(t, func(h wire.RPCRequestHeader, _ []byte) []byte {
+	srv := startFake(t, func(h cororpc.RequestHeader, _ []byte) []byte {
 		calls++
 		if calls == 1 {
-			return wire.AppendRPCFrameworkError(nil, h.SeqNum, wire.RPCErrcInvalidArguments, "invalid rpc arg")
+			return cororpc.AppendFrameworkError(nil, h.SeqNum, cororpc.ErrcInvalidArguments, "invalid rpc arg")
 		}
-		return wire.AppendRPCResponse(nil, h.SeqNum, 0, hx(t, goldenQueryError))
+		return cororpc.AppendResponse(nil, h.SeqNum, 0, hx(t, goldenQueryError))
 	})
 	c := dial(t, srv.addr())
 	ctx := ctxTimeout(t, 5*time.Second)
-	var res wire.RPCQueryResult
-	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16}}
+	var res cororpc.QueryResult
+	q := cororpc.QueryRequest{Context: cororpc.ContextKey{ModelName: "m", BlockSize: 16}}
 
 	_, err := c.Query(ctx, &q, &res)
-	var fe *wire.RPCFrameworkError
-	if !errors.As(err, &fe) || fe.Code != wire.RPCErrcInvalidArguments || fe.Msg != "invalid rpc arg" || Code(err) != wire.RPCCodeRPCFail {
+	var fe *cororpc.FrameworkError
+	if !errors.As(err, &fe) || fe.Code != cororpc.ErrcInvalidArguments || fe.Msg != "invalid rpc arg" || Code(err) != cororpc.CodeRPCFail {
 		t.Fatalf("framework error: %v", err)
 	}
 	// A framework error keeps the connection usable.
 	ec, err := c.Query(ctx, &q, &res)
-	if err != nil || ec != wire.RPCCodeConductorUnavailable || len(res.Instances) != 0 {
+	if err != nil || ec != cororpc.CodeConductorUnavailable || len(res.Instances) != 0 {
 		t.Fatalf("business error: %v %v", ec, err)
 	}
 }
 
 func TestClientTimeoutWhenServerNeverAnswers(t *testing.T) {
-	srv := startFake(t, func(wire.RPCRequestHeader, []byte) []byte { return nil })
+	srv := startFake(t, func(cororpc.RequestHeader, []byte) []byte { return nil })
 	c := dial(t, srv.addr())
-	var res wire.RPCQueryResult
-	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16}, Tokens: []int32{1}}
+	var res cororpc.QueryResult
+	q := cororpc.QueryRequest{Context: cororpc.ContextKey{ModelName: "m", BlockSize: 16}, Tokens: []int32{1}}
 
 	start := time.Now()
 	_, err := c.Query(ctxTimeout(t, 150*time.Millisecond), &q, &res)
 	elapsed := time.Since(start)
-	if !errors.Is(err, ErrTimeout) || Code(err) != wire.RPCCodeRPCTimeout {
+	if !errors.Is(err, ErrTimeout) || Code(err) != cororpc.CodeRPCTimeout {
 		t.Fatalf("got %v (code %v), want a timeout", err, Code(err))
 	}
 	if elapsed < 100*time.Millisecond || elapsed > 3*time.Second {
@@ -240,13 +240,13 @@ func TestClientTimeoutWhenServerNeverAnswers(t *testing.T) {
 	}
 	// The stream may still carry the late answer: the connection is dropped.
 	_, err = c.ListServices(ctxTimeout(t, time.Second))
-	if !errors.Is(err, ErrClosed) || Code(err) != wire.RPCCodeRPCFail {
+	if !errors.Is(err, ErrClosed) || Code(err) != cororpc.CodeRPCFail {
 		t.Fatalf("after timeout: %v", err)
 	}
 }
 
 func TestClientCancel(t *testing.T) {
-	srv := startFake(t, func(wire.RPCRequestHeader, []byte) []byte { return nil })
+	srv := startFake(t, func(cororpc.RequestHeader, []byte) []byte { return nil })
 	c := dial(t, srv.addr())
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
@@ -260,8 +260,8 @@ func TestClientCancel(t *testing.T) {
 }
 
 func TestClientRejectsWrongSequence(t *testing.T) {
-	srv := startFake(t, func(h wire.RPCRequestHeader, _ []byte) []byte {
-		return wire.AppendRPCResponse(nil, h.SeqNum+7, 0, hx(t, goldenListResp))
+	srv := startFake(t, func(h cororpc.RequestHeader, _ []byte) []byte {
+		return cororpc.AppendResponse(nil, h.SeqNum+7, 0, hx(t, goldenListResp))
 	})
 	c := dial(t, srv.addr())
 	if _, err := c.ListServices(ctxTimeout(t, 5*time.Second)); !errors.Is(err, ErrProtocol) {
@@ -275,16 +275,16 @@ func TestClientRejectsWrongSequence(t *testing.T) {
 func TestClientConcurrentCallsMatchSequence(t *testing.T) {
 	// The server answers each query with one instance named after the filter it got,
 	// so a mixed-up response would be visible.
-	srv := startFake(t, func(h wire.RPCRequestHeader, body []byte) []byte {
-		var q wire.RPCQueryRequest
-		if err := wire.DecodeRPCQueryRequest(body, &q); err != nil {
-			return wire.AppendRPCFrameworkError(nil, h.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
+	srv := startFake(t, func(h cororpc.RequestHeader, body []byte) []byte {
+		var q cororpc.QueryRequest
+		if err := cororpc.DecodeQueryRequest(body, &q); err != nil {
+			return cororpc.AppendFrameworkError(nil, h.SeqNum, cororpc.ErrcInvalidArguments, err.Error())
 		}
-		res := wire.RPCQueryResult{Instances: []wire.RPCInstanceHit{{InstanceID: q.InstanceFilter,
-			Hit: wire.RPCCacheHitResult{LongestMatchTokens: int64(len(q.Tokens))}}}}
-		out, start := wire.BeginRPCResponse(nil, h.SeqNum, 0)
-		out, _ = wire.AppendRPCQueryResult(out, &res)
-		_ = wire.FinishRPCResponse(out, start)
+		res := cororpc.QueryResult{Instances: []cororpc.InstanceHit{{InstanceID: q.InstanceFilter,
+			Hit: cororpc.CacheHitResult{LongestMatchTokens: int64(len(q.Tokens))}}}}
+		out, start := cororpc.BeginResponse(nil, h.SeqNum, 0)
+		out, _ = cororpc.AppendQueryResult(out, &res)
+		_ = cororpc.FinishResponse(out, start)
 		return out
 	})
 	c := dial(t, srv.addr())
@@ -295,13 +295,13 @@ func TestClientConcurrentCallsMatchSequence(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var res wire.RPCQueryResult
+			var res cororpc.QueryResult
 			for i := range 50 {
 				id := fmt.Sprintf("g%d-%d", g, i)
-				q := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16},
+				q := cororpc.QueryRequest{Context: cororpc.ContextKey{ModelName: "m", BlockSize: 16},
 					Tokens: make([]int32, g*10+i), InstanceFilter: id, HasInstanceFilter: true}
 				ec, err := c.Query(ctx, &q, &res)
-				if err != nil || ec != wire.RPCCodeOK {
+				if err != nil || ec != cororpc.CodeOK {
 					errs <- fmt.Errorf("%s: %v %v", id, ec, err)
 					return
 				}
@@ -326,7 +326,7 @@ func TestDialFailureAndClose(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	if _, err := Dial(addr, 500*time.Millisecond); err == nil || Code(err) != wire.RPCCodeRPCFail {
+	if _, err := Dial(addr, 500*time.Millisecond); err == nil || Code(err) != cororpc.CodeRPCFail {
 		t.Fatalf("dial closed port: %v", err)
 	}
 
@@ -341,7 +341,7 @@ func TestDialFailureAndClose(t *testing.T) {
 	if _, err := c.ListServices(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after close: %v", err)
 	}
-	if Code(nil) != wire.RPCCodeOK {
+	if Code(nil) != cororpc.CodeOK {
 		t.Fatal("Code(nil) is not OK")
 	}
 }

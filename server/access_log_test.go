@@ -16,7 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/rpcclient"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // readAccessLines parses every line of the access log file as one JSON object.
@@ -284,13 +284,13 @@ func TestAccessLogRPCQuery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rc.Close()
-	var res wire.RPCQueryResult
-	q := wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full[:48]}
-	if code, err := rc.Query(context.Background(), &q, &res); err != nil || code != wire.RPCCodeOK {
+	var res cororpc.QueryResult
+	q := cororpc.QueryRequest{Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full[:48]}
+	if code, err := rc.Query(context.Background(), &q, &res); err != nil || code != cororpc.CodeOK {
 		t.Fatal(code, err)
 	}
 	q.Context.BlockSize = 0
-	if code, _ := rc.Query(context.Background(), &q, &res); code != wire.RPCCodeInvalidParams {
+	if code, _ := rc.Query(context.Background(), &q, &res); code != cororpc.CodeInvalidParams {
 		t.Fatalf("block_size 0: code %v", code)
 	}
 	app.AccessLog.Flush()
@@ -302,7 +302,7 @@ func TestAccessLogRPCQuery(t *testing.T) {
 		l["blocks_hashed"] != 3.0 || l["matched"] != 48.0 || l["status"] != 0.0 {
 		t.Errorf("ok line = %v", l)
 	}
-	if l := lines[1]; l["function"] != "Query" || l["status"] != float64(wire.RPCCodeInvalidParams) || l["model"] != nil {
+	if l := lines[1]; l["function"] != "Query" || l["status"] != float64(cororpc.CodeInvalidParams) || l["model"] != nil {
 		t.Errorf("error line = %v", l)
 	}
 }
@@ -320,10 +320,10 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 	defer app.Stop()
 	full := seqTokens(2048, 1)
 	fillInstances(t, app, 4, full)
-	body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
-		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full})
+	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
+		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full})
 	conn := &rpcConn{s: app.RPC}
-	hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+	hdr := cororpc.RequestHeader{SeqNum: 1, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
 	dispatch := func() {
 		if err := conn.dispatch(hdr, body); err != nil {
 			t.Fatal(err)
@@ -394,10 +394,10 @@ func TestAccessLogRPCQueryLargePrompt(t *testing.T) {
 	}
 	defer app.Stop()
 	n := maxPooledTokens + 1
-	body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
-		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
+	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
+		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
 	conn := &rpcConn{s: app.RPC}
-	hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+	hdr := cororpc.RequestHeader{SeqNum: 1, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
 	if err := conn.dispatch(hdr, body); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,8 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
+	"github.com/conductor-go/conductor/wire/httpapi"
 )
 
 // fixintBody is a query-shaped body whose list field holds n one-byte elements: the most
@@ -30,16 +31,16 @@ func fixintBody(listKey string, n int) []byte {
 func TestQueryBodyWeightsCoverDecodedSize(t *testing.T) {
 	const n = 1 << 16
 	body := fixintBody("token_ids", n)
-	var q wire.QueryRequest
-	if rerr := wire.DecodeQueryRequest(body, &q); rerr != nil {
+	var q httpapi.QueryRequest
+	if rerr := httpapi.DecodeQueryRequest(body, &q); rerr != nil {
 		t.Fatal(rerr)
 	}
 	if held, charged := len(body)+4*cap(q.Tokens), queryBodyWeight*len(body); held > charged {
 		t.Errorf("/query: %d bytes held, %d charged", held, charged)
 	}
 	body = fixintBody("block_hashes", n)
-	var h wire.QueryByHashRequest
-	if rerr := wire.DecodeQueryByHashRequest(body, &h); rerr != nil {
+	var h httpapi.QueryByHashRequest
+	if rerr := httpapi.DecodeQueryByHashRequest(body, &h); rerr != nil {
 		t.Fatal(rerr)
 	}
 	if held, charged := len(body)+8*cap(h.BlockHashes), queryByHashBodyWeight*len(body); held > charged {
@@ -78,9 +79,9 @@ func TestRPCConnDropsLargeTokenBuffer(t *testing.T) {
 	conn := &rpcConn{s: app.RPC}
 	query := func(n int) {
 		t.Helper()
-		body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
-			Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
-		hdr := wire.RPCRequestHeader{SeqNum: 1, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+		body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
+			Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
+		hdr := cororpc.RequestHeader{SeqNum: 1, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
 		if err := conn.dispatch(hdr, body); err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // writeConfig writes text to a fresh file and returns its path.
@@ -168,7 +169,7 @@ func TestLoadConfigDocExample(t *testing.T) {
 		t.Fatalf("services %d, skipped %v", len(cfg.Services), cfg.Skipped)
 	}
 	s := cfg.Services[0]
-	if s.Endpoint != "tcp://127.0.0.1:5557" || s.ReplayEndpoint != "tcp://127.0.0.1:5558" || s.Kind != KindVLLM ||
+	if s.Endpoint != "tcp://127.0.0.1:5557" || s.ReplayEndpoint != "tcp://127.0.0.1:5558" || s.Kind != publisher.VLLM ||
 		s.ModelName != "test-model" || s.LoraName != "" || s.TenantID != "default" || s.InstanceID != "engine-a" ||
 		s.BlockSize != 16 || s.DPRank != 0 || s.CacheGroup == nil || *s.CacheGroup != 0 {
 		t.Errorf("service = %+v", s)
@@ -224,13 +225,13 @@ func TestLoadConfigEntryRules(t *testing.T) {
 		"cache-group-none":  {entryWith("cache_group", nil), func(s ServiceConfig) bool { return s.CacheGroup == nil }},
 		"cache-group-0":     {entryWith("cache_group", 0), func(s ServiceConfig) bool { return s.CacheGroup != nil && *s.CacheGroup == 0 }},
 		"dp-rank-max":       {entryWith("dp_rank", 2147483647), func(s ServiceConfig) bool { return s.DPRank == 2147483647 }},
-		"mooncake":          {entryWith("type", "Mooncake"), func(s ServiceConfig) bool { return s.Kind == KindMooncake }},
+		"mooncake":          {entryWith("type", "Mooncake"), func(s ServiceConfig) bool { return s.Kind == publisher.Mooncake }},
 		"pickle": {entryWith("hash_profile", profileWith("algorithm", "sha256")), func(s ServiceConfig) bool {
 			return s.Profile.AlgorithmName() == "sha256" && s.Profile.RootHex() == "1973e23848344dc43a988a9b478663803cfffe1243480253f9a3cf004b14aa7c"
 		}},
 		"seed-random": {entryWith("hash_profile", profileWith("python_hash_seed", "random")), func(s ServiceConfig) bool { return s.Profile.Seed == "random" }},
 		"sglang-no-seed": {sglang(), func(s ServiceConfig) bool {
-			return s.Kind == KindSGLang && s.Profile.Seed == "0" && s.Profile.RootHex() == strings.Repeat("0", 64)
+			return s.Kind == publisher.SGLang && s.Profile.Seed == "0" && s.Profile.RootHex() == strings.Repeat("0", 64)
 		}},
 		"sglang-seed":   {sglang("python_hash_seed", "123"), func(s ServiceConfig) bool { return s.Profile.StrategyName() == "sglang" }},
 		"sglang-bigram": {sglang("strategy", "sglang_bigram"), func(s ServiceConfig) bool { return s.Profile.StrategyName() == "sglang_bigram" }},

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // maxMemoEntries caps query_memo_entries (64 GiB of memo at 64 bytes an entry).
@@ -264,7 +265,7 @@ func parseConfigEntry(name string, raw json.RawMessage) (ServiceConfig, error) {
 	if r.Type, err = optString(entry, "type", ""); err != nil {
 		return ServiceConfig{}, err
 	}
-	if _, ok := ParsePublisherKind(r.Type); !ok {
+	if _, ok := publisher.Parse(r.Type); !ok {
 		return ServiceConfig{}, fmt.Errorf("type must be vLLM, SGLang or Mooncake, got %q", r.Type)
 	}
 	// Upstream reads these leniently (non-strings become "") and checks emptiness later.

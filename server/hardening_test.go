@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // TestServiceKeysAreStructured: instance "a|b" in tenant "c" and instance "a" in tenant
@@ -484,9 +484,9 @@ func TestAdminTokenHTTPClient(t *testing.T) {
 // together stay within max_inflight_body_bytes; the reservation ends with the frame.
 func TestRPCBodiesShareTheInflightBudget(t *testing.T) {
 	app := startLimited(t, Limits{MaxInflightBodyBytes: 8 << 20, RPCReadTimeout: time.Minute}, "")
-	frame, start := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	frame, start := cororpc.BeginRequest(nil, 1, cororpc.FuncQuery)
 	frame = append(frame, make([]byte, 3<<20)...)
-	if err := wire.FinishRPCRequest(frame, start); err != nil {
+	if err := cororpc.FinishRequest(frame, start); err != nil {
 		t.Fatal(err)
 	}
 	a, err := net.Dial("tcp", app.RPCAddr)
@@ -494,7 +494,7 @@ func TestRPCBodiesShareTheInflightBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if _, err := a.Write(frame[:wire.RPCRequestHeaderSize+100]); err != nil {
+	if _, err := a.Write(frame[:cororpc.RequestHeaderSize+100]); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "RPC body reserved", func() error {
@@ -522,7 +522,7 @@ func TestRPCCloseInterruptsBudgetWait(t *testing.T) {
 	app := startLimited(t, Limits{MaxInflightBodyBytes: 8 << 20, RPCReadTimeout: time.Hour, RPCIdleTimeout: time.Hour}, "")
 	app.Counters.InflightBody.Add(7 << 20) // other requests hold the big-body share
 	defer app.Counters.InflightBody.Add(-(7 << 20))
-	frame, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	frame, _ := cororpc.BeginRequest(nil, 1, cororpc.FuncQuery)
 	binary.LittleEndian.PutUint32(frame[12:], 1<<20)
 	c, err := net.Dial("tcp", app.RPCAddr)
 	if err != nil {

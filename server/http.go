@@ -15,7 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/httpapi"
 )
 
 // HTTPServer serves the contract's five msgpack routes over fasthttp.
@@ -54,11 +54,11 @@ const maxPooledTokens = 1 << 20
 
 // queryScratch is the per-request state of /query, pooled so that a query allocates nothing.
 type queryScratch struct {
-	req   wire.QueryRequest
-	hreq  wire.QueryByHashRequest
+	req   httpapi.QueryRequest
+	hreq  httpapi.QueryByHashRequest
 	query engine.Query
 	res   engine.Result
-	ranks []wire.RankTiers
+	ranks []httpapi.RankTiers
 	body  []byte
 }
 
@@ -269,7 +269,7 @@ func (h *HTTPServer) handle(ctx *fasthttp.RequestCtx) {
 		}
 		route = "other"
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Not found"))
+		h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, "Not found"))
 	}
 	h.metrics.observeHTTP(route, ctx.Response.StatusCode())
 	h.logAccess(ctx, start, route, &e)
@@ -281,7 +281,7 @@ func (h *HTTPServer) method(ctx *fasthttp.RequestCtx, want string) bool {
 	}
 	ctx.SetStatusCode(fasthttp.StatusMethodNotAllowed)
 	ctx.Response.Header.Set("Allow", want)
-	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Method not allowed"))
+	h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, "Method not allowed"))
 	return false
 }
 
@@ -295,9 +295,9 @@ func (h *HTTPServer) writeMsgpack(ctx *fasthttp.RequestCtx, body []byte) {
 // checkPost validates the request's content type and the service state, before the
 // body is read. A rejected request's body is never read: the connection is closed.
 func (h *HTTPServer) checkPost(ctx *fasthttp.RequestCtx) bool {
-	if !wire.IsMsgpackContentType(ctx.Request.Header.ContentType()) {
+	if !httpapi.IsMsgpackContentType(ctx.Request.Header.ContentType()) {
 		ctx.SetConnectionClose()
-		h.requestError(ctx, &wire.RequestError{Msg: "Content-Type must be application/msgpack",
+		h.requestError(ctx, &httpapi.RequestError{Msg: "Content-Type must be application/msgpack",
 			Reason: "unsupported_content_type", Index: -1})
 		return false
 	}
@@ -322,7 +322,7 @@ func (h *HTTPServer) authorized(ctx *fasthttp.RequestCtx) bool {
 	ctx.SetConnectionClose()
 	ctx.SetStatusCode(fasthttp.StatusUnauthorized)
 	ctx.Response.Header.Set(fasthttp.HeaderWWWAuthenticate, `Bearer realm="conductor"`)
-	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Unauthorized: this route requires Authorization: Bearer <admin_token>"))
+	h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, "Unauthorized: this route requires Authorization: Bearer <admin_token>"))
 	return false
 }
 
@@ -373,7 +373,7 @@ func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int, weight int64) (
 		ctx.SetConnectionClose()
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		ctx.Response.Header.Set(fasthttp.HeaderRetryAfter, "1")
-		h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Server busy: too many request bytes in flight (max_inflight_body_bytes); retry"))
+		h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, "Server busy: too many request bytes in flight (max_inflight_body_bytes); retry"))
 		return nil, 0, false
 	}
 	var err error
@@ -391,7 +391,7 @@ func (h *HTTPServer) readBody(ctx *fasthttp.RequestCtx, max int, weight int64) (
 			h.tooLarge(ctx, max)
 		} else {
 			ctx.SetStatusCode(fasthttp.StatusBadRequest)
-			h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "cannot read request body: "+err.Error()))
+			h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, "cannot read request body: "+err.Error()))
 		}
 		return nil, 0, false
 	}
@@ -425,7 +425,7 @@ func (h *HTTPServer) tooLarge(ctx *fasthttp.RequestCtx, max int) {
 	h.counters.BodyTooLarge.Add(1)
 	ctx.SetConnectionClose()
 	ctx.SetStatusCode(fasthttp.StatusRequestEntityTooLarge)
-	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, "Request body too large: the limit for this route is "+strconv.Itoa(max)+" bytes"))
+	h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, "Request body too large: the limit for this route is "+strconv.Itoa(max)+" bytes"))
 }
 
 // getBuf returns a buffer of length n: pooled when small, allocated when large (and
@@ -467,9 +467,9 @@ func (h *HTTPServer) releaseBody(body *[]byte, held int64) {
 	h.bufs.Put(body)
 }
 
-func (h *HTTPServer) requestError(ctx *fasthttp.RequestCtx, e *wire.RequestError) {
+func (h *HTTPServer) requestError(ctx *fasthttp.RequestCtx, e *httpapi.RequestError) {
 	ctx.SetStatusCode(fasthttp.StatusBadRequest)
-	h.writeMsgpack(ctx, wire.AppendRequestError(nil, e))
+	h.writeMsgpack(ctx, httpapi.AppendRequestError(nil, e))
 }
 
 // serviceError maps a service-level failure to its HTTP status and body.
@@ -481,7 +481,7 @@ func (h *HTTPServer) serviceError(ctx *fasthttp.RequestCtx, e *Error) {
 			if e.HasIndex {
 				idx = e.Index
 			}
-			h.requestError(ctx, &wire.RequestError{Msg: e.Msg, Reason: e.Reason, Field: e.Field, Index: idx})
+			h.requestError(ctx, &httpapi.RequestError{Msg: e.Msg, Reason: e.Reason, Field: e.Field, Index: idx})
 			return
 		}
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
@@ -492,7 +492,7 @@ func (h *HTTPServer) serviceError(ctx *fasthttp.RequestCtx, e *Error) {
 	default:
 		ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 	}
-	h.writeMsgpack(ctx, wire.AppendErrorMessage(nil, e.Msg))
+	h.writeMsgpack(ctx, httpapi.AppendErrorMessage(nil, e.Msg))
 }
 
 // query answers /query and returns the number of blocks it hashed; e gets what the
@@ -500,7 +500,7 @@ func (h *HTTPServer) serviceError(ctx *fasthttp.RequestCtx, e *Error) {
 func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte, e *accessEntry) int {
 	sc := h.pool.Get().(*queryScratch)
 	defer h.pool.Put(sc)
-	if rerr := wire.DecodeQueryRequest(body, &sc.req); rerr != nil {
+	if rerr := httpapi.DecodeQueryRequest(body, &sc.req); rerr != nil {
 		if cap(sc.req.Tokens) > maxPooledTokens {
 			sc.req.Tokens = nil
 		}
@@ -528,7 +528,7 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte, e *accessEntry
 }
 
 func (h *HTTPServer) register(ctx *fasthttp.RequestCtx, body []byte) {
-	req, rerr := wire.DecodeRegisterRequest(body)
+	req, rerr := httpapi.DecodeRegisterRequest(body)
 	if rerr != nil {
 		h.requestError(ctx, rerr)
 		return
@@ -545,11 +545,11 @@ func (h *HTTPServer) register(ctx *fasthttp.RequestCtx, body []byte) {
 		h.serviceError(ctx, serr)
 		return
 	}
-	h.writeMsgpack(ctx, wire.AppendStatusRegistered(nil, cfg.InstanceID))
+	h.writeMsgpack(ctx, httpapi.AppendStatusRegistered(nil, cfg.InstanceID))
 }
 
 func (h *HTTPServer) unregister(ctx *fasthttp.RequestCtx, body []byte) {
-	req, rerr := wire.DecodeUnregisterRequest(body)
+	req, rerr := httpapi.DecodeUnregisterRequest(body)
 	if rerr != nil {
 		h.requestError(ctx, rerr)
 		return
@@ -559,7 +559,7 @@ func (h *HTTPServer) unregister(ctx *fasthttp.RequestCtx, body []byte) {
 		h.serviceError(ctx, serr)
 		return
 	}
-	h.writeMsgpack(ctx, wire.AppendStatusUnregistered(nil, key))
+	h.writeMsgpack(ctx, httpapi.AppendStatusUnregistered(nil, key))
 }
 
 func (h *HTTPServer) globalView(ctx *fasthttp.RequestCtx) {

@@ -10,7 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/httpapi"
 )
 
 // QueryByHash answers a prefix-hit query whose block keys the caller computed: keys[i] is
@@ -46,7 +46,7 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, body []byte, e *acces
 	sc := h.pool.Get().(*queryScratch)
 	defer h.pool.Put(sc)
 	req := &sc.hreq
-	if rerr := wire.DecodeQueryByHashRequest(body, req); rerr != nil {
+	if rerr := httpapi.DecodeQueryByHashRequest(body, req); rerr != nil {
 		if cap(req.BlockHashes) > maxPooledTokens/2 {
 			req.BlockHashes = nil
 		}
@@ -72,14 +72,14 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, body []byte, e *acces
 // writeQueryResult encodes res as the /query response body, appended into the scratch's
 // buffer, which is then swapped with the response's (no copy, no allocation).
 func (h *HTTPServer) writeQueryResult(ctx *fasthttp.RequestCtx, sc *queryScratch, res *engine.Result) {
-	b := wire.AppendQueryResponseHeader(sc.body[:0], len(res.Instances))
+	b := httpapi.AppendQueryResponseHeader(sc.body[:0], len(res.Instances))
 	for i := range res.Instances {
 		inst := &res.Instances[i]
 		sc.ranks = sc.ranks[:0]
 		for _, r := range inst.Ranks {
-			sc.ranks = append(sc.ranks, wire.RankTiers{Rank: r.Rank, Device: r.Device, CPULocal: r.CPULocal, CPUShare: r.CPUShare, Disk: r.Disk})
+			sc.ranks = append(sc.ranks, httpapi.RankTiers{Rank: r.Rank, Device: r.Device, CPULocal: r.CPULocal, CPUShare: r.CPUShare, Disk: r.Disk})
 		}
-		b = wire.AppendInstanceHit(b, inst.InstanceID, inst.Disk, inst.Device, inst.CPULocal, inst.CPUShare, inst.Disk, sc.ranks)
+		b = httpapi.AppendInstanceHit(b, inst.InstanceID, inst.Disk, inst.Device, inst.CPULocal, inst.CPUShare, inst.Disk, sc.ranks)
 	}
 	ctx.Response.Header.SetContentTypeBytes(msgpackContentType)
 	// Swap buffers instead of copying: the response keeps ours, we keep its old one.

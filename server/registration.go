@@ -8,54 +8,14 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
-
-// PublisherKind is a registered publisher's type. Its numeric values are the RPC wire enum
-// (upstream PublisherKind: vLLM 0, Mooncake 1, SGLang 2).
-type PublisherKind int32
-
-// Publisher kinds.
-const (
-	KindVLLM     PublisherKind = 0
-	KindMooncake PublisherKind = 1
-	KindSGLang   PublisherKind = 2
-)
-
-// ParsePublisherKind maps the case-sensitive type names of the contract to a kind.
-func ParsePublisherKind(s string) (PublisherKind, bool) {
-	switch s {
-	case "vLLM":
-		return KindVLLM, true
-	case "Mooncake":
-		return KindMooncake, true
-	case "SGLang":
-		return KindSGLang, true
-	}
-	return 0, false
-}
-
-// String returns the contract's name of the kind.
-func (k PublisherKind) String() string {
-	switch k {
-	case KindVLLM:
-		return "vLLM"
-	case KindMooncake:
-		return "Mooncake"
-	case KindSGLang:
-		return "SGLang"
-	}
-	return "PublisherKind(" + strconv.Itoa(int(k)) + ")"
-}
-
-// IsEngine reports whether the kind publishes engine-local tiers for a query instance
-// (vLLM, SGLang), as opposed to shared Mooncake Store objects.
-func (k PublisherKind) IsEngine() bool { return k == KindVLLM || k == KindSGLang }
 
 // ServiceConfig is one validated publisher registration.
 type ServiceConfig struct {
 	Endpoint       string
 	ReplayEndpoint string
-	Kind           PublisherKind
+	Kind           publisher.Kind
 	ModelName      string
 	LoraName       string
 	TenantID       string
@@ -192,7 +152,7 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 			return cfg, invalidField("invalid_value", "replay_endpoint", "replay_endpoint "+err)
 		}
 	}
-	kind, ok := ParsePublisherKind(r.Type)
+	kind, ok := publisher.Parse(r.Type)
 	if !ok {
 		return cfg, invalidField("invalid_value", "type", "type must be vLLM, SGLang or Mooncake")
 	}

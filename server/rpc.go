@@ -12,7 +12,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // RPCServer serves the coro_rpc/struct_pack wire of the upstream Python client over TCP.
@@ -42,7 +42,7 @@ type RPCServer struct {
 type RPCOptions struct {
 	Service *Service
 	Logger  *slog.Logger
-	// MaxBody bounds one request body (0: wire.DefaultRPCMaxBody).
+	// MaxBody bounds one request body (0: cororpc.DefaultMaxBody).
 	MaxBody int
 	// Metrics, when set, records queries and requests.
 	Metrics *Metrics
@@ -61,7 +61,7 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 		s.log = slog.Default()
 	}
 	if s.maxBody <= 0 {
-		s.maxBody = wire.DefaultRPCMaxBody
+		s.maxBody = cororpc.DefaultMaxBody
 	}
 	s.limits = opts.Limits.WithDefaults()
 	s.logLimit = newLogLimiter(time.Second, 20)
@@ -152,10 +152,10 @@ type rpcConn struct {
 	w      *bufio.Writer
 	in     []byte
 	out    []byte
-	qreq   wire.RPCQueryRequest
+	qreq   cororpc.QueryRequest
 	q      engine.Query
 	res    engine.Result
-	rpcRes wire.RPCQueryResult
+	rpcRes cororpc.QueryResult
 }
 
 func (s *RPCServer) serveConn(c net.Conn) {
@@ -192,7 +192,7 @@ func (rc *rpcConn) serveFrame() bool {
 	_ = c.SetReadDeadline(deadline)
 	// The body's bytes (twice: raw and decoded) come out of the in-flight budget shared
 	// with HTTP before it is read; while they do not fit the connection is not read.
-	if hb, err := rc.r.Peek(wire.RPCRequestHeaderSize); err == nil {
+	if hb, err := rc.r.Peek(cororpc.RequestHeaderSize); err == nil {
 		if total := int64(binary.LittleEndian.Uint32(hb[12:])) + int64(binary.LittleEndian.Uint32(hb[16:])); total > 0 && total <= int64(s.maxBody) {
 			held, ok := s.budget.acquireBy(2*total, deadline, s.done)
 			if !ok {
@@ -203,7 +203,7 @@ func (rc *rpcConn) serveFrame() bool {
 			defer s.budget.release(held)
 		}
 	}
-	hdr, body, err := wire.ReadRPCRequest(rc.r, rc.in[:0], s.maxBody)
+	hdr, body, err := cororpc.ReadRequest(rc.r, rc.in[:0], s.maxBody)
 	if body != nil && cap(body) > cap(rc.in) {
 		rc.in = body[:0]
 	}
@@ -214,8 +214,8 @@ func (rc *rpcConn) serveFrame() bool {
 		return false
 	}
 	if err != nil {
-		if errors.Is(err, wire.ErrRPCSerializeType) {
-			rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, "unsupported serialize_type")
+		if errors.Is(err, cororpc.ErrSerializeType) {
+			rc.out = cororpc.AppendFrameworkError(rc.out[:0], hdr.SeqNum, cororpc.ErrcInvalidArguments, "unsupported serialize_type")
 			return rc.flush() == nil
 		}
 		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -230,9 +230,9 @@ func (rc *rpcConn) serveFrame() bool {
 	if err := rc.dispatch(hdr, body); err != nil {
 		if ok, n := s.logLimit.allow("bad body"); ok {
 			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
-				"function", wire.RPCFunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
+				"function", cororpc.FunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
 		}
-		rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcInvalidArguments, err.Error())
+		rc.out = cororpc.AppendFrameworkError(rc.out[:0], hdr.SeqNum, cororpc.ErrcInvalidArguments, err.Error())
 		if _, err := rc.w.Write(rc.out); err == nil {
 			rc.closingFlush()
 		}
@@ -297,64 +297,64 @@ func (rc *rpcConn) closingFlush() {
 // waiting for before it sends that rest.
 func (rc *rpcConn) nextFrameBuffered() bool {
 	n := rc.r.Buffered()
-	if n < wire.RPCRequestHeaderSize {
+	if n < cororpc.RequestHeaderSize {
 		return false
 	}
-	hb, err := rc.r.Peek(wire.RPCRequestHeaderSize)
+	hb, err := rc.r.Peek(cororpc.RequestHeaderSize)
 	if err != nil {
 		return false
 	}
 	length := uint64(binary.LittleEndian.Uint32(hb[12:])) + uint64(binary.LittleEndian.Uint32(hb[16:]))
-	return uint64(n) >= uint64(wire.RPCRequestHeaderSize)+length
+	return uint64(n) >= uint64(cororpc.RequestHeaderSize)+length
 }
 
 // rpcCode maps a service error to the wire's business error code.
-func rpcCode(e *Error) wire.RPCErrorCode {
+func rpcCode(e *Error) cororpc.ErrorCode {
 	switch e.Code {
 	case CodeInvalidParams:
-		return wire.RPCCodeInvalidParams
+		return cororpc.CodeInvalidParams
 	case CodeNotFound:
-		return wire.RPCCodeServiceNotFound
+		return cororpc.CodeServiceNotFound
 	case CodeUnavailable:
-		return wire.RPCCodeConductorUnavailable
+		return cororpc.CodeConductorUnavailable
 	}
-	return wire.RPCCodeInternalError
+	return cororpc.CodeInternalError
 }
 
 // dispatch decodes one request, calls the service and leaves the response frame in rc.out.
 // An error means the body was malformed: the connection is closed.
-func (rc *rpcConn) dispatch(hdr wire.RPCRequestHeader, body []byte) error {
-	out, start := wire.BeginRPCResponse(rc.out[:0], hdr.SeqNum, 0)
+func (rc *rpcConn) dispatch(hdr cororpc.RequestHeader, body []byte) error {
+	out, start := cororpc.BeginResponse(rc.out[:0], hdr.SeqNum, 0)
 	var err error
 	switch hdr.FunctionID {
-	case wire.FuncQuery:
+	case cororpc.FuncQuery:
 		out, err = rc.query(out, body)
-	case wire.FuncRegister:
+	case cororpc.FuncRegister:
 		out, err = rc.register(out, body)
-	case wire.FuncUnregister:
+	case cororpc.FuncUnregister:
 		out, err = rc.unregister(out, body)
-	case wire.FuncGetGlobalView:
+	case cororpc.FuncGetGlobalView:
 		if len(body) != 0 {
 			return errors.New("GetGlobalView takes no arguments")
 		}
-		out, err = wire.AppendRPCGlobalView(out, rpcGlobalView(rc.s.svc))
+		out, err = cororpc.AppendGlobalView(out, rpcGlobalView(rc.s.svc))
 		rc.s.metrics.observeRPC("GetGlobalView", "OK")
-	case wire.FuncListServices:
+	case cororpc.FuncListServices:
 		if len(body) != 0 {
 			return errors.New("ListServices takes no arguments")
 		}
-		out = wire.AppendRPCServiceList(out, rpcServiceList(rc.s.svc.Services()))
+		out = cororpc.AppendServiceList(out, rpcServiceList(rc.s.svc.Services()))
 		rc.s.metrics.observeRPC("ListServices", "OK")
 	default:
 		rc.s.metrics.observeRPC("unknown", "function_not_registered")
-		rc.out = wire.AppendRPCFrameworkError(rc.out[:0], hdr.SeqNum, wire.RPCErrcFunctionNotRegistered,
+		rc.out = cororpc.AppendFrameworkError(rc.out[:0], hdr.SeqNum, cororpc.ErrcFunctionNotRegistered,
 			"the function is not registered")
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if ferr := wire.FinishRPCResponse(out, start); ferr != nil {
+	if ferr := cororpc.FinishResponse(out, start); ferr != nil {
 		return ferr
 	}
 	rc.out = out
@@ -363,7 +363,7 @@ func (rc *rpcConn) dispatch(hdr wire.RPCRequestHeader, body []byte) error {
 
 func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	start := time.Now()
-	if err := wire.DecodeRPCQueryRequest(body, &rc.qreq); err != nil {
+	if err := cororpc.DecodeQueryRequest(body, &rc.qreq); err != nil {
 		return out, err
 	}
 	q := &rc.q
@@ -381,7 +381,7 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 	rc.s.metrics.observeRPCQuery(start, serr == nil, rc.res.BlocksHashed())
 	rc.s.logQuery(start, ctx.ModelName, tokens, &rc.res, serr)
 	if serr != nil {
-		return wire.AppendRPCQueryError(out, rpcCode(serr)), nil
+		return cororpc.AppendQueryError(out, rpcCode(serr)), nil
 	}
 	res := &rc.rpcRes
 	res.Instances = res.Instances[:0]
@@ -391,7 +391,7 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 		if len(res.Instances) < cap(res.Instances) {
 			res.Instances = res.Instances[:len(res.Instances)+1]
 		} else {
-			res.Instances = append(res.Instances, wire.RPCInstanceHit{})
+			res.Instances = append(res.Instances, cororpc.InstanceHit{})
 		}
 		ih := &res.Instances[len(res.Instances)-1]
 		ih.InstanceID = inst.InstanceID
@@ -401,12 +401,12 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 		hit.DP = hit.DP[:0]
 		hit.RankMatches = hit.RankMatches[:0]
 		for _, r := range inst.Ranks {
-			hit.DP = append(hit.DP, wire.RPCRankValue{Rank: int64(r.Rank), Value: r.Device})
-			hit.RankMatches = append(hit.RankMatches, wire.RPCRankTiers{Rank: int64(r.Rank), Device: r.Device,
+			hit.DP = append(hit.DP, cororpc.RankValue{Rank: int64(r.Rank), Value: r.Device})
+			hit.RankMatches = append(hit.RankMatches, cororpc.RankTiers{Rank: int64(r.Rank), Device: r.Device,
 				CPULocal: r.CPULocal, CPUShare: r.CPUShare, Disk: r.Disk})
 		}
 	}
-	out, err := wire.AppendRPCQueryResult(out, res)
+	out, err := cororpc.AppendQueryResult(out, res)
 	for i := range res.Instances {
 		res.Instances[i].InstanceID = "" // drop references into the engine's slot table
 	}
@@ -414,12 +414,12 @@ func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
 }
 
 func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
-	var c wire.RPCServiceConfig
-	if err := wire.DecodeRPCServiceConfig(body, &c); err != nil {
+	var c cororpc.ServiceConfig
+	if err := cororpc.DecodeServiceConfig(body, &c); err != nil {
 		return out, err
 	}
 	if !c.PublisherKind.Valid() {
-		return wire.AppendRPCRegisterError(out, wire.RPCCodeInvalidParams), nil
+		return cororpc.AppendRegisterError(out, cororpc.CodeInvalidParams), nil
 	}
 	r := Registration{
 		Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, Type: c.PublisherKind.String(),
@@ -439,37 +439,37 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 			rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr, "suppressed_since_last", n)
 		}
 		rc.s.metrics.observeRPC("Register", rpcCode(serr).String())
-		return wire.AppendRPCRegisterError(out, rpcCode(serr)), nil
+		return cororpc.AppendRegisterError(out, rpcCode(serr)), nil
 	}
 	rc.s.metrics.observeRPC("Register", "OK")
-	return wire.AppendRPCRegisterResult(out, wire.RPCRegisterResult{InstanceID: cfg.InstanceID, IsNew: isNew}), nil
+	return cororpc.AppendRegisterResult(out, cororpc.RegisterResult{InstanceID: cfg.InstanceID, IsNew: isNew}), nil
 }
 
 func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
-	id, tenant, rank, err := wire.DecodeRPCUnregisterArgs(body)
+	id, tenant, rank, err := cororpc.DecodeUnregisterArgs(body)
 	if err != nil {
 		return out, err
 	}
 	key, serr := rc.s.svc.Unregister(id, tenant, int(rank))
 	if serr != nil {
 		rc.s.metrics.observeRPC("Unregister", rpcCode(serr).String())
-		return wire.AppendRPCUnregisterError(out, rpcCode(serr)), nil
+		return cororpc.AppendUnregisterError(out, rpcCode(serr)), nil
 	}
 	rc.s.metrics.observeRPC("Unregister", "OK")
-	return wire.AppendRPCUnregisterResult(out, wire.RPCUnregisterResult{RemovedKey: key}), nil
+	return cororpc.AppendUnregisterResult(out, cororpc.UnregisterResult{RemovedKey: key}), nil
 }
 
-func rpcProfile(p *hashing.Profile) wire.RPCHashProfile {
-	return wire.RPCHashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
+func rpcProfile(p *hashing.Profile) cororpc.HashProfile {
+	return cororpc.HashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
 		RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()}
 }
 
-func rpcServiceList(svcs []ServiceConfig) []wire.RPCServiceConfig {
-	out := make([]wire.RPCServiceConfig, len(svcs))
+func rpcServiceList(svcs []ServiceConfig) []cororpc.ServiceConfig {
+	out := make([]cororpc.ServiceConfig, len(svcs))
 	for i := range svcs {
 		c := &svcs[i]
-		out[i] = wire.RPCServiceConfig{
-			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: wire.RPCPublisherKind(c.Kind),
+		out[i] = cororpc.ServiceConfig{
+			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: c.Kind,
 			ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,
 			BlockSize: c.BlockSize, DPRank: int32(c.DPRank), HashProfile: rpcProfile(&c.Profile),
 		}
@@ -480,22 +480,22 @@ func rpcServiceList(svcs []ServiceConfig) []wire.RPCServiceConfig {
 	return out
 }
 
-func rpcGlobalView(svc *Service) *wire.RPCGlobalView {
+func rpcGlobalView(svc *Service) *cororpc.GlobalView {
 	views, serr := svc.GlobalView()
-	v := &wire.RPCGlobalView{}
+	v := &cororpc.GlobalView{}
 	// While stopping, an empty view: GetGlobalView has no error channel on the wire.
 	if serr != nil {
 		return v
 	}
 	for i := range views {
 		cv := &views[i]
-		ctx := wire.RPCContextView{
-			Context:     wire.RPCContextKey{TenantID: cv.Key.TenantID, ModelName: cv.Key.ModelName, LoraName: cv.Key.LoraName, BlockSize: cv.Key.BlockSize},
+		ctx := cororpc.ContextView{
+			Context:     cororpc.ContextKey{TenantID: cv.Key.TenantID, ModelName: cv.Key.ModelName, LoraName: cv.Key.LoraName, BlockSize: cv.Key.BlockSize},
 			Profile:     rpcProfile(&cv.Profile),
 			PrefixCount: cv.PrefixCount,
 		}
 		for _, inst := range cv.Instances {
-			ir := wire.RPCInstanceRanks{InstanceID: inst.InstanceID}
+			ir := cororpc.InstanceRanks{InstanceID: inst.InstanceID}
 			for _, r := range inst.Ranks {
 				ir.Ranks = append(ir.Ranks, int64(r))
 			}

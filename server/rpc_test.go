@@ -24,7 +24,8 @@ import (
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/rpcclient"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // Golden struct_pack bodies of reference-notes.md §2.3 and rpc-golden-long.txt, copied
@@ -148,14 +149,14 @@ func (rc *rawRPC) write(b []byte) {
 
 func (rc *rawRPC) send(seq, fn uint32, body []byte) {
 	rc.t.Helper()
-	rc.write(wire.AppendRPCRequest(nil, seq, fn, body))
+	rc.write(cororpc.AppendRequest(nil, seq, fn, body))
 }
 
 // read reads one response frame, checking the header fields that never vary: magic 21,
 // version 0, msg_type 0, no attachment.
 func (rc *rawRPC) read() (errCode uint8, seq uint32, body []byte) {
 	rc.t.Helper()
-	var h [wire.RPCResponseHeaderSize]byte
+	var h [cororpc.ResponseHeaderSize]byte
 	if _, err := io.ReadFull(rc.r, h[:]); err != nil {
 		rc.t.Fatalf("read response header: %v", err)
 	}
@@ -210,7 +211,7 @@ func wantBytes(t testing.TB, what string, got, want []byte) {
 	}
 }
 
-var rgVLLMProfile = wire.RPCHashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}
+var rgVLLMProfile = cororpc.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}
 
 const rgRootVLLMCBOR0 = "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
 
@@ -223,9 +224,9 @@ func TestRPCGoldenEmptyIndex(t *testing.T) {
 
 	// Variants of the golden Query body with one field edited by hand; each is also
 	// checked against the encoder so a typo here cannot pass as a server answer.
-	ctx := wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	edited := func(hexBody string, q wire.RPCQueryRequest) string {
-		if enc := wire.AppendRPCQueryRequest(nil, &q); !bytes.Equal(enc, rgHex(t, hexBody)) {
+	ctx := cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
+	edited := func(hexBody string, q cororpc.QueryRequest) string {
+		if enc := cororpc.AppendQueryRequest(nil, &q); !bytes.Equal(enc, rgHex(t, hexBody)) {
 			t.Fatalf("hand-edited body %s differs from encoder %x", hexBody, enc)
 		}
 		return hexBody
@@ -237,19 +238,19 @@ func TestRPCGoldenEmptyIndex(t *testing.T) {
 		fn        uint32
 		req, resp string
 	}{
-		{"Query", wire.FuncQuery, rgQueryArgs, rgQueryRespEmpty},
-		{"Query salt+filter", wire.FuncQuery, rgQueryArgsSaltFilter, rgQueryRespEmpty},
-		{"Query no tokens", wire.FuncQuery, edited("1c1a00f9 07 64656661756c74 01 6d 00 1000000000000000 00 00 00",
-			wire.RPCQueryRequest{Context: noTokens}), rgQueryRespEmpty},
-		{"Query empty model", wire.FuncQuery, edited("1c1a00f9 07 64656661756c74 00 00 1000000000000000 03 01000000 02000000 03000000 00 00",
-			wire.RPCQueryRequest{Context: noModel, Tokens: []int32{1, 2, 3}}), rgQueryRespInvalid},
-		{"Query block_size 0", wire.FuncQuery, edited("1c1a00f9 07 64656661756c74 01 6d 00 0000000000000000 03 01000000 02000000 03000000 00 00",
-			wire.RPCQueryRequest{Context: bs0, Tokens: []int32{1, 2, 3}}), rgQueryRespInvalid},
-		{"Query block_size -16", wire.FuncQuery, edited("1c1a00f9 07 64656661756c74 01 6d 00 f0ffffffffffffff 03 01000000 02000000 03000000 00 00",
-			wire.RPCQueryRequest{Context: bsNeg, Tokens: []int32{1, 2, 3}}), rgQueryRespInvalid},
-		{"GetGlobalView", wire.FuncGetGlobalView, "", rgGlobalViewEmpty},
-		{"ListServices", wire.FuncListServices, "", rgListServicesEmpty},
-		{"Unregister", wire.FuncUnregister, rgUnregisterArgs, rgUnregisterNotFound},
+		{"Query", cororpc.FuncQuery, rgQueryArgs, rgQueryRespEmpty},
+		{"Query salt+filter", cororpc.FuncQuery, rgQueryArgsSaltFilter, rgQueryRespEmpty},
+		{"Query no tokens", cororpc.FuncQuery, edited("1c1a00f9 07 64656661756c74 01 6d 00 1000000000000000 00 00 00",
+			cororpc.QueryRequest{Context: noTokens}), rgQueryRespEmpty},
+		{"Query empty model", cororpc.FuncQuery, edited("1c1a00f9 07 64656661756c74 00 00 1000000000000000 03 01000000 02000000 03000000 00 00",
+			cororpc.QueryRequest{Context: noModel, Tokens: []int32{1, 2, 3}}), rgQueryRespInvalid},
+		{"Query block_size 0", cororpc.FuncQuery, edited("1c1a00f9 07 64656661756c74 01 6d 00 0000000000000000 03 01000000 02000000 03000000 00 00",
+			cororpc.QueryRequest{Context: bs0, Tokens: []int32{1, 2, 3}}), rgQueryRespInvalid},
+		{"Query block_size -16", cororpc.FuncQuery, edited("1c1a00f9 07 64656661756c74 01 6d 00 f0ffffffffffffff 03 01000000 02000000 03000000 00 00",
+			cororpc.QueryRequest{Context: bsNeg, Tokens: []int32{1, 2, 3}}), rgQueryRespInvalid},
+		{"GetGlobalView", cororpc.FuncGetGlobalView, "", rgGlobalViewEmpty},
+		{"ListServices", cororpc.FuncListServices, "", rgListServicesEmpty},
+		{"Unregister", cororpc.FuncUnregister, rgUnregisterArgs, rgUnregisterNotFound},
 	}
 	for i, c := range cases {
 		seq := uint32(0x5eed0000 + i) // distinct per request: the echo is checked, not assumed
@@ -258,7 +259,7 @@ func TestRPCGoldenEmptyIndex(t *testing.T) {
 	}
 	// seq_num is echoed verbatim, including 0 and the largest value.
 	for _, seq := range []uint32{0, 1, 0xffffffff} {
-		wantBytes(t, fmt.Sprintf("ListServices seq %d", seq), rc.call(seq, wire.FuncListServices, nil), rgHex(t, rgListServicesEmpty))
+		wantBytes(t, fmt.Sprintf("ListServices seq %d", seq), rc.call(seq, cororpc.FuncListServices, nil), rgHex(t, rgListServicesEmpty))
 	}
 }
 
@@ -271,27 +272,27 @@ func TestRPCGoldenRegisterLifecycle(t *testing.T) {
 	pub := newPublisher(t, false)
 
 	req := rgSplice(t, rgHex(t, rgRegisterArgs), rgGoldenEndpoint, pub.Endpoint())
-	cfg := wire.RPCServiceConfig{Endpoint: pub.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
+	cfg := cororpc.ServiceConfig{Endpoint: pub.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
 		BlockSize: 16, HashProfile: rgVLLMProfile}
-	wantBytes(t, "spliced Register body vs encoder", req, wire.AppendRPCServiceConfig(nil, &cfg))
+	wantBytes(t, "spliced Register body vs encoder", req, cororpc.AppendServiceConfig(nil, &cfg))
 
-	wantBytes(t, "Register", rc.call(11, wire.FuncRegister, req), rgHex(t, rgRegisterRespOK))
+	wantBytes(t, "Register", rc.call(11, cororpc.FuncRegister, req), rgHex(t, rgRegisterRespOK))
 	// An identical duplicate succeeds with is_new false.
-	wantBytes(t, "Register again", rc.call(12, wire.FuncRegister, req), rgHex(t, "a80190d8 01 01 65 00"))
+	wantBytes(t, "Register again", rc.call(12, cororpc.FuncRegister, req), rgHex(t, "a80190d8 01 01 65 00"))
 	// The same key with another block size conflicts: INVALID_PARAMS inside the expected.
 	other := cfg
 	other.BlockSize = 32
-	wantBytes(t, "Register conflicting", rc.call(13, wire.FuncRegister, wire.AppendRPCServiceConfig(nil, &other)),
+	wantBytes(t, "Register conflicting", rc.call(13, cororpc.FuncRegister, cororpc.AppendServiceConfig(nil, &other)),
 		rgHex(t, "a80190d8 00 a8fdffff"))
 
 	listed := cfg
 	listed.HashProfile.RootDigest = rgRootVLLMCBOR0
-	wantBytes(t, "ListServices", rc.call(14, wire.FuncListServices, nil),
-		wire.AppendRPCServiceList(nil, []wire.RPCServiceConfig{listed}))
+	wantBytes(t, "ListServices", rc.call(14, cororpc.FuncListServices, nil),
+		cororpc.AppendServiceList(nil, []cororpc.ServiceConfig{listed}))
 
-	wantBytes(t, "Unregister", rc.call(15, wire.FuncUnregister, rgHex(t, rgUnregisterArgs)), rgHex(t, rgUnregisterOK))
-	wantBytes(t, "Unregister again", rc.call(16, wire.FuncUnregister, rgHex(t, rgUnregisterArgs)), rgHex(t, rgUnregisterNotFound))
-	wantBytes(t, "ListServices after", rc.call(17, wire.FuncListServices, nil), rgHex(t, rgListServicesEmpty))
+	wantBytes(t, "Unregister", rc.call(15, cororpc.FuncUnregister, rgHex(t, rgUnregisterArgs)), rgHex(t, rgUnregisterOK))
+	wantBytes(t, "Unregister again", rc.call(16, cororpc.FuncUnregister, rgHex(t, rgUnregisterArgs)), rgHex(t, rgUnregisterNotFound))
+	wantBytes(t, "ListServices after", rc.call(17, cororpc.FuncListServices, nil), rgHex(t, rgListServicesEmpty))
 }
 
 // TestRPCGoldenViewsWithEvents reproduces two long goldens from a live index: the
@@ -305,9 +306,9 @@ func TestRPCGoldenViewsWithEvents(t *testing.T) {
 		pubs := []*rgPub{{dp: 0}, {dp: 1}}
 		for i, p := range pubs {
 			p.pub = newPublisher(t, false)
-			cfg := wire.RPCServiceConfig{Endpoint: p.pub.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
+			cfg := cororpc.ServiceConfig{Endpoint: p.pub.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
 				BlockSize: 16, DPRank: int32(p.dp), HashProfile: rgVLLMProfile}
-			resp := rc.call(uint32(100+i), wire.FuncRegister, wire.AppendRPCServiceConfig(nil, &cfg))
+			resp := rc.call(uint32(100+i), cororpc.FuncRegister, cororpc.AppendServiceConfig(nil, &cfg))
 			wantBytes(t, "Register", resp, rgHex(t, rgRegisterRespOK))
 			if err := p.pub.WaitSubscribers(1, 5*time.Second); err != nil {
 				t.Fatal(err)
@@ -325,7 +326,7 @@ func TestRPCGoldenViewsWithEvents(t *testing.T) {
 		want := rgHex(t, rgGlobalView152)
 		var got []byte
 		eventually(t, "global view golden", func() error {
-			got = rc.call(200, wire.FuncGetGlobalView, nil)
+			got = rc.call(200, cororpc.FuncGetGlobalView, nil)
 			if !bytes.Equal(got, want) {
 				return fmt.Errorf("got %x", got)
 			}
@@ -333,12 +334,12 @@ func TestRPCGoldenViewsWithEvents(t *testing.T) {
 		})
 		// Query: 3 blocks on rank 0, 2 on rank 1; the answer lists both ranks.
 		eventually(t, "rank 1 events", func() error {
-			q := wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: tokens[:48]}
-			got := rc.call(201, wire.FuncQuery, wire.AppendRPCQueryRequest(nil, &q))
-			want, err := wire.AppendRPCQueryResult(nil, &wire.RPCQueryResult{Instances: []wire.RPCInstanceHit{{InstanceID: "e",
-				Hit: wire.RPCCacheHitResult{LongestMatchTokens: 48,
-					DP:          []wire.RPCRankValue{{Rank: 0, Value: 48}, {Rank: 1, Value: 32}},
-					RankMatches: []wire.RPCRankTiers{{Rank: 0, Device: 48, CPULocal: 48, CPUShare: 48, Disk: 48}, {Rank: 1, Device: 32, CPULocal: 32, CPUShare: 32, Disk: 32}},
+			q := cororpc.QueryRequest{Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: tokens[:48]}
+			got := rc.call(201, cororpc.FuncQuery, cororpc.AppendQueryRequest(nil, &q))
+			want, err := cororpc.AppendQueryResult(nil, &cororpc.QueryResult{Instances: []cororpc.InstanceHit{{InstanceID: "e",
+				Hit: cororpc.CacheHitResult{LongestMatchTokens: 48,
+					DP:          []cororpc.RankValue{{Rank: 0, Value: 48}, {Rank: 1, Value: 32}},
+					RankMatches: []cororpc.RankTiers{{Rank: 0, Device: 48, CPULocal: 48, CPUShare: 48, Disk: 48}, {Rank: 1, Device: 32, CPULocal: 32, CPUShare: 32, Disk: 32}},
 					Device:      48, CPULocal: 48, CPUShare: 48, Disk: 48}}}})
 			if err != nil {
 				t.Fatal(err)
@@ -354,15 +355,15 @@ func TestRPCGoldenViewsWithEvents(t *testing.T) {
 		app, _ := startRPCTestApp(t)
 		rc := dialRawRPC(t, app.RPCAddr)
 		pub := newPublisher(t, true)
-		cfg := wire.RPCServiceConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(),
-			PublisherKind: wire.RPCPublisherSGLang, ModelName: "m", TenantID: "", InstanceID: "e", BlockSize: 16,
+		cfg := cororpc.ServiceConfig{Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(),
+			PublisherKind: publisher.SGLang, ModelName: "m", TenantID: "", InstanceID: "e", BlockSize: 16,
 			DPRank: 1, HasCacheGroup: true, CacheGroup: 0,
-			HashProfile: wire.RPCHashProfile{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"}}
-		wantBytes(t, "Register", rc.call(1, wire.FuncRegister, wire.AppendRPCServiceConfig(nil, &cfg)), rgHex(t, rgRegisterRespOK))
+			HashProfile: cororpc.HashProfile{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"}}
+		wantBytes(t, "Register", rc.call(1, cororpc.FuncRegister, cororpc.AppendServiceConfig(nil, &cfg)), rgHex(t, rgRegisterRespOK))
 		want := rgSplice(t, rgHex(t, rgListServicesSGLang), rgGoldenEndpoint, pub.Endpoint())
 		want = rgSplice(t, want, rgGoldenReplayEndpoint, pub.ReplayEndpoint())
-		wantBytes(t, "ListServices", rc.call(2, wire.FuncListServices, nil), want)
-		wantBytes(t, "Unregister dp 1", rc.call(3, wire.FuncUnregister, wire.AppendRPCUnregisterArgs(nil, "e", "", 1)),
+		wantBytes(t, "ListServices", rc.call(2, cororpc.FuncListServices, nil), want)
+		wantBytes(t, "Unregister dp 1", rc.call(3, cororpc.FuncUnregister, cororpc.AppendUnregisterArgs(nil, "e", "", 1)),
 			rgHex(t, "5c3854f3 01 0b 657c64656661756c747c31"))
 	})
 }
@@ -387,23 +388,23 @@ func TestRPCPipelinedInOrder(t *testing.T) {
 	var batch []byte
 	var want []exp
 	add := func(seq, fn uint32, req, resp string) {
-		batch = wire.AppendRPCRequest(batch, seq, fn, rgHex(t, req))
+		batch = cororpc.AppendRequest(batch, seq, fn, rgHex(t, req))
 		want = append(want, exp{seq: seq, body: resp})
 	}
-	add(1, wire.FuncQuery, rgQueryArgs, rgQueryRespEmpty)
-	add(0xffffffff, wire.FuncListServices, "", rgListServicesEmpty)
-	batch = wire.AppendRPCRequest(batch, 3, 0x12345678, rgHex(t, rgQueryArgs))
+	add(1, cororpc.FuncQuery, rgQueryArgs, rgQueryRespEmpty)
+	add(0xffffffff, cororpc.FuncListServices, "", rgListServicesEmpty)
+	batch = cororpc.AppendRequest(batch, 3, 0x12345678, rgHex(t, rgQueryArgs))
 	want = append(want, exp{seq: 3, frame: true})
-	add(0, wire.FuncGetGlobalView, "", rgGlobalViewEmpty)
-	add(42, wire.FuncQuery, "1c1a00f9 07 64656661756c74 00 00 1000000000000000 03 01000000 02000000 03000000 00 00", rgQueryRespInvalid)
-	add(7, wire.FuncUnregister, rgUnregisterArgs, rgUnregisterNotFound)
-	add(7, wire.FuncQuery, rgQueryArgsSaltFilter, rgQueryRespEmpty) // a repeated seq is echoed as is
+	add(0, cororpc.FuncGetGlobalView, "", rgGlobalViewEmpty)
+	add(42, cororpc.FuncQuery, "1c1a00f9 07 64656661756c74 00 00 1000000000000000 03 01000000 02000000 03000000 00 00", rgQueryRespInvalid)
+	add(7, cororpc.FuncUnregister, rgUnregisterArgs, rgUnregisterNotFound)
+	add(7, cororpc.FuncQuery, rgQueryArgsSaltFilter, rgQueryRespEmpty) // a repeated seq is echoed as is
 	// Enough queries that the batch spans several reads of the server's 64 KiB buffer,
 	// so frames are split across reads.
-	big := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
-		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: seqTokens(1000, 1)})
+	big := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
+		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: seqTokens(1000, 1)})
 	for i := range 300 {
-		batch = wire.AppendRPCRequest(batch, uint32(1000+i), wire.FuncQuery, big)
+		batch = cororpc.AppendRequest(batch, uint32(1000+i), cororpc.FuncQuery, big)
 		want = append(want, exp{seq: uint32(1000 + i), body: rgQueryRespEmpty})
 	}
 	done := make(chan error, 1)
@@ -438,26 +439,26 @@ func TestRPCFrameworkErrorsKeepConnection(t *testing.T) {
 
 	rc.send(77, 0xdeadbeef, rgHex(t, rgQueryArgs))
 	code, seq, body := rc.read()
-	if code != uint8(wire.RPCErrcFunctionNotRegistered) || seq != 77 {
-		t.Fatalf("unknown function: err_code %d seq %d, want %d and 77", code, seq, wire.RPCErrcFunctionNotRegistered)
+	if code != uint8(cororpc.ErrcFunctionNotRegistered) || seq != 77 {
+		t.Fatalf("unknown function: err_code %d seq %d, want %d and 77", code, seq, cororpc.ErrcFunctionNotRegistered)
 	}
-	fe, err := wire.DecodeRPCFrameworkError(code, body)
+	fe, err := cororpc.DecodeFrameworkError(code, body)
 	if err != nil || fe.Msg == "" {
 		t.Fatalf("framework error body %x: %v %v", body, fe, err)
 	}
-	wantBytes(t, "query after unknown function", rc.call(78, wire.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
+	wantBytes(t, "query after unknown function", rc.call(78, cororpc.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
 
 	// serialize_type 1 (not struct_pack): the frame is consumed and refused.
-	frame := wire.AppendRPCRequest(nil, 79, wire.FuncQuery, rgHex(t, rgQueryArgs))
+	frame := cororpc.AppendRequest(nil, 79, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
 	frame[2] = 1
 	rc.write(frame)
 	if code, seq, body = rc.read(); code == 0 || seq != 79 {
 		t.Fatalf("serialize_type 1: err_code %d seq %d", code, seq)
 	}
-	if _, err := wire.DecodeRPCFrameworkError(code, body); err != nil {
+	if _, err := cororpc.DecodeFrameworkError(code, body); err != nil {
 		t.Fatalf("framework error body %x: %v", body, err)
 	}
-	wantBytes(t, "query after serialize_type error", rc.call(80, wire.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
+	wantBytes(t, "query after serialize_type error", rc.call(80, cororpc.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
 	if n := logs.count("rpc connection closed"); n != 0 {
 		t.Errorf("no connection should have been dropped:\n%s", logs)
 	}
@@ -468,9 +469,11 @@ func TestRPCFrameworkErrorsKeepConnection(t *testing.T) {
 func TestRPCMalformedFramesCloseOnlyThatConnection(t *testing.T) {
 	app, logs := startRPCTestApp(t)
 	healthy := dialRawRPC(t, app.RPCAddr)
-	wantBytes(t, "healthy", healthy.call(1, wire.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
+	wantBytes(t, "healthy", healthy.call(1, cororpc.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
 
-	good := func(seq uint32) []byte { return wire.AppendRPCRequest(nil, seq, wire.FuncQuery, rgHex(t, rgQueryArgs)) }
+	good := func(seq uint32) []byte {
+		return cororpc.AppendRequest(nil, seq, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
+	}
 	badCode := rgHex(t, rgQueryArgs)
 	badCode[0] ^= 0x02 // QueryRequest type code 0xf9001a1c -> 0xf9001a1e
 	cases := []struct {
@@ -484,11 +487,11 @@ func TestRPCMalformedFramesCloseOnlyThatConnection(t *testing.T) {
 		{"oversized length", func(rc *rawRPC) {
 			f := good(5)
 			binary.LittleEndian.PutUint32(f[12:], 0xfffffff0)
-			rc.write(f[:wire.RPCRequestHeaderSize])
+			rc.write(f[:cororpc.RequestHeaderSize])
 		}, false},
 		{"oversized attachment", func(rc *rawRPC) {
 			f := good(5)
-			binary.LittleEndian.PutUint32(f[16:], wire.DefaultRPCMaxBody)
+			binary.LittleEndian.PutUint32(f[16:], cororpc.DefaultMaxBody)
 			rc.write(f)
 		}, false},
 		{"truncated body", func(rc *rawRPC) {
@@ -504,22 +507,22 @@ func TestRPCMalformedFramesCloseOnlyThatConnection(t *testing.T) {
 				rc.t.Fatal(err)
 			}
 		}, false},
-		{"wrong type code in Query body", func(rc *rawRPC) { rc.send(5, wire.FuncQuery, badCode) }, true},
-		{"trailing byte in Query body", func(rc *rawRPC) { rc.send(5, wire.FuncQuery, append(rgHex(t, rgQueryArgs), 0)) }, true},
-		{"body for GetGlobalView", func(rc *rawRPC) { rc.send(5, wire.FuncGetGlobalView, []byte{0}) }, true},
+		{"wrong type code in Query body", func(rc *rawRPC) { rc.send(5, cororpc.FuncQuery, badCode) }, true},
+		{"trailing byte in Query body", func(rc *rawRPC) { rc.send(5, cororpc.FuncQuery, append(rgHex(t, rgQueryArgs), 0)) }, true},
+		{"body for GetGlobalView", func(rc *rawRPC) { rc.send(5, cororpc.FuncGetGlobalView, []byte{0}) }, true},
 	}
 	for _, c := range cases {
 		before := logs.count("rpc connection closed")
 		rc := dialRawRPC(t, app.RPCAddr)
 		// The connection works before the bad frame.
-		wantBytes(t, c.name+": first query", rc.call(4, wire.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
+		wantBytes(t, c.name+": first query", rc.call(4, cororpc.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
 		c.send(rc)
 		if c.frameworkError {
 			code, seq, body := rc.read()
 			if code == 0 || seq != 5 {
 				t.Fatalf("%s: err_code %d seq %d, want a framework error for seq 5", c.name, code, seq)
 			}
-			if _, err := wire.DecodeRPCFrameworkError(code, body); err != nil {
+			if _, err := cororpc.DecodeFrameworkError(code, body); err != nil {
 				t.Fatalf("%s: framework error body %x: %v", c.name, body, err)
 			}
 		}
@@ -527,15 +530,15 @@ func TestRPCMalformedFramesCloseOnlyThatConnection(t *testing.T) {
 		if after := logs.count("rpc connection closed"); after != before+1 {
 			t.Errorf("%s: %d new log lines about a closed connection, want 1:\n%s", c.name, after-before, logs)
 		}
-		wantBytes(t, c.name+": other connection", healthy.call(uint32(len(c.name)), wire.FuncQuery, rgHex(t, rgQueryArgs)),
+		wantBytes(t, c.name+": other connection", healthy.call(uint32(len(c.name)), cororpc.FuncQuery, rgHex(t, rgQueryArgs)),
 			rgHex(t, rgQueryRespEmpty))
 	}
 	// A peer that simply hangs up between frames is not a malformed frame: no log line.
 	before := logs.count("rpc connection closed")
 	rc := dialRawRPC(t, app.RPCAddr)
-	rc.call(1, wire.FuncListServices, nil)
+	rc.call(1, cororpc.FuncListServices, nil)
 	rc.c.Close()
-	healthy.call(2, wire.FuncListServices, nil)
+	healthy.call(2, cororpc.FuncListServices, nil)
 	if after := logs.count("rpc connection closed"); after != before {
 		t.Errorf("a clean hang-up was logged as a bad frame:\n%s", logs)
 	}
@@ -553,16 +556,16 @@ func TestRPCAnswersBeforeClosing(t *testing.T) {
 		frameworkError bool
 	}{
 		{"bad magic", func(b []byte) []byte {
-			f := wire.AppendRPCRequest(nil, 9, wire.FuncQuery, rgHex(t, rgQueryArgs))
+			f := cororpc.AppendRequest(nil, 9, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
 			f[0] = 0x16
 			return append(b, f...)
 		}, false},
-		{"bad body", func(b []byte) []byte { return wire.AppendRPCRequest(b, 9, wire.FuncQuery, []byte{1, 2, 3, 4}) }, true},
+		{"bad body", func(b []byte) []byte { return cororpc.AppendRequest(b, 9, cororpc.FuncQuery, []byte{1, 2, 3, 4}) }, true},
 	} {
 		rc := dialRawRPC(t, app.RPCAddr)
 		var batch []byte
 		for seq := uint32(1); seq <= 3; seq++ {
-			batch = wire.AppendRPCRequest(batch, seq, wire.FuncQuery, rgHex(t, rgQueryArgs))
+			batch = cororpc.AppendRequest(batch, seq, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
 		}
 		rc.write(c.tail(batch))
 		for seq := uint32(1); seq <= 3; seq++ {
@@ -583,9 +586,9 @@ func TestRPCAnswersBeforeClosing(t *testing.T) {
 func TestRPCAnswersWhileNextFrameIsPartial(t *testing.T) {
 	app, _ := startRPCTestApp(t)
 	rc := dialRawRPC(t, app.RPCAddr)
-	next := wire.AppendRPCRequest(nil, 2, wire.FuncQuery, rgHex(t, rgQueryArgs))
-	for _, cut := range []int{5, wire.RPCRequestHeaderSize, wire.RPCRequestHeaderSize + 7} {
-		first := wire.AppendRPCRequest(nil, 1, wire.FuncQuery, rgHex(t, rgQueryArgs))
+	next := cororpc.AppendRequest(nil, 2, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
+	for _, cut := range []int{5, cororpc.RequestHeaderSize, cororpc.RequestHeaderSize + 7} {
+		first := cororpc.AppendRequest(nil, 1, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
 		rc.write(append(first, next[:cut]...))
 		_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		wantBytes(t, fmt.Sprintf("cut %d: first", cut), rc.readOK(1), rgHex(t, rgQueryRespEmpty))
@@ -603,7 +606,7 @@ type xHit struct {
 	RM    map[string][4]int64
 }
 
-func hitsOfRPC(res *wire.RPCQueryResult) map[string]xHit {
+func hitsOfRPC(res *cororpc.QueryResult) map[string]xHit {
 	out := map[string]xHit{}
 	for _, in := range res.Instances {
 		h := in.Hit
@@ -656,7 +659,7 @@ type xCtx struct {
 	Instances           map[string][]int64
 }
 
-func viewOfRPC(v *wire.RPCGlobalView) []xCtx {
+func viewOfRPC(v *cororpc.GlobalView) []xCtx {
 	out := []xCtx{}
 	for _, c := range v.Contexts {
 		p := c.Profile
@@ -715,7 +718,7 @@ type xSvc struct {
 	Profile                                               [5]string
 }
 
-func servicesOfRPC(list []wire.RPCServiceConfig) []xSvc {
+func servicesOfRPC(list []cororpc.ServiceConfig) []xSvc {
 	out := []xSvc{}
 	for _, c := range list {
 		cg := "nil"
@@ -796,10 +799,10 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 	defer cancel()
 
 	pa0, pa1, pb0, pc, pm := newPublisher(t, false), newPublisher(t, true), newPublisher(t, false), newPublisher(t, false), newPublisher(t, false)
-	viaRPC := func(cfg wire.RPCServiceConfig) {
+	viaRPC := func(cfg cororpc.ServiceConfig) {
 		t.Helper()
 		res, code, err := cl.Register(ctx, &cfg)
-		if err != nil || code != wire.RPCCodeOK || res.InstanceID != cfg.InstanceID || !res.IsNew {
+		if err != nil || code != cororpc.CodeOK || res.InstanceID != cfg.InstanceID || !res.IsNew {
 			t.Fatalf("rpc register %s: %+v %v %v", cfg.InstanceID, res, code, err)
 		}
 	}
@@ -809,13 +812,13 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 			t.Fatalf("http register: %d %v", code, resp)
 		}
 	}
-	viaRPC(wire.RPCServiceConfig{Endpoint: pa0.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "a", BlockSize: 16, HashProfile: rgVLLMProfile})
+	viaRPC(cororpc.ServiceConfig{Endpoint: pa0.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "a", BlockSize: 16, HashProfile: rgVLLMProfile})
 	viaHTTP(registerBody(pa1.Endpoint(), "a", 1, "replay_endpoint", pa1.ReplayEndpoint()))
-	viaRPC(wire.RPCServiceConfig{Endpoint: pb0.Endpoint(), ModelName: "m", TenantID: "", InstanceID: "b", BlockSize: 16,
+	viaRPC(cororpc.ServiceConfig{Endpoint: pb0.Endpoint(), ModelName: "m", TenantID: "", InstanceID: "b", BlockSize: 16,
 		HasCacheGroup: true, HashProfile: rgVLLMProfile})
 	viaHTTP(registerBody(pc.Endpoint(), "c", 0, "type", "SGLang", "modelname", "s",
 		"hash_profile", profileMap("sglang", "sha256_raw", "", "first64_be")))
-	viaRPC(wire.RPCServiceConfig{Endpoint: pm.Endpoint(), PublisherKind: wire.RPCPublisherMooncake, ModelName: "m", TenantID: "default",
+	viaRPC(cororpc.ServiceConfig{Endpoint: pm.Endpoint(), PublisherKind: publisher.Mooncake, ModelName: "m", TenantID: "default",
 		InstanceID: "pool", BlockSize: 16, HashProfile: rgVLLMProfile})
 	for _, p := range []*zmqtest.Publisher{pa0, pa1, pb0, pc, pm} {
 		if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
@@ -851,7 +854,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 		want                        map[string]xHit // nil: only compare the protocols
 		bs                          int64
 		httpStatus                  int
-		rpcCode                     wire.RPCErrorCode
+		rpcCode                     cororpc.ErrorCode
 		hasSalt, hasFilter, emptyOK bool
 	}
 	zero := func(ranks ...string) xHit {
@@ -891,12 +894,12 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 		{name: "explicit default tenant", model: "m", tenant: "default", tokens: prompt, want: full},
 		{name: "lora context absent", model: "m", lora: "lora-a", tokens: prompt, want: map[string]xHit{}},
 		{name: "block size 32 context absent", model: "m", bs: 32, tokens: prompt, want: map[string]xHit{}},
-		{name: "empty model", model: "", tokens: prompt, httpStatus: 400, rpcCode: wire.RPCCodeInvalidParams},
-		{name: "block size 0", model: "m", bs: -1, tokens: prompt, httpStatus: 400, rpcCode: wire.RPCCodeInvalidParams},
-		{name: "negative token under SGLang", model: "s", tokens: []int32{1, -2, 3}, httpStatus: 400, rpcCode: wire.RPCCodeInvalidParams},
+		{name: "empty model", model: "", tokens: prompt, httpStatus: 400, rpcCode: cororpc.CodeInvalidParams},
+		{name: "block size 0", model: "m", bs: -1, tokens: prompt, httpStatus: 400, rpcCode: cororpc.CodeInvalidParams},
+		{name: "negative token under SGLang", model: "s", tokens: []int32{1, -2, 3}, httpStatus: 400, rpcCode: cororpc.CodeInvalidParams},
 		{name: "negative tokens under vLLM hash", model: "m", tokens: seqTokens(32, -40)},
 	}
-	var res wire.RPCQueryResult
+	var res cororpc.QueryResult
 	for _, q := range queries {
 		bs := int64(16)
 		switch {
@@ -905,7 +908,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 		case q.bs != 0:
 			bs = q.bs
 		}
-		rq := wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: q.tenant, ModelName: q.model, LoraName: q.lora, BlockSize: bs},
+		rq := cororpc.QueryRequest{Context: cororpc.ContextKey{TenantID: q.tenant, ModelName: q.model, LoraName: q.lora, BlockSize: bs},
 			Tokens: q.tokens, CacheSalt: q.salt, HasCacheSalt: q.salt != "", InstanceFilter: q.filter, HasInstanceFilter: q.filter != ""}
 		extra := []any{}
 		if q.lora != "" {
@@ -935,7 +938,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 		// Events travel asynchronously: wait for the expected figures, then compare.
 		eventually(t, q.name, func() error {
 			code, err := cl.Query(ctx, &rq, &res)
-			if err != nil || code != wire.RPCCodeOK {
+			if err != nil || code != cororpc.CodeOK {
 				return fmt.Errorf("rpc query: %v %v", code, err)
 			}
 			viaRPC = hitsOfRPC(&res)
@@ -992,7 +995,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 	}
 
 	// Unregistering through one protocol is seen by the other.
-	if _, code, err := cl.Unregister(ctx, "a", "", 1); err != nil || code != wire.RPCCodeOK {
+	if _, code, err := cl.Unregister(ctx, "a", "", 1); err != nil || code != cororpc.CodeOK {
 		t.Fatalf("rpc unregister: %v %v", code, err)
 	}
 	if code, resp := msgpackPost(t, app, "/unregister", mp("instance_id", "a", "dp_rank", 1)); code != http.StatusNotFound {
@@ -1001,11 +1004,11 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 	if code, _ := msgpackPost(t, app, "/unregister", mp("instance_id", "b", "dp_rank", 0)); code != http.StatusOK {
 		t.Errorf("http unregister b: %d", code)
 	}
-	if _, code, err := cl.Unregister(ctx, "b", "default", 0); err != nil || code != wire.RPCCodeServiceNotFound {
+	if _, code, err := cl.Unregister(ctx, "b", "default", 0); err != nil || code != cororpc.CodeServiceNotFound {
 		t.Errorf("rpc unregister of an http-unregistered service: %v %v", code, err)
 	}
-	rq := wire.RPCQueryRequest{Context: wire.RPCContextKey{ModelName: "m", BlockSize: 16}, Tokens: prompt}
-	if code, err := cl.Query(ctx, &rq, &res); err != nil || code != wire.RPCCodeOK {
+	rq := cororpc.QueryRequest{Context: cororpc.ContextKey{ModelName: "m", BlockSize: 16}, Tokens: prompt}
+	if code, err := cl.Query(ctx, &rq, &res); err != nil || code != cororpc.CodeOK {
 		t.Fatal(code, err)
 	}
 	_, resp := msgpackPost(t, app, "/query", queryBody("m", 16, prompt))
@@ -1023,9 +1026,9 @@ func TestRPCQueryDispatchAllocs(t *testing.T) {
 	var pubs []*zmqtest.Publisher
 	for dp := range 2 {
 		p := newPublisher(t, false)
-		cfg := wire.RPCServiceConfig{Endpoint: p.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
+		cfg := cororpc.ServiceConfig{Endpoint: p.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
 			BlockSize: 16, DPRank: int32(dp), HashProfile: rgVLLMProfile}
-		rc.call(1, wire.FuncRegister, wire.AppendRPCServiceConfig(nil, &cfg))
+		rc.call(1, cororpc.FuncRegister, cororpc.AppendServiceConfig(nil, &cfg))
 		if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -1038,13 +1041,13 @@ func TestRPCQueryDispatchAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	body := wire.AppendRPCQueryRequest(nil, &wire.RPCQueryRequest{
-		Context: wire.RPCContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: tokens})
+	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
+		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: tokens})
 	var overNet []byte
 	eventually(t, "both ranks indexed", func() error {
-		overNet = rc.call(2, wire.FuncQuery, body)
-		var res wire.RPCQueryResult
-		if code, err := wire.DecodeRPCQueryResponse(overNet, &res); err != nil || code != wire.RPCCodeOK ||
+		overNet = rc.call(2, cororpc.FuncQuery, body)
+		var res cororpc.QueryResult
+		if code, err := cororpc.DecodeQueryResponse(overNet, &res); err != nil || code != cororpc.CodeOK ||
 			len(res.Instances) != 1 || len(res.Instances[0].Hit.DP) != 2 || res.Instances[0].Hit.DP[1].Value != 2048-16 ||
 			res.Instances[0].Hit.DP[0].Value != 2048 {
 			return fmt.Errorf("answer %+v %v %v", res, code, err)
@@ -1053,14 +1056,14 @@ func TestRPCQueryDispatchAllocs(t *testing.T) {
 	})
 
 	conn := &rpcConn{s: app.RPC}
-	hdr := wire.RPCRequestHeader{SeqNum: 2, FunctionID: wire.FuncQuery, Length: uint32(len(body))}
+	hdr := cororpc.RequestHeader{SeqNum: 2, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
 	dispatch := func() {
 		if err := conn.dispatch(hdr, body); err != nil {
 			t.Fatal(err)
 		}
 	}
 	dispatch()
-	wantBytes(t, "dispatched frame vs network answer", conn.out, wire.AppendRPCResponse(nil, 2, 0, overNet))
+	wantBytes(t, "dispatched frame vs network answer", conn.out, cororpc.AppendResponse(nil, 2, 0, overNet))
 	if n := testing.AllocsPerRun(50, dispatch); n != 0 {
 		t.Errorf("Query dispatch allocates %.1f times per call, want 0", n)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 func stateCfg(t testing.TB, i int) ServiceConfig {
@@ -17,7 +18,7 @@ func stateCfg(t testing.TB, i int) ServiceConfig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ServiceConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1000+i), Kind: KindVLLM, ModelName: "m",
+	return ServiceConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 1000+i), Kind: publisher.VLLM, ModelName: "m",
 		TenantID: "default", InstanceID: fmt.Sprint("e", i), BlockSize: 16, Profile: p}
 }
 

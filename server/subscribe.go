@@ -10,7 +10,7 @@ import (
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // zmqSubscription pairs a ZMQ subscriber with the handler that applies its events, and
@@ -31,16 +31,6 @@ func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() 
 
 // HandlerStats exposes the event handler's counters (for metrics).
 func (z *zmqSubscription) HandlerStats() translate.HandlerStats { return z.handler.Stats() }
-
-func publisherOf(k PublisherKind) wire.Publisher {
-	switch k {
-	case KindSGLang:
-		return wire.PublisherSGLang
-	case KindMooncake:
-		return wire.PublisherMooncake
-	}
-	return wire.PublisherVLLM
-}
 
 // SubscribeZMQ is the default SubscribeFunc: a ZMQ SUB subscriber (with DEALER replay for
 // vLLM and SGLang when a replay endpoint is registered) feeding an translate.EventHandler,
@@ -73,12 +63,12 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 	logs := ingest.NewLogLimiter(log.Handler(), ingest.LogLimit{Burst: opts.LogBurst, Interval: opts.LogInterval})
 	log = logs.Logger()
 	replay := cfg.ReplayEndpoint
-	if cfg.Kind == KindMooncake && replay != "" {
+	if cfg.Kind == publisher.Mooncake && replay != "" {
 		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
 		replay = ""
 	}
 	h := translate.NewEventHandler(translate.Source{
-		Name: key, Kind: publisherOf(cfg.Kind), Endpoint: cfg.Endpoint,
+		Name: key, Kind: cfg.Kind, Endpoint: cfg.Endpoint,
 		Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile,
 	}, eng, log)
 	sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{

@@ -17,6 +17,7 @@ import (
 	"github.com/conductor-go/conductor/bench/report"
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // Shape is how much of a query prompt is indexed.
@@ -356,11 +357,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, nil
 }
 
-func kindOf(h sim.HashSpec) sim.Kind {
+func kindOf(h sim.HashSpec) publisher.Kind {
 	if h.Strategy == "vllm_v1" {
-		return sim.KindVLLM
+		return publisher.VLLM
 	}
-	return sim.KindSGLang
+	return publisher.SGLang
 }
 
 // measure runs one cell: conc clients send the prompts round-robin for cfg.Duration, or,

@@ -10,6 +10,7 @@ import (
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // TestLoadTrace parses the Mooncake trace format and rejects inconsistent lines.
@@ -153,9 +154,9 @@ func TestReplayMatchesEngines(t *testing.T) {
 		fleet sim.FleetConfig
 		reqs  int
 	}{
-		{"vllm", sim.FleetConfig{Instances: 4, DPRanks: 2, Kind: sim.KindVLLM, Hash: sim.VLLMHash("sha256_cbor", "0"),
+		{"vllm", sim.FleetConfig{Instances: 4, DPRanks: 2, Kind: publisher.VLLM, Hash: sim.VLLMHash("sha256_cbor", "0"),
 			BlockSize: 64, Cache: sim.CacheConfig{Device: 160}, Style: sim.StyleCurrent}, 160},
-		{"sglang-tiers", sim.FleetConfig{Instances: 3, DPRanks: 2, Kind: sim.KindSGLang, Hash: sim.SGLangHash(),
+		{"sglang-tiers", sim.FleetConfig{Instances: 3, DPRanks: 2, Kind: publisher.SGLang, Hash: sim.SGLangHash(),
 			BlockSize: 32, Cache: sim.CacheConfig{Device: 96, CPU: 96, Disk: 128}, MaxBatchEvents: 64}, 120},
 	}
 	for _, tc := range cases {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // BenchmarkOfflinePolicies measures replaying a 200-request synthetic trace per policy
@@ -17,7 +18,7 @@ func BenchmarkOfflinePolicies(b *testing.B) {
 	for _, p := range []Policy{PolicyOracle, PolicyRandom, PolicyRoundRobin} {
 		b.Run(string(p), func(b *testing.B) {
 			cfg := Config{Workload: w, LoadSlack: 4, Seed: 1, Policies: []Policy{p},
-				Fleet: sim.FleetConfig{Instances: 8, DPRanks: 1, Kind: sim.KindVLLM, Hash: sim.VLLMHash("sha256_cbor", "0"),
+				Fleet: sim.FleetConfig{Instances: 8, DPRanks: 1, Kind: publisher.VLLM, Hash: sim.VLLMHash("sha256_cbor", "0"),
 					BlockSize: 16, Cache: sim.CacheConfig{Device: 4096}}}
 			b.ReportAllocs()
 			for b.Loop() {

@@ -1,6 +1,10 @@
 package sim
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/conductor-go/conductor/wire/publisher"
+)
 
 // discardSink accepts payloads without keeping them.
 type discardSink struct{ n int }
@@ -13,7 +17,7 @@ func TestStoreAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
-	for _, kind := range []Kind{KindVLLM, KindSGLang} {
+	for _, kind := range []publisher.Kind{publisher.VLLM, publisher.SGLang} {
 		r, err := newRank(0, 0, kind, 16, CacheConfig{Device: 64, CPU: 64, Disk: 64}, &discardSink{}, StyleCurrent, "", 32)
 		if err != nil {
 			t.Fatal(err)

@@ -3,38 +3,18 @@ package sim
 import (
 	"fmt"
 
+	"github.com/conductor-go/conductor/wire/publisher"
 	"github.com/tinylib/msgp/msgp"
 )
 
-// Kind is the engine family a simulated rank imitates: it decides the event encoding
-// (unsigned low-64 hashes and multi-block BlockStored for vLLM, signed first-64 hashes and
-// one event per page for SGLang) and which tiers exist.
-type Kind uint8
-
-// Engine kinds.
-const (
-	KindVLLM Kind = iota + 1
-	KindSGLang
-)
-
-// String returns the registration `type` value ("vLLM", "SGLang").
-func (k Kind) String() string {
-	switch k {
-	case KindVLLM:
-		return "vLLM"
-	case KindSGLang:
-		return "SGLang"
-	}
-	return fmt.Sprintf("Kind(%d)", uint8(k))
-}
-
-// ParseKind accepts "vllm" or "sglang" in any case.
-func ParseKind(s string) (Kind, error) {
+// ParseKind accepts "vllm" or "sglang" in any case: the engine kinds a simulated rank
+// can imitate (which decides the event encoding and which tiers exist).
+func ParseKind(s string) (publisher.Kind, error) {
 	switch s {
 	case "vLLM", "vllm", "VLLM":
-		return KindVLLM, nil
+		return publisher.VLLM, nil
 	case "SGLang", "sglang", "SGLANG":
-		return KindSGLang, nil
+		return publisher.SGLang, nil
 	}
 	return 0, fmt.Errorf("engine kind %q: want vllm or sglang", s)
 }
@@ -80,7 +60,7 @@ const (
 // buffers: after warm-up it allocates nothing. Events are appended one by one; Finish
 // wraps them with the envelope.
 type BatchEncoder struct {
-	kind      Kind
+	kind      publisher.Kind
 	style     EventStyle
 	blockSize int
 	loraName  string
@@ -90,7 +70,7 @@ type BatchEncoder struct {
 }
 
 // NewBatchEncoder returns an encoder for one rank's events. loraName "" is written as nil.
-func NewBatchEncoder(kind Kind, style EventStyle, blockSize int, loraName string) *BatchEncoder {
+func NewBatchEncoder(kind publisher.Kind, style EventStyle, blockSize int, loraName string) *BatchEncoder {
 	return &BatchEncoder{kind: kind, style: style, blockSize: blockSize, loraName: loraName}
 }
 
@@ -110,7 +90,7 @@ func appendInt(b []byte, v int64) []byte {
 }
 
 func (e *BatchEncoder) appendHash(b []byte, k uint64) []byte {
-	if e.kind == KindSGLang {
+	if e.kind == publisher.SGLang {
 		return appendInt(b, int64(k))
 	}
 	return msgp.AppendUint64(b, k)
@@ -125,12 +105,12 @@ func (e *BatchEncoder) appendLora(b []byte) []byte {
 
 // Stored appends a BlockStored event for keys (consecutive blocks of one prompt) whose
 // tokens are tokens; parent is the key of the block before keys[0], if any. SGLang events
-// carry one page each, so for KindSGLang call Stored once per key. tokens may be empty for
+// carry one page each, so for publisher.SGLang call Stored once per key. tokens may be empty for
 // tier moves, where the simulator no longer holds the block's tokens.
 func (e *BatchEncoder) Stored(keys []uint64, parent uint64, hasParent bool, tokens []int32, tier Tier) {
 	b := e.body
 	fields := uint32(8)
-	if e.kind == KindSGLang {
+	if e.kind == publisher.SGLang {
 		fields = 7
 	} else if e.style == StyleCurrent {
 		fields = 11
@@ -156,7 +136,7 @@ func (e *BatchEncoder) Stored(keys []uint64, parent uint64, hasParent bool, toke
 	}
 	b = msgp.AppendString(b, "block_size")
 	bs := e.blockSize
-	if e.kind == KindSGLang && len(tokens) > 0 {
+	if e.kind == publisher.SGLang && len(tokens) > 0 {
 		bs = len(tokens)
 	}
 	b = appendInt(b, int64(bs))
@@ -164,7 +144,7 @@ func (e *BatchEncoder) Stored(keys []uint64, parent uint64, hasParent bool, toke
 	b = msgp.AppendNil(b)
 	b = msgp.AppendString(b, "medium")
 	b = msgp.AppendString(b, tier.String())
-	if e.kind == KindVLLM {
+	if e.kind == publisher.VLLM {
 		b = msgp.AppendString(b, "lora_name")
 		b = e.appendLora(b)
 		if e.style == StyleCurrent {
@@ -192,7 +172,7 @@ func (e *BatchEncoder) Stored(keys []uint64, parent uint64, hasParent bool, toke
 func (e *BatchEncoder) Removed(keys []uint64, tier Tier) {
 	b := e.body
 	fields := uint32(3)
-	if e.kind == KindVLLM && e.style == StyleCurrent {
+	if e.kind == publisher.VLLM && e.style == StyleCurrent {
 		fields = 4
 	}
 	b = msgp.AppendMapHeader(b, fields)

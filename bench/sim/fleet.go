@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // FleetConfig describes a simulated fleet: Instances engine instances of DPRanks
 // data-parallel ranks each, all in one conductor context.
 type FleetConfig struct {
 	Instances, DPRanks int
-	Kind               Kind
+	Kind               publisher.Kind
 	Hash               HashSpec
 	// Model, Lora and Tenant select the conductor context ("" tenant = "default").
 	Model, Lora, Tenant string
@@ -55,8 +56,8 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	if cfg.Instances <= 0 || cfg.DPRanks <= 0 {
 		return nil, fmt.Errorf("fleet of %d instances x %d ranks: both must be positive", cfg.Instances, cfg.DPRanks)
 	}
-	if cfg.Kind != KindVLLM && cfg.Kind != KindSGLang {
-		return nil, fmt.Errorf("fleet: unknown engine kind %d", cfg.Kind)
+	if !cfg.Kind.IsEngine() {
+		return nil, fmt.Errorf("fleet: engine kind %v: want vLLM or SGLang", cfg.Kind)
 	}
 	if cfg.Tenant == "" {
 		cfg.Tenant = "default"
@@ -69,7 +70,7 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	isSGLang := h.Profile().StrategyName() != "vllm_v1"
-	if isSGLang != (cfg.Kind == KindSGLang) {
+	if isSGLang != (cfg.Kind == publisher.SGLang) {
 		return nil, fmt.Errorf("fleet: %s engines cannot use hash strategy %s", cfg.Kind, cfg.Hash.Strategy)
 	}
 	f := &Fleet{cfg: cfg, hasher: h, index: make(map[string]int, cfg.Instances)}

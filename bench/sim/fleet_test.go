@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
 	"github.com/tinylib/msgp/msgp"
 )
 
@@ -11,7 +12,7 @@ import (
 // before sim-2) is filed by fleet instance; instances left out read nil, ids outside the
 // fleet are ignored, and a reused slice is refiled without allocating.
 func TestFleetHits(t *testing.T) {
-	f, err := NewFleet(FleetConfig{Instances: 12, DPRanks: 2, Kind: KindVLLM, Hash: VLLMHash("sha256_cbor", "0"),
+	f, err := NewFleet(FleetConfig{Instances: 12, DPRanks: 2, Kind: publisher.VLLM, Hash: VLLMHash("sha256_cbor", "0"),
 		BlockSize: 16, Cache: CacheConfig{Device: 8}})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-go/conductor/wire/publisher"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -133,7 +134,7 @@ func TestPublisherRingBytes(t *testing.T) {
 // ranks' batches reach a subscriber with their dp_rank.
 func TestFleetPublishes(t *testing.T) {
 	f, err := NewFleet(FleetConfig{
-		Instances: 2, DPRanks: 2, Kind: KindVLLM, Hash: VLLMHash("sha256_cbor", "0"),
+		Instances: 2, DPRanks: 2, Kind: publisher.VLLM, Hash: VLLMHash("sha256_cbor", "0"),
 		Model: "m", BlockSize: 4, Cache: CacheConfig{Device: 8}, Publish: true,
 	})
 	if err != nil {

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // CacheConfig sizes one rank's tiers in blocks. Device must be positive; CPU and Disk are
@@ -46,7 +48,7 @@ func (s *RankStats) add(o RankStats) {
 // change. A Rank is not safe for concurrent use.
 type Rank struct {
 	instance, dpRank int
-	kind             Kind
+	kind             publisher.Kind
 	blockSize        int
 	tiers            [numTiers]*lru
 	enc              *BatchEncoder
@@ -69,7 +71,7 @@ type Sink interface {
 	Publish(payload []byte) error
 }
 
-func newRank(instance, dpRank int, kind Kind, blockSize int, cc CacheConfig, sink Sink, style EventStyle, lora string, maxEvents int) (*Rank, error) {
+func newRank(instance, dpRank int, kind publisher.Kind, blockSize int, cc CacheConfig, sink Sink, style EventStyle, lora string, maxEvents int) (*Rank, error) {
 	if cc.Device <= 0 {
 		return nil, fmt.Errorf("rank %d/%d: device capacity %d blocks: must be positive", instance, dpRank, cc.Device)
 	}
@@ -79,7 +81,7 @@ func newRank(instance, dpRank int, kind Kind, blockSize int, cc CacheConfig, sin
 		r.pub, _ = sink.(*Publisher)
 	}
 	r.tiers[TierDevice] = newLRU(cc.Device)
-	if kind == KindSGLang {
+	if kind == publisher.SGLang {
 		if cc.CPU > 0 {
 			r.tiers[TierCPU] = newLRU(cc.CPU)
 		}
@@ -193,7 +195,7 @@ func (r *Rank) Store(tokens []int32, keys []uint64, ts float64) (Match, error) {
 		}
 		r.makeRoom(TierDevice)
 		dev.insert(k)
-		if r.kind == KindSGLang {
+		if r.kind == publisher.SGLang {
 			r.storedRun(tokens, keys, i, i+1)
 		} else if run < 0 {
 			run = i

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // keysOf returns n distinct fake block keys starting at base (ranks never hash; keys
@@ -24,7 +26,7 @@ func tokensFor(n, bs int) []int32 {
 	return t
 }
 
-func newTestRank(t *testing.T, kind Kind, cc CacheConfig) (*Rank, *captureSink) {
+func newTestRank(t *testing.T, kind publisher.Kind, cc CacheConfig) (*Rank, *captureSink) {
 	t.Helper()
 	sink := &captureSink{}
 	r, err := newRank(0, 1, kind, 4, cc, sink, StyleMinimal, "", 0)
@@ -37,7 +39,7 @@ func newTestRank(t *testing.T, kind Kind, cc CacheConfig) (*Rank, *captureSink) 
 // TestRankLRUEvictsTailFirst: a vLLM rank evicts the least recently used blocks, and
 // within one prompt its last blocks before its first, so prefixes survive longest.
 func TestRankLRUEvictsTailFirst(t *testing.T) {
-	r, sink := newTestRank(t, KindVLLM, CacheConfig{Device: 4})
+	r, sink := newTestRank(t, publisher.VLLM, CacheConfig{Device: 4})
 	a, b := keysOf(100, 3), keysOf(200, 3)
 	m, err := r.Store(tokensFor(3, 4), a, 1)
 	if err != nil || m != (Match{}) {
@@ -92,7 +94,7 @@ func TestRankLRUEvictsTailFirst(t *testing.T) {
 // TestRankSGLangTiers: an SGLang rank demotes device victims to CPU and then to disk,
 // promotes a lower-tier hit back to the device, and counts matches like the conductor.
 func TestRankSGLangTiers(t *testing.T) {
-	r, sink := newTestRank(t, KindSGLang, CacheConfig{Device: 2, CPU: 2, Disk: 2})
+	r, sink := newTestRank(t, publisher.SGLang, CacheConfig{Device: 2, CPU: 2, Disk: 2})
 	a := keysOf(10, 2)
 	b := keysOf(20, 2)
 	c := keysOf(30, 2)
@@ -163,7 +165,7 @@ func checkModel(t *testing.T, r *Rank, md model) {
 // published events always describe exactly what each tier holds, and batches never
 // exceed the event cap.
 func TestRankEventsReconstructState(t *testing.T) {
-	for _, kind := range []Kind{KindVLLM, KindSGLang} {
+	for _, kind := range []publisher.Kind{publisher.VLLM, publisher.SGLang} {
 		t.Run(kind.String(), func(t *testing.T) {
 			sink := &captureSink{}
 			r, err := newRank(0, 0, kind, 4, CacheConfig{Device: 24, CPU: 16, Disk: 8}, sink, StyleCurrent, "lora-x", 7)
@@ -214,7 +216,7 @@ func TestRankEventsReconstructState(t *testing.T) {
 
 // TestRankClear: AllBlocksCleared empties every tier.
 func TestRankClear(t *testing.T) {
-	r, sink := newTestRank(t, KindSGLang, CacheConfig{Device: 2, CPU: 2})
+	r, sink := newTestRank(t, publisher.SGLang, CacheConfig{Device: 2, CPU: 2})
 	if _, err := r.Store(tokensFor(3, 4), keysOf(1, 3), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -232,10 +234,10 @@ func TestRankClear(t *testing.T) {
 
 // TestRankConfigErrors: impossible tier layouts are rejected.
 func TestRankConfigErrors(t *testing.T) {
-	if _, err := newRank(0, 0, KindVLLM, 4, CacheConfig{}, nil, StyleMinimal, "", 0); err == nil {
+	if _, err := newRank(0, 0, publisher.VLLM, 4, CacheConfig{}, nil, StyleMinimal, "", 0); err == nil {
 		t.Error("zero device capacity accepted")
 	}
-	if _, err := newRank(0, 0, KindSGLang, 4, CacheConfig{Device: 1, Disk: 1}, nil, StyleMinimal, "", 0); err == nil {
+	if _, err := newRank(0, 0, publisher.SGLang, 4, CacheConfig{Device: 1, Disk: 1}, nil, StyleMinimal, "", 0); err == nil {
 		t.Error("disk without cpu accepted")
 	}
 }
@@ -243,8 +245,8 @@ func TestRankConfigErrors(t *testing.T) {
 // TestRankWithoutSink: a rank without a sink (baseline simulations) keeps the same cache
 // state and counts, but encodes nothing.
 func TestRankWithoutSink(t *testing.T) {
-	with, _ := newTestRank(t, KindVLLM, CacheConfig{Device: 5})
-	without, err := newRank(0, 0, KindVLLM, 4, CacheConfig{Device: 5}, nil, StyleMinimal, "", 0)
+	with, _ := newTestRank(t, publisher.VLLM, CacheConfig{Device: 5})
+	without, err := newRank(0, 0, publisher.VLLM, 4, CacheConfig{Device: 5}, nil, StyleMinimal, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,10 @@
 package sim
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/conductor-go/conductor/wire/publisher"
+)
 
 // BenchmarkHasherKeys measures hashing one 2K-token prompt into block keys (bs 16).
 func BenchmarkHasherKeys(b *testing.B) {
@@ -24,7 +28,7 @@ func BenchmarkHasherKeys(b *testing.B) {
 // BenchmarkRankStore measures landing a 128-block prompt on a full rank (half of it a
 // hit, half new blocks evicting old ones) including event encoding.
 func BenchmarkRankStore(b *testing.B) {
-	for _, kind := range []Kind{KindVLLM, KindSGLang} {
+	for _, kind := range []publisher.Kind{publisher.VLLM, publisher.SGLang} {
 		b.Run(kind.String(), func(b *testing.B) {
 			r, err := newRank(0, 0, kind, 16, CacheConfig{Device: 1024, CPU: 1024, Disk: 1024}, &discardSink{}, StyleMinimal, "", 0)
 			if err != nil {

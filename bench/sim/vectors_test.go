@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // vectorsPath is the shared test-vector file, relative to this package directory.
@@ -179,7 +181,7 @@ func TestVectorsVLLMBatchBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc := NewBatchEncoder(KindVLLM, StyleCurrent, 16, "")
+	enc := NewBatchEncoder(publisher.VLLM, StyleCurrent, 16, "")
 	enc.Stored(keys, 0, false, toks, TierDevice)
 	enc.Removed(keys[:1], TierDevice)
 	enc.Cleared()
@@ -210,7 +212,7 @@ func TestVectorsSGLangBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	sink := &captureSink{}
-	r, err := newRank(0, 0, KindSGLang, 16, CacheConfig{Device: 8}, sink, StyleMinimal, "", 0)
+	r, err := newRank(0, 0, publisher.SGLang, 16, CacheConfig{Device: 8}, sink, StyleMinimal, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 func main() {
@@ -123,12 +124,12 @@ func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
 	}
 }
 
-func hashSpec(engine, algo, seed string) (sim.Kind, sim.HashSpec, error) {
+func hashSpec(engine, algo, seed string) (publisher.Kind, sim.HashSpec, error) {
 	kind, err := sim.ParseKind(engine)
 	if err != nil {
 		return 0, sim.HashSpec{}, err
 	}
-	if kind == sim.KindSGLang {
+	if kind == publisher.SGLang {
 		return kind, sim.SGLangHash(), nil
 	}
 	return kind, sim.VLLMHash(algo, seed), nil

@@ -17,7 +17,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/conductor-go/conductor/rpcclient"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // startLimitedFDs runs the binary under prlimit with at most nofile descriptors (soft
@@ -145,7 +145,7 @@ func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 	defer idle.Close()
 	// Two RPC frames declaring 3 MiB each: the first holds 6 of the 7 MiB a big body may
 	// use, the second waits for the budget.
-	frame, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	frame, _ := cororpc.BeginRequest(nil, 1, cororpc.FuncQuery)
 	binary.LittleEndian.PutUint32(frame[12:], 3<<20)
 	for i := 0; i < 2; i++ {
 		r, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", rpcPort))

@@ -19,7 +19,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // TestMeasureBigBodyAttack measures, against the spawned binary, process RSS and the
@@ -210,7 +210,7 @@ func TestMeasureRPCHalfFrames(t *testing.T) {
 	}
 	base := rss()
 	// A Query frame header declaring an 8 MiB body; then 1 MiB of that body.
-	hdr, _ := wire.BeginRPCRequest(nil, 1, wire.FuncQuery)
+	hdr, _ := cororpc.BeginRequest(nil, 1, cororpc.FuncQuery)
 	binary.LittleEndian.PutUint32(hdr[12:], 8<<20)
 	part := append(hdr, make([]byte, 1<<20)...)
 	var conns []net.Conn

@@ -6,7 +6,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // BenchmarkQuery measures one client's full-hit Query round trip against an in-process
@@ -22,12 +22,12 @@ func BenchmarkQuery(b *testing.B) {
 	for _, size := range []int{2048, 8192} {
 		name := map[int]string{2048: "2K", 8192: "8K"}[size]
 		b.Run("RPC/"+name, func(b *testing.B) {
-			var res wire.RPCQueryResult
+			var res cororpc.QueryResult
 			q := bench.rpcReq[size]
 			b.ReportAllocs()
 			for b.Loop() {
 				code, err := bench.rpc.Query(context.Background(), q, &res)
-				if err != nil || code != wire.RPCCodeOK || len(res.Instances) != 8 {
+				if err != nil || code != cororpc.CodeOK || len(res.Instances) != 8 {
 					b.Fatal(code, err)
 				}
 			}

@@ -33,7 +33,7 @@ import (
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/server"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 func main() {
@@ -126,7 +126,7 @@ type Bench struct {
 	rpc  *rpcclient.Client
 	http *fasthttp.HostClient
 	// per prompt length: the RPC request, the HTTP body, the first token
-	rpcReq   map[int]*wire.RPCQueryRequest
+	rpcReq   map[int]*cororpc.QueryRequest
 	httpBody map[int][]byte
 	start    map[int]int32
 }
@@ -135,7 +135,7 @@ type Bench struct {
 // publishes every prompt's blocks from each and waits until every instance reports a
 // full hit over both protocols.
 func Setup(cfg Config) (*Bench, error) {
-	b := &Bench{cfg: cfg, rpcReq: map[int]*wire.RPCQueryRequest{}, httpBody: map[int][]byte{}, start: map[int]int32{}}
+	b := &Bench{cfg: cfg, rpcReq: map[int]*cororpc.QueryRequest{}, httpBody: map[int][]byte{}, start: map[int]int32{}}
 	if cfg.RPCAddr == "" {
 		app, err := server.Start(server.AppConfig{HTTPPort: 0, RPCPort: 0, BindAddress: "127.0.0.1",
 			Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
@@ -161,16 +161,16 @@ func (b *Bench) setup() error {
 	b.http = &fasthttp.HostClient{Addr: b.HTTPAddr, MaxConns: 1}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	profile := wire.RPCHashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}
+	profile := cororpc.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}
 	for i := range cfg.Instances {
 		p, err := zmqtest.NewPublisher(zmqtest.Config{})
 		if err != nil {
 			return err
 		}
 		b.pubs = append(b.pubs, p)
-		sc := wire.RPCServiceConfig{Endpoint: p.Endpoint(), ModelName: cfg.Model, TenantID: "default",
+		sc := cororpc.ServiceConfig{Endpoint: p.Endpoint(), ModelName: cfg.Model, TenantID: "default",
 			InstanceID: fmt.Sprintf("%s-%02d", cfg.Model, i), BlockSize: int64(cfg.BlockSize), HashProfile: profile}
-		if _, code, err := b.rpc.Register(ctx, &sc); err != nil || code != wire.RPCCodeOK {
+		if _, code, err := b.rpc.Register(ctx, &sc); err != nil || code != cororpc.CodeOK {
 			return fmt.Errorf("register %s: %v %v", sc.InstanceID, code, err)
 		}
 		b.ids = append(b.ids, sc.InstanceID)
@@ -207,7 +207,7 @@ func (b *Bench) setup() error {
 				return err
 			}
 		}
-		b.rpcReq[size] = &wire.RPCQueryRequest{Context: wire.RPCContextKey{TenantID: "default", ModelName: cfg.Model,
+		b.rpcReq[size] = &cororpc.QueryRequest{Context: cororpc.ContextKey{TenantID: "default", ModelName: cfg.Model,
 			BlockSize: int64(cfg.BlockSize)}, Tokens: tokens}
 		b.httpBody[size] = queryBody(cfg.Model, cfg.BlockSize, tokens)
 	}
@@ -271,9 +271,9 @@ func queryBody(model string, blockSize int, tokens []int32) []byte {
 // CheckFullHit verifies that RPC and HTTP both report every instance holding the whole
 // prompt of size tokens.
 func (b *Bench) CheckFullHit(size int) error {
-	var res wire.RPCQueryResult
+	var res cororpc.QueryResult
 	code, err := b.rpc.Query(context.Background(), b.rpcReq[size], &res)
-	if err != nil || code != wire.RPCCodeOK {
+	if err != nil || code != cororpc.CodeOK {
 		return fmt.Errorf("rpc query: %v %v", code, err)
 	}
 	if len(res.Instances) != b.cfg.Instances {
@@ -342,14 +342,14 @@ func summarise(d []time.Duration) Stats {
 
 // MeasureRPC times n Query calls through rpcclient, after warmup discarded ones.
 func (b *Bench) MeasureRPC(size, n, warmup int) (Stats, error) {
-	var res wire.RPCQueryResult
+	var res cororpc.QueryResult
 	q := b.rpcReq[size]
 	d := make([]time.Duration, 0, n)
 	for i := range warmup + n {
 		t0 := time.Now()
 		code, err := b.rpc.Query(context.Background(), q, &res)
 		el := time.Since(t0)
-		if err != nil || code != wire.RPCCodeOK || len(res.Instances) != b.cfg.Instances {
+		if err != nil || code != cororpc.CodeOK || len(res.Instances) != b.cfg.Instances {
 			return Stats{}, fmt.Errorf("query: %v %v (%d instances)", code, err, len(res.Instances))
 		}
 		if i >= warmup {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 var testKey = engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
@@ -84,7 +84,7 @@ func newHandler(t testing.TB, slots int) (*engine.Engine, []*EventHandler) {
 		if _, err := eng.RegisterSlot(testKey, p, slot); err != nil {
 			t.Fatal(err)
 		}
-		hs = append(hs, NewEventHandler(Source{Name: slot.InstanceID, Kind: wire.PublisherVLLM,
+		hs = append(hs, NewEventHandler(Source{Name: slot.InstanceID, Kind: publisher.VLLM,
 			Context: testKey, Slot: slot, Profile: p}, eng, log))
 	}
 	return eng, hs

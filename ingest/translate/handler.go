@@ -16,14 +16,16 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/wire"
+	"github.com/conductor-go/conductor/wire/kvevent"
+	"github.com/conductor-go/conductor/wire/objectkey"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // Source is the registered service whose events an EventHandler applies.
 type Source struct {
 	// Name is the service key, for logs.
 	Name string
-	Kind wire.Publisher
+	Kind publisher.Kind
 	// Endpoint identifies the source's contributions (Mooncake bindings are keyed by it).
 	Endpoint string
 	// Context is the registration's context. Engine events always go there; Mooncake
@@ -51,7 +53,7 @@ type EventHandler struct {
 	src Source
 	eng *engine.Engine
 	log *slog.Logger
-	dec wire.Decoder
+	dec kvevent.Decoder
 	ops []engine.Op
 	// The engine ops of a burst of batches wait here until Flush (burst.go).
 	burst burstBuf
@@ -111,7 +113,7 @@ func (h *EventHandler) HandleBatchDeferred(seq uint64, payload []byte) error {
 		h.log.Warn("kv event batch dropped", "seq", seq, "err", err)
 		return nil
 	}
-	if h.src.Kind == wire.PublisherMooncake {
+	if h.src.Kind == publisher.Mooncake {
 		h.Flush()
 		h.handleMooncake(seq, b)
 		return nil
@@ -129,7 +131,7 @@ func (h *EventHandler) HandleBatchDeferred(seq uint64, payload []byte) error {
 		var op engine.Op
 		var ok bool
 		var rerr error
-		if h.src.Kind == wire.PublisherVLLM {
+		if h.src.Kind == publisher.VLLM {
 			op, ok, rerr = h.vllmOp(ev)
 		} else {
 			op, ok, rerr = h.sglangOp(ev)
@@ -166,13 +168,13 @@ var (
 
 // vllmOp applies the BlockStored/BlockRemoved/AllBlocksCleared rules of reference notes
 // §5.2. ok false: valid but not indexed (a medium other than gpu).
-func (h *EventHandler) vllmOp(ev *wire.Event) (engine.Op, bool, error) {
+func (h *EventHandler) vllmOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	op := engine.Op{Slot: h.src.Slot, Tier: engine.TierDevice}
 	switch ev.Type {
-	case wire.EventAllBlocksCleared:
+	case kvevent.EventAllBlocksCleared:
 		op.Kind, op.ClearTiers = engine.OpClear, engine.MaskDevice
 		return op, true, nil
-	case wire.EventBlockStored:
+	case kvevent.EventBlockStored:
 		if ev.BlockSize.Int != h.src.Context.BlockSize {
 			return op, false, errBlockSize
 		}
@@ -182,14 +184,14 @@ func (h *EventHandler) vllmOp(ev *wire.Event) (engine.Op, bool, error) {
 		if string(ev.LoraName.Bytes) != h.src.Context.LoraName {
 			return op, false, errLoraName
 		}
-		if ev.KVCacheSpecKind.Valid && !wire.SupportedSpecKind(ev.KVCacheSpecKind) {
+		if ev.KVCacheSpecKind.Valid && !kvevent.SupportedSpecKind(ev.KVCacheSpecKind) {
 			return op, false, errSpecKind
 		}
 		if ev.KVCacheSpecSlidingWindow.Valid {
 			return op, false, errSliding
 		}
 		op.Kind = engine.OpStore
-	case wire.EventBlockRemoved:
+	case kvevent.EventBlockRemoved:
 		op.Kind = engine.OpRemove
 	default:
 		return op, false, fmt.Errorf("unexpected event type %s", ev.Type)
@@ -197,7 +199,7 @@ func (h *EventHandler) vllmOp(ev *wire.Event) (engine.Op, bool, error) {
 	if ev.GroupIdx.Valid && ev.GroupIdx.Int != 0 {
 		return op, false, errGroup
 	}
-	if !wire.MediumIs(ev.Medium.Bytes, "gpu") {
+	if !kvevent.MediumIs(ev.Medium.Bytes, "gpu") {
 		return op, false, nil
 	}
 	op.Hashes = ev.BlockHashes
@@ -206,13 +208,13 @@ func (h *EventHandler) vllmOp(ev *wire.Event) (engine.Op, bool, error) {
 
 // sglangOp applies the SGLang rules of reference notes §5.3: a partial last page may be
 // shorter than the registered page size; media map to the engine's three local tiers.
-func (h *EventHandler) sglangOp(ev *wire.Event) (engine.Op, bool, error) {
+func (h *EventHandler) sglangOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	op := engine.Op{Slot: h.src.Slot}
 	switch ev.Type {
-	case wire.EventAllBlocksCleared:
+	case kvevent.EventAllBlocksCleared:
 		op.Kind, op.ClearTiers = engine.OpClear, engine.MaskAllEngine
 		return op, true, nil
-	case wire.EventBlockStored:
+	case kvevent.EventBlockStored:
 		if ev.BlockSize.Int < 1 || ev.BlockSize.Int > h.src.Context.BlockSize {
 			return op, false, errBlockSize
 		}
@@ -220,18 +222,18 @@ func (h *EventHandler) sglangOp(ev *wire.Event) (engine.Op, bool, error) {
 			return op, false, errSGLangLora
 		}
 		op.Kind = engine.OpStore
-	case wire.EventBlockRemoved:
+	case kvevent.EventBlockRemoved:
 		op.Kind = engine.OpRemove
 	default:
 		return op, false, fmt.Errorf("unexpected event type %s", ev.Type)
 	}
 	m := ev.Medium.Bytes
 	switch {
-	case !ev.Medium.Valid || wire.MediumIs(m, "gpu"):
+	case !ev.Medium.Valid || kvevent.MediumIs(m, "gpu"):
 		op.Tier = engine.TierDevice
-	case wire.MediumIs(m, "cpu") || wire.MediumIs(m, "cpu_pinned"):
+	case kvevent.MediumIs(m, "cpu") || kvevent.MediumIs(m, "cpu_pinned"):
 		op.Tier = engine.TierCPULocal
-	case wire.MediumIs(m, "disk"):
+	case kvevent.MediumIs(m, "disk"):
 		op.Tier = engine.TierDisk
 	default:
 		return op, false, fmt.Errorf("%w %q", errSGLangMedia, m)
@@ -260,7 +262,7 @@ func (h *EventHandler) OnPublisherRestart(lastSeq, firstSeq uint64) {
 }
 
 func (h *EventHandler) retract() {
-	if h.src.Kind == wire.PublisherMooncake {
+	if h.src.Kind == publisher.Mooncake {
 		h.eng.RetractSource(h.src.Endpoint)
 		return
 	}
@@ -282,7 +284,7 @@ var (
 
 // handleMooncake applies a Mooncake master batch (reference notes §5.4). Each event names
 // its own context; runs of events in one context are applied together, in order.
-func (h *EventHandler) handleMooncake(seq uint64, b *wire.Batch) {
+func (h *EventHandler) handleMooncake(seq uint64, b *kvevent.Batch) {
 	h.ops = h.ops[:0]
 	for i := range b.Events {
 		ev := &b.Events[i]
@@ -290,7 +292,7 @@ func (h *EventHandler) handleMooncake(seq uint64, b *wire.Batch) {
 			h.reject(seq, ev.Err)
 			continue
 		}
-		if ev.Type == wire.EventAllBlocksCleared {
+		if ev.Type == kvevent.EventAllBlocksCleared {
 			h.flushMooncake(seq)
 			if len(ev.BackendID) == 0 || len(ev.TenantID) == 0 {
 				h.reject(seq, fmt.Errorf("event %d (cleared): backend_id and tenant_id must be non-empty", i))
@@ -344,7 +346,7 @@ func (h *EventHandler) flushMooncake(seq uint64) {
 // fields are unchanged. Each field is length-prefixed: with a separator byte instead, a
 // tenant "a\x00b" and model "c" would read the same as tenant "a" and model "b\x00c",
 // and the cache would apply one context's events to the other.
-func (h *EventHandler) eventContext(ev *wire.Event) engine.ContextKey {
+func (h *EventHandler) eventContext(ev *kvevent.Event) engine.ContextKey {
 	raw := h.ctxScratch[:0]
 	raw = binary.AppendUvarint(raw, uint64(len(ev.TenantID)))
 	raw = append(raw, ev.TenantID...)
@@ -362,13 +364,13 @@ func (h *EventHandler) eventContext(ev *wire.Event) engine.ContextKey {
 	return h.lastCtx
 }
 
-func (h *EventHandler) mooncakeOp(ev *wire.Event) (engine.ContextKey, engine.Op, bool, error) {
+func (h *EventHandler) mooncakeOp(ev *kvevent.Event) (engine.ContextKey, engine.Op, bool, error) {
 	var op engine.Op
 	m := ev.Medium.Bytes
 	switch {
-	case ev.Medium.Valid && (wire.MediumIs(m, "cpu") || wire.MediumIs(m, "cpu_pinned")):
+	case ev.Medium.Valid && (kvevent.MediumIs(m, "cpu") || kvevent.MediumIs(m, "cpu_pinned")):
 		op.SharedTier = engine.SharedCPU
-	case ev.Medium.Valid && wire.MediumIs(m, "disk"):
+	case ev.Medium.Valid && kvevent.MediumIs(m, "disk"):
 		op.SharedTier = engine.SharedDisk
 	default:
 		return engine.ContextKey{}, op, false, nil
@@ -391,14 +393,14 @@ func (h *EventHandler) mooncakeOp(ev *wire.Event) (engine.ContextKey, engine.Op,
 			return key, op, false, errMooncakeGroup
 		}
 		if ev.ConnectorBlockHash.Valid {
-			ch, err := wire.ParseConnectorBlockHash(ev.ConnectorBlockHash.Bytes)
+			ch, err := objectkey.ParseConnectorBlockHash(ev.ConnectorBlockHash.Bytes)
 			if err != nil {
 				return key, op, false, err
 			}
 			hash = ch.Low64
 		} else {
 			var err error
-			if hash, err = wire.ParseVLLMObjectKey(objKey); err != nil {
+			if hash, err = objectkey.ParseVLLM(objKey); err != nil {
 				return key, op, false, err
 			}
 		}
@@ -407,13 +409,13 @@ func (h *EventHandler) mooncakeOp(ev *wire.Event) (engine.ContextKey, engine.Op,
 		if key != h.src.Context {
 			return key, op, false, errMooncakeSGLCtx
 		}
-		first, logicalLen, err := wire.ParseSGLangObjectKey(objKey)
+		first, logicalLen, err := objectkey.ParseSGLang(objKey)
 		if err != nil {
 			return key, op, false, err
 		}
 		if ev.ConnectorBlockHash.Valid {
-			ch, cerr := wire.ParseConnectorBlockHash(ev.ConnectorBlockHash.Bytes)
-			if cerr != nil || !wire.HexEqualFold(ch.Hex, objKey[logicalLen-64:logicalLen]) {
+			ch, cerr := objectkey.ParseConnectorBlockHash(ev.ConnectorBlockHash.Bytes)
+			if cerr != nil || !objectkey.HexEqualFold(ch.Hex, objKey[logicalLen-64:logicalLen]) {
 				return key, op, false, errMooncakeHash
 			}
 		}
@@ -430,7 +432,7 @@ func (h *EventHandler) mooncakeOp(ev *wire.Event) (engine.ContextKey, engine.Op,
 	}
 	op.Backend = h.lastBackend
 	op.Hash = hash
-	if ev.Type == wire.EventBlockStored {
+	if ev.Type == kvevent.EventBlockStored {
 		op.Kind = engine.OpSharedStore
 	} else {
 		op.Kind = engine.OpSharedRemove

@@ -1,0 +1,84 @@
+package httpapi_test
+
+import (
+	"testing"
+
+	"github.com/conductor-go/conductor/wire/httpapi"
+)
+
+// htPrompt returns n token ids spread over a 152K vocabulary (Qwen/DeepSeek size), so an
+// array mixes 16- and 32-bit encodings at random, as real prompts do. The plain array
+// benchmark encodes them as Python's msgpack does (unsigned), the Signed one as Go's msgp.
+func htPrompt(n int) []int32 {
+	tokens := make([]int32, n)
+	x := uint32(2463534242)
+	for i := range tokens {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		tokens[i] = int32(x % 152000)
+	}
+	return tokens
+}
+
+func benchmarkDecodeQuery(b *testing.B, tokens any) {
+	body := htEnc(htQueryBase().with("token_ids", tokens).with("tenant_id", "default").with("cache_salt", nil))
+	var q httpapi.QueryRequest
+	if e := httpapi.DecodeQueryRequest(body, &q); e != nil {
+		b.Fatal(e)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if e := httpapi.DecodeQueryRequest(body, &q); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
+
+func BenchmarkDecodeQueryRequest8KArray(b *testing.B) { benchmarkDecodeQuery(b, htPrompt(8192)) }
+
+func BenchmarkDecodeQueryRequest8KArraySigned(b *testing.B) {
+	benchmarkDecodeQuery(b, htSigned(htPrompt(8192)))
+}
+
+func BenchmarkDecodeQueryRequest8KBin(b *testing.B) { benchmarkDecodeQuery(b, htLE(htPrompt(8192)...)) }
+
+func BenchmarkDecodeRegisterRequest(b *testing.B) {
+	body := htEnc(htRegisterBase())
+	b.ReportAllocs()
+	for range b.N {
+		if _, e := httpapi.DecodeRegisterRequest(body); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
+
+func BenchmarkAppendQueryResponse8x2(b *testing.B) {
+	ids := []string{"vllm-node-0", "vllm-node-1", "vllm-node-2", "vllm-node-3", "vllm-node-4", "vllm-node-5", "vllm-node-6", "vllm-node-7"}
+	ranks := []httpapi.RankTiers{{Rank: 0, Device: 4096, CPULocal: 6144, CPUShare: 8192, Disk: 8192}, {Rank: 1, Device: 2048, CPULocal: 2048, CPUShare: 8192, Disk: 8192}}
+	buf := make([]byte, 0, 4096)
+	b.ReportAllocs()
+	for range b.N {
+		out := httpapi.AppendQueryResponseHeader(buf[:0], len(ids))
+		for _, id := range ids {
+			out = httpapi.AppendInstanceHit(out, id, 8192, 4096, 6144, 8192, 8192, ranks)
+		}
+		buf = out
+	}
+	b.SetBytes(int64(len(buf)))
+}
+
+// htSmallVocab is n ids of a 32K-vocabulary model: nearly all encode as uint16.
+func htSmallVocab(n int) []int32 {
+	t := htPrompt(n)
+	for i := range t {
+		t[i] = 256 + t[i]%32000
+	}
+	return t
+}
+
+func BenchmarkDecodeQueryRequest8KArrayVocab32K(b *testing.B) {
+	benchmarkDecodeQuery(b, htSmallVocab(8192))
+}

@@ -1,0 +1,340 @@
+package kvevent
+
+import (
+	"encoding/binary"
+	"math"
+	"slices"
+
+	"github.com/conductor-go/conductor/wire/internal/msgpack"
+	"github.com/conductor-go/conductor/wire/publisher"
+)
+
+// reader is the shared msgpack reader plus the field readers of the event formats.
+type reader struct{ msgpack.Reader }
+
+// hashMode says how one block hash is read.
+type hashMode uint8
+
+const (
+	hashVLLM   hashMode = iota // uint, or bin >= 8 bytes (last 8 bytes big-endian)
+	hashSGLang                 // int64, kept as its uint64 bit pattern
+	hashUint                   // non-negative integer (Mooncake)
+)
+
+func (r *reader) readHash(mode hashMode) (uint64, error) {
+	switch mode {
+	case hashVLLM:
+		if c, err := r.Peek(); err == nil && (c == 0xc4 || c == 0xc5 || c == 0xc6) {
+			b, err := r.ReadBin()
+			if err != nil {
+				return 0, err
+			}
+			if len(b) < 8 {
+				return 0, ErrEventOutOfRange
+			}
+			return binary.BigEndian.Uint64(b[len(b)-8:]), nil
+		}
+		return r.ReadUint64()
+	case hashSGLang:
+		// SGLang publishes signed int64; an unsigned value above MaxInt64 cannot
+		// come from it and is refused, as upstream does.
+		v, err := r.ReadInt64()
+		return uint64(v), err
+	default:
+		return r.ReadUint64()
+	}
+}
+
+// readHashes reads an array of hashes into the hash buffer. The array header was
+// checked against the remaining bytes, so growing by n is bounded by the payload.
+func (d *Decoder) readHashes(r *reader, mode hashMode) ([]uint64, error) {
+	n, err := r.ReadArrayHeader()
+	if err != nil {
+		return nil, err
+	}
+	start := len(d.hashes)
+	d.hashes = slices.Grow(d.hashes, n)[:start+n]
+	dst := d.hashes[start : start+n : start+n]
+	for i := range dst {
+		h, err := r.readHash(mode)
+		if err != nil {
+			d.hashes = d.hashes[:start]
+			return nil, err
+		}
+		dst[i] = h
+	}
+	return dst, nil
+}
+
+// readParent reads a nullable parent hash. vLLM bins of any length are accepted (the
+// parent is informational); shorter than 8 bytes they are read whole.
+func (r *reader) readParent(mode hashMode) (NullUint, error) {
+	if r.ReadNil() {
+		return NullUint{}, nil
+	}
+	if mode == hashVLLM {
+		if c, err := r.Peek(); err == nil && (c == 0xc4 || c == 0xc5 || c == 0xc6) {
+			b, err := r.ReadBin()
+			if err != nil {
+				return NullUint{}, err
+			}
+			if len(b) > 8 {
+				b = b[len(b)-8:]
+			}
+			var v uint64
+			for _, x := range b {
+				v = v<<8 | uint64(x)
+			}
+			return NullUint{Uint: v, Valid: true}, nil
+		}
+	}
+	h, err := r.readHash(mode)
+	if err != nil {
+		return NullUint{}, err
+	}
+	return NullUint{Uint: h, Valid: true}, nil
+}
+
+// readTokens reads nil or an int32 array; with pairs, elements may also be [a,b]
+// SGLang bigram tuples, flattened in order.
+func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
+	if r.ReadNil() {
+		return nil
+	}
+	n, err := r.ReadArrayHeader()
+	if err != nil {
+		return err
+	}
+	start := len(d.tokens)
+	// n is bounded by the remaining bytes; a pair takes at least 3 bytes, so 2n
+	// also covers flattened pairs.
+	want := n
+	if pairs {
+		want = 2 * n
+	}
+	toks := slices.Grow(d.tokens, want)
+	buf, p := r.Buf, r.Pos
+	for i := 0; i < n; i++ {
+		// Fast path: positive fixint and the unsigned widths msgspec writes for
+		// vocabulary ids (uint8/16/32). Everything else goes through readInt.
+		if p < len(buf) {
+			c := buf[p]
+			if c <= 0x7f {
+				toks = append(toks, int32(c))
+				p++
+				continue
+			}
+			if c == 0xcd && p+3 <= len(buf) {
+				toks = append(toks, int32(binary.BigEndian.Uint16(buf[p+1:])))
+				p += 3
+				continue
+			}
+			if c == 0xce && p+5 <= len(buf) {
+				v := binary.BigEndian.Uint32(buf[p+1:])
+				if v > math.MaxInt32 {
+					r.Pos = p
+					return ErrEventOutOfRange
+				}
+				toks = append(toks, int32(v))
+				p += 5
+				continue
+			}
+		}
+		r.Pos = p
+		if pairs && p < len(buf) && msgpack.IsArray(buf[p]) {
+			m, err := r.ReadArrayHeader()
+			if err != nil {
+				return err
+			}
+			if m != 2 {
+				return ErrEventWrongType
+			}
+			for j := 0; j < 2; j++ {
+				t, err := readToken(r)
+				if err != nil {
+					return err
+				}
+				toks = append(toks, t)
+			}
+			ev.TokenPairs = true
+		} else {
+			t, err := readToken(r)
+			if err != nil {
+				return err
+			}
+			toks = append(toks, t)
+		}
+		p = r.Pos
+	}
+	r.Pos = p
+	d.tokens = toks
+	end := len(toks)
+	ev.TokenIDs = toks[start:end:end]
+	ev.HasTokenIDs = true
+	return nil
+}
+
+func readToken(r *reader) (int32, error) {
+	v, err := r.ReadInt64()
+	if err != nil {
+		return 0, err
+	}
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, ErrEventOutOfRange
+	}
+	return int32(v), nil
+}
+
+func (r *reader) readNullInt() (NullInt, error) {
+	if r.ReadNil() {
+		return NullInt{}, nil
+	}
+	v, err := r.ReadInt64()
+	return NullInt{Int: v, Valid: err == nil}, err
+}
+
+func (r *reader) readNullStr() (NullBytes, error) {
+	if r.ReadNil() {
+		return NullBytes{}, nil
+	}
+	s, err := r.ReadStr()
+	return NullBytes{Bytes: s, Valid: err == nil}, err
+}
+
+func (r *reader) readStrField() (NullBytes, error) {
+	s, err := r.ReadStr()
+	return NullBytes{Bytes: s, Valid: err == nil}, err
+}
+
+// readExtraKeys checks vLLM extra_keys: nil, or an array of nil-or-array entries.
+func (r *reader) readExtraKeys(ev *Event, st *eventState) error {
+	if r.ReadNil() {
+		return nil
+	}
+	start := r.Pos
+	n, err := r.ReadArrayHeader()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		c, err := r.Peek()
+		if err != nil {
+			return err
+		}
+		if c != 0xc0 && !msgpack.IsArray(c) {
+			return ErrEventWrongType
+		}
+		if err := r.Skip(); err != nil {
+			return err
+		}
+	}
+	ev.ExtraKeys = r.Buf[start:r.Pos:r.Pos]
+	st.extraKeysN, st.hasExtraKeys = n, true
+	return nil
+}
+
+// decodeField decodes the value of one recognised key; an error leaves the reader
+// anywhere inside the value (the caller rewinds).
+func (d *Decoder) decodeField(kind publisher.Kind, r *reader, f field, ev *Event, st *eventState) error {
+	var err error
+	switch f {
+	case efType:
+		if kind == publisher.Mooncake {
+			st.legacyTag, err = r.ReadStr()
+		} else {
+			st.tag, err = r.ReadStr()
+		}
+	case efEventType:
+		st.tag, err = r.ReadStr()
+	case efBlockHashes:
+		switch kind {
+		case publisher.VLLM:
+			ev.BlockHashes, err = d.readHashes(r, hashVLLM)
+		case publisher.SGLang:
+			ev.BlockHashes, err = d.readHashes(r, hashSGLang)
+		default:
+			st.legacyHashes, err = d.readHashes(r, hashUint)
+		}
+	case efSeqHashes:
+		ev.SeqHashes, err = d.readHashes(r, hashUint)
+	case efParentBlockHash:
+		switch kind {
+		case publisher.VLLM:
+			ev.ParentBlockHash, err = r.readParent(hashVLLM)
+		case publisher.SGLang:
+			ev.ParentBlockHash, err = r.readParent(hashSGLang)
+		default:
+			st.legacyParent, err = r.readParent(hashUint)
+		}
+	case efParentHash:
+		ev.ParentBlockHash, err = r.readParent(hashUint)
+	case efTokenIDs:
+		err = d.readTokens(r, ev, kind == publisher.SGLang)
+	case efBlockSize:
+		if kind == publisher.Mooncake {
+			ev.BlockSize, err = r.readNullInt()
+		} else {
+			var v int64
+			v, err = r.ReadInt64()
+			ev.BlockSize = NullInt{Int: v, Valid: err == nil}
+		}
+	case efLoraID:
+		ev.LoraID, err = r.readNullInt()
+	case efMedium:
+		ev.Medium, err = r.readNullStr()
+	case efLoraName:
+		ev.LoraName, err = r.readNullStr()
+	case efExtraKeys:
+		err = r.readExtraKeys(ev, st)
+	case efGroupIdx:
+		ev.GroupIdx, err = r.readNullInt()
+	case efSpecKind:
+		ev.KVCacheSpecKind, err = r.readNullStr()
+	case efSlidingWindow:
+		ev.KVCacheSpecSlidingWindow, err = r.readNullInt()
+	case efCacheSalt:
+		ev.CacheSalt, err = r.readNullStr()
+	case efSessionID:
+		ev.SessionID, err = r.readNullStr()
+	case efEventID:
+		ev.EventID, err = r.ReadUint64()
+	case efTimestamp:
+		ev.Timestamp, err = r.ReadInt64()
+	case efModelName:
+		ev.ModelName, err = r.readNullStr()
+	case efAdditionalSalt:
+		ev.AdditionalSalt, err = r.readNullStr()
+	case efTenantID:
+		ev.TenantID, err = r.ReadStr()
+	case efBackendID:
+		ev.BackendID, err = r.ReadStr()
+	case efDPRank:
+		ev.DPRank, err = r.ReadInt64()
+		if err == nil && ev.DPRank < 0 {
+			err = ErrEventOutOfRange
+		}
+	case efGroupID:
+		ev.GroupID, err = r.readNullStr()
+	case efObjectKey:
+		ev.ObjectKey, err = r.readStrField()
+	case efConnectorBlockHash:
+		ev.ConnectorBlockHash, err = r.readStrField()
+	case efCachePrefix:
+		ev.CachePrefix, err = r.readStrField()
+	case efTPRank:
+		ev.TPRank, err = r.readNullInt()
+	case efHeadOrTPRank:
+		ev.HeadOrTPRank, err = r.readNullInt()
+	case efPCPRank:
+		ev.PCPRank, err = r.readNullInt()
+	case efDCPRank:
+		ev.DCPRank, err = r.readNullInt()
+	case efPPRank:
+		ev.PPRank, err = r.readNullInt()
+	case efLayerID:
+		ev.LayerID, err = r.readNullInt()
+	case efBaseBlockIdx:
+		ev.BaseBlockIdx, err = r.readNullInt()
+	}
+	return err
+}
