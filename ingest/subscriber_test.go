@@ -848,6 +848,11 @@ func (c *countHandler) OnStale(string)                   {}
 func catchUpConfig(p *zmqtest.Publisher) SubscriberConfig {
 	cfg := fastConfig(p.Endpoint(), p.ReplayEndpoint())
 	cfg.CatchUpOnStart = true
+	// A catch-up is not retried: one reply later than ReplayTimeout ends it as failed.
+	// fastConfig's 200 ms was missed on a loaded CI machine (race detector, busy cores);
+	// the tests that are about failures set their own short timeout.
+	cfg.ReplayTimeout = 3 * time.Second
+	cfg.ReplayRecoveryTimeout = 4 * time.Second
 	return cfg
 }
 
