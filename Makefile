@@ -54,7 +54,7 @@ gotest: deps
 # time with "ZMQ subscriptions need cgo"). This is the one list: a package that gains a
 # cgo dependency fails `make nocgo`; one that loses its last cgo dependency is added here.
 NOCGO_PKGS := ./arena ./bench/report ./engine ./hashing ./httpclient ./ingest/seqtrack \
-	./ingest/translate ./ingest/zmqtransport ./internal/fdtest ./rpcclient ./wire/...
+	./ingest/translate ./ingest/zmqtransport ./internal/... ./rpcclient ./wire/...
 
 # Build the whole tree, then vet and test NOCGO_PKGS, with cgo off (no -race: the race
 # detector needs cgo; gotest runs these tests under it).

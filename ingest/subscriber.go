@@ -14,8 +14,8 @@
 // (one libzmq context, its I/O and reaper threads) and waits in Go's network poller, so a
 // subscription costs a few descriptors and no OS thread; messages are bounded
 // (MaxMessageSize), an outlier's receive buffer is given back, a subscriber that finds
-// the process out of descriptors retries, and LogLimiter keeps a misbehaving source from
-// flooding the log. Built without cgo, the package compiles and Start fails with
+// the process out of descriptors retries, and the owner's logger (internal/lograte) keeps
+// a misbehaving source from flooding the log. Built without cgo, the package compiles and Start fails with
 // "ZMQ subscriptions need cgo".
 package ingest
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
@@ -25,8 +26,10 @@ type RPCServer struct {
 
 	limits   Limits
 	counters *Counters
-	logLimit *logLimiter
-	budget   bodyBudget
+	// clientLog carries the lines that clients cause (bad frames and bodies, rejected
+	// registrations), rate-limited per kind (RPCOptions.ClientLogLimit), then a count.
+	clientLog *slog.Logger
+	budget    bodyBudget
 
 	// done is closed by Close: frames waiting for the body budget give up.
 	done chan struct{}
@@ -52,6 +55,8 @@ type RPCOptions struct {
 	Limits Limits
 	// Counters receives the limit counters (nil: private ones).
 	Counters *Counters
+	// ClientLogLimit limits the log lines clients cause, per kind (zero: 20 per second).
+	ClientLogLimit lograte.Config
 }
 
 // NewRPCServer builds the RPC listener; call Serve with a listener.
@@ -64,7 +69,11 @@ func NewRPCServer(opts RPCOptions) *RPCServer {
 		s.maxBody = cororpc.DefaultMaxBody
 	}
 	s.limits = opts.Limits.WithDefaults()
-	s.logLimit = newLogLimiter(time.Second, 20)
+	clientLimit := opts.ClientLogLimit
+	if clientLimit.Burst == 0 && clientLimit.Interval == 0 {
+		clientLimit.Burst, clientLimit.Interval = 20, time.Second
+	}
+	s.clientLog = lograte.New(s.log.Handler(), clientLimit).Logger()
 	s.counters = opts.Counters
 	if s.counters == nil {
 		s.counters = &Counters{}
@@ -219,19 +228,15 @@ func (rc *rpcConn) serveFrame() bool {
 			return rc.flush() == nil
 		}
 		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-			if ok, n := s.logLimit.allow("bad frame"); ok {
-				s.log.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err, "suppressed_since_last", n)
-			}
+			s.clientLog.Warn("rpc connection closed: bad frame", "remote", c.RemoteAddr().String(), "err", err)
 		}
 		// Answers to the good requests pipelined before the bad frame are still owed.
 		rc.closingFlush()
 		return false
 	}
 	if err := rc.dispatch(hdr, body); err != nil {
-		if ok, n := s.logLimit.allow("bad body"); ok {
-			s.log.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
-				"function", cororpc.FunctionName(hdr.FunctionID), "err", err, "suppressed_since_last", n)
-		}
+		s.clientLog.Warn("rpc connection closed: bad request body", "remote", c.RemoteAddr().String(),
+			"function", cororpc.FunctionName(hdr.FunctionID), "err", err)
 		rc.out = cororpc.AppendFrameworkError(rc.out[:0], hdr.SeqNum, cororpc.ErrcInvalidArguments, err.Error())
 		if _, err := rc.w.Write(rc.out); err == nil {
 			rc.closingFlush()
@@ -435,9 +440,7 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 	}
 	cfg, isNew, serr := rc.s.svc.RegisterInput(&r)
 	if serr != nil {
-		if ok, n := rc.s.logLimit.allow("register rejected"); ok {
-			rc.s.log.Info("rpc register rejected", "instance", c.InstanceID, "err", serr, "suppressed_since_last", n)
-		}
+		rc.s.clientLog.Info("rpc register rejected", "instance", c.InstanceID, "err", serr)
 		rc.s.metrics.observeRPC("Register", rpcCode(serr).String())
 		return cororpc.AppendRegisterError(out, rpcCode(serr)), nil
 	}

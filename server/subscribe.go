@@ -10,6 +10,7 @@ import (
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
+	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
@@ -18,7 +19,7 @@ import (
 type zmqSubscription struct {
 	sub     *ingest.Subscriber
 	handler *translate.EventHandler
-	logs    *ingest.LogLimiter
+	logs    *lograte.Limiter
 }
 
 // Stop stops the subscriber, then reports the log lines its limiter held back.
@@ -46,7 +47,7 @@ type ZMQOptions struct {
 	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
 	MaxMessageSize int64
 	// LogBurst and LogInterval rate-limit each subscription's log lines per kind
-	// (0: ingest.DefaultLogBurst, ingest.DefaultLogInterval; LogBurst -1: no limit).
+	// (0: lograte.DefaultBurst, lograte.DefaultInterval; LogBurst -1: no limit).
 	LogBurst    int
 	LogInterval time.Duration
 }
@@ -60,7 +61,7 @@ func ZMQSubscriber(opts ZMQOptions) SubscribeFunc {
 
 func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts ZMQOptions) (Subscription, error) {
 	key := cfg.Key()
-	logs := ingest.NewLogLimiter(log.Handler(), ingest.LogLimit{Burst: opts.LogBurst, Interval: opts.LogInterval})
+	logs := lograte.New(log.Handler(), lograte.Config{Burst: opts.LogBurst, Interval: opts.LogInterval})
 	log = logs.Logger()
 	replay := cfg.ReplayEndpoint
 	if cfg.Kind == publisher.Mooncake && replay != "" {

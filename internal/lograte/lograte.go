@@ -1,4 +1,9 @@
-package ingest
+// Package lograte rate-limits log lines per kind (level and message), so that a client or
+// a source sending garbage in a loop cannot flood the log: per kind and interval the
+// first Burst lines pass, the rest are counted, and the next line let through carries the
+// count. Counters elsewhere (metrics) keep the exact numbers. Used per subscription by
+// ingest and for the RPC server's per-connection errors.
+package lograte
 
 import (
 	"context"
@@ -7,33 +12,33 @@ import (
 	"time"
 )
 
-// Defaults of LogLimit; a zero field takes them.
+// Defaults of Config; a zero field takes them.
 const (
-	DefaultLogBurst    = 10
-	DefaultLogInterval = 10 * time.Second
-	// logLimitKeys bounds the distinct lines one limiter tracks; lines past it share
+	DefaultBurst    = 10
+	DefaultInterval = 10 * time.Second
+	// maxKinds bounds the distinct lines one limiter tracks; lines past it share
 	// one entry (the messages are constant strings, so a real source has a few dozen).
-	logLimitKeys = 256
+	maxKinds = 256
 )
 
-// LogLimit configures RateLimitedLogger.
-type LogLimit struct {
-	// Burst is how many lines of one kind pass per Interval; 0 takes DefaultLogBurst,
+// Config configures a Limiter.
+type Config struct {
+	// Burst is how many lines of one kind pass per Interval; 0 takes DefaultBurst,
 	// negative turns limiting off.
 	Burst int
-	// Interval is the window; 0 takes DefaultLogInterval.
+	// Interval is the window; 0 takes DefaultInterval.
 	Interval time.Duration
 	// Now is the clock; nil is time.Now. Tests step it.
 	Now func() time.Time
 }
 
-// LogLimiter rate-limits the lines of one source (one subscription). Lines are told
+// Limiter rate-limits the lines of one logger (one subscription, one server). Lines are told
 // apart by level and message (the reason: messages are constant, details are
 // attributes). Per kind and Interval the first Burst lines pass; the rest are counted,
 // and the first line of the kind after the Interval carries that count as
 // "suppressed" (Flush reports what is left). Counters elsewhere keep the exact numbers.
-type LogLimiter struct {
-	cfg  LogLimit
+type Limiter struct {
+	cfg  Config
 	next slog.Handler
 
 	mu   sync.Mutex
@@ -53,21 +58,21 @@ type logEntry struct {
 	h slog.Handler
 }
 
-// NewLogLimiter wraps next; Logger gives the rate-limited logger.
-func NewLogLimiter(next slog.Handler, cfg LogLimit) *LogLimiter {
-	cfg.Burst = orDefault(cfg.Burst, DefaultLogBurst)
-	cfg.Interval = orDefault(cfg.Interval, DefaultLogInterval)
+// New wraps next; Logger gives the rate-limited logger.
+func New(next slog.Handler, cfg Config) *Limiter {
+	cfg.Burst = orDefault(cfg.Burst, DefaultBurst)
+	cfg.Interval = orDefault(cfg.Interval, DefaultInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &LogLimiter{cfg: cfg, next: next, keys: make(map[logKey]*logEntry)}
+	return &Limiter{cfg: cfg, next: next, keys: make(map[logKey]*logEntry)}
 }
 
 // Logger returns a logger whose lines go through the limiter.
-func (l *LogLimiter) Logger() *slog.Logger { return slog.New(&limitedHandler{l: l, next: l.next}) }
+func (l *Limiter) Logger() *slog.Logger { return slog.New(&limitedHandler{l: l, next: l.next}) }
 
 // admit decides whether a line passes; summary is the count to report with it.
-func (l *LogLimiter) admit(k logKey, h slog.Handler) (pass bool, summary uint64) {
+func (l *Limiter) admit(k logKey, h slog.Handler) (pass bool, summary uint64) {
 	if l.cfg.Burst < 0 {
 		return true, 0
 	}
@@ -76,7 +81,7 @@ func (l *LogLimiter) admit(k logKey, h slog.Handler) (pass bool, summary uint64)
 	defer l.mu.Unlock()
 	e := l.keys[k]
 	if e == nil {
-		if len(l.keys) >= logLimitKeys {
+		if len(l.keys) >= maxKinds {
 			k = logKey{level: k.level, msg: "(other log lines)"}
 			e = l.keys[k]
 		}
@@ -100,7 +105,7 @@ func (l *LogLimiter) admit(k logKey, h slog.Handler) (pass bool, summary uint64)
 
 // Flush logs one summary line per kind with lines suppressed since its last line (for a
 // source that stops).
-func (l *LogLimiter) Flush(ctx context.Context) {
+func (l *Limiter) Flush(ctx context.Context) {
 	type pending struct {
 		k logKey
 		e logEntry
@@ -124,9 +129,9 @@ func (l *LogLimiter) Flush(ctx context.Context) {
 	}
 }
 
-// limitedHandler is the slog.Handler of a LogLimiter's logger (and of its With clones).
+// limitedHandler is the slog.Handler of a Limiter's logger (and of its With clones).
 type limitedHandler struct {
-	l    *LogLimiter
+	l    *Limiter
 	next slog.Handler
 }
 
@@ -152,4 +157,12 @@ func (h *limitedHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h *limitedHandler) WithGroup(name string) slog.Handler {
 	return &limitedHandler{l: h.l, next: h.next.WithGroup(name)}
+}
+
+func orDefault[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
 }

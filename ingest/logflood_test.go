@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
+	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
@@ -62,10 +62,10 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 	step := 5 * time.Second / time.Duration(batches)
 	broken := []byte{0xc1}
 	badEvent := vllmBadEventBatch()
-	flood := func(t *testing.T, out io.Writer, limit ingest.LogLimit) *translate.EventHandler {
+	flood := func(t *testing.T, out io.Writer, limit lograte.Config) *translate.EventHandler {
 		clock := &stepClock{now: time.Unix(1_700_000_000, 0)}
 		limit.Now = clock.Now
-		lim := ingest.NewLogLimiter(slog.NewJSONHandler(out, nil), limit)
+		lim := lograte.New(slog.NewJSONHandler(out, nil), limit)
 		eng := engine.New(engine.Config{})
 		t.Cleanup(eng.Close)
 		h := translate.NewEventHandler(translate.Source{
@@ -87,9 +87,9 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 		return h
 	}
 	var unlimited countWriter
-	flood(t, &unlimited, ingest.LogLimit{Burst: -1})
+	flood(t, &unlimited, lograte.Config{Burst: -1})
 	var out bytes.Buffer
-	h := flood(t, &out, ingest.LogLimit{Burst: 10, Interval: time.Second})
+	h := flood(t, &out, lograte.Config{Burst: 10, Interval: time.Second})
 	limited := out.Bytes()
 	t.Logf("log bytes for %d malformed batches: %d unlimited, %d limited", batches, unlimited.bytes, len(limited))
 	st := h.Stats()
@@ -108,65 +108,6 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 	}
 	if len(limited) > 32<<10 {
 		t.Errorf("limited flood wrote %d bytes", len(limited))
-	}
-}
-
-// The limiter's window, per kind: Burst lines pass, the next line after the window
-// carries the count of those suppressed, kinds (level, message) are independent, and
-// Flush reports what no later line did.
-func TestLogLimiterWindows(t *testing.T) {
-	var out bytes.Buffer
-	clock := &stepClock{now: time.Unix(1_700_000_000, 0)}
-	lim := ingest.NewLogLimiter(slog.NewJSONHandler(&out, nil), ingest.LogLimit{Burst: 2, Interval: 10 * time.Second, Now: clock.Now})
-	log := lim.Logger().With("service", "svc")
-	type line struct {
-		Msg        string `json:"msg"`
-		Level      string `json:"level"`
-		Suppressed int    `json:"suppressed"`
-		Summary    bool   `json:"summary"`
-	}
-	read := func() []line {
-		var ls []line
-		for _, l := range bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n")) {
-			if len(l) == 0 {
-				continue
-			}
-			var x line
-			if err := json.Unmarshal(l, &x); err != nil {
-				t.Fatal(err)
-			}
-			ls = append(ls, x)
-		}
-		out.Reset()
-		return ls
-	}
-	for range 5 {
-		log.Warn("a")
-	}
-	log.Error("a") // another level: another kind
-	log.Warn("b")
-	if ls := read(); len(ls) != 4 || ls[0].Msg != "a" || ls[1].Msg != "a" || ls[2].Level != "ERROR" || ls[3].Msg != "b" {
-		t.Fatalf("first window: %+v", ls)
-	}
-	clock.now = clock.now.Add(9 * time.Second)
-	log.Warn("a")
-	if ls := read(); len(ls) != 0 {
-		t.Fatalf("inside the window: %+v", ls)
-	}
-	clock.now = clock.now.Add(time.Second)
-	log.Warn("a")
-	log.Warn("a")
-	log.Warn("a")
-	if ls := read(); len(ls) != 2 || ls[0].Suppressed != 4 || ls[1].Suppressed != 0 {
-		t.Fatalf("next window: %+v", ls)
-	}
-	lim.Flush(context.Background())
-	if ls := read(); len(ls) != 1 || !ls[0].Summary || ls[0].Msg != "a" || ls[0].Suppressed != 1 {
-		t.Fatalf("flush: %+v", ls)
-	}
-	lim.Flush(context.Background())
-	if ls := read(); len(ls) != 0 {
-		t.Fatalf("second flush: %+v", ls)
 	}
 }
 
