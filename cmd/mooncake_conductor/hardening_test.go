@@ -52,6 +52,7 @@ func TestListenersSurviveEMFILE(t *testing.T) {
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", httpPort)
 	rpcAddr := fmt.Sprintf("127.0.0.1:%d", rpcPort)
 	c.waitHTTP(httpAddr)
+	c.waitHTTP(rpcAddr) // the RPC listener opens after the HTTP one; waitHTTP only dials
 	// 100 idle connections to each listener: more than the process can hold.
 	var idle []net.Conn
 	defer func() {
