@@ -133,6 +133,14 @@ func (a *Arena) Release() {
 	a.free = nil // the directory stays: readers index it
 }
 
+// Slabs returns the arena's slabs, for a writer that retires the arena and gives them
+// back to the kernel itself (Release per slab, spread over time) instead of Release.
+// Writer only; the arena must not be used by the writer afterwards.
+func (a *Arena) Slabs() [][]uint64 {
+	a.free = nil
+	return *a.dir.Load()
+}
+
 // Free returns a record to the arena. The caller must have zeroed every word it wrote (with
 // atomic stores), because Alloc hands out freed records without clearing them: readers may
 // still be looking at a freed record, so the arena cannot decide when to clear it.

@@ -181,10 +181,10 @@ func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, i
 	var err error
 	if w == 1 {
 		r.hook = hook
-		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
+		err = r.walk1(v.tab, v.clr, src, nblocks, positions, bs, mask[0])
 		r.hook = nil
 	} else {
-		err = r.walkN(v.tab, hook, src, nblocks, positions, bs, mask)
+		err = r.walkN(v.tab, v.clr, hook, src, nblocks, positions, bs, mask)
 	}
 	if err != nil {
 		return err
@@ -208,7 +208,7 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 // at block i gets min(i*bs, positions) for that tier. This is the upstream nested-phase
 // walk (one cursor per tier, each accepting the tiers above it) at a few word operations
 // per block.
-func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
+func (r *Result) walk1(tab *table, clr *clearSet, src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
@@ -250,6 +250,14 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
 				end = i // gone, or changing faster than we can read it
 				break
+			}
+		}
+		if clr != nil {
+			// Pending clears (clear.go): hide the bits they drop.
+			if m := clr.mask(meta); m != nil {
+				dev &^= tierBits(m, tab.w, 0, 0)
+				loc &^= tierBits(m, tab.w, 1, 0)
+				dsk &^= tierBits(m, tab.w, 2, 0)
 			}
 		}
 		local := dev | loc
@@ -366,7 +374,7 @@ func reread(tab *table, hook func(int, int), i int, key uint64, words []uint64) 
 }
 
 // walkN is walk1 for any number of bitset words.
-func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask []uint64) error {
+func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask []uint64) error {
 	w := len(mask)
 	if cap(r.alive) < 4*w {
 		r.alive = make([]uint64, 4*w)
@@ -413,6 +421,9 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 				end = i
 				break
 			}
+		}
+		if clr != nil {
+			clr.apply(meta, words) // pending clears (clear.go)
 		}
 		shCPU, shAny := meta&metaSharedCPU != 0, meta&(metaSharedCPU|metaSharedDisk) != 0
 		pos := min(int64(i)*bs, positions)
