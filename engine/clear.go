@@ -34,7 +34,7 @@ import (
 const maxPendingClears = metaStampMask - 1
 
 // defaultSweepChunk is how many records one writer step sweeps (a few tens of µs).
-const defaultSweepChunk = 1024
+const defaultSweepChunk = 256
 
 // clearSet is what a view tells queries about pending clears: sup[d-1] holds, in a
 // record's bitset layout (bitWords(w) words), the bits dropped by the d most recent

@@ -338,7 +338,9 @@ func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 // BenchmarkWriterSteps grows one context from empty by batches of 64 new blocks and
 // reports the longest and the 99th-percentile writer step (one applied request, timed on
 // the writer goroutine): "grow" without a capacity, "evict" with a capacity of half the
-// blocks, counting only the steps applied at capacity (each new block evicts the oldest).
+// blocks, counting only the steps applied at capacity (each new block evicts the oldest),
+// "clear" the step of an OpClear of the slot owning every block (SGLang AllBlocksCleared,
+// a retraction) and the n/64 store steps of another slot that follow it (its sweep).
 // Wall time (-wall-µs) includes the time other processes hold the CPU; thread CPU time
 // (-cpu-µs, the writer's thread, page faults included) does not. 256K blocks by default;
 // 10M with -bigmem.
@@ -347,11 +349,11 @@ func BenchmarkWriterSteps(b *testing.B) {
 	if *bigMem {
 		n = 10_000_000
 	}
-	for _, mode := range []string{"grow", "evict"} {
+	for _, mode := range []string{"grow", "evict", "clear"} {
 		b.Run(fmt.Sprintf("%s/blocks=%d", mode, n), func(b *testing.B) {
 			var wall, cpu []time.Duration
 			for i := 0; i < b.N; i++ {
-				wall, cpu = writerSteps(b, n, mode == "evict")
+				wall, cpu = writerSteps(b, n, mode)
 			}
 			b.ReportMetric(float64(wall[len(wall)-1].Microseconds()), "max-wall-µs")
 			b.ReportMetric(float64(wall[len(wall)*99/100].Microseconds()), "p99-wall-µs")
@@ -373,8 +375,9 @@ func threadCPU() time.Duration {
 }
 
 // writerSteps returns the sorted wall and thread-CPU durations of the recorded steps.
-func writerSteps(b *testing.B, n int, evict bool) (wall, cpu []time.Duration) {
+func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 	const batch = 64
+	evict := mode == "evict"
 	limit := -1
 	if evict {
 		limit = n / 2
@@ -407,12 +410,31 @@ func writerSteps(b *testing.B, n int, evict bool) (wall, cpu []time.Duration) {
 	hs := make([]uint64, batch)
 	ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: hs}}
 	for done := 0; done < n; done += batch {
-		record = !evict || done >= limit+batch // set between requests: the writer reads it after the hand-off
+		record = mode == "grow" || evict && done >= limit+batch // set between requests: the writer reads it after the hand-off
 		for j := range hs {
 			hs[j] = benchKey(done + j)
 		}
 		if err := e.Apply(ctxA, ops); err != nil {
 			b.Fatal(err)
+		}
+	}
+	if mode == "clear" {
+		s2 := Slot{"b", 0}
+		if _, err := e.RegisterSlot(ctxA, benchProfile(b), s2); err != nil {
+			b.Fatal(err)
+		}
+		record = true
+		if err := e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskAllEngine}}); err != nil {
+			b.Fatal(err)
+		}
+		ops[0].Slot = s2
+		for done := n; done < 2*n; done += batch {
+			for j := range hs {
+				hs[j] = benchKey(done + j)
+			}
+			if err := e.Apply(ctxA, ops); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	slices.Sort(wall)

@@ -713,7 +713,7 @@ func convertBits(dst []uint64, dw int, src []uint64, sw int) {
 // compactMaxLive is the most live records maybeShrink compacts into a new arena in one
 // step (a copy of each, about 50 ns apiece); a larger context keeps its arena and only
 // its table shrinks, incrementally.
-const compactMaxLive = 8192
+const compactMaxLive = 2048
 
 // maybeShrink shrinks a table that clears and removals left mostly empty, in bounded
 // work: a context left with few records is compacted into a new arena (its old slabs and
