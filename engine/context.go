@@ -278,6 +278,8 @@ func (c *context) handle(r *request) {
 			c.dropped = true
 			r.dropped = true
 			c.eng.total.Add(-int64(c.tab.ar.Len()))
+			c.eng.bytes.Add(-int64(c.tab.ar.Len()) * blockBytes(c.tab.w))
+			c.eng.debts.Add(-c.debt.Swap(0))
 			c.release()
 		}
 	case reqSync:

@@ -62,6 +62,7 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	c.tab.insertNew(key, idx)
 	c.linkNewest(idx, rec)
 	c.eng.total.Add(1)
+	c.eng.bytes.Add(blockBytes(c.tab.w))
 	return idx, rec, true
 }
 
@@ -342,6 +343,7 @@ func (c *context) freeRecord(idx uint32, rec []uint64) {
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
 	c.eng.total.Add(-1)
+	c.eng.bytes.Add(-blockBytes(c.tab.w))
 }
 
 func (c *context) sharedStore(op *Op) {
@@ -360,9 +362,11 @@ func (c *context) sharedStore(op *Op) {
 		b = &binding{hash: op.Hash, key: bk}
 		c.bindings[bk] = b
 		c.eng.total.Add(1)
+		c.eng.bytes.Add(bindingBytes(bk))
 	}
 	if !slices.Contains(b.comps, op.Component) {
 		b.comps = append(b.comps, op.Component)
+		c.eng.bytes.Add(componentBytes(op.Component))
 	}
 	idx, rec, created := c.findOrCreate(op.Hash)
 	sc, ok := c.shared[op.Hash]
@@ -421,11 +425,13 @@ func (c *context) sharedRemove(op *Op) {
 		return
 	}
 	b.comps = slices.Delete(b.comps, i, i+1)
+	c.eng.bytes.Add(-componentBytes(op.Component))
 	if len(b.comps) > 0 {
 		return
 	}
 	delete(c.bindings, bk)
 	c.eng.total.Add(-1)
+	c.eng.bytes.Add(-bindingBytes(bk))
 	c.deactivate(b, op.SharedTier)
 }
 
@@ -468,11 +474,39 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 	for k, b := range c.bindings {
 		if match(k) {
 			delete(c.bindings, k)
-			c.eng.total.Add(-1)
+			c.uncharge(b)
 			c.deactivate(b, k.tier)
 		}
 	}
 	c.maybeShrink()
+}
+
+// Memory charges (Config.MemoryLimitBytes): what the index's own structures hold per
+// block and per shared binding. A block is its record (recordWords(w) words, 32 bytes for
+// contexts of up to 21 slots) and about two table entries (8 bytes each: tables are
+// between 5/16 and 13/16 full); a binding is its map entry, struct and list link
+// (bindingBaseBytes) and its strings.
+const (
+	tableBytesPerBlock = 16
+	bindingBaseBytes   = 160
+)
+
+func blockBytes(w int) int64 { return int64(recordWords(w)*8 + tableBytesPerBlock) }
+
+func bindingBytes(k bindingKey) int64 {
+	return int64(bindingBaseBytes + len(k.source) + len(k.backend) + len(k.object))
+}
+
+func componentBytes(comp string) int64 { return int64(16 + len(comp)) }
+
+// uncharge takes a dropped binding (with all its components) off the engine's totals.
+func (c *context) uncharge(b *binding) {
+	c.eng.total.Add(-1)
+	n := bindingBytes(b.key)
+	for _, comp := range b.comps {
+		n += componentBytes(comp)
+	}
+	c.eng.bytes.Add(-n)
 }
 
 // maybeEvict keeps the context within its capacity after a block was created: the
@@ -490,6 +524,19 @@ func (c *context) maybeEvict() {
 	}
 	if c.eng.maxTotal > 0 && c.eng.total.Load() > int64(c.eng.maxTotal) {
 		c.evictForBudget()
+		return
+	}
+	// Blocks other contexts owe (debts) count as gone already, at a packed block's charge.
+	if limit := c.eng.memLimit; limit > 0 && c.eng.bytes.Load()-c.eng.debts.Load()*blockBytes(0) > limit {
+		// At most two blocks out for each block or binding in: the charge comes back
+		// under the limit after a binding or a widening raised it by more than a block,
+		// in bounded work per step. (A block another context evicts leaves the charge
+		// when that context's writer pays its debt, right after; debts in flight count
+		// as evicted already.)
+		c.evictForBudget()
+		if c.oldest != 0 && c.eng.bytes.Load()-c.eng.debts.Load()*blockBytes(0) > limit {
+			c.evictForBudget()
+		}
 	}
 }
 
@@ -501,8 +548,8 @@ func (c *context) units() int { return c.tab.ar.Len() + len(c.bindings) }
 // block: the oldest-written block of the engine goes. When another context holds it,
 // that context is asked to (debt, paid by its own writer right after); its published
 // oldestAt may lag by the debts in flight, so the order across contexts is approximate
-// by those few blocks.
-func (c *context) evictForBudget() {
+// by those few blocks. It reports whether the block went here (not as a debt).
+func (c *context) evictForBudget() bool {
 	e := c.eng
 	victim, best := c, c.tab.ar.Record(c.oldest - 1)[recMeta]>>metaEpochShift
 	for _, o := range *e.ctxs.Load() {
@@ -514,14 +561,16 @@ func (c *context) evictForBudget() {
 	}
 	if victim == c {
 		c.evictOldest()
-		c.countEvicted(1, "engine over max_blocks: evicted its oldest-written block")
-		return
+		c.countEvicted(1, "engine over max_blocks or memory_limit_bytes: evicted its oldest-written block")
+		return true
 	}
 	victim.debt.Add(1)
+	c.eng.debts.Add(1)
 	select {
 	case victim.wake <- struct{}{}:
 	default: // already woken
 	}
+	return false
 }
 
 // maxDebtPerStep bounds the evictions a writer makes for other contexts in one step.
@@ -537,15 +586,16 @@ func (c *context) payDebt() {
 			c.evictOldest()
 		}
 		// Debt a context cannot pay (it is empty) is dropped: it no longer holds blocks.
+		c.eng.debts.Add(-pay)
 		if c.debt.Add(-pay) > 0 && c.oldest != 0 {
 			select {
 			case c.wake <- struct{}{}:
 			default:
 			}
 		} else if c.oldest == 0 {
-			c.debt.Store(0)
+			c.eng.debts.Add(-c.debt.Swap(0))
 		}
-		c.countEvicted(evicted, "engine over max_blocks: evicted its oldest-written block")
+		c.countEvicted(evicted, "engine over max_blocks or memory_limit_bytes: evicted its oldest-written block")
 		c.blocks.Store(int64(c.tab.ar.Len()))
 	}
 	if c.oldest == 0 {
@@ -581,7 +631,7 @@ func (c *context) evictOldest() {
 	if sc, ok := c.shared[rec[recKey]]; ok {
 		for b := sc.head; b != nil; b = b.next {
 			delete(c.bindings, b.key)
-			c.eng.total.Add(-1)
+			c.uncharge(b)
 		}
 		delete(c.shared, rec[recKey])
 	}
@@ -605,7 +655,8 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
 		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),
 		"max_blocks_per_context", c.eng.maxBlocks, "max_blocks", c.eng.maxTotal,
-		"engine_blocks", c.eng.total.Load(), "evicted_total", total)
+		"memory_limit_bytes", c.eng.memLimit, "engine_blocks", c.eng.total.Load(),
+		"engine_index_bytes", c.eng.bytes.Load(), "evicted_total", total)
 	c.evictUnlogged = 0
 }
 
@@ -682,6 +733,9 @@ func (c *context) rebuild(w int, compact bool) {
 				nt.insertNew(rec[recKey], idx)
 			}
 		}
+	}
+	if w != old.w {
+		c.eng.bytes.Add(int64(ar.Len()) * (blockBytes(w) - blockBytes(old.w)))
 	}
 	c.tab = nt
 	c.publishTable()
