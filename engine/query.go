@@ -399,24 +399,19 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 				break
 			}
 		}
-		if hook != nil {
-			hook(i, recMeta)
-		}
-		meta := atomic.LoadUint64(&rec[recMeta])
-		if hook != nil {
-			hook(i, recKey)
-		}
-		k := atomic.LoadUint64(&rec[recKey])
-		for j := range words {
-			if hook != nil {
-				hook(i, recBits+j)
+		var meta, k, m2 uint64
+		if hook == nil {
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k = atomic.LoadUint64(&rec[recKey])
+			bw := rec[recBits : recBits+len(words)]
+			for j := range words {
+				words[j] = atomic.LoadUint64(&bw[j])
 			}
-			words[j] = atomic.LoadUint64(&rec[recBits+j])
+			m2 = atomic.LoadUint64(&rec[recMeta])
+		} else {
+			meta, k, m2 = hookedReadN(rec, hook, i, words)
 		}
-		if hook != nil {
-			hook(i, recMeta)
-		}
-		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
 			if meta, ok = reread(tab, hook, i, key, words); !ok {
 				end = i
 				break
@@ -459,6 +454,21 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 		}
 	}
 	return nil
+}
+
+// hookedReadN is walkN's record read with the test hook before every load.
+func hookedReadN(rec []uint64, hook func(int, int), i int, words []uint64) (meta, k, m2 uint64) {
+	hook(i, recMeta)
+	meta = atomic.LoadUint64(&rec[recMeta])
+	hook(i, recKey)
+	k = atomic.LoadUint64(&rec[recKey])
+	for j := range words {
+		hook(i, recBits+j)
+		words[j] = atomic.LoadUint64(&rec[recBits+j])
+	}
+	hook(i, recMeta)
+	m2 = atomic.LoadUint64(&rec[recMeta])
+	return
 }
 
 // assemble turns the per-slot counts into per-rank and per-instance hits.
