@@ -40,7 +40,7 @@ func (c *context) applyOp(op *Op) {
 // (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
 	if idx, ok := c.tab.lookup(key); ok {
-		if rec := c.tab.ar.Record(idx); c.cleanRec(idx, rec) {
+		if rec := c.tab.ar.Record(idx); c.clr == nil || c.cleanRec(idx, rec) {
 			return idx, rec, false
 		}
 		// It held only cleared bits and was deleted: create it anew.
@@ -244,9 +244,28 @@ func (c *context) touch(idx uint32, rec []uint64) {
 	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
 	if c.newest != idx+1 {
-		c.unlink(rec)
-		c.linkNewest(idx, rec)
+		c.moveNewest(idx, rec)
 	}
+}
+
+// moveNewest moves rec (linked, not the newest) to the newest end of the write order:
+// unlink and linkNewest in one, with one look-up per neighbour.
+func (c *context) moveNewest(idx uint32, rec []uint64) {
+	ar := c.tab.ar
+	l := rec[recLink]
+	p, n := linkPrev(l), linkNext(l) // n != 0: rec is not the newest
+	nr := ar.Record(n - 1)
+	nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
+	if p != 0 {
+		pr := ar.Record(p - 1)
+		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
+	} else {
+		c.oldest = n
+	}
+	last := ar.Record(c.newest - 1) // may be nr: its prev half was just written
+	last[recLink] = last[recLink]&^0xFFFFFFFF | uint64(idx+1)
+	rec[recLink] = uint64(c.newest) << 32
+	c.newest = idx + 1
 }
 
 func (c *context) engineStore(op *Op) {
@@ -387,8 +406,7 @@ func (c *context) sharedStore(op *Op) {
 	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, sharedFlags(sc))
 	if c.newest != idx+1 {
-		c.unlink(rec)
-		c.linkNewest(idx, rec)
+		c.moveNewest(idx, rec)
 	}
 	if created || added {
 		c.maybeEvict()
