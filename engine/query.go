@@ -36,6 +36,8 @@ type Result struct {
 	Instances []InstanceHit
 
 	hook   func(int, int) // test hook of the running walk1 (see testHooks.walkLoad)
+	clr    *clearSet      // pending clears of the running walk1's view
+	slow   bool           // hook or clr set: walk1 reads records through readSlow1
 	chain  hashing.Chain
 	keys   sliceKeys
 	ranks  []RankHit
@@ -180,9 +182,9 @@ func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, i
 	}
 	var err error
 	if w == 1 {
-		r.hook = hook
-		err = r.walk1(v.tab, v.clr, src, nblocks, positions, bs, mask[0])
-		r.hook = nil
+		r.hook, r.clr, r.slow = hook, v.clr, hook != nil || v.clr != nil
+		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
+		r.hook, r.clr, r.slow = nil, nil, false
 	} else {
 		err = r.walkN(v.tab, v.clr, hook, src, nblocks, positions, bs, mask)
 	}
@@ -208,7 +210,7 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 // at block i gets min(i*bs, positions) for that tier. This is the upstream nested-phase
 // walk (one cursor per tier, each accepting the tiers above it) at a few word operations
 // per block.
-func (r *Result) walk1(tab *table, clr *clearSet, src keySource, nblocks int, positions, bs int64, mask uint64) error {
+func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
@@ -226,11 +228,11 @@ func (r *Result) walk1(tab *table, clr *clearSet, src keySource, nblocks int, po
 			}
 		}
 		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
-		// Torn reads and test hooks take the slow path (readSlow1), which keeps this
-		// loop's live values in registers.
+		// Torn reads, test hooks and pending clears take the slow path (readSlow1),
+		// which keeps this loop's live values in registers.
 		var meta, dev, loc, dsk uint64
 		switch {
-		case r.hook != nil:
+		case r.slow:
 			ok = false
 		case tab.w == 0:
 			meta = atomic.LoadUint64(&rec[recMeta])
@@ -250,14 +252,6 @@ func (r *Result) walk1(tab *table, clr *clearSet, src keySource, nblocks int, po
 			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
 				end = i // gone, or changing faster than we can read it
 				break
-			}
-		}
-		if clr != nil {
-			// Pending clears (clear.go): hide the bits they drop.
-			if m := clr.mask(meta); m != nil {
-				dev &^= tierBits(m, tab.w, 0, 0)
-				loc &^= tierBits(m, tab.w, 1, 0)
-				dsk &^= tierBits(m, tab.w, 2, 0)
 			}
 		}
 		local := dev | loc
@@ -288,21 +282,48 @@ func (r *Result) walk1(tab *table, clr *clearSet, src keySource, nblocks int, po
 	return nil
 }
 
-// readSlow1 is walk1's read of rec (found for key) when the fast read was torn, or with
-// the test hook: the hooked read first (if a hook is set), then reread.
+// readSlow1 is walk1's read of rec (found for key) after a torn fast read, with the
+// test hook or with pending clears: one read (hooked if a hook is set), rereads while it
+// is torn, then the mask of the pending clears (clear.go) that the record does not
+// reflect yet.
 func (r *Result) readSlow1(tab *table, rec []uint64, key uint64, i int) (meta, dev, loc, dsk uint64, ok bool) {
+	var k, m2 uint64
 	if r.hook != nil {
-		var k, m2 uint64
 		meta, k, m2, dev, loc, dsk = hookedRead1(rec, tab.w == 0, r.hook, i)
-		if m2 == meta && meta&(metaBusy|metaFree) == 0 && k == key {
-			return meta, dev, loc, dsk, true
+	} else {
+		meta, k, m2, dev, loc, dsk = read1(rec, tab.w == 0)
+	}
+	if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+		var buf [3]uint64
+		if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
+			return 0, 0, 0, 0, false
+		}
+		dev, loc, dsk = tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0)
+	}
+	if r.clr != nil {
+		if m := r.clr.mask(meta); m != nil {
+			dev &^= tierBits(m, tab.w, 0, 0)
+			loc &^= tierBits(m, tab.w, 1, 0)
+			dsk &^= tierBits(m, tab.w, 2, 0)
 		}
 	}
-	var buf [3]uint64
-	if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
-		return 0, 0, 0, 0, false
+	return meta, dev, loc, dsk, true
+}
+
+// read1 is walk1's record read: meta, key, bitsets, meta.
+func read1(rec []uint64, packed bool) (meta, k, m2, dev, loc, dsk uint64) {
+	meta = atomic.LoadUint64(&rec[recMeta])
+	k = atomic.LoadUint64(&rec[recKey])
+	if packed {
+		x := atomic.LoadUint64(&rec[recBits])
+		dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+	} else {
+		dev = atomic.LoadUint64(&rec[recBits])
+		loc = atomic.LoadUint64(&rec[recBits+1])
+		dsk = atomic.LoadUint64(&rec[recBits+2])
 	}
-	return meta, tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0), true
+	m2 = atomic.LoadUint64(&rec[recMeta])
+	return
 }
 
 // hookedRead1 is walk1's record read with the test hook before every load.
