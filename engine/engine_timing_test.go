@@ -441,3 +441,79 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 	slices.Sort(cpu)
 	return wall, cpu
 }
+
+// BenchmarkQueryWhileGrowing reports query latency (a 512-block prompt that every one of
+// 8 slots holds, precomputed keys) while another goroutine grows the context from 1M to
+// 5M blocks in batches of 64 (incremental table growth, record slabs mapped on the way),
+// and the same queries on the grown index with no writer ("idle"). grow-max-cpu-µs is the
+// longest query in thread CPU time: the wall-clock maximum includes the time the query's
+// thread waited for a core (two goroutines busy on this 2-core machine). 64K to 320K
+// blocks without -bigmem.
+func BenchmarkQueryWhileGrowing(b *testing.B) {
+	from, to := 1<<16, 5<<16
+	if *bigMem {
+		from, to = 1_000_000, 5_000_000
+	}
+	const prompt = 512
+	keys := make([]uint64, prompt)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	b.Run(fmt.Sprintf("from=%d/to=%d", from, to), func(b *testing.B) {
+		var grow, idle []time.Duration
+		var maxCPU time.Duration // the longest query in thread CPU time (wall minus waits)
+		for n := 0; n < b.N; n++ {
+			e := benchContext(b, 8, keys, from-prompt)
+			s := Slot{"inst-000", 1}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				buf := make([]uint64, 64)
+				ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: buf}}
+				for next := from; next < to; next += len(buf) {
+					for j := range buf {
+						buf[j] = benchKey(1<<31 + next + j)
+					}
+					if err := e.Apply(ctxA, ops); err != nil {
+						panic(err)
+					}
+				}
+			}()
+			var res Result
+			grow = grow[:0]
+			runtime.LockOSThread()
+			for running := true; running; {
+				select {
+				case <-done:
+					running = false
+				default:
+				}
+				t0, c0 := time.Now(), threadCPU()
+				_ = e.QueryKeys(ctxA, keys, prompt*16, "", &res)
+				grow = append(grow, time.Since(t0))
+				maxCPU = max(maxCPU, threadCPU()-c0)
+				if res.Instances[0].Disk != prompt*16 {
+					b.Fatalf("query during growth missed blocks: %+v", res.Instances[0])
+				}
+			}
+			runtime.UnlockOSThread()
+			idle = idle[:0]
+			for i := 0; i < 2000; i++ {
+				t0 := time.Now()
+				_ = e.QueryKeys(ctxA, keys, prompt*16, "", &res)
+				idle = append(idle, time.Since(t0))
+			}
+			e.Close()
+		}
+		slices.Sort(grow)
+		slices.Sort(idle)
+		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		b.ReportMetric(float64(len(grow)), "queries-during-growth")
+		b.ReportMetric(us(grow[len(grow)/2]), "grow-p50-µs")
+		b.ReportMetric(us(grow[len(grow)*99/100]), "grow-p99-µs")
+		b.ReportMetric(us(grow[len(grow)-1]), "grow-max-µs")
+		b.ReportMetric(us(maxCPU), "grow-max-cpu-µs")
+		b.ReportMetric(us(idle[len(idle)/2]), "idle-p50-µs")
+		b.ReportMetric(us(idle[len(idle)*99/100]), "idle-p99-µs")
+	})
+}
