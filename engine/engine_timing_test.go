@@ -281,7 +281,59 @@ func BenchmarkResidentBytes(b *testing.B) {
 				b.ReportMetric(rss, "rss-bytes/block")
 			})
 		}
+		// Mooncake-bound blocks: each block held by one shared binding whose object key is
+		// the block's 64-hex-digit hash with K and V components (SGLang HiCache on a
+		// Mooncake store), no engine slot.
+		// 100K of them at 1M unless -bigmem: a Mooncake block costs ten times an engine
+		// block's time and memory.
+		nm := n
+		if !*bigMem {
+			nm = n / 10
+		}
+		b.Run(fmt.Sprintf("blocks=%dK/mooncake", nm/1000), func(b *testing.B) {
+			var heap, rss float64
+			for i := 0; i < b.N; i++ {
+				heap, rss = residentPerSharedBlock(b, nm)
+			}
+			b.ReportMetric(heap, "heap-bytes/block")
+			b.ReportMetric(rss, "rss-bytes/block")
+		})
 	}
+}
+
+func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rss0 := processRSS(b)
+	e := New(Config{MaxBlocksPerContext: -1})
+	if _, err := e.RegisterSlot(ctxA, benchProfile(b), Slot{"inst-000", 0}); err != nil {
+		b.Fatal(err)
+	}
+	ops := make([]Op, 0, 2048)
+	for done := 0; done < n; {
+		ops = ops[:0]
+		for j := 0; j < 1024 && done < n; j, done = j+1, done+1 {
+			h := benchKey(done)
+			obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+			for _, comp := range []string{"_0_k", "_0_v"} {
+				ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+					ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+			}
+		}
+		if err := e.Apply(ctxA, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st, _ := e.Stats(ctxA); st.Blocks != n {
+		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	rss1 := processRSS(b)
+	runtime.KeepAlive(e)
+	e.Close()
+	return float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n), float64(rss1-rss0) / float64(n)
 }
 
 // processRSS returns the resident memory of this process, from /proc/self/statm.
