@@ -435,7 +435,10 @@ type InstanceRanks struct {
 type ContextView struct {
 	Key     ContextKey
 	Profile hashing.Profile
-	// PrefixCount is the number of distinct block keys with at least one owner.
+	// PrefixCount is the number of distinct block keys with at least one owner. Right
+	// after a slot clear or an unregistration it also counts, until the writer's sweep
+	// (a few hundred records per step) reaches them, blocks whose only owner was
+	// cleared; queries never report those.
 	PrefixCount uint64
 	// Instances are the registered engine slots, sorted by InstanceID (Mooncake
 	// registrations hold no slot and never appear).
