@@ -215,19 +215,30 @@ func (c *context) cleanRec(idx uint32, rec []uint64) bool {
 		return true
 	}
 	if sup := c.clr.mask(m); sup != nil {
-		changed := false
-		for j, s := range sup {
-			if old := rec[recBits+j]; old&s != 0 {
-				// No busy bit: a reader that reads the old meta on both sides of this
-				// store masks these very bits out (the record's stamp is still old).
-				atomic.StoreUint64(&rec[recBits+j], old&^s)
-				c.uncount(j, old&s)
-				changed = true
-			}
+		stale, left := false, m&metaFlags != 0
+		for j, sj := range sup {
+			b := rec[recBits+j]
+			stale = stale || b&sj != 0
+			left = left || b&^sj != 0
 		}
-		if changed && recordEmpty(rec) {
+		if stale && !left {
+			// Nothing else holds the block: it goes. A freed record keeps its words
+			// (readers see the free meta), so the bits need no stores of their own.
+			for j, sj := range sup {
+				c.uncount(j, rec[recBits+j]&sj)
+			}
 			c.deleteRecord(idx, rec)
 			return false
+		}
+		if stale {
+			for j, sj := range sup {
+				if old := rec[recBits+j]; old&sj != 0 {
+					// No busy bit: a reader that reads the old meta on both sides of
+					// this store masks these very bits out (the stamp is still old).
+					atomic.StoreUint64(&rec[recBits+j], old&^sj)
+					c.uncount(j, old&sj)
+				}
+			}
 		}
 	}
 	// The stamp goes with a version change: the bits just dropped stay dropped for
