@@ -55,9 +55,16 @@ type Arena struct {
 	// an older header never index past their own length) or publishes a larger copy.
 	dir atomic.Pointer[[][]uint64]
 
-	next uint32   // writer-only: first never-allocated index
-	free []uint32 // writer-only: freed indices, reused LIFO
+	next uint32 // writer-only: first never-allocated index
+	// free is a stack of freed indices (reused LIFO) kept in fixed chunks of freeChunk,
+	// so that freeing never copies the stack (one Free costs O(1), not an occasional
+	// copy of millions of indices). Writer-only.
+	free  [][]uint32
+	nfree int
 }
+
+// freeChunk is the number of freed indices per chunk of the free stack (16 KiB).
+const freeChunk = 4096
 
 // New returns an empty arena. It panics on an invalid Config, which is a programming error.
 func New(cfg Config) *Arena {
@@ -90,16 +97,20 @@ func New(cfg Config) *Arena {
 func (a *Arena) RecordWords() int { return a.recWords }
 
 // Len returns the number of records currently allocated (allocated minus freed). Writer only.
-func (a *Arena) Len() int { return int(a.next) - len(a.free) }
+func (a *Arena) Len() int { return int(a.next) - a.nfree }
 
 // Alloc returns the index of a record. Writer only. It reuses freed records first (most
 // recently freed first), with their words as they were when freed; otherwise it takes a
 // never-used record, whose words are zero. It panics when MaxRecords records are live,
 // which callers prevent by bounding their record count.
 func (a *Arena) Alloc() uint32 {
-	if n := len(a.free); n > 0 {
-		idx := a.free[n-1]
-		a.free = a.free[:n-1]
+	if a.nfree > 0 {
+		a.nfree--
+		idx := a.free[a.nfree/freeChunk][a.nfree%freeChunk]
+		if c := a.nfree / freeChunk; a.nfree%freeChunk == 0 && len(a.free) > c+1 {
+			a.free[c+1] = nil // keep one spare chunk, not a run of them
+			a.free = a.free[:c+1]
+		}
 		return idx
 	}
 	if a.next >= MaxRecords {
@@ -136,7 +147,15 @@ func (a *Arena) Release() {
 	for _, c := range *a.dir.Load() {
 		Release(c)
 	}
-	a.free = nil // the directory stays: readers index it
+	a.free, a.nfree = nil, 0 // the directory stays: readers index it
+}
+
+// Slabs returns the arena's slabs, for a writer that retires the arena and gives them
+// back to the kernel itself (Release per slab, spread over time) instead of Release.
+// Writer only; the arena must not be used by the writer afterwards.
+func (a *Arena) Slabs() [][]uint64 {
+	a.free, a.nfree = nil, 0
+	return *a.dir.Load()
 }
 
 // Free returns a record to the arena for a later Alloc. It does not touch the record's
@@ -144,7 +163,12 @@ func (a *Arena) Release() {
 // (the engine sets a flag in the record's meta word) and clears what it must when the
 // record is allocated again. Writer only.
 func (a *Arena) Free(idx uint32) {
-	a.free = append(a.free, idx)
+	c := a.nfree / freeChunk
+	if c == len(a.free) {
+		a.free = append(a.free, make([]uint32, freeChunk))
+	}
+	a.free[c][a.nfree%freeChunk] = idx
+	a.nfree++
 }
 
 // Record returns the words of record idx. The slice aliases arena memory: access its words

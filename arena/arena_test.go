@@ -185,3 +185,32 @@ func TestRecordAllocatesNothing(t *testing.T) {
 	}
 	_ = sink
 }
+
+// TestFreeStackSpansChunks: freed indices are reused most recently freed first across
+// several chunks of the free stack, and Len counts them.
+func TestFreeStackSpansChunks(t *testing.T) {
+	a := New(Config{RecordWords: 1, ChunkRecords: 1024})
+	const n = 3*freeChunk + 17
+	for i := 0; i < n; i++ {
+		if got := a.Alloc(); got != uint32(i) {
+			t.Fatalf("alloc %d = %d", i, got)
+		}
+	}
+	for i := 0; i < n; i++ {
+		a.Free(uint32(i))
+	}
+	if a.Len() != 0 {
+		t.Fatalf("Len after freeing all = %d", a.Len())
+	}
+	for i := n - 1; i >= 0; i-- {
+		if got := a.Alloc(); got != uint32(i) {
+			t.Fatalf("reuse: got %d, want %d", got, i)
+		}
+	}
+	if a.Len() != n || len(a.free) > 1 {
+		t.Fatalf("Len %d, %d free chunks kept", a.Len(), len(a.free))
+	}
+	if got := a.Alloc(); got != n {
+		t.Fatalf("after the free stack: %d, want %d", got, n)
+	}
+}

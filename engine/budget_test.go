@@ -70,3 +70,80 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 		t.Fatalf("budget evictions not logged: %q", logged)
 	}
 }
+
+// TestMemoryLimitEvictsOldestAcrossContexts: with Config.MemoryLimitBytes, blocks and
+// shared bindings are charged (48 bytes a packed block, 160 bytes plus its strings a
+// binding); past the limit each new one evicts the engine's oldest-written block,
+// whichever context holds it, and the charge comes back down with evictions, removals
+// and drops.
+func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
+	log, buf, mu := captureLogger()
+	var clock atomic.Uint64
+	h := &testHooks{now: func() uint64 { return clock.Add(1) }}
+	a, b := Slot{"a", 0}, Slot{"b", 0}
+	const limit = 10 * 48
+	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: limit, Logger: log}, h, a)
+	ctxB := ContextKey{TenantID: "default", ModelName: "other", BlockSize: 16}
+	mustRegister(t, e, ctxB, vllmProfile(t), b)
+	for k := uint64(1); k <= 6; k++ {
+		mustApply(t, e, ctxA, store(a, TierDevice, k))
+	}
+	for k := uint64(101); k <= 104; k++ {
+		mustApply(t, e, ctxB, store(b, TierDevice, k))
+	}
+	if got := e.IndexBytes(); got != limit {
+		t.Fatalf("charged %d bytes for 10 packed blocks, want %d", got, limit)
+	}
+	present := func(k ContextKey, h uint64) bool {
+		var res Result
+		if err := e.QueryKeys(k, []uint64{h}, 16, "", &res); err != nil {
+			t.Fatal(err)
+		}
+		return res.Instances[0].Device == 16
+	}
+	mustApply(t, e, ctxB, store(b, TierDevice, 105))
+	mustApply(t, e, ctxA) // A's writer pays its debt
+	if present(ctxA, 1) || !present(ctxA, 2) || !present(ctxB, 105) || e.IndexBytes() != limit {
+		t.Fatalf("B's new block did not evict A's oldest (charged %d)", e.IndexBytes())
+	}
+	// A binding (160 + 10 + 4 + 5 bytes, and 16 for its one, empty, component) costs
+	// more than a block: still over after one eviction, its store evicts a second.
+	bind := Op{Kind: OpSharedStore, Source: "tcp://mc:1", Backend: "pool", ObjectKey: "obj-1", SharedTier: SharedCPU, Hash: 2}
+	mustApply(t, e, ctxA, bind)
+	mustApply(t, e, ctxB)
+	if want := int64(limit + 195 - 2*48); e.IndexBytes() != want {
+		t.Fatalf("charged %d after the binding, want %d", e.IndexBytes(), want)
+	}
+	mustApply(t, e, ctxA, store(a, TierDevice, 7))
+	mustApply(t, e, ctxA, store(a, TierDevice, 8))
+	mustApply(t, e, ctxB)
+	if e.IndexBytes() > limit+48 {
+		t.Fatalf("charge %d over the limit %d by more than a block", e.IndexBytes(), limit)
+	}
+	mustApply(t, e, ctxA, store(a, TierDevice, 9))
+	mustApply(t, e, ctxB)
+	if e.IndexBytes() > limit {
+		t.Fatalf("charge %d still over the limit %d after new blocks", e.IndexBytes(), limit)
+	}
+	sa, _ := e.Stats(ctxA)
+	sb, _ := e.Stats(ctxB)
+	if sa.EvictedBlocks+sb.EvictedBlocks < 4 {
+		t.Fatalf("evictions not counted: A %+v B %+v", sa, sb)
+	}
+	mu.Lock()
+	logged := buf.String()
+	mu.Unlock()
+	if !strings.Contains(logged, "memory_limit_bytes=480") || !strings.Contains(logged, "engine_index_bytes=") {
+		t.Fatalf("memory-limit evictions not logged: %q", logged)
+	}
+	// Everything gone: nothing charged.
+	e.RetractSource("tcp://mc:1")
+	e.UnregisterSlot(ctxA, a)
+	e.UnregisterSlot(ctxB, b)
+	if !e.DropEmptyContext(ctxA) || !e.DropEmptyContext(ctxB) {
+		t.Fatal("contexts not dropped")
+	}
+	if e.IndexBytes() != 0 || e.TotalBlocks() != 0 {
+		t.Fatalf("after dropping everything: %d bytes, %d blocks", e.IndexBytes(), e.TotalBlocks())
+	}
+}

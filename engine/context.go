@@ -17,6 +17,9 @@ import (
 type view struct {
 	slots *slotTable
 	tab   *table
+	// clr, when not nil, lists slot clears not yet applied to every record: a reader
+	// masks every record it accepts with clr.apply (see clear.go).
+	clr *clearSet
 }
 
 // slotTable is an immutable snapshot of the registered slots of a context.
@@ -139,6 +142,13 @@ type context struct {
 	evictLogged   time.Time
 	evictUnlogged int
 	gen           uint64 // last sharedCount generation handed out
+	// Pending slot clears (clear.go): stamp is the newest clear's, clears are oldest
+	// first, clr is their published mask, sweepPos the sweep's next record index.
+	stamp    uint64
+	clears   []pendingClear
+	clr      *clearSet
+	sweepPos uint32
+	swept    int // records visited by sweeps (tests)
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 }
@@ -184,9 +194,10 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
-		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
-			// A migration is running: between requests, move it on in bounded steps,
-			// so that an idle context soon holds one table (and its memory) again.
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+			// A migration or a sweep is running: between requests, move it on in
+			// bounded steps, so that an idle context soon holds one table (and its
+			// memory) again and its clears are applied to every record.
 			select {
 			case r := <-c.reqs:
 				c.serve(r)
@@ -199,6 +210,7 @@ func (c *context) run() {
 					c.migrateStep()
 				}
 				c.releaseStep()
+				c.sweepStep()
 			}
 			continue
 		}
@@ -228,11 +240,13 @@ func (c *context) serve(r *request) {
 		c.handle(r)
 		c.migrateStep()
 		c.releaseStep()
+		c.sweepStep()
 		h.step(false)
 	} else {
 		c.handle(r)
 		c.migrateStep()
 		c.releaseStep()
+		c.sweepStep()
 	}
 	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
@@ -258,9 +272,14 @@ func (c *context) handle(r *request) {
 	case reqRetractSource:
 		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
 	case reqDropIfEmpty:
-		if len(c.slots) == 0 && c.tab.ar.Len() == 0 && len(c.bindings) == 0 {
+		// Without slots and bindings no record holds a visible bit: whatever records
+		// remain hold only bits of unregistered slots that pending clears mask.
+		if len(c.slots) == 0 && len(c.bindings) == 0 {
 			c.dropped = true
 			r.dropped = true
+			c.eng.total.Add(-int64(c.tab.ar.Len()))
+			c.eng.bytes.Add(-int64(c.tab.ar.Len()) * blockBytes(c.tab.w))
+			c.eng.debts.Add(-c.debt.Swap(0))
 			c.release()
 		}
 	case reqSync:
@@ -290,7 +309,7 @@ func (c *context) release() {
 
 // publish makes the current slot table and prefix table visible to queries.
 func (c *context) publish() {
-	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
+	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab, clr: c.clr})
 }
 
 // publishTable swaps in a rebuilt prefix table, keeping the published slot table (whose
@@ -298,7 +317,7 @@ func (c *context) publish() {
 func (c *context) publishTable() {
 	old := c.state.Load()
 	if old.tab.w == c.tab.w {
-		c.state.Store(&view{slots: old.slots, tab: c.tab})
+		c.state.Store(&view{slots: old.slots, tab: c.tab, clr: c.clr})
 		return
 	}
 	c.publish()
@@ -343,7 +362,7 @@ func (c *context) register(s Slot) bool {
 	c.slotUsed[n] = true
 	c.slots[s] = n
 	if need := widthFor(n); need > c.tab.w {
-		c.rebuild(need)
+		c.rebuild(need, false)
 	}
 	c.publish()
 	return true
@@ -355,10 +374,13 @@ func (c *context) unregister(s Slot) {
 		return
 	}
 	delete(c.slots, s)
-	// Queries stop reporting the slot before its bits go, so none sees it half removed.
+	// The view that stops reporting the slot also masks its bits (clearSlot publishes).
 	c.publish()
 	c.clearSlot(n, MaskAllEngine)
-	// The slot's bits are clear everywhere now, so the number can be handed out again.
+	// The number can be handed out again at once: records not yet swept hold its old
+	// bits under stamps older than this clear, which every view masks; records a new
+	// owner writes are cleaned first. Queries holding an older slot table see
+	// slotReuse change (see settled).
 	c.slotUsed[n] = false
 	c.maybeShrink()
 }

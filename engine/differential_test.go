@@ -26,9 +26,13 @@ type diffWorld struct {
 	insts []string
 	res   Result
 	step  int
+	// lazy: clears are swept 3 records per writer step, only with requests, so that
+	// queries run against records that still hold cleared bits; block counts then
+	// include records not swept yet (compared as at least the model's).
+	lazy bool
 }
 
-func newDiffWorld(t *testing.T, seed uint64, maxBlocks int) *diffWorld {
+func newDiffWorld(t *testing.T, seed uint64, maxBlocks int, lazy bool) *diffWorld {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := Config{MaxBlocksPerContext: maxBlocks, Logger: quiet}
 	modelMax := maxBlocks
@@ -45,6 +49,10 @@ func newDiffWorld(t *testing.T, seed uint64, maxBlocks int) *diffWorld {
 		},
 		univ:  map[ContextKey][]uint64{},
 		insts: []string{"a", "b", "c", "d", "e"},
+		lazy:  lazy,
+	}
+	if lazy {
+		w.e.hooks = &testHooks{noIdleMigration: true, sweepChunk: 3}
 	}
 	t.Cleanup(w.e.Close)
 	for i, k := range w.ctxs {
@@ -215,7 +223,8 @@ func (w *diffWorld) checkViews() {
 	}
 	for i := range got {
 		g, m := got[i], want[i]
-		if g.Key != m.Key || g.PrefixCount != m.PrefixCount || len(g.Instances) != len(m.Instances) {
+		countOK := g.PrefixCount == m.PrefixCount || w.lazy && g.PrefixCount > m.PrefixCount
+		if g.Key != m.Key || !countOK || len(g.Instances) != len(m.Instances) {
 			w.t.Fatalf("step %d: view %+v, model %+v", w.step, g, m)
 		}
 		for j := range g.Instances {
@@ -240,13 +249,21 @@ func TestDifferentialAgainstModel(t *testing.T) {
 		seeds = []uint64{*diffSeed}
 	}
 	for _, seed := range seeds {
-		for _, capacity := range []int{-1, 60} {
-			t.Run(fmt.Sprintf("seed%d/max%d", seed, capacity), func(t *testing.T) {
+		for _, mode := range []struct {
+			capacity int
+			lazy     bool
+		}{{-1, false}, {60, false}, {-1, true}} {
+			capacity := mode.capacity
+			name := fmt.Sprintf("seed%d/max%d", seed, capacity)
+			if mode.lazy {
+				name += "/lazy-sweep"
+			}
+			t.Run(name, func(t *testing.T) {
 				steps := *diffSteps
 				if testing.Short() {
 					steps /= 5
 				}
-				w := newDiffWorld(t, seed, capacity)
+				w := newDiffWorld(t, seed, capacity, mode.lazy)
 				for i := 0; i < steps; i++ {
 					w.doStep()
 					w.check(4)

@@ -48,6 +48,15 @@ type Config struct {
 	// at microsecond resolution; the context that holds it evicts it on its own writer,
 	// right after). 0 means no engine-wide bound.
 	MaxBlocks int
+	// MemoryLimitBytes bounds the memory of the index's own structures over all
+	// contexts: each block is charged its record and table share (48 bytes for contexts
+	// of up to 21 slots, 64 up to 64 slots, 88 up to 128) and each shared (Mooncake)
+	// binding 160 bytes plus its source, backend, object key and component strings.
+	// Past it, every new block or binding evicts the engine's oldest-written block,
+	// whichever context holds it, like MaxBlocks (up to two while the charge stays over
+	// it). Process RSS is higher: the Go runtime, buffers, connections and the
+	// slack of tables between growth steps come on top. 0 means no bound.
+	MemoryLimitBytes int64
 	// Logger receives eviction warnings. nil means slog.Default().
 	Logger *slog.Logger
 	// MemoEntries sizes the query key memo shared by every context (hashing.Memo): blocks
@@ -143,6 +152,9 @@ type Engine struct {
 	maxBlocks int
 	maxTotal  int          // Config.MaxBlocks; 0 none
 	total     atomic.Int64 // blocks of every context
+	memLimit  int64        // Config.MemoryLimitBytes; 0 none
+	bytes     atomic.Int64 // memory charged for the blocks and bindings of every context
+	debts     atomic.Int64 // blocks contexts were asked to evict and have not yet (evictForBudget)
 	start     time.Time    // epochs are microseconds since start
 	log       *slog.Logger
 	memo      *hashing.Memo // nil: no memo
@@ -164,7 +176,8 @@ type Engine struct {
 
 // New returns an empty engine.
 func New(cfg Config) *Engine {
-	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, maxTotal: max(cfg.MaxBlocks, 0), log: cfg.Logger, start: time.Now(),
+	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, maxTotal: max(cfg.MaxBlocks, 0), memLimit: max(cfg.MemoryLimitBytes, 0),
+		log: cfg.Logger, start: time.Now(),
 		memo: hashing.NewMemo(cfg.MemoEntries)}
 	if e.maxBlocks == 0 {
 		e.maxBlocks = DefaultMaxBlocksPerContext
@@ -422,7 +435,10 @@ type InstanceRanks struct {
 type ContextView struct {
 	Key     ContextKey
 	Profile hashing.Profile
-	// PrefixCount is the number of distinct block keys with at least one owner.
+	// PrefixCount is the number of distinct block keys with at least one owner. Right
+	// after a slot clear or an unregistration it also counts, until the writer's sweep
+	// (a few hundred records per step) reaches them, blocks whose only owner was
+	// cleared; queries never report those.
 	PrefixCount uint64
 	// Instances are the registered engine slots, sorted by InstanceID (Mooncake
 	// registrations hold no slot and never appear).
@@ -455,6 +471,10 @@ func (e *Engine) GlobalView() []ContextView {
 
 // TotalBlocks returns the blocks of all contexts together (what Config.MaxBlocks bounds).
 func (e *Engine) TotalBlocks() int64 { return e.total.Load() }
+
+// IndexBytes returns the memory charged for every block and binding (what
+// Config.MemoryLimitBytes bounds).
+func (e *Engine) IndexBytes() int64 { return e.bytes.Load() }
 
 // ContextStats are the figures of one context exported as metrics.
 type ContextStats struct {

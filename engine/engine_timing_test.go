@@ -162,7 +162,7 @@ func BenchmarkApply(b *testing.B) {
 		b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "block-ops/s")
 	}
 	// store-new: every hash is a new block (table inserts and growth); the context is
-	// cleared, untimed, every 8192 batches to bound memory.
+	// cleared (and swept), untimed, every 8192 batches to bound memory.
 	b.Run("store-new", func(b *testing.B) {
 		e, s := newEngine(b)
 		defer e.Close()
@@ -174,6 +174,7 @@ func BenchmarkApply(b *testing.B) {
 			if i%8192 == 8191 {
 				b.StopTimer()
 				_ = e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskAllEngine}})
+				settle(b, e, ctxA) // the clear's sweep too, untimed
 				b.StartTimer()
 			}
 			for j := range hs {
@@ -229,8 +230,10 @@ func BenchmarkApply(b *testing.B) {
 	})
 }
 
-// BenchmarkClearSlot measures OpClear of a slot owning 1M blocks (a stale engine or
-// AllBlocksCleared): a scan of the record arena, no per-slot ownership lists.
+// BenchmarkClearSlot measures the whole work of an OpClear of a slot owning 1M blocks (a
+// stale engine or AllBlocksCleared): the clear itself is one short step (clear.go); the
+// sweep of the record arena that follows, no per-slot ownership lists, is timed here in
+// one go (settle) although the writer spreads it over later steps.
 func BenchmarkClearSlot(b *testing.B) {
 	const n = 1 << 20
 	e := New(Config{MaxBlocksPerContext: -1})
@@ -251,6 +254,7 @@ func BenchmarkClearSlot(b *testing.B) {
 		}
 		b.StartTimer()
 		_ = e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskAllEngine}})
+		settle(b, e, ctxA) // the sweep: the work of the clear, spread over steps otherwise
 	}
 	if st, _ := e.Stats(ctxA); st.Blocks != 0 {
 		b.Fatalf("blocks after clear = %d", st.Blocks)
@@ -281,7 +285,59 @@ func BenchmarkResidentBytes(b *testing.B) {
 				b.ReportMetric(rss, "rss-bytes/block")
 			})
 		}
+		// Mooncake-bound blocks: each block held by one shared binding whose object key is
+		// the block's 64-hex-digit hash with K and V components (SGLang HiCache on a
+		// Mooncake store), no engine slot.
+		// 100K of them at 1M unless -bigmem: a Mooncake block costs ten times an engine
+		// block's time and memory.
+		nm := n
+		if !*bigMem {
+			nm = n / 10
+		}
+		b.Run(fmt.Sprintf("blocks=%dK/mooncake", nm/1000), func(b *testing.B) {
+			var heap, rss float64
+			for i := 0; i < b.N; i++ {
+				heap, rss = residentPerSharedBlock(b, nm)
+			}
+			b.ReportMetric(heap, "heap-bytes/block")
+			b.ReportMetric(rss, "rss-bytes/block")
+		})
 	}
+}
+
+func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rss0 := processRSS(b)
+	e := New(Config{MaxBlocksPerContext: -1})
+	if _, err := e.RegisterSlot(ctxA, benchProfile(b), Slot{"inst-000", 0}); err != nil {
+		b.Fatal(err)
+	}
+	ops := make([]Op, 0, 2048)
+	for done := 0; done < n; {
+		ops = ops[:0]
+		for j := 0; j < 1024 && done < n; j, done = j+1, done+1 {
+			h := benchKey(done)
+			obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+			for _, comp := range []string{"_0_k", "_0_v"} {
+				ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+					ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+			}
+		}
+		if err := e.Apply(ctxA, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st, _ := e.Stats(ctxA); st.Blocks != n {
+		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	rss1 := processRSS(b)
+	runtime.KeepAlive(e)
+	e.Close()
+	return float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n), float64(rss1-rss0) / float64(n)
 }
 
 // processRSS returns the resident memory of this process, from /proc/self/statm.
@@ -338,7 +394,9 @@ func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 // BenchmarkWriterSteps grows one context from empty by batches of 64 new blocks and
 // reports the longest and the 99th-percentile writer step (one applied request, timed on
 // the writer goroutine): "grow" without a capacity, "evict" with a capacity of half the
-// blocks, counting only the steps applied at capacity (each new block evicts the oldest).
+// blocks, counting only the steps applied at capacity (each new block evicts the oldest),
+// "clear" the step of an OpClear of the slot owning every block (SGLang AllBlocksCleared,
+// a retraction) and the n/64 store steps of another slot that follow it (its sweep).
 // Wall time (-wall-µs) includes the time other processes hold the CPU; thread CPU time
 // (-cpu-µs, the writer's thread, page faults included) does not. 256K blocks by default;
 // 10M with -bigmem.
@@ -347,11 +405,11 @@ func BenchmarkWriterSteps(b *testing.B) {
 	if *bigMem {
 		n = 10_000_000
 	}
-	for _, mode := range []string{"grow", "evict"} {
+	for _, mode := range []string{"grow", "evict", "clear"} {
 		b.Run(fmt.Sprintf("%s/blocks=%d", mode, n), func(b *testing.B) {
 			var wall, cpu []time.Duration
 			for i := 0; i < b.N; i++ {
-				wall, cpu = writerSteps(b, n, mode == "evict")
+				wall, cpu = writerSteps(b, n, mode)
 			}
 			b.ReportMetric(float64(wall[len(wall)-1].Microseconds()), "max-wall-µs")
 			b.ReportMetric(float64(wall[len(wall)*99/100].Microseconds()), "p99-wall-µs")
@@ -373,8 +431,9 @@ func threadCPU() time.Duration {
 }
 
 // writerSteps returns the sorted wall and thread-CPU durations of the recorded steps.
-func writerSteps(b *testing.B, n int, evict bool) (wall, cpu []time.Duration) {
+func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 	const batch = 64
+	evict := mode == "evict"
 	limit := -1
 	if evict {
 		limit = n / 2
@@ -407,7 +466,7 @@ func writerSteps(b *testing.B, n int, evict bool) (wall, cpu []time.Duration) {
 	hs := make([]uint64, batch)
 	ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: hs}}
 	for done := 0; done < n; done += batch {
-		record = !evict || done >= limit+batch // set between requests: the writer reads it after the hand-off
+		record = mode == "grow" || evict && done >= limit+batch // set between requests: the writer reads it after the hand-off
 		for j := range hs {
 			hs[j] = benchKey(done + j)
 		}
@@ -415,7 +474,102 @@ func writerSteps(b *testing.B, n int, evict bool) (wall, cpu []time.Duration) {
 			b.Fatal(err)
 		}
 	}
+	if mode == "clear" {
+		s2 := Slot{"b", 0}
+		if _, err := e.RegisterSlot(ctxA, benchProfile(b), s2); err != nil {
+			b.Fatal(err)
+		}
+		record = true
+		if err := e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskAllEngine}}); err != nil {
+			b.Fatal(err)
+		}
+		ops[0].Slot = s2
+		for done := n; done < 2*n; done += batch {
+			for j := range hs {
+				hs[j] = benchKey(done + j)
+			}
+			if err := e.Apply(ctxA, ops); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
 	slices.Sort(wall)
 	slices.Sort(cpu)
 	return wall, cpu
+}
+
+// BenchmarkQueryWhileGrowing reports query latency (a 512-block prompt that every one of
+// 8 slots holds, precomputed keys) while another goroutine grows the context from 1M to
+// 5M blocks in batches of 64 (incremental table growth, record slabs mapped on the way),
+// and the same queries on the grown index with no writer ("idle"). grow-max-cpu-µs is the
+// longest query in thread CPU time: the wall-clock maximum includes the time the query's
+// thread waited for a core (two goroutines busy on this 2-core machine). 64K to 320K
+// blocks without -bigmem.
+func BenchmarkQueryWhileGrowing(b *testing.B) {
+	from, to := 1<<16, 5<<16
+	if *bigMem {
+		from, to = 1_000_000, 5_000_000
+	}
+	const prompt = 512
+	keys := make([]uint64, prompt)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	b.Run(fmt.Sprintf("from=%d/to=%d", from, to), func(b *testing.B) {
+		var grow, idle []time.Duration
+		var maxCPU time.Duration // the longest query in thread CPU time (wall minus waits)
+		for n := 0; n < b.N; n++ {
+			e := benchContext(b, 8, keys, from-prompt)
+			s := Slot{"inst-000", 1}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				buf := make([]uint64, 64)
+				ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: buf}}
+				for next := from; next < to; next += len(buf) {
+					for j := range buf {
+						buf[j] = benchKey(1<<31 + next + j)
+					}
+					if err := e.Apply(ctxA, ops); err != nil {
+						panic(err)
+					}
+				}
+			}()
+			var res Result
+			grow = grow[:0]
+			runtime.LockOSThread()
+			for running := true; running; {
+				select {
+				case <-done:
+					running = false
+				default:
+				}
+				t0, c0 := time.Now(), threadCPU()
+				_ = e.QueryKeys(ctxA, keys, prompt*16, "", &res)
+				grow = append(grow, time.Since(t0))
+				maxCPU = max(maxCPU, threadCPU()-c0)
+				if res.Instances[0].Disk != prompt*16 {
+					b.Fatalf("query during growth missed blocks: %+v", res.Instances[0])
+				}
+			}
+			runtime.UnlockOSThread()
+			idle = idle[:0]
+			for i := 0; i < 2000; i++ {
+				t0 := time.Now()
+				_ = e.QueryKeys(ctxA, keys, prompt*16, "", &res)
+				idle = append(idle, time.Since(t0))
+			}
+			e.Close()
+		}
+		slices.Sort(grow)
+		slices.Sort(idle)
+		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+		b.ReportMetric(float64(len(grow)), "queries-during-growth")
+		b.ReportMetric(us(grow[len(grow)/2]), "grow-p50-µs")
+		b.ReportMetric(us(grow[len(grow)*99/100]), "grow-p99-µs")
+		b.ReportMetric(us(grow[len(grow)-1]), "grow-max-µs")
+		b.ReportMetric(us(maxCPU), "grow-max-cpu-µs")
+		b.ReportMetric(us(idle[len(idle)/2]), "idle-p50-µs")
+		b.ReportMetric(us(idle[len(idle)*99/100]), "idle-p99-µs")
+	})
 }

@@ -13,9 +13,11 @@ type testHooks struct {
 	// step runs on the writer goroutine before (begin true) and after every writer step
 	// (one request applied), for benchmarks that time steps.
 	step func(begin bool)
-	// noIdleMigration stops writers from migrating tables between requests, so that a
-	// test sees migrations advance only with requests.
+	// noIdleMigration stops writers from migrating tables and sweeping clears between
+	// requests, so that a test sees them advance only with requests.
 	noIdleMigration bool
+	// sweepChunk, when > 0, replaces defaultSweepChunk (records a sweep step visits).
+	sweepChunk int
 	// now replaces the clock of write epochs (microseconds since the engine started).
 	now func() uint64
 }

@@ -37,10 +37,13 @@ func (c *context) applyOp(op *Op) {
 
 // findOrCreate returns the record of key, creating an empty one at the newest end of the
 // write order when absent; a created record is left busy for the caller's final meta store
-// (touch or setMeta with a fresh epoch).
+// (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
 	if idx, ok := c.tab.lookup(key); ok {
-		return idx, c.tab.ar.Record(idx), false
+		if rec := c.tab.ar.Record(idx); c.clr == nil || c.cleanRec(idx, rec) {
+			return idx, rec, false
+		}
+		// It held only cleared bits and was deleted: create it anew.
 	}
 	c.makeRoom()
 	idx = c.tab.ar.Alloc()
@@ -48,7 +51,8 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	// A reused record may still be read by a query that found it under its old key: it
 	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
 	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^metaFlags|metaBusy)
+	// Its bitsets start empty: it reflects every clear (the current stamp).
+	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaFlags|metaStampMask<<metaStampShift)|c.stamp<<metaStampShift|metaBusy)
 	atomic.StoreUint64(&rec[recKey], key)
 	for j := recBits; j < len(rec); j++ {
 		if rec[j] != 0 {
@@ -58,6 +62,7 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	c.tab.insertNew(key, idx)
 	c.linkNewest(idx, rec)
 	c.eng.total.Add(1)
+	c.eng.bytes.Add(blockBytes(c.tab.w))
 	return idx, rec, true
 }
 
@@ -178,13 +183,18 @@ func lockRec(rec []uint64) {
 // so the record never holds the same meta twice and a reader's before/after comparison
 // sees every change; should seq wrap within one epoch, the record takes a fresh epoch.
 func (c *context) setMeta(rec []uint64, epoch, flags uint64) {
+	c.setMetaStamp(rec, epoch, flags, stampOf(rec[recMeta]))
+}
+
+// setMetaStamp is setMeta with the record's clear stamp set to stamp.
+func (c *context) setMetaStamp(rec []uint64, epoch, flags, stamp uint64) {
 	cur := rec[recMeta]
 	seq := (cur>>metaSeqShift + 1) & metaSeqMask
 	if seq == 0 && epoch == cur>>metaEpochShift {
 		c.epoch++
 		epoch = c.epoch
 	}
-	atomic.StoreUint64(&rec[recMeta], epoch<<metaEpochShift|seq<<metaSeqShift|flags)
+	atomic.StoreUint64(&rec[recMeta], epoch<<metaEpochShift|stamp<<metaStampShift|seq<<metaSeqShift|flags)
 }
 
 // keepMeta ends a change of rec that leaves its epoch and flags as they are.
@@ -234,9 +244,28 @@ func (c *context) touch(idx uint32, rec []uint64) {
 	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
 	if c.newest != idx+1 {
-		c.unlink(rec)
-		c.linkNewest(idx, rec)
+		c.moveNewest(idx, rec)
 	}
+}
+
+// moveNewest moves rec (linked, not the newest) to the newest end of the write order:
+// unlink and linkNewest in one, with one look-up per neighbour.
+func (c *context) moveNewest(idx uint32, rec []uint64) {
+	ar := c.tab.ar
+	l := rec[recLink]
+	p, n := linkPrev(l), linkNext(l) // n != 0: rec is not the newest
+	nr := ar.Record(n - 1)
+	nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
+	if p != 0 {
+		pr := ar.Record(p - 1)
+		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
+	} else {
+		c.oldest = n
+	}
+	last := ar.Record(c.newest - 1) // may be nr: its prev half was just written
+	last[recLink] = last[recLink]&^0xFFFFFFFF | uint64(idx+1)
+	rec[recLink] = uint64(c.newest) << 32
+	c.newest = idx + 1
 }
 
 func (c *context) engineStore(op *Op) {
@@ -288,6 +317,9 @@ func (c *context) engineRemove(op *Op) {
 			continue
 		}
 		rec := c.tab.ar.Record(idx)
+		if !c.cleanRec(idx, rec) {
+			continue // it held only cleared bits
+		}
 		old := rec[word]
 		if old&bit == 0 {
 			continue
@@ -330,69 +362,7 @@ func (c *context) freeRecord(idx uint32, rec []uint64) {
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
 	c.eng.total.Add(-1)
-}
-
-// clearSlot drops slot number n from the tiers in mask of every block. Scanning the records
-// costs a pass over the arena, but keeps per-block memory free of ownership lists; the
-// per-slot counts skip the pass when the slot owns nothing and end it early. When the slot
-// owns most blocks, emptied records are not tombstoned one by one (a random table access
-// each) but dropped by rebuilding the table from the survivors.
-func (c *context) clearSlot(n int, mask TierMask) {
-	remaining := 0
-	for t := 0; t < 3; t++ {
-		if mask&(1<<t) != 0 {
-			remaining += c.slotCounts[n][t]
-		}
-	}
-	if remaining == 0 {
-		return
-	}
-	bulk := remaining > c.tab.ar.Len()/2
-	ar, w := c.tab.ar, c.tab.w
-	hw := ar.HighWater()
-	emptied := 0
-	for idx := uint32(0); idx < hw && remaining > 0; idx++ {
-		rec := ar.Record(idx)
-		if rec[recMeta]&metaFree != 0 {
-			continue
-		}
-		changed := false
-		for t := 0; t < 3; t++ {
-			if mask&(1<<t) == 0 {
-				continue
-			}
-			wo, bit := bitAt(w, t, n)
-			word := recBits + wo
-			if old := rec[word]; old&bit != 0 {
-				if !changed {
-					lockRec(rec)
-				}
-				atomic.StoreUint64(&rec[word], old&^bit)
-				c.slotCounts[n][t]--
-				remaining--
-				changed = true
-			}
-		}
-		if !changed {
-			continue
-		}
-		if !recordEmpty(rec) {
-			c.keepMeta(rec)
-			continue
-		}
-		if bulk {
-			// Queries may still reach it through the current table: it reads as
-			// free, which answers like a missing block. No Alloc happens before the
-			// rebuild below drops its entry.
-			c.freeRecord(idx, rec)
-			emptied++
-		} else {
-			c.deleteRecord(idx, rec)
-		}
-	}
-	if emptied > 0 {
-		c.rebuild(w)
-	}
+	c.eng.bytes.Add(-blockBytes(c.tab.w))
 }
 
 func (c *context) sharedStore(op *Op) {
@@ -411,9 +381,11 @@ func (c *context) sharedStore(op *Op) {
 		b = &binding{hash: op.Hash, key: bk}
 		c.bindings[bk] = b
 		c.eng.total.Add(1)
+		c.eng.bytes.Add(bindingBytes(bk))
 	}
 	if !slices.Contains(b.comps, op.Component) {
 		b.comps = append(b.comps, op.Component)
+		c.eng.bytes.Add(componentBytes(op.Component))
 	}
 	idx, rec, created := c.findOrCreate(op.Hash)
 	sc, ok := c.shared[op.Hash]
@@ -434,8 +406,7 @@ func (c *context) sharedStore(op *Op) {
 	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, sharedFlags(sc))
 	if c.newest != idx+1 {
-		c.unlink(rec)
-		c.linkNewest(idx, rec)
+		c.moveNewest(idx, rec)
 	}
 	if created || added {
 		c.maybeEvict()
@@ -472,11 +443,13 @@ func (c *context) sharedRemove(op *Op) {
 		return
 	}
 	b.comps = slices.Delete(b.comps, i, i+1)
+	c.eng.bytes.Add(-componentBytes(op.Component))
 	if len(b.comps) > 0 {
 		return
 	}
 	delete(c.bindings, bk)
 	c.eng.total.Add(-1)
+	c.eng.bytes.Add(-bindingBytes(bk))
 	c.deactivate(b, op.SharedTier)
 }
 
@@ -507,6 +480,7 @@ func (c *context) deactivate(b *binding, tier SharedTier) {
 		return // unreachable: a counted binding keeps its record alive
 	}
 	rec := c.tab.ar.Record(idx)
+	c.cleanRec(idx, rec) // it keeps its shared flags: not deleted
 	c.setMeta(rec, rec[recMeta]>>metaEpochShift, sharedFlags(sc))
 	if recordEmpty(rec) {
 		c.deleteRecord(idx, rec)
@@ -518,11 +492,39 @@ func (c *context) dropBindings(match func(bindingKey) bool) {
 	for k, b := range c.bindings {
 		if match(k) {
 			delete(c.bindings, k)
-			c.eng.total.Add(-1)
+			c.uncharge(b)
 			c.deactivate(b, k.tier)
 		}
 	}
 	c.maybeShrink()
+}
+
+// Memory charges (Config.MemoryLimitBytes): what the index's own structures hold per
+// block and per shared binding. A block is its record (recordWords(w) words, 32 bytes for
+// contexts of up to 21 slots) and about two table entries (8 bytes each: tables are
+// between 5/16 and 13/16 full); a binding is its map entry, struct and list link
+// (bindingBaseBytes) and its strings.
+const (
+	tableBytesPerBlock = 16
+	bindingBaseBytes   = 160
+)
+
+func blockBytes(w int) int64 { return int64(recordWords(w)*8 + tableBytesPerBlock) }
+
+func bindingBytes(k bindingKey) int64 {
+	return int64(bindingBaseBytes + len(k.source) + len(k.backend) + len(k.object))
+}
+
+func componentBytes(comp string) int64 { return int64(16 + len(comp)) }
+
+// uncharge takes a dropped binding (with all its components) off the engine's totals.
+func (c *context) uncharge(b *binding) {
+	c.eng.total.Add(-1)
+	n := bindingBytes(b.key)
+	for _, comp := range b.comps {
+		n += componentBytes(comp)
+	}
+	c.eng.bytes.Add(-n)
 }
 
 // maybeEvict keeps the context within its capacity after a block was created: the
@@ -540,6 +542,19 @@ func (c *context) maybeEvict() {
 	}
 	if c.eng.maxTotal > 0 && c.eng.total.Load() > int64(c.eng.maxTotal) {
 		c.evictForBudget()
+		return
+	}
+	// Blocks other contexts owe (debts) count as gone already, at a packed block's charge.
+	if limit := c.eng.memLimit; limit > 0 && c.eng.bytes.Load()-c.eng.debts.Load()*blockBytes(0) > limit {
+		// At most two blocks out for each block or binding in: the charge comes back
+		// under the limit after a binding or a widening raised it by more than a block,
+		// in bounded work per step. (A block another context evicts leaves the charge
+		// when that context's writer pays its debt, right after; debts in flight count
+		// as evicted already.)
+		c.evictForBudget()
+		if c.oldest != 0 && c.eng.bytes.Load()-c.eng.debts.Load()*blockBytes(0) > limit {
+			c.evictForBudget()
+		}
 	}
 }
 
@@ -551,8 +566,8 @@ func (c *context) units() int { return c.tab.ar.Len() + len(c.bindings) }
 // block: the oldest-written block of the engine goes. When another context holds it,
 // that context is asked to (debt, paid by its own writer right after); its published
 // oldestAt may lag by the debts in flight, so the order across contexts is approximate
-// by those few blocks.
-func (c *context) evictForBudget() {
+// by those few blocks. It reports whether the block went here (not as a debt).
+func (c *context) evictForBudget() bool {
 	e := c.eng
 	victim, best := c, c.tab.ar.Record(c.oldest - 1)[recMeta]>>metaEpochShift
 	for _, o := range *e.ctxs.Load() {
@@ -564,14 +579,16 @@ func (c *context) evictForBudget() {
 	}
 	if victim == c {
 		c.evictOldest()
-		c.countEvicted(1, "engine over max_blocks: evicted its oldest-written block")
-		return
+		c.countEvicted(1, "engine over max_blocks or memory_limit_bytes: evicted its oldest-written block")
+		return true
 	}
 	victim.debt.Add(1)
+	c.eng.debts.Add(1)
 	select {
 	case victim.wake <- struct{}{}:
 	default: // already woken
 	}
+	return false
 }
 
 // maxDebtPerStep bounds the evictions a writer makes for other contexts in one step.
@@ -587,15 +604,16 @@ func (c *context) payDebt() {
 			c.evictOldest()
 		}
 		// Debt a context cannot pay (it is empty) is dropped: it no longer holds blocks.
+		c.eng.debts.Add(-pay)
 		if c.debt.Add(-pay) > 0 && c.oldest != 0 {
 			select {
 			case c.wake <- struct{}{}:
 			default:
 			}
 		} else if c.oldest == 0 {
-			c.debt.Store(0)
+			c.eng.debts.Add(-c.debt.Swap(0))
 		}
-		c.countEvicted(evicted, "engine over max_blocks: evicted its oldest-written block")
+		c.countEvicted(evicted, "engine over max_blocks or memory_limit_bytes: evicted its oldest-written block")
 		c.blocks.Store(int64(c.tab.ar.Len()))
 	}
 	if c.oldest == 0 {
@@ -631,7 +649,7 @@ func (c *context) evictOldest() {
 	if sc, ok := c.shared[rec[recKey]]; ok {
 		for b := sc.head; b != nil; b = b.next {
 			delete(c.bindings, b.key)
-			c.eng.total.Add(-1)
+			c.uncharge(b)
 		}
 		delete(c.shared, rec[recKey])
 	}
@@ -655,17 +673,21 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
 		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),
 		"max_blocks_per_context", c.eng.maxBlocks, "max_blocks", c.eng.maxTotal,
-		"engine_blocks", c.eng.total.Load(), "evicted_total", total)
+		"memory_limit_bytes", c.eng.memLimit, "engine_blocks", c.eng.total.Load(),
+		"engine_index_bytes", c.eng.bytes.Load(), "evicted_total", total)
 	c.evictUnlogged = 0
 }
 
 // rebuild replaces c.tab with a complete table for records of w bitset words per tier
-// and publishes it. It re-indexes the same arena, or copies every live record (in write
-// order) into a new arena when the width grows or most of the old one is free; the old
-// table's entries, and a replaced arena's slabs, go back to the kernel. It costs a pass
-// over the records: only registration widening past a multiple of 64 slots and the
-// shrink after a clear (itself a pass) use it; growth is incremental (makeRoom).
-func (c *context) rebuild(w int) {
+// and publishes it. It copies every live record (in write order) into a new arena when
+// compact is set, the width grows or most of the old arena is free, applying the pending
+// clears on the way (a cost in live records); otherwise it re-indexes the same arena after
+// completing the pending clears (a cost in the arena's high-water mark). The old table's
+// entries, and a replaced arena's slabs, go back to the kernel a chunk per writer step
+// (releaseLater). Only registration widening past a multiple of 64 slots and the
+// compaction of a context left with few blocks (maybeShrink) use it; growth and shrinking
+// are otherwise incremental (makeRoom, shrinkTable).
+func (c *context) rebuild(w int, compact bool) {
 	// Finish a running migration first, so that the walk below sees one table.
 	for c.tab.prev.Load() != nil && !c.tab.migrate() {
 	}
@@ -676,19 +698,29 @@ func (c *context) rebuild(w int) {
 	ar := old.ar
 	live := ar.Len()
 	if c.next != nil {
-		arena.Release(c.next.entries) // sized for the table being replaced
+		c.releaseLater(c.next.entries) // sized for the table being replaced
 		c.next, c.nextFaulted = nil, 0
 	}
-	compact := w != old.w || int(ar.HighWater()) > 4*live+arena.DefaultChunkRecords
+	compact = compact || w != old.w || int(ar.HighWater()) > 4*live+arena.DefaultChunkRecords
+	if !compact {
+		c.finishClears()
+		live = ar.Len()
+	}
 	if compact {
 		ar = arena.New(arena.Config{RecordWords: recordWords(w)})
 	}
 	nt := newTable(sizeFor(live), ar, w, &c.state)
 	if compact {
-		// Copy in write order: the new arena's list is its index order.
+		// Copy in write order: the new arena's list is its index order. A record that
+		// held only cleared bits is deleted on the way (in the old arena and table).
 		var prev uint32
 		for i := c.oldest; i != 0; {
 			rec := old.ar.Record(i - 1)
+			next := linkNext(rec[recLink])
+			if !c.cleanRec(i-1, rec) {
+				i = next
+				continue
+			}
 			nidx := ar.Alloc()
 			nrec := ar.Record(nidx)
 			nrec[recKey], nrec[recMeta] = rec[recKey], rec[recMeta]&^metaBusy
@@ -702,9 +734,15 @@ func (c *context) rebuild(w int) {
 			prev = nidx + 1
 			convertBits(nrec[recBits:], w, rec[recBits:], old.w)
 			nt.insertNew(nrec[recKey], nidx)
-			i = linkNext(rec[recLink])
+			i = next
+		}
+		if prev == 0 {
+			c.oldest = 0 // nothing was copied
 		}
 		c.newest = prev
+		// Every record copied reflects every clear.
+		c.clears, c.sweepPos = nil, 0
+		c.buildClearSet()
 	} else {
 		hw := ar.HighWater()
 		for idx := uint32(0); idx < hw; idx++ {
@@ -714,12 +752,17 @@ func (c *context) rebuild(w int) {
 			}
 		}
 	}
+	if w != old.w {
+		c.eng.bytes.Add(int64(ar.Len()) * (blockBytes(w) - blockBytes(old.w)))
+	}
 	c.tab = nt
 	c.publishTable()
 	old.dead.Store(true)
-	arena.Release(old.entries)
+	c.releaseLater(old.entries)
 	if compact {
-		old.ar.Release()
+		for _, slab := range old.ar.Slabs() {
+			c.releaseLater(slab)
+		}
 	}
 }
 
@@ -739,10 +782,39 @@ func convertBits(dst []uint64, dw int, src []uint64, sw int) {
 	}
 }
 
-// maybeShrink rebuilds a table that clears and removals left mostly empty.
+// compactMaxLive is the most live records maybeShrink compacts into a new arena in one
+// step (a copy of each, about 50 ns apiece); a larger context keeps its arena and only
+// its table shrinks, incrementally.
+const compactMaxLive = 2048
+
+// maybeShrink shrinks a table that clears and removals left mostly empty, in bounded
+// work: a context left with few records is compacted into a new arena (its old slabs and
+// table going back to the kernel a chunk per step); a larger one migrates into a smaller
+// table incrementally, like growth.
 func (c *context) maybeShrink() {
 	t := c.tab
-	if t.prev.Load() == nil && len(t.entries) > minTableCap && t.live*8 < len(t.entries) && sizeFor(t.live) < len(t.entries) {
-		c.rebuild(t.w)
+	if t.prev.Load() != nil || len(t.entries) <= minTableCap || t.live*8 >= len(t.entries) || sizeFor(t.live) >= len(t.entries) {
+		return
 	}
+	if c.tab.ar.Len() <= compactMaxLive {
+		c.rebuild(t.w, true)
+		return
+	}
+	c.shrinkTable()
+}
+
+// shrinkTable starts the migration of the current table into one sized for its live
+// entries (see makeRoom).
+func (c *context) shrinkTable() {
+	old := c.tab
+	if c.next != nil {
+		c.releaseLater(c.next.entries)
+		c.next, c.nextFaulted = nil, 0
+	}
+	nt := newTable(sizeFor(old.live), old.ar, old.w, &c.state)
+	nt.prev.Store(old)
+	nt.quota = quotaFor(old.live, len(nt.entries))
+	c.tab = nt
+	c.publishTable()
+	c.migrations++
 }

@@ -36,6 +36,8 @@ type Result struct {
 	Instances []InstanceHit
 
 	hook   func(int, int) // test hook of the running walk1 (see testHooks.walkLoad)
+	clr    *clearSet      // pending clears of the running walk1's view
+	slow   bool           // hook or clr set: walk1 reads records through readSlow1
 	chain  hashing.Chain
 	keys   sliceKeys
 	ranks  []RankHit
@@ -180,11 +182,11 @@ func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, i
 	}
 	var err error
 	if w == 1 {
-		r.hook = hook
+		r.hook, r.clr, r.slow = hook, v.clr, hook != nil || v.clr != nil
 		err = r.walk1(v.tab, src, nblocks, positions, bs, mask[0])
-		r.hook = nil
+		r.hook, r.clr, r.slow = nil, nil, false
 	} else {
-		err = r.walkN(v.tab, hook, src, nblocks, positions, bs, mask)
+		err = r.walkN(v.tab, v.clr, hook, src, nblocks, positions, bs, mask)
 	}
 	if err != nil {
 		return err
@@ -226,11 +228,11 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 			}
 		}
 		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
-		// Torn reads and test hooks take the slow path (readSlow1), which keeps this
-		// loop's live values in registers.
+		// Torn reads, test hooks and pending clears take the slow path (readSlow1),
+		// which keeps this loop's live values in registers.
 		var meta, dev, loc, dsk uint64
 		switch {
-		case r.hook != nil:
+		case r.slow:
 			ok = false
 		case tab.w == 0:
 			meta = atomic.LoadUint64(&rec[recMeta])
@@ -280,21 +282,48 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	return nil
 }
 
-// readSlow1 is walk1's read of rec (found for key) when the fast read was torn, or with
-// the test hook: the hooked read first (if a hook is set), then reread.
+// readSlow1 is walk1's read of rec (found for key) after a torn fast read, with the
+// test hook or with pending clears: one read (hooked if a hook is set), rereads while it
+// is torn, then the mask of the pending clears (clear.go) that the record does not
+// reflect yet.
 func (r *Result) readSlow1(tab *table, rec []uint64, key uint64, i int) (meta, dev, loc, dsk uint64, ok bool) {
+	var k, m2 uint64
 	if r.hook != nil {
-		var k, m2 uint64
 		meta, k, m2, dev, loc, dsk = hookedRead1(rec, tab.w == 0, r.hook, i)
-		if m2 == meta && meta&(metaBusy|metaFree) == 0 && k == key {
-			return meta, dev, loc, dsk, true
+	} else {
+		meta, k, m2, dev, loc, dsk = read1(rec, tab.w == 0)
+	}
+	if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+		var buf [3]uint64
+		if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
+			return 0, 0, 0, 0, false
+		}
+		dev, loc, dsk = tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0)
+	}
+	if r.clr != nil {
+		if m := r.clr.mask(meta); m != nil {
+			dev &^= tierBits(m, tab.w, 0, 0)
+			loc &^= tierBits(m, tab.w, 1, 0)
+			dsk &^= tierBits(m, tab.w, 2, 0)
 		}
 	}
-	var buf [3]uint64
-	if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
-		return 0, 0, 0, 0, false
+	return meta, dev, loc, dsk, true
+}
+
+// read1 is walk1's record read: meta, key, bitsets, meta.
+func read1(rec []uint64, packed bool) (meta, k, m2, dev, loc, dsk uint64) {
+	meta = atomic.LoadUint64(&rec[recMeta])
+	k = atomic.LoadUint64(&rec[recKey])
+	if packed {
+		x := atomic.LoadUint64(&rec[recBits])
+		dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+	} else {
+		dev = atomic.LoadUint64(&rec[recBits])
+		loc = atomic.LoadUint64(&rec[recBits+1])
+		dsk = atomic.LoadUint64(&rec[recBits+2])
 	}
-	return meta, tierBits(buf[:], tab.w, 0, 0), tierBits(buf[:], tab.w, 1, 0), tierBits(buf[:], tab.w, 2, 0), true
+	m2 = atomic.LoadUint64(&rec[recMeta])
+	return
 }
 
 // hookedRead1 is walk1's record read with the test hook before every load.
@@ -366,7 +395,7 @@ func reread(tab *table, hook func(int, int), i int, key uint64, words []uint64) 
 }
 
 // walkN is walk1 for any number of bitset words.
-func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask []uint64) error {
+func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySource, nblocks int, positions, bs int64, mask []uint64) error {
 	w := len(mask)
 	if cap(r.alive) < 4*w {
 		r.alive = make([]uint64, 4*w)
@@ -391,28 +420,26 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 				break
 			}
 		}
-		if hook != nil {
-			hook(i, recMeta)
-		}
-		meta := atomic.LoadUint64(&rec[recMeta])
-		if hook != nil {
-			hook(i, recKey)
-		}
-		k := atomic.LoadUint64(&rec[recKey])
-		for j := range words {
-			if hook != nil {
-				hook(i, recBits+j)
+		var meta, k, m2 uint64
+		if hook == nil {
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k = atomic.LoadUint64(&rec[recKey])
+			bw := rec[recBits : recBits+len(words)]
+			for j := range words {
+				words[j] = atomic.LoadUint64(&bw[j])
 			}
-			words[j] = atomic.LoadUint64(&rec[recBits+j])
+			m2 = atomic.LoadUint64(&rec[recMeta])
+		} else {
+			meta, k, m2 = hookedReadN(rec, hook, i, words)
 		}
-		if hook != nil {
-			hook(i, recMeta)
-		}
-		if m2 := atomic.LoadUint64(&rec[recMeta]); m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
 			if meta, ok = reread(tab, hook, i, key, words); !ok {
 				end = i
 				break
 			}
+		}
+		if clr != nil {
+			clr.apply(meta, words) // pending clears (clear.go)
 		}
 		shCPU, shAny := meta&metaSharedCPU != 0, meta&(metaSharedCPU|metaSharedDisk) != 0
 		pos := min(int64(i)*bs, positions)
@@ -448,6 +475,21 @@ func (r *Result) walkN(tab *table, hook func(int, int), src keySource, nblocks i
 		}
 	}
 	return nil
+}
+
+// hookedReadN is walkN's record read with the test hook before every load.
+func hookedReadN(rec []uint64, hook func(int, int), i int, words []uint64) (meta, k, m2 uint64) {
+	hook(i, recMeta)
+	meta = atomic.LoadUint64(&rec[recMeta])
+	hook(i, recKey)
+	k = atomic.LoadUint64(&rec[recKey])
+	for j := range words {
+		hook(i, recBits+j)
+		words[j] = atomic.LoadUint64(&rec[recBits+j])
+	}
+	hook(i, recMeta)
+	m2 = atomic.LoadUint64(&rec[recMeta])
+	return
 }
 
 // assemble turns the per-slot counts into per-rank and per-instance hits.

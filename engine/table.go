@@ -9,7 +9,8 @@ import (
 // Record layout, in 64-bit words: key, meta, link, then three bitsets of w words each
 // (device, cpu_local, engine disk), one bit per slot number.
 //
-// meta = epoch<<metaEpochShift | seq<<metaSeqShift | busy | free | sharedCPU | sharedDisk.
+// meta = epoch<<metaEpochShift | stamp<<metaStampShift | seq<<metaSeqShift | busy | free |
+// sharedCPU | sharedDisk.
 // The epoch is the write order (eviction drops the oldest first); the free bit marks a
 // record on the arena free list. meta is also the record's version word (a seqlock): the
 // writer sets busy before it changes the key or a bitset and ends every change with a meta
@@ -18,6 +19,11 @@ import (
 // only when both meta loads are equal and neither is busy or free: then nothing changed in
 // between, so what it read was one block at one moment, even if the record was freed and
 // reused meanwhile (K → K2 → K).
+//
+// The stamp says which slot clears the record's bitsets already reflect (see clearSet):
+// a clear (OpClear, unregistration) takes the next stamp and is applied to records lazily,
+// and a reader masks out, in a record whose stamp is older than a pending clear, the bits
+// that clear drops. Stamps are compared modulo 1<<metaStampBits.
 const (
 	recKey  = 0
 	recMeta = 1
@@ -29,7 +35,10 @@ const (
 	metaFree       = 1 << 2 // record is on the arena free list
 	metaBusy       = 1 << 3 // the writer is changing the key or bitsets
 	metaSeqShift   = 4
-	metaSeqMask    = 1<<12 - 1
+	metaSeqMask    = 1<<6 - 1
+	metaStampShift = 10
+	metaStampBits  = 6
+	metaStampMask  = 1<<metaStampBits - 1
 	metaEpochShift = 16 // 48-bit epochs: 2.8e14 writes per context
 
 	metaFlags = metaSharedCPU | metaSharedDisk

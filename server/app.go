@@ -54,6 +54,10 @@ type AppConfig struct {
 	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
 	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.
 	MaxBlocks int
+	// MemoryLimitBytes bounds the memory charged for the index's blocks and shared
+	// bindings (the "memory_limit_bytes" config key); 0 means no bound. See
+	// engine.Config.MemoryLimitBytes.
+	MemoryLimitBytes int64
 	// Extra HTTP routes, served beside /metrics, /healthz and /readyz.
 	ExtraRoutes map[string]fasthttp.RequestHandler
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
@@ -123,7 +127,8 @@ func Start(cfg AppConfig) (*App, error) {
 	case err != nil:
 		return nil, err
 	}
-	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks, Logger: log, MemoEntries: memo})
+	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks,
+		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
 		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
 		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,

@@ -55,6 +55,10 @@ type FileConfig struct {
 	// MaxBlocks is the "max_blocks" key: the most blocks indexed over all contexts
 	// (oldest-written evicted first); 0 (the default) means no engine-wide bound.
 	MaxBlocks int
+	// MemoryLimitBytes is the "memory_limit_bytes" key: the memory the index's blocks and
+	// shared bindings may be charged over all contexts (engine.Config.MemoryLimitBytes;
+	// oldest-written evicted first); 0 (the default) means no bound.
+	MemoryLimitBytes int64
 	// ZMQMaxMessageSize is "zmq_max_message_size": bytes one ZMQ message may have (0:
 	// ingest.DefaultMaxMessageSize, -1: unlimited).
 	ZMQMaxMessageSize int64
@@ -77,7 +81,7 @@ var configKeys = []string{
 	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
 	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
-	"access_log_flush_interval_ms", "max_blocks", "zmq_max_message_size", "zmq_io_threads",
+	"access_log_flush_interval_ms", "max_blocks", "memory_limit_bytes", "zmq_max_message_size", "zmq_io_threads",
 	"ingest_log_burst", "ingest_log_interval_seconds",
 }
 
@@ -198,6 +202,13 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: max_blocks must be an integer in 0..%d", path, math.MaxInt32)
 		}
 		cfg.MaxBlocks = int(n)
+	}
+	if raw, ok := root["memory_limit_bytes"]; ok {
+		n, err := jsonInt(raw)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("config file %s: memory_limit_bytes must be an integer >= 0", path)
+		}
+		cfg.MemoryLimitBytes = n
 	}
 	for _, p := range []struct {
 		key      string
@@ -407,6 +418,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
 		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks,
+		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
 		IngestLogBurst: f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second}
 }
