@@ -82,3 +82,25 @@ func htSmallVocab(n int) []int32 {
 func BenchmarkDecodeQueryRequest8KArrayVocab32K(b *testing.B) {
 	benchmarkDecodeQuery(b, htSmallVocab(8192))
 }
+
+// htMixedWidths is n ids whose encodings mix all three widths element by element, as a
+// real prompt's do: about a fifth under 128 (positive fixint), half under 65536 (uint16)
+// and the rest above (uint32).
+func htMixedWidths(n int) []int32 {
+	t := htPrompt(n)
+	for i, v := range t {
+		switch v % 10 {
+		case 0, 1:
+			t[i] = v % 128
+		case 2, 3, 4, 5, 6:
+			t[i] = 128 + v%65000
+		default:
+			t[i] = 65536 + v%86000
+		}
+	}
+	return t
+}
+
+func BenchmarkDecodeQueryRequest8KArrayMixedWidths(b *testing.B) {
+	benchmarkDecodeQuery(b, htMixedWidths(8192))
+}
