@@ -104,3 +104,41 @@ func htMixedWidths(n int) []int32 {
 func BenchmarkDecodeQueryRequest8KArrayMixedWidths(b *testing.B) {
 	benchmarkDecodeQuery(b, htMixedWidths(8192))
 }
+
+// htKeys is n block keys spread over the whole uint64 range, as projected hashes are.
+func htKeys(n int) []uint64 {
+	keys := make([]uint64, n)
+	x := uint64(88172645463325252)
+	for i := range keys {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		keys[i] = x
+	}
+	return keys
+}
+
+func benchmarkDecodeQueryByHash(b *testing.B, keys any) {
+	body := htEnc(hhBase().with("block_hashes", keys))
+	var q httpapi.QueryByHashRequest
+	if e := httpapi.DecodeQueryByHashRequest(body, &q); e != nil {
+		b.Fatal(e)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if e := httpapi.DecodeQueryByHashRequest(body, &q); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
+
+// The block keys of an 8K-token prompt (512 blocks of 16), as a bin and as an array.
+func BenchmarkDecodeQueryByHashRequest8KBin(b *testing.B) {
+	benchmarkDecodeQueryByHash(b, hhLE(htKeys(512)...))
+}
+
+func BenchmarkDecodeQueryByHashRequest8KArray(b *testing.B) {
+	benchmarkDecodeQueryByHash(b, hhAny(htKeys(512)))
+}
