@@ -248,3 +248,12 @@ func FuzzTokenArray(f *testing.F) {
 		}
 	})
 }
+
+// TestResponseKeysEncoded: each pre-encoded key is the msgpack str of its text.
+func TestResponseKeysEncoded(t *testing.T) {
+	for _, k := range []string{keyInstances, keyLongestMatched, keyDP, keyRankMatches, keyDevice, keyCPULocal, keyCPUShare, keyDisk} {
+		if want := string(msgp.AppendString(nil, k[1:])); k != want {
+			t.Errorf("key %q, want %q", k, want)
+		}
+	}
+}
