@@ -98,9 +98,7 @@ func (c *Chain) advance() {
 	mc := &c.mc
 	toks := c.blockTokens(mc.cx)
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(toks))), 4*len(toks))
-	mc.x.ResetWithSeed(mc.la ^ mc.m.seedA)
-	_, _ = mc.x.Write(b)
-	mc.la = mc.x.Sum64()
+	mc.la = xxh64(mc.la^mc.m.seedA, b)
 	mc.lb = mc.m.laneB(mc.lb, b)
 	mc.cx++
 }

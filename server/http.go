@@ -149,6 +149,7 @@ func (h *HTTPServer) Serve(ln net.Listener) error {
 	if _, ok := ln.(*retryListener); !ok {
 		ln = newRetryListener(ln, "http", h.log, h.counters)
 	}
+	ln = fastListener{ln} // see fastConn
 	// fasthttp's Shutdown closes only the listeners Serve has registered so far: one
 	// called just before Serve gets there would leave Serve accepting for ever. So
 	// Shutdown also closes the listener it finds here, and Serve after Shutdown returns.

@@ -18,6 +18,7 @@ import (
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/wire/publisher"
+	"github.com/tinylib/msgp/msgp"
 )
 
 // Shape is how much of a query prompt is indexed.
@@ -97,6 +98,13 @@ type Config struct {
 	BinaryTokens bool
 	// ByHash sends POST /query_by_hash with the prompts' block keys instead of /query.
 	ByHash bool
+	// MixedWidths spreads token ids so that an array mixes positive fixint (about 20%),
+	// uint16 (50%) and uint32 (30%) element by element, as real prompts' ids do, and
+	// encodes measured arrays as Python's msgpack does (unsigned forms, AppendQueryUnsigned);
+	// otherwise ids are uniform under sim.DefaultVocab and arrays are encoded by
+	// httpclient (Go's signed forms: int16 under 32768, int32 above). The index is built
+	// from the same ids either way.
+	MixedWidths bool
 	// Sample reads the conductor's CPU time and RSS (nil: no CPU per query).
 	Sample Sampler
 	Seed   uint64
@@ -140,6 +148,7 @@ type Result struct {
 	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
 	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
 	BinaryTokens  bool    `json:"binary_tokens"`
+	MixedWidths   bool    `json:"mixed_widths,omitempty"`
 	ByHash        bool    `json:"by_hash"`
 	Cells         []Cell  `json:"cells"`
 }
@@ -191,7 +200,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := f.Register(cl, 15*time.Second); err != nil {
 		return nil, err
 	}
-	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, ByHash: cfg.ByHash}
+	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, MixedWidths: cfg.MixedWidths, ByHash: cfg.ByHash}
 	var cpuStart time.Duration
 	if cfg.Sample != nil {
 		if rss, cpu, err := cfg.Sample(); err == nil {
@@ -202,6 +211,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	start := time.Now()
 	var toks []int32
 	var keys []uint64
+	// promptTokens appends the synthetic tokens of a prompt (sim.AppendPrompt), their widths
+	// mixed when cfg.MixedWidths.
+	promptTokens := func(dst []int32, seed uint64, hashIDs []uint32, n int) []int32 {
+		start := len(dst)
+		dst = sim.AppendPrompt(dst, seed, hashIDs, n, 0)
+		if cfg.MixedWidths {
+			MixWidths(dst[start:])
+		}
+		return dst
+	}
 	promptIDs := func(p int) []uint32 {
 		out := make([]uint32, ids)
 		for j := range out {
@@ -213,7 +232,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		toks = sim.AppendPrompt(toks[:0], cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
+		toks = promptTokens(toks[:0], cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)
 		if keys, err = f.Hasher().AppendKeys(keys[:0], toks); err != nil {
 			return nil, err
 		}
@@ -270,12 +289,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var warmRes httpclient.QueryResult
 	build := func(p int, L, cached int) ([]byte, error) {
 		q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens}
-		full := sim.AppendPrompt(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
+		full := promptTokens(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)
 		toks := append([]int32(nil), full[:cached]...)
 		// Fresh tokens come from another seed: they share nothing with the index.
 		fresh++
-		toks = append(toks, sim.AppendPrompt(nil, cfg.Seed+1+fresh, promptIDs(p), L-cached, 0)...)
+		toks = append(toks, promptTokens(nil, cfg.Seed+1+fresh, promptIDs(p), L-cached)...)
 		q.TokenIDs = toks
+		if !cfg.ByHash && cfg.MixedWidths && !cfg.BinaryTokens {
+			return AppendQueryUnsigned(nil, &q), nil
+		}
 		if !cfg.ByHash {
 			return httpclient.AppendQueryRequest(nil, &q), nil
 		}
@@ -321,7 +343,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 							pre := L * 10 / 11
 							for _, p := range unused[:take] {
 								q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens,
-									TokenIDs: sim.AppendPrompt(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)[:min(pre, cached)]}
+									TokenIDs: promptTokens(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)[:min(pre, cached)]}
 								if sh != ShapeHit {
 									continue // only the indexed part can be memoised by a query
 								}
@@ -465,4 +487,40 @@ func answerMatches(hits []*httpclient.InstanceHit, p *prompt) bool {
 		}
 	}
 	return true
+}
+
+// MixWidths maps synthetic token ids (uniform under sim.DefaultVocab) in place so that
+// their msgpack encodings mix widths element by element: ids ending in 0 or 1 (decimal)
+// become positive fixints (under 128), those ending in 2..6 uint16 (128..65127), the
+// rest uint32 (65536 and above). Equal ids stay equal, so prompts that share a prefix
+// still do.
+func MixWidths(toks []int32) {
+	for i, v := range toks {
+		switch v % 10 {
+		case 0, 1:
+			toks[i] = v % 128
+		case 2, 3, 4, 5, 6:
+			toks[i] = 128 + v%65000
+		default:
+			toks[i] = 65536 + v
+		}
+	}
+}
+
+// AppendQueryUnsigned appends q as httpclient.AppendQueryRequest does, but with the token
+// array in the unsigned forms Python's msgpack writes (positive fixint, uint8, uint16,
+// uint32) instead of Go's signed ones.
+func AppendQueryUnsigned(dst []byte, q *httpclient.QueryRequest) []byte {
+	empty := *q
+	empty.TokenIDs, empty.BinaryTokens = nil, false
+	dst = httpclient.AppendQueryRequest(dst, &empty)
+	dst = msgp.AppendArrayHeader(dst[:len(dst)-1], uint32(len(q.TokenIDs))) // token_ids is last: drop its empty array
+	for _, t := range q.TokenIDs {
+		if t < 0 {
+			dst = msgp.AppendInt32(dst, t)
+		} else {
+			dst = msgp.AppendUint32(dst, uint32(t))
+		}
+	}
+	return dst
 }

@@ -124,3 +124,52 @@ func TestLoadgenByHash(t *testing.T) {
 		t.Errorf("request bytes /query %v, /query_by_hash %v", bytesOf[false], bytesOf[true])
 	}
 }
+
+// TestLoadgenMixedWidths: with mixed widths the index and the prompts agree (no wrong
+// answer in any shape), and an array prompt really mixes the three widths: its size is
+// what 20% fixint, 50% uint16 and 30% uint32 cost (0.2+1.5+1.5 = 3.2 bytes a token), not
+// the uniform ids' (0.65*3+0.35*5 = 3.7).
+func TestLoadgenMixedWidths(t *testing.T) {
+	toks := sim.AppendPrompt(nil, 3, []uint32{1, 2, 3, 4}, 4*sim.TokensPerHashID, 0)
+	MixWidths(toks)
+	var fix, u16, u32 int
+	for _, v := range toks {
+		switch {
+		case v < 0:
+			t.Fatalf("negative id %d", v)
+		case v < 128:
+			fix++
+		case v < 65536:
+			u16++
+		default:
+			u32++
+		}
+	}
+	if n := len(toks); fix < n/8 || fix > n*3/10 || u16 < n*4/10 || u16 > n*6/10 || u32 < n/5 || u32 > n*4/10 {
+		t.Fatalf("widths of %d ids: %d fixint, %d uint16, %d uint32", n, fix, u16, u32)
+	}
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	res, err := Run(context.Background(), Config{
+		Addr: c.Addr, Instances: 2, IndexedBlocks: 256, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
+		PromptTokens: []int{1024}, Shapes: []Shape{ShapeHit, ShapeHalf, ShapeMiss}, Concurrency: []int{1},
+		Duration: 20 * time.Millisecond, Seed: 5, MixedWidths: true, Model: "m",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.MixedWidths || len(res.Cells) != 3 {
+		t.Fatalf("result %+v", res)
+	}
+	for _, cell := range res.Cells {
+		if cell.Wrong != 0 || cell.Queries == 0 {
+			t.Errorf("cell %+v", cell)
+		}
+		if perToken := cell.RequestBytes / 1024; perToken < 3.0 || perToken > 3.45 {
+			t.Errorf("%s: %.2f request bytes a token, want about 3.2", cell.Shape, perToken)
+		}
+	}
+}

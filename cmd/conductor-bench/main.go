@@ -339,6 +339,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dur := fs.Duration("duration", time.Second, "time per cell")
 	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array (block_hashes as a uint64 bin with --by-hash)")
 	byHash := fs.Bool("by-hash", false, "send POST /query_by_hash with the prompts' block keys instead of /query")
+	mixed := fs.Bool("mixed-widths", false, "token ids whose array encodings mix widths element by element (20% fixint, 50% uint16, 30% uint32; default: uniform under 100000, 65% uint16, 35% uint32)")
 	memo := fs.String("memo", "warm", "query key memo modes: warm (prompts repeat), cold (each prompt once), extend (each prompt once, after its first ~91%)")
 	coldPrompts := fs.Int("cold-prompts", 64, "prompts per cold or extend cell (each asked once; capped by the indexed prompts)")
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
@@ -381,7 +382,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	defer cond.Stop()
 	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts,
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
-		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, Seed: *tokenSeed,
+		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, MixedWidths: *mixed, Seed: *tokenSeed,
 		Progress: stderr,
 	}
 	if s := sampler(cond); s != nil {

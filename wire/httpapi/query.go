@@ -201,35 +201,49 @@ func alias(b []byte) string {
 // comes back in terr while the rest of the value is still stepped over, so that a later
 // malformed byte can win; ok=false means b is not parsable.
 func decodeTokens(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
+	return decodeList(b, dst, decodeTokenArray, msgTokensType, msgTokensBinLen)
+}
+
+// decodeList decodes a prompt list (token_ids, block_hashes) at the start of b into dst,
+// with decodeTokens' conventions: an array goes to array, a bin is read as little-endian
+// words of T (its length must be a multiple of the word size: msgBinLen otherwise), and
+// any other type is reported with msgType.
+func decodeList[T int32 | uint64](b []byte, dst []T, array func([]byte, []T) ([]T, []byte, tokenErr, bool),
+	msgType, msgBinLen string) (_ []T, _ []byte, terr tokenErr, ok bool) {
 	if len(b) == 0 {
 		return dst, b, terr, false
 	}
 	switch lead := b[0]; {
 	case lead&0xf0 == 0x90 || lead == 0xdc || lead == 0xdd:
-		return decodeTokenArray(b, dst)
+		return array(b, dst)
 	case lead == 0xc4 || lead == 0xc5 || lead == 0xc6:
 		v, rest, err := msgpack.Bin(b)
 		if err != nil {
 			return dst, b, terr, false
 		}
-		if len(v)%4 != 0 {
-			return dst, rest, tokenErr{ReasonInvalidValue, msgTokensBinLen, -1}, true
+		size := int(unsafe.Sizeof(T(0)))
+		if len(v)%size != 0 {
+			return dst, rest, tokenErr{ReasonInvalidValue, msgBinLen, -1}, true
 		}
-		n := len(v) / 4
+		n := len(v) / size
 		dst = slices.Grow(dst, n)[:n]
 		if hostLittleEndian && n > 0 {
-			// The bin is the []int32's memory image: one copy instead of a loop (the
-			// largest cost of a /query miss with a bin prompt).
-			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*n), v)
+			// The bin is the slice's memory image: one copy instead of a loop (the
+			// largest cost of a miss with a bin prompt).
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), size*n), v)
 			return dst, rest, terr, true
 		}
 		for i := range dst {
-			dst[i] = int32(binary.LittleEndian.Uint32(v[4*i:]))
+			if size == 4 {
+				dst[i] = T(binary.LittleEndian.Uint32(v[4*i:]))
+			} else {
+				dst[i] = T(binary.LittleEndian.Uint64(v[8*i:]))
+			}
 		}
 		return dst, rest, terr, true
 	}
 	rest, ok := skip(b, 1)
-	return dst, rest, tokenErr{ReasonInvalidType, msgTokensType, -1}, ok
+	return dst, rest, tokenErr{ReasonInvalidType, msgType, -1}, ok
 }
 
 // decodeTokenArray decodes an array of int32-range integers of any msgpack width.
@@ -308,9 +322,9 @@ const fastTail = 32
 // Runs of one width are decoded four (uint16, uint32) or eight (positive fixint) elements
 // at a time with independent loads: one client's ids under 65536 (a 32K-vocabulary model)
 // are all uint16, and there the per-element dependency of the position on the previous
-// element's width disappears. Mixed widths (ids either side of 65535 at random) go one at
-// a time without a branch on the width, sixteen per failed run check, so that mixed
-// arrays pay few mispredicted run tests.
+// element's width disappears. Mixed widths (real prompts: fixint, uint16 and uint32 at
+// random) go through tokensMixed, up to 256 elements per failed run check, so that a
+// mixed array pays few mispredicted run tests.
 func tokensFast(b []byte, dst []int32) (int, int) {
 	n := len(dst)
 	i, pos := 0, 0
@@ -341,35 +355,121 @@ func tokensFast(b []byte, dst []int32) (int, int) {
 				continue
 			}
 		}
-		// Not a run: the next elements one at a time, without run checks.
-		end := min(i+16, n)
-		for ; i < end && len(b)-pos >= 9; i++ {
-			c := b[pos]
-			switch {
-			case c <= 0x7f:
-				dst[i] = int32(c)
-				pos++
-			case c >= 0xe0:
-				dst[i] = int32(int8(c))
-				pos++
-			case uint(c)-0xcc < 3 || uint(c)-0xd0 < 3:
-				// uint8/16/32 and int8/16/32 with one 8-byte load and shifts (see
-				// decodeTokenArray).
-				nb := uint(0x040201) >> (8 * (uint(c) & 3)) & 0xff
-				x := binary.BigEndian.Uint64(b[pos+1:])
-				v := int64(x >> (64 - 8*nb))
-				if c >= 0xd0 {
-					v = int64(x) >> (64 - 8*nb)
-				}
-				if v > math.MaxInt32 {
-					return i, pos
-				}
-				dst[i] = int32(v)
-				pos += 1 + int(nb)
-			default:
+		// Not a run: the next elements through tokensMixed, without run checks.
+		end := min(i+256, n)
+		di, dp := tokensMixed(b[pos:], dst[i:end])
+		i, pos = i+di, pos+dp
+		if di == 0 {
+			// Too few bytes or elements left for a window (the general loop's), or an
+			// element tokensMixed leaves out: a negative one is taken here, so that a
+			// signed array goes on at full speed; anything else is the general loop's.
+			if c := b[pos]; n-i < mixedWindow || c < 0xd0 || c > 0xd3 && c < 0xe0 {
 				return i, pos
 			}
+			v, kind, after := readInt(b[pos:])
+			if kind != intOK || v < math.MinInt32 || v > math.MaxInt32 || len(after) < 9 {
+				return i, pos
+			}
+			dst[i] = int32(v)
+			i, pos = i+1, len(b)-len(after)
 		}
 	}
 	return i, pos
+}
+
+// tokenLead describes, for each lead byte, an array element decoded by
+// mixedWindowDecode without a branch on its width: bit 0 where its value starts (0 for a
+// positive fixint, which is its own lead byte, 1 after the lead otherwise), bits 8-13 the
+// right shift that brings the value out of the 8 big-endian bytes loaded there, and bits
+// 32-63 the bound the value read as unsigned must stay under: the form's range for
+// uint8/16, the int32 range for uint32, and for the signed forms (what Go encoders write
+// for token ids) the non-negative half, where the unsigned reading is the value. Negative
+// values (negative fixint, signed forms with the sign bit set) and every other lead byte
+// get bound 0: the general loop decodes them, or reports the element. Read-only after
+// package initialisation.
+var tokenLead = func() (t [256]uint64) {
+	ent := func(off, shr, bound uint64) uint64 { return off | shr<<8 | bound<<32 }
+	for c := range 256 {
+		switch {
+		case c <= 0x7f:
+			t[c] = ent(0, 56, 1<<7)
+		case c == 0xcc:
+			t[c] = ent(1, 56, 1<<8)
+		case c == 0xcd:
+			t[c] = ent(1, 48, 1<<16)
+		case c == 0xce:
+			t[c] = ent(1, 32, 1<<31)
+		case c == 0xd0:
+			t[c] = ent(1, 56, 1<<7)
+		case c == 0xd1:
+			t[c] = ent(1, 48, 1<<15)
+		case c == 0xd2:
+			t[c] = ent(1, 32, 1<<31)
+		}
+	}
+	return t
+}()
+
+// elementEnds returns, for each byte c of x (little-endian order) at offset base+k, where
+// an array element whose lead byte were c would end: base+k+1 for a fixint and
+// base+k+2, +3 or +5 for an 8-, 16- or 32-bit integer (either sign); other lead bytes get
+// a meaningless value (tokensMixed's decode rejects them before it is used). SWAR on the
+// 8 bytes at once: intLen = 2+t+t/2 with t = c&3 gives 2, 3, 5 for t = 0, 1, 2, and it
+// applies where c has its top bit set and is not a negative fixint (0xe0..0xff).
+func elementEnds(x uint64, base uint64) uint64 {
+	const ones = 0x0101010101010101
+	t := x & (3 * ones)
+	intLen := 2*ones + t + (t >> 1 & ones)
+	isInt := (x >> 7 & ones) &^ (x >> 5 & (x >> 6) & (x >> 7) & ones)
+	mask := isInt<<8 - isInt // 0xff in the bytes of integer leads
+	return ones + (intLen-ones)&mask + 0x0706050403020100 + base*ones
+}
+
+// mixedWindow is how many bytes tokensMixed finds element boundaries in at once.
+const mixedWindow = 64
+
+// tokensMixed decodes leading elements of b into dst while they are fixints or 8/16/32-bit
+// integers in the int32 range, and returns how many it decoded and the bytes they took.
+// It stops at any other element, and when fewer than mixedWindow+9 bytes or mixedWindow
+// elements are left.
+//
+// The only serial dependency of a mixed-width array is the position: where an element
+// starts depends on the width of the one before. Here it costs one load per element:
+// for each window of mixedWindow bytes, the end of an element that would start at each
+// byte is computed first (elementEnds, eight bytes at a time), then the walk chains
+// through those ends. Each element's value then takes one lookup of its lead byte, one
+// 8-byte load, one shift and one compare (tokenLead): the only branches are the
+// (predictable) exits, so prompts that mix widths at random pay no mispredictions.
+func tokensMixed(b []byte, dst []int32) (int, int) {
+	i, pos := 0, 0
+	for len(b)-pos >= mixedWindow+9 && len(dst)-i >= mixedWindow {
+		n, p, ok := mixedWindowDecode((*[mixedWindow + 9]byte)(b[pos:]), (*[mixedWindow]int32)(dst[i:]))
+		i, pos = i+n, pos+p
+		if !ok {
+			break
+		}
+	}
+	return i, pos
+}
+
+// mixedWindowDecode decodes the elements that start in the first mixedWindow bytes of w
+// into dst (at most mixedWindow of them) and returns how many, the offset after them (the
+// last may end past the window) and ok=false if it stopped at an element it does not
+// take.
+func mixedWindowDecode(w *[mixedWindow + 9]byte, dst *[mixedWindow]int32) (n, p int, ok bool) {
+	var next [mixedWindow]uint8
+	for j := 0; j < mixedWindow; j += 8 {
+		binary.LittleEndian.PutUint64(next[j:], elementEnds(binary.LittleEndian.Uint64(w[j:]), uint64(j)))
+	}
+	for p < mixedWindow {
+		e := tokenLead[w[p]]
+		v := binary.BigEndian.Uint64(w[p+int(e&1):]) >> (e >> 8 & 63)
+		if v >= e>>32 {
+			return n, p, false
+		}
+		dst[n&(mixedWindow-1)] = int32(v)
+		n++
+		p = int(next[p])
+	}
+	return n, p, true
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"slices"
 
-	"github.com/conductor-go/conductor/wire/internal/msgpack"
 	"github.com/tinylib/msgp/msgp"
 )
 
@@ -42,31 +41,9 @@ func DecodeQueryByHashRequest(body []byte, q *QueryByHashRequest) *RequestError 
 }
 
 // decodeHashes decodes the block_hashes value at the start of b into dst, with the
-// error conventions of decodeTokens.
+// error conventions of decodeTokens (and its one-copy bin path on little-endian hosts).
 func decodeHashes(b []byte, dst []uint64) (_ []uint64, _ []byte, terr tokenErr, ok bool) {
-	if len(b) == 0 {
-		return dst, b, terr, false
-	}
-	switch lead := b[0]; {
-	case lead&0xf0 == 0x90 || lead == 0xdc || lead == 0xdd:
-		return decodeHashArray(b, dst)
-	case lead == 0xc4 || lead == 0xc5 || lead == 0xc6:
-		v, rest, err := msgpack.Bin(b)
-		if err != nil {
-			return dst, b, terr, false
-		}
-		if len(v)%8 != 0 {
-			return dst, rest, tokenErr{ReasonInvalidValue, msgHashesBinLen, -1}, true
-		}
-		n := len(v) / 8
-		dst = slices.Grow(dst, n)[:n]
-		for i := range dst {
-			dst[i] = binary.LittleEndian.Uint64(v[8*i:])
-		}
-		return dst, rest, terr, true
-	}
-	rest, ok := skip(b, 1)
-	return dst, rest, tokenErr{ReasonInvalidType, msgHashesType, -1}, ok
+	return decodeList(b, dst, decodeHashArray, msgHashesType, msgHashesBinLen)
 }
 
 // decodeHashArray decodes an array of non-negative integers of any msgpack width.

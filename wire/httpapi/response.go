@@ -32,12 +32,25 @@ func AppendStatusUnregistered(dst []byte, key string) []byte {
 	return msgp.AppendString(dst, key)
 }
 
+// The /query response's keys, msgpack-encoded once (fixstr header byte, then the
+// text): a response of 8 instances writes about a hundred of them.
+const (
+	keyInstances      = "\xa9instances"
+	keyLongestMatched = "\xaflongest_matched"
+	keyDP             = "\xa2dp"
+	keyRankMatches    = "\xacrank_matches"
+	keyDevice         = "\xa6device"
+	keyCPULocal       = "\xa9cpu_local"
+	keyCPUShare       = "\xa9cpu_share"
+	keyDisk           = "\xa4disk"
+)
+
 // AppendQueryResponseHeader opens a POST /query body {"instances": {...}} for exactly
 // nInstances entries, each to be written with AppendInstanceHit. Streaming the entries
 // lets the server encode straight from its result without building a map.
 func AppendQueryResponseHeader(dst []byte, nInstances int) []byte {
 	dst = msgp.AppendMapHeader(dst, 1)
-	dst = msgp.AppendString(dst, "instances")
+	dst = append(dst, keyInstances...)
 	return msgp.AppendMapHeader(dst, uint32(nInstances))
 }
 
@@ -48,15 +61,15 @@ func AppendQueryResponseHeader(dst []byte, nInstances int) []byte {
 func AppendInstanceHit(dst []byte, id string, longest, device, cpuLocal, cpuShare, disk int64, ranks []RankTiers) []byte {
 	dst = msgp.AppendString(dst, id)
 	dst = msgp.AppendMapHeader(dst, 7)
-	dst = msgp.AppendString(dst, "longest_matched")
+	dst = append(dst, keyLongestMatched...)
 	dst = msgp.AppendInt64(dst, longest)
-	dst = msgp.AppendString(dst, "dp")
+	dst = append(dst, keyDP...)
 	dst = msgp.AppendMapHeader(dst, uint32(len(ranks)))
 	for i := range ranks {
 		dst = appendRankKey(dst, ranks[i].Rank)
 		dst = msgp.AppendInt64(dst, ranks[i].Device)
 	}
-	dst = msgp.AppendString(dst, "rank_matches")
+	dst = append(dst, keyRankMatches...)
 	dst = msgp.AppendMapHeader(dst, uint32(len(ranks)))
 	for i := range ranks {
 		r := &ranks[i]
@@ -72,14 +85,10 @@ func appendTiers(dst []byte, device, cpuLocal, cpuShare, disk int64, header uint
 	if header != 0 {
 		dst = msgp.AppendMapHeader(dst, header)
 	}
-	dst = msgp.AppendString(dst, "device")
-	dst = msgp.AppendInt64(dst, device)
-	dst = msgp.AppendString(dst, "cpu_local")
-	dst = msgp.AppendInt64(dst, cpuLocal)
-	dst = msgp.AppendString(dst, "cpu_share")
-	dst = msgp.AppendInt64(dst, cpuShare)
-	dst = msgp.AppendString(dst, "disk")
-	return msgp.AppendInt64(dst, disk)
+	dst = msgp.AppendInt64(append(dst, keyDevice...), device)
+	dst = msgp.AppendInt64(append(dst, keyCPULocal...), cpuLocal)
+	dst = msgp.AppendInt64(append(dst, keyCPUShare...), cpuShare)
+	return msgp.AppendInt64(append(dst, keyDisk...), disk)
 }
 
 // appendRankKey appends rank as a msgpack str of its decimal digits without formatting

@@ -82,3 +82,63 @@ func htSmallVocab(n int) []int32 {
 func BenchmarkDecodeQueryRequest8KArrayVocab32K(b *testing.B) {
 	benchmarkDecodeQuery(b, htSmallVocab(8192))
 }
+
+// htMixedWidths is n ids whose encodings mix all three widths element by element, as a
+// real prompt's do: about a fifth under 128 (positive fixint), half under 65536 (uint16)
+// and the rest above (uint32).
+func htMixedWidths(n int) []int32 {
+	t := htPrompt(n)
+	for i, v := range t {
+		switch v % 10 {
+		case 0, 1:
+			t[i] = v % 128
+		case 2, 3, 4, 5, 6:
+			t[i] = 128 + v%65000
+		default:
+			t[i] = 65536 + v%86000
+		}
+	}
+	return t
+}
+
+func BenchmarkDecodeQueryRequest8KArrayMixedWidths(b *testing.B) {
+	benchmarkDecodeQuery(b, htMixedWidths(8192))
+}
+
+// htKeys is n block keys spread over the whole uint64 range, as projected hashes are.
+func htKeys(n int) []uint64 {
+	keys := make([]uint64, n)
+	x := uint64(88172645463325252)
+	for i := range keys {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		keys[i] = x
+	}
+	return keys
+}
+
+func benchmarkDecodeQueryByHash(b *testing.B, keys any) {
+	body := htEnc(hhBase().with("block_hashes", keys))
+	var q httpapi.QueryByHashRequest
+	if e := httpapi.DecodeQueryByHashRequest(body, &q); e != nil {
+		b.Fatal(e)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if e := httpapi.DecodeQueryByHashRequest(body, &q); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
+
+// The block keys of an 8K-token prompt (512 blocks of 16), as a bin and as an array.
+func BenchmarkDecodeQueryByHashRequest8KBin(b *testing.B) {
+	benchmarkDecodeQueryByHash(b, hhLE(htKeys(512)...))
+}
+
+func BenchmarkDecodeQueryByHashRequest8KArray(b *testing.B) {
+	benchmarkDecodeQueryByHash(b, hhAny(htKeys(512)))
+}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -19,7 +20,16 @@ func refDecodeTokenArray(b []byte) (toks []int32, terr tokenErr, rest []byte, ok
 	}
 	toks = []int32{}
 	for i := 0; i < int(n); i++ {
-		v, after, err := msgp.ReadIntfBytes(rest)
+		var v any = "not an integer"
+		var after []byte
+		var err error
+		if t := msgp.NextType(rest); t == msgp.IntType || t == msgp.UintType {
+			v, after, err = msgp.ReadIntfBytes(rest)
+		} else {
+			// Skip, not ReadIntfBytes: a map with non-string keys is well-formed
+			// msgpack (ReadIntfBytes refuses it).
+			after, err = msgp.Skip(rest)
+		}
 		if err != nil {
 			return toks, terr, rest, false
 		}
@@ -100,10 +110,16 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 	var dst []int32
 	for iter := range 4000 {
 		n := r.IntN(300)
+		if iter%7 == 0 {
+			n = r.IntN(2000) // several windows of tokensMixed
+		}
 		b := msgp.AppendArrayHeader(nil, uint32(n))
 		common := []int{0, 3, 4}[r.IntN(3)] // the width most elements take
 		for i := 0; i < n; {
 			run := 1 + r.IntN(40)
+			if iter%3 == 0 {
+				run = 1 // widths mixed element by element, as in real prompts
+			}
 			kind := common
 			if r.IntN(3) == 0 {
 				kind = r.IntN(6)
@@ -140,6 +156,71 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 	}
 }
 
+// TestElementEnds: for every lead byte tokensMixed decodes, at every position of a word
+// and whatever the other bytes, elementEnds gives where the element ends.
+func TestElementEnds(t *testing.T) {
+	lengths := map[byte]uint64{0xcc: 2, 0xcd: 3, 0xce: 5, 0xd0: 2, 0xd1: 3, 0xd2: 5}
+	for c := range 128 {
+		lengths[byte(c)] = 1
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for c, want := range lengths {
+		if tokenLead[c]>>32 == 0 {
+			t.Fatalf("lead %#x: tokenLead rejects it", c)
+		}
+		for k := range 8 {
+			for range 50 {
+				x := r.Uint64()&^(0xff<<(8*k)) | uint64(c)<<(8*k)
+				base := uint64(8 * r.IntN(8))
+				if got := elementEnds(x, base) >> (8 * k) & 0xff; got != base+uint64(k)+want {
+					t.Fatalf("lead %#x at byte %d (base %d): end %d, want %d", c, k, base, got, base+uint64(k)+want)
+				}
+			}
+		}
+	}
+}
+
+// TestListBinBothPaths: a bin prompt decodes the same through the one-copy path of
+// little-endian hosts and through the per-word loop of the others, for int32 tokens and
+// uint64 block keys.
+func TestListBinBothPaths(t *testing.T) {
+	defer func(v bool) { hostLittleEndian = v }(hostLittleEndian)
+	r := rand.New(rand.NewPCG(9, 10))
+	raw := make([]byte, 8*33)
+	for i := range raw {
+		raw[i] = byte(r.Uint32())
+	}
+	body := msgp.AppendBytes(nil, raw)
+	var toks [2][]int32
+	var keys [2][]uint64
+	for k, le := range []bool{true, false} {
+		hostLittleEndian = le
+		var terr tokenErr
+		var ok bool
+		toks[k], _, terr, ok = decodeTokens(body, nil)
+		if !ok || terr.reason != "" || len(toks[k]) != 66 {
+			t.Fatalf("tokens (LE path %v): ok %v err %+v len %d", le, ok, terr, len(toks[k]))
+		}
+		keys[k], _, terr, ok = decodeHashes(body, nil)
+		if !ok || terr.reason != "" || len(keys[k]) != 33 {
+			t.Fatalf("keys (LE path %v): ok %v err %+v len %d", le, ok, terr, len(keys[k]))
+		}
+	}
+	for i := range toks[1] {
+		if want := int32(binary.LittleEndian.Uint32(raw[4*i:])); toks[1][i] != want {
+			t.Fatalf("token %d: %d, want %d", i, toks[1][i], want)
+		}
+	}
+	for i := range keys[1] {
+		if want := binary.LittleEndian.Uint64(raw[8*i:]); keys[1][i] != want {
+			t.Fatalf("key %d: %d, want %d", i, keys[1][i], want)
+		}
+	}
+	if !slices.Equal(toks[0], toks[1]) || !slices.Equal(keys[0], keys[1]) {
+		t.Fatal("the one-copy path and the loop differ")
+	}
+}
+
 // FuzzTokenArray: any bytes decode as the reference decodes them.
 func FuzzTokenArray(f *testing.F) {
 	r := rand.New(rand.NewPCG(1, 2))
@@ -150,6 +231,12 @@ func FuzzTokenArray(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	// Widths mixed element by element, long enough for several tokensMixed windows.
+	b := msgp.AppendArrayHeader(nil, 200)
+	for range 200 {
+		b = tokenElem(b, r, []int{0, 2, 3, 4, 5}[r.IntN(5)])
+	}
+	f.Add(b)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
 		got, rest, gotErr, gotOK := decodeTokenArray(b, nil)
@@ -160,4 +247,13 @@ func FuzzTokenArray(f *testing.F) {
 			t.Fatal("tokens differ")
 		}
 	})
+}
+
+// TestResponseKeysEncoded: each pre-encoded key is the msgpack str of its text.
+func TestResponseKeysEncoded(t *testing.T) {
+	for _, k := range []string{keyInstances, keyLongestMatched, keyDP, keyRankMatches, keyDevice, keyCPULocal, keyCPUShare, keyDisk} {
+		if want := string(msgp.AppendString(nil, k[1:])); k != want {
+			t.Errorf("key %q, want %q", k, want)
+		}
+	}
 }

@@ -9,7 +9,8 @@ import (
 )
 
 // hostLittleEndian reports a little-endian host, where a bin of little-endian int32
-// tokens is the []int32's memory image.
+// tokens (uint64 block keys) is the []int32's ([]uint64's) memory image. Tests flip it
+// to cover the other hosts' path.
 var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // Messages shared by the strict request decoders. Upstream reports every unparsable body
