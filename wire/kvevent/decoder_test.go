@@ -44,6 +44,7 @@ func evDecode(t *testing.T, kind publisher.Kind, payload []byte) *kvevent.Batch 
 	if err != nil {
 		t.Fatalf("Decode(%s): %v", kind, err)
 	}
+	evCheckSkipTokens(t, kind, payload, b, nil)
 	return b
 }
 
@@ -499,11 +500,13 @@ func TestDecodeVLLMFieldRules(t *testing.T) {
 			enc = append(msgp.AppendInt64(enc, 5), evU(1)...)
 			c.want, c.field = kvevent.ErrEventKeyNotString, ""
 		}
-		b, err := d.Decode(publisher.VLLM, evBatch(evF64(1), evU(0), enc, cl.enc()))
+		payload := evBatch(evF64(1), evU(0), enc, cl.enc())
+		b, err := d.Decode(publisher.VLLM, payload)
 		if err != nil {
 			t.Errorf("%s: envelope error %v", c.name, err)
 			continue
 		}
+		evCheckSkipTokens(t, publisher.VLLM, payload, b, nil)
 		t.Run(c.name, func(t *testing.T) {
 			if c.want == nil {
 				if b.Events[0].Err != nil {
@@ -644,10 +647,12 @@ func TestDecodeSGLangFieldRules(t *testing.T) {
 	var d kvevent.Decoder
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b, err := d.Decode(publisher.SGLang, evBatch(evF64(1), evU(1), c.ev.enc()))
+			payload := evBatch(evF64(1), evU(1), c.ev.enc())
+			b, err := d.Decode(publisher.SGLang, payload)
 			if err != nil {
 				t.Fatal(err)
 			}
+			evCheckSkipTokens(t, publisher.SGLang, payload, b, nil)
 			if c.want == nil {
 				if b.Events[0].Err != nil {
 					t.Fatalf("invalid: %v", b.Events[0].Err)
@@ -824,10 +829,12 @@ func TestDecodeMooncakeFieldRules(t *testing.T) {
 	var d kvevent.Decoder
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b, err := d.Decode(publisher.Mooncake, evBatch(evU(evMooncakeTS), evNil(), c.ev.enc(), cl.enc()))
+			payload := evBatch(evU(evMooncakeTS), evNil(), c.ev.enc(), cl.enc())
+			b, err := d.Decode(publisher.Mooncake, payload)
 			if err != nil {
 				t.Fatal(err)
 			}
+			evCheckSkipTokens(t, publisher.Mooncake, payload, b, nil)
 			if c.want == nil {
 				if b.Events[0].Err != nil {
 					t.Fatalf("invalid: %v", b.Events[0].Err)
@@ -1001,18 +1008,20 @@ func TestDecodeZeroAllocs(t *testing.T) {
 			evMooncakeRemoved().enc(), evMooncakeCommon("cleared").enc())},
 	}
 	for _, c := range payloads {
-		k, p := c.kind, c.p
-		var d kvevent.Decoder
-		if _, err := d.Decode(k, p); err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		allocs := testing.AllocsPerRun(100, func() {
+		for _, skip := range []bool{false, true} {
+			k, p := c.kind, c.p
+			d := kvevent.Decoder{SkipTokenIDs: skip}
 			if _, err := d.Decode(k, p); err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s: %v", k, err)
 			}
-		})
-		if allocs != 0 {
-			t.Errorf("%s: %v allocs per Decode", k, allocs)
+			allocs := testing.AllocsPerRun(100, func() {
+				if _, err := d.Decode(k, p); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("%s (SkipTokenIDs %v): %v allocs per Decode", k, skip, allocs)
+			}
 		}
 	}
 }
