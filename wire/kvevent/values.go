@@ -183,14 +183,19 @@ func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
 }
 
 // tokenSize is the encoded size of a token id whose lead byte is the index when the
-// fast path of scanTokens may take it (positive fixint, uint16, uint32), else 0.
-// tokenHigh masks the byte after the lead byte: a uint32 with its top bit set is above
-// MaxInt32.
+// fast path of scanTokens may take it, else 0: every integer width that always fits
+// int32 (fixints, uint8, uint16, int8, int16, int32) and uint32, whose range check is
+// tokenHigh, the mask of the byte after the lead byte (a uint32 with its top bit set is
+// above MaxInt32). uint64 and int64 take readToken's path.
 var tokenSize, tokenHigh = func() (size, high [256]uint8) {
 	for c := 0; c <= 0x7f; c++ {
 		size[c] = 1
 	}
-	size[0xcd], size[0xce], high[0xce] = 3, 5, 0x80
+	for c := 0xe0; c <= 0xff; c++ {
+		size[c] = 1
+	}
+	size[0xcc], size[0xcd], size[0xce], high[0xce] = 2, 3, 5, 0x80
+	size[0xd0], size[0xd1], size[0xd2] = 2, 3, 5
 	return size, high
 }()
 
