@@ -22,7 +22,7 @@ var testKey = engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 
 
 // vllmBatch encodes a KVEventBatch [ts, events, nil] of one vLLM event per hash list:
 // BlockStored on the GPU (block size 16), or BlockRemoved when remove is set. tokens
-// token ids are attached to each stored event, as vLLM does.
+// token ids are attached to each stored event, as vLLM does, in msgspec's widths.
 func vllmBatch(remove bool, tokens int, hashLists ...[]uint64) []byte {
 	b := msgp.AppendArrayHeader(nil, 3)
 	b = msgp.AppendFloat64(b, 1757500000.25)
@@ -40,8 +40,14 @@ func vllmBatch(remove bool, tokens int, hashLists ...[]uint64) []byte {
 			b = msgp.AppendNil(b)
 			b = msgp.AppendString(b, "token_ids")
 			b = msgp.AppendArrayHeader(b, uint32(tokens))
+			// Token ids as bench/sim sends them: well mixed ids of a 100,000 vocabulary
+			// in msgspec's smallest unsigned width (a random mix of uint16 and uint32),
+			// not a predictable run.
 			for i := range tokens {
-				b = msgp.AppendInt32(b, int32(i%150000))
+				x := uint64(i+1) * 0x9e3779b97f4a7c15
+				x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+				x = (x ^ x>>27) * 0x94d049bb133111eb
+				b = msgp.AppendUint64(b, (x^x>>31)%100_000)
 			}
 			b = msgp.AppendString(b, "block_size")
 			b = msgp.AppendInt(b, 16)

@@ -76,7 +76,11 @@ func NewEventHandler(src Source, eng *engine.Engine, log *slog.Logger) *EventHan
 	if log == nil {
 		log = slog.Default()
 	}
-	return &EventHandler{src: src, eng: eng, log: log.With("service", src.Name)}
+	h := &EventHandler{src: src, eng: eng, log: log.With("service", src.Name)}
+	// No rule here reads token ids (blocks are indexed by the hashes the engine sent);
+	// they are still checked, so a batch is accepted or rejected as when they are read.
+	h.dec.SkipTokenIDs = true
+	return h
 }
 
 // Stats returns the handler's counters.

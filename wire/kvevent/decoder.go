@@ -21,6 +21,13 @@ const DefaultMaxEvents = 1 << 16
 type Decoder struct {
 	// MaxEvents caps the events per batch; 0 means DefaultMaxEvents.
 	MaxEvents int
+	// SkipTokenIDs is for consumers that never read Event.TokenIDs (the indexer applies
+	// block hashes only). token_ids are then checked exactly as when they are stored, so
+	// every batch and event is accepted or rejected as without the option (a non-integer
+	// or out-of-int32 token, or a malformed SGLang pair, still rejects the event), but
+	// nothing is copied: Event.TokenIDs stays nil while HasTokenIDs and TokenPairs report
+	// what was sent.
+	SkipTokenIDs bool
 
 	batch  Batch
 	events []Event

@@ -44,6 +44,7 @@ func evDecode(t *testing.T, kind publisher.Kind, payload []byte) *kvevent.Batch 
 	if err != nil {
 		t.Fatalf("Decode(%s): %v", kind, err)
 	}
+	evCheckSkipTokens(t, kind, payload, b, nil)
 	return b
 }
 
@@ -499,11 +500,13 @@ func TestDecodeVLLMFieldRules(t *testing.T) {
 			enc = append(msgp.AppendInt64(enc, 5), evU(1)...)
 			c.want, c.field = kvevent.ErrEventKeyNotString, ""
 		}
-		b, err := d.Decode(publisher.VLLM, evBatch(evF64(1), evU(0), enc, cl.enc()))
+		payload := evBatch(evF64(1), evU(0), enc, cl.enc())
+		b, err := d.Decode(publisher.VLLM, payload)
 		if err != nil {
 			t.Errorf("%s: envelope error %v", c.name, err)
 			continue
 		}
+		evCheckSkipTokens(t, publisher.VLLM, payload, b, nil)
 		t.Run(c.name, func(t *testing.T) {
 			if c.want == nil {
 				if b.Events[0].Err != nil {
@@ -644,10 +647,12 @@ func TestDecodeSGLangFieldRules(t *testing.T) {
 	var d kvevent.Decoder
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b, err := d.Decode(publisher.SGLang, evBatch(evF64(1), evU(1), c.ev.enc()))
+			payload := evBatch(evF64(1), evU(1), c.ev.enc())
+			b, err := d.Decode(publisher.SGLang, payload)
 			if err != nil {
 				t.Fatal(err)
 			}
+			evCheckSkipTokens(t, publisher.SGLang, payload, b, nil)
 			if c.want == nil {
 				if b.Events[0].Err != nil {
 					t.Fatalf("invalid: %v", b.Events[0].Err)
@@ -824,10 +829,12 @@ func TestDecodeMooncakeFieldRules(t *testing.T) {
 	var d kvevent.Decoder
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b, err := d.Decode(publisher.Mooncake, evBatch(evU(evMooncakeTS), evNil(), c.ev.enc(), cl.enc()))
+			payload := evBatch(evU(evMooncakeTS), evNil(), c.ev.enc(), cl.enc())
+			b, err := d.Decode(publisher.Mooncake, payload)
 			if err != nil {
 				t.Fatal(err)
 			}
+			evCheckSkipTokens(t, publisher.Mooncake, payload, b, nil)
 			if c.want == nil {
 				if b.Events[0].Err != nil {
 					t.Fatalf("invalid: %v", b.Events[0].Err)
@@ -1001,18 +1008,101 @@ func TestDecodeZeroAllocs(t *testing.T) {
 			evMooncakeRemoved().enc(), evMooncakeCommon("cleared").enc())},
 	}
 	for _, c := range payloads {
-		k, p := c.kind, c.p
-		var d kvevent.Decoder
-		if _, err := d.Decode(k, p); err != nil {
-			t.Fatalf("%s: %v", k, err)
-		}
-		allocs := testing.AllocsPerRun(100, func() {
+		for _, skip := range []bool{false, true} {
+			k, p := c.kind, c.p
+			d := kvevent.Decoder{SkipTokenIDs: skip}
 			if _, err := d.Decode(k, p); err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s: %v", k, err)
 			}
-		})
-		if allocs != 0 {
-			t.Errorf("%s: %v allocs per Decode", k, allocs)
+			allocs := testing.AllocsPerRun(100, func() {
+				if _, err := d.Decode(k, p); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Errorf("%s (SkipTokenIDs %v): %v allocs per Decode", k, skip, allocs)
+			}
 		}
+	}
+}
+
+// evIntEncodings encodes v in every msgpack integer form that holds it (fixints
+// included), so the skipping decoder's width table is checked at each boundary.
+func evIntEncodings(v int64) [][]byte {
+	var out [][]byte
+	be := func(lead byte, n int, u uint64) []byte {
+		b := []byte{lead}
+		for i := n - 1; i >= 0; i-- {
+			b = append(b, byte(u>>(8*i)))
+		}
+		return b
+	}
+	if v >= 0 && v <= 0x7f {
+		out = append(out, []byte{byte(v)})
+	}
+	if v >= -32 && v < 0 {
+		out = append(out, []byte{byte(v)})
+	}
+	if v >= 0 {
+		u := uint64(v)
+		if u <= math.MaxUint8 {
+			out = append(out, be(0xcc, 1, u))
+		}
+		if u <= math.MaxUint16 {
+			out = append(out, be(0xcd, 2, u))
+		}
+		if u <= math.MaxUint32 {
+			out = append(out, be(0xce, 4, u))
+		}
+		out = append(out, be(0xcf, 8, u))
+	}
+	if v >= math.MinInt8 && v <= math.MaxInt8 {
+		out = append(out, be(0xd0, 1, uint64(v)))
+	}
+	if v >= math.MinInt16 && v <= math.MaxInt16 {
+		out = append(out, be(0xd1, 2, uint64(v)))
+	}
+	if v >= math.MinInt32 && v <= math.MaxInt32 {
+		out = append(out, be(0xd2, 4, uint64(v)))
+	}
+	return append(out, be(0xd3, 8, uint64(v)))
+}
+
+// TestSkipTokenIDsBoundaries: for token ids at every width boundary, in every encoding,
+// alone, after a valid token and as SGLang pairs, and for every truncation of the
+// token array, the skipping decoder accepts and rejects exactly what the full one does.
+func TestSkipTokenIDsBoundaries(t *testing.T) {
+	values := []int64{0, 1, 127, 128, 255, 256, math.MaxUint16, math.MaxUint16 + 1,
+		math.MaxInt32, math.MaxInt32 + 1, math.MaxUint32, math.MaxUint32 + 1, math.MaxInt64,
+		-1, -32, -33, math.MinInt8, math.MinInt8 - 1, math.MinInt16, math.MinInt16 - 1,
+		math.MinInt32, math.MinInt32 - 1, math.MinInt64}
+	var d kvevent.Decoder
+	check := func(kind publisher.Kind, payload []byte) {
+		t.Helper()
+		b, err := d.Decode(kind, payload)
+		evCheckSkipTokens(t, kind, payload, b, err)
+	}
+	accepted, rejected := 0, 0
+	for _, v := range values {
+		for _, enc := range evIntEncodings(v) {
+			for _, toks := range [][]byte{evArr(enc), evArr(evU(7), enc, evU(9))} {
+				payload := evBatch(evF64(1), evU(0), evVLLMStored().with("token_ids", toks).enc())
+				check(publisher.VLLM, payload)
+				if b, _ := d.Decode(publisher.VLLM, payload); b.Events[0].Err == nil {
+					accepted++
+				} else {
+					rejected++
+				}
+				check(publisher.SGLang, evBatch(evF64(1), evU(0), evSGLangStored().with("token_ids", toks).enc()))
+				check(publisher.SGLang, evBatch(evF64(1), evU(0),
+					evSGLangStored().with("token_ids", evArr(evArr(evU(3), enc), evArr(enc, enc))).enc()))
+				for n := 1; n < len(toks); n++ { // the array cut short, then the event's other keys
+					check(publisher.VLLM, evBatch(evF64(1), evU(0), evVLLMStored().with("token_ids", toks[:n]).enc()))
+				}
+			}
+		}
+	}
+	if accepted == 0 || rejected == 0 {
+		t.Fatalf("accepted %d, rejected %d: the table must exercise both", accepted, rejected)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/conductor-go/conductor/wire/kvevent"
@@ -67,6 +68,7 @@ func evFuzzDecode(t *testing.T, kind publisher.Kind, payload, other []byte) {
 	if err == nil {
 		evCheckBatch(t, kind, b)
 	}
+	evCheckSkipTokens(t, kind, payload, b, err)
 	// Same answer from a decoder that has just decoded something else.
 	var warm kvevent.Decoder
 	warm.Decode(kind, other)
@@ -82,6 +84,36 @@ func evFuzzDecode(t *testing.T, kind publisher.Kind, payload, other []byte) {
 	}
 	if _, err := d.Decode(kind, append(payload[:len(payload):len(payload)], 0xc0)); err == nil {
 		t.Fatal("trailing byte accepted")
+	}
+}
+
+// evCheckSkipTokens: a decoder with SkipTokenIDs accepts and rejects exactly what a full
+// one does (batch and every event, same errors) and returns the same batch but for
+// Event.TokenIDs, which it leaves nil.
+func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *kvevent.Batch, fullErr error) {
+	t.Helper()
+	var want string
+	if fullErr != nil {
+		want = evFingerprint(nil, fullErr)
+	} else {
+		cp := *full
+		cp.Events = slices.Clone(full.Events)
+		for i := range cp.Events {
+			cp.Events[i].TokenIDs = nil
+		}
+		want = evFingerprint(&cp, nil)
+	}
+	skip := kvevent.Decoder{SkipTokenIDs: true}
+	b, err := skip.Decode(kind, payload)
+	if err == nil {
+		for i := range b.Events {
+			if b.Events[i].TokenIDs != nil {
+				t.Fatalf("skipping decoder kept the token ids of event %d", i)
+			}
+		}
+	}
+	if got := evFingerprint(b, err); got != want {
+		t.Fatalf("skipping decoder differs:\n%s\n%s", got, want)
 	}
 }
 

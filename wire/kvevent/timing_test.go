@@ -70,7 +70,10 @@ func evBenchMooncake(events int) []byte {
 }
 
 func evBenchDecode(b *testing.B, kind publisher.Kind, payload []byte) {
-	var d kvevent.Decoder
+	evBenchDecodeWith(b, &kvevent.Decoder{}, kind, payload)
+}
+
+func evBenchDecodeWith(b *testing.B, d *kvevent.Decoder, kind publisher.Kind, payload []byte) {
 	batch, err := d.Decode(kind, payload)
 	if err != nil {
 		b.Fatal(err)
@@ -95,10 +98,17 @@ func evBenchDecode(b *testing.B, kind publisher.Kind, payload []byte) {
 func BenchmarkDecodeVLLM(b *testing.B) {
 	b.Run("16x(64 hashes+1024 tokens)", func(b *testing.B) { evBenchDecode(b, publisher.VLLM, evBenchVLLM(16, false)) })
 	b.Run("16x(64 bin32 hashes+1024 tokens)", func(b *testing.B) { evBenchDecode(b, publisher.VLLM, evBenchVLLM(16, true)) })
+	// What the indexer runs: token ids checked, not stored.
+	b.Run("16x(64 hashes+1024 tokens) SkipTokenIDs", func(b *testing.B) {
+		evBenchDecodeWith(b, &kvevent.Decoder{SkipTokenIDs: true}, publisher.VLLM, evBenchVLLM(16, false))
+	})
 }
 
 func BenchmarkDecodeSGLang(b *testing.B) {
 	b.Run("64 pages of 16", func(b *testing.B) { evBenchDecode(b, publisher.SGLang, evBenchSGLang(64)) })
+	b.Run("64 pages of 16 SkipTokenIDs", func(b *testing.B) {
+		evBenchDecodeWith(b, &kvevent.Decoder{SkipTokenIDs: true}, publisher.SGLang, evBenchSGLang(64))
+	})
 }
 
 func BenchmarkDecodeMooncake(b *testing.B) {

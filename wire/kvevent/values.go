@@ -105,6 +105,14 @@ func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
 	if err != nil {
 		return err
 	}
+	if d.SkipTokenIDs {
+		pairs, err := scanTokens(r, n, pairs)
+		if err != nil {
+			return err
+		}
+		ev.HasTokenIDs, ev.TokenPairs = true, pairs
+		return nil
+	}
 	start := len(d.tokens)
 	// n is bounded by the remaining bytes; a pair takes at least 3 bytes, so 2n
 	// also covers flattened pairs.
@@ -172,6 +180,67 @@ func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
 	ev.TokenIDs = toks[start:end:end]
 	ev.HasTokenIDs = true
 	return nil
+}
+
+// tokenSize is the encoded size of a token id whose lead byte is the index when the
+// fast path of scanTokens may take it, else 0: every integer width that always fits
+// int32 (fixints, uint8, uint16, int8, int16, int32) and uint32, whose range check is
+// tokenHigh, the mask of the byte after the lead byte (a uint32 with its top bit set is
+// above MaxInt32). uint64 and int64 take readToken's path.
+var tokenSize, tokenHigh = func() (size, high [256]uint8) {
+	for c := 0; c <= 0x7f; c++ {
+		size[c] = 1
+	}
+	for c := 0xe0; c <= 0xff; c++ {
+		size[c] = 1
+	}
+	size[0xcc], size[0xcd], size[0xce], high[0xce] = 2, 3, 5, 0x80
+	size[0xd0], size[0xd1], size[0xd2] = 2, 3, 5
+	return size, high
+}()
+
+// scanTokens checks n token ids (the array header is read) exactly as readTokens reads
+// them, returning the same errors, but stores nothing; it reports whether an SGLang
+// [a,b] pair was seen. Its fast path has no data-dependent branch: widths come from a
+// table and the int32 range check is a mask, so a random mix of widths (token ids of a
+// large vocabulary) costs no mispredictions.
+func scanTokens(r *reader, n int, pairs bool) (sawPair bool, err error) {
+	buf, p := r.Buf, r.Pos
+	for i := 0; i < n; i++ {
+		if p < len(buf) {
+			c := buf[p]
+			sz := int(tokenSize[c])
+			if sz != 0 && sz <= len(buf)-p {
+				if buf[min(p+1, len(buf)-1)]&tokenHigh[c] != 0 {
+					r.Pos = p
+					return false, ErrEventOutOfRange
+				}
+				p += sz
+				continue
+			}
+		}
+		r.Pos = p
+		if pairs && p < len(buf) && msgpack.IsArray(buf[p]) {
+			m, err := r.ReadArrayHeader()
+			if err != nil {
+				return false, err
+			}
+			if m != 2 {
+				return false, ErrEventWrongType
+			}
+			for j := 0; j < 2; j++ {
+				if _, err := readToken(r); err != nil {
+					return false, err
+				}
+			}
+			sawPair = true
+		} else if _, err := readToken(r); err != nil {
+			return false, err
+		}
+		p = r.Pos
+	}
+	r.Pos = p
+	return sawPair, nil
 }
 
 func readToken(r *reader) (int32, error) {
