@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
@@ -67,6 +69,9 @@ type AppConfig struct {
 	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
 	IngestLogBurst    int
 	IngestLogInterval time.Duration
+	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
+	// shared by every replica (StateFile is then not used); nil: a single node.
+	Cluster *cluster.Config
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -95,6 +100,13 @@ type App struct {
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+
+	// Cluster membership (nil/zero on a single node).
+	registry      *cluster.Registry
+	clusterSync   *clusterSync
+	clusterStop   context.CancelFunc
+	clusterWG     sync.WaitGroup
+	clusterLoaded atomic.Bool
 }
 
 // Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
@@ -201,7 +213,16 @@ func Start(cfg AppConfig) (*App, error) {
 		ok++
 	}
 	restored := 0
-	if cfg.StateFile != "" {
+	switch {
+	case cfg.Cluster != nil:
+		if cfg.StateFile != "" {
+			log.Info("cluster mode: registrations live in etcd; the state file is not used", "state_file", cfg.StateFile)
+		}
+		if err := app.startCluster(*cfg.Cluster); err != nil {
+			app.Stop()
+			return nil, err
+		}
+	case cfg.StateFile != "":
 		restored = app.restoreState(cfg.StateFile)
 	}
 	app.releaseDone = make(chan struct{})
@@ -231,6 +252,7 @@ func (a *App) Stop() {
 			close(a.releaseDone)
 		}
 		a.wg.Wait()
+		a.stopCluster()
 		if err := a.AccessLog.Close(); err != nil {
 			a.log.Warn("access log close", "err", err)
 		}
@@ -271,9 +293,11 @@ func (a *App) releaseMemory() {
 	}
 }
 
-// Ready reports whether the listeners are up and the static services were subscribed
-// (and Stop has not begun).
-func (a *App) Ready() bool { return a.ready.Load() }
+// Ready reports whether the listeners are up, the static services were subscribed and,
+// in a cluster, the registry was loaded (and Stop has not begun).
+func (a *App) Ready() bool {
+	return a.ready.Load() && (a.registry == nil || a.clusterLoaded.Load())
+}
 
 // healthz answers liveness: the process serves HTTP.
 func healthz(ctx *fasthttp.RequestCtx) {
