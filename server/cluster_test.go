@@ -161,7 +161,11 @@ func TestClusterConflictingRegistrationsOneWins(t *testing.T) {
 			var wg sync.WaitGroup
 			wg.Add(2)
 			doneA := make(chan struct{})
-			go func() { defer wg.Done(); defer close(doneA); ra.code, ra.resp = msgpackPost(t, a, "/register", tc.bodyA) }()
+			go func() {
+				defer wg.Done()
+				defer close(doneA)
+				ra.code, ra.resp = msgpackPost(t, a, "/register", tc.bodyA)
+			}()
 			go func() { defer wg.Done(); rb.code, rb.resp = msgpackPost(t, b, "/register", tc.bodyB) }()
 			<-validated
 			<-validated // both validated against the same (empty) registry
