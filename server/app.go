@@ -134,7 +134,8 @@ func Start(cfg AppConfig) (*App, error) {
 		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
 			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr}
-	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
+	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
+		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
 		routes[path] = fn
 	}
