@@ -18,7 +18,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func open(t *testing.T, srv *etcdtest.Server, mod func(*Config)) *Registry {
 	t.Helper()
-	cfg := Config{Endpoints: srv.Endpoints(), KeyPrefix: "/t/", DialTimeout: time.Second, Logger: quiet()}
+	cfg := Config{Endpoints: srv.Endpoints(), KeyPrefix: "/t/", DialTimeout: 5 * time.Second, Logger: quiet()}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -147,9 +147,9 @@ func TestRegistryConcurrentConflict(t *testing.T) {
 			if conflictKind(errB) != tc.kind {
 				t.Fatalf("second: %v, want conflict kind %d", errB, tc.kind)
 			}
-			_, recs, _ := ra.List(context.Background())
-			if len(recs) != 1 || !recs[0].same(tc.a) {
-				t.Fatalf("registry holds %+v", recs)
+			_, recs, err := ra.List(context.Background())
+			if err != nil || len(recs) != 1 || !recs[0].same(tc.a) {
+				t.Fatalf("registry holds %+v (%v)", recs, err)
 			}
 		})
 	}

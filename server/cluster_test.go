@@ -15,7 +15,7 @@ import (
 // startReplica starts an App that is a member of the registry on srv under prefix.
 func startReplica(t *testing.T, srv *etcdtest.Server, prefix string, mod func(*cluster.Config)) *App {
 	t.Helper()
-	cc := &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: prefix, DialTimeout: 500 * time.Millisecond}
+	cc := &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: prefix, DialTimeout: 2 * time.Second}
 	if mod != nil {
 		mod(cc)
 	}
