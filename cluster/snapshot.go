@@ -22,7 +22,10 @@ import (
 //	      projection, u32 n sources then n × (endpoint, u64 last applied sequence)
 //	  'K' chunk of the last context: u32 n slots × (instance, i64 rank); u32 n entries ×
 //	      (u64 key, u32 slot, u8 tiers); u32 n bindings × (source, backend, object, u8
-//	      tier, u64 hash, u32 n components × component)
+//	      tier, u64 hash, u32 n components × component); u32 n journal ops × (u8 kind,
+//	      u8 flags (1 retract, 2 clear shared), instance, i64 rank, u8 tier, u8 clear
+//	      tiers, u32 n hashes × u64, source, backend, object, component, u8 shared tier,
+//	      u64 hash): the changes applied since the previous chunk, applied before it
 //	  'E' end: u64 contexts, u64 entries, u64 bindings
 //	trailer  u32 CRC-32C of every byte before it
 //
@@ -135,6 +138,31 @@ func (s *SnapshotWriter) Chunk(ch *engine.SnapshotChunk) error {
 		for _, c := range x.Components {
 			b = appendStr(b, c)
 		}
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(ch.Journal)))
+	for i := range ch.Journal {
+		op := &ch.Journal[i]
+		var flags byte
+		if op.Retract {
+			flags |= 1
+		}
+		if op.ClearShared {
+			flags |= 2
+		}
+		b = append(b, byte(op.Kind), flags)
+		b = appendStr(b, op.Slot.InstanceID)
+		b = binary.LittleEndian.AppendUint64(b, uint64(int64(op.Slot.DPRank)))
+		b = append(b, byte(op.Tier), byte(op.ClearTiers))
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(op.Hashes)))
+		for _, h := range op.Hashes {
+			b = binary.LittleEndian.AppendUint64(b, h)
+		}
+		b = appendStr(b, op.Source)
+		b = appendStr(b, op.Backend)
+		b = appendStr(b, op.ObjectKey)
+		b = appendStr(b, op.Component)
+		b = append(b, byte(op.SharedTier))
+		b = binary.LittleEndian.AppendUint64(b, op.Hash)
 	}
 	s.buf = b
 	s.frame(frameChunk, b)
@@ -358,6 +386,26 @@ func (d *dec) chunk(ch *engine.SnapshotChunk) error {
 			b.Components = append(b.Components, d.str())
 		}
 		ch.Bindings = append(ch.Bindings, b)
+	}
+	n = d.count(44)
+	for range n {
+		var op engine.SnapshotOp
+		op.Kind = engine.OpKind(d.u8())
+		flags := d.u8()
+		op.Retract, op.ClearShared = flags&1 != 0, flags&2 != 0
+		op.Slot = engine.Slot{InstanceID: d.str(), DPRank: int(int64(d.u64()))}
+		op.Tier, op.ClearTiers = engine.EngineTier(d.u8()), engine.TierMask(d.u8())
+		m := d.count(8)
+		if m > 0 {
+			op.Hashes = make([]uint64, m)
+			for i := range op.Hashes {
+				op.Hashes[i] = d.u64()
+			}
+		}
+		op.Source, op.Backend, op.ObjectKey, op.Component = d.str(), d.str(), d.str(), d.str()
+		op.SharedTier = engine.SharedTier(d.u8())
+		op.Hash = d.u64()
+		ch.Journal = append(ch.Journal, op)
 	}
 	if d.err != nil {
 		return d.err

@@ -19,7 +19,7 @@ func (c *collect) Context(x *SnapshotContext) error {
 }
 
 func (c *collect) Chunk(_ *SnapshotContext, ch *engine.SnapshotChunk) error {
-	c.out = append(c.out, fmt.Sprintf("K %v %v %v", ch.Slots, ch.Entries, ch.Bindings))
+	c.out = append(c.out, fmt.Sprintf("K %+v %v %v %v", ch.Journal, ch.Slots, ch.Entries, ch.Bindings))
 	return nil
 }
 
@@ -39,7 +39,10 @@ func sampleSnapshot(t *testing.T) ([]byte, []string) {
 	}
 	chunks := [][]*engine.SnapshotChunk{
 		{{Slots: []engine.Slot{{InstanceID: "a"}, {InstanceID: "b", DPRank: 3}}, Entries: []engine.SnapshotEntry{{Key: 1, Slot: 0, Tiers: 1}, {Key: 2, Slot: 1, Tiers: 5}}},
-			{Slots: []engine.Slot{{InstanceID: "a"}}, Bindings: []engine.SnapshotBinding{{Source: "tcp://s:1", Backend: "b", ObjectKey: "o", Tier: engine.SharedDisk, Hash: 9, Components: []string{"_0_k"}}}}},
+			{Journal: []engine.SnapshotOp{{Op: engine.Op{Kind: engine.OpRemove, Slot: engine.Slot{InstanceID: "a", DPRank: 1}, Tier: engine.TierDisk, Hashes: []uint64{5, 6}}},
+				{Op: engine.Op{Kind: engine.OpSharedStore, Source: "tcp://s:1", Backend: "b", ObjectKey: "o", Component: "_1_v", SharedTier: engine.SharedCPU, Hash: 8}},
+				{Op: engine.Op{Source: "tcp://s:2", Backend: "z"}, Retract: true, ClearShared: true}},
+				Slots: []engine.Slot{{InstanceID: "a"}}, Bindings: []engine.SnapshotBinding{{Source: "tcp://s:1", Backend: "b", ObjectKey: "o", Tier: engine.SharedDisk, Hash: 9, Components: []string{"_0_k"}}}}},
 		{{Slots: []engine.Slot{}, Entries: []engine.SnapshotEntry{}}},
 	}
 	for i, c := range ctxs {

@@ -141,6 +141,9 @@ type context struct {
 	gen           uint64 // last sharedCount generation handed out
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
+	// snap, while a snapshot of this context is being copied, records every change
+	// applied between its steps (see snapshot.go).
+	snap *snapJournal
 }
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
@@ -265,6 +268,9 @@ func (c *context) handle(r *request) {
 		}
 	case reqSync:
 		r.fn(c)
+	}
+	if c.snap != nil && r.kind != reqSync {
+		c.snap.record(r)
 	}
 }
 

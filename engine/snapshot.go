@@ -29,27 +29,83 @@ type SnapshotBinding struct {
 	Components                 []string
 }
 
-// SnapshotChunk is what one snapshot step copied from a context: its registered slots
-// at that step, and the blocks and bindings of the records the step visited.
+// SnapshotChunk is what one snapshot step copied from a context: the changes the writer
+// applied since the previous step (Journal, to be applied first), its registered slots at
+// this step, and the blocks and bindings of the records the step visited.
 type SnapshotChunk struct {
+	Journal  []SnapshotOp
 	Slots    []Slot
 	Entries  []SnapshotEntry
 	Bindings []SnapshotBinding
 }
 
+// SnapshotOp is one change applied while a snapshot was being copied: an Op (Hashes
+// copied), or with Retract set, the removal of every binding of Op.Source (with
+// ClearShared, only those of Op.Source and Op.Backend).
+type SnapshotOp struct {
+	Op
+	Retract, ClearShared bool
+}
+
 // Reset empties the chunk, keeping its memory.
 func (ch *SnapshotChunk) Reset() {
+	ch.Journal = ch.Journal[:0]
 	ch.Slots = ch.Slots[:0]
 	ch.Entries = ch.Entries[:0]
 	ch.Bindings = ch.Bindings[:0]
 }
 
+// MaxSnapshotJournal bounds the block hashes a context's snapshot journal holds between
+// two steps; a snapshot whose context changes faster than that fails with
+// ErrSnapshotJournalFull (and can be retried).
+const MaxSnapshotJournal = 4 << 20
+
+// ErrSnapshotJournalFull: too many changes arrived between two snapshot steps.
+var ErrSnapshotJournalFull = errors.New("engine: context changed faster than its snapshot could record (snapshot journal full)")
+
+// snapJournal records the changes a context's writer applies while a snapshot of it is
+// being copied (writer-owned).
+type snapJournal struct {
+	ops    []SnapshotOp
+	hashes int
+	full   bool
+}
+
+func (j *snapJournal) record(r *request) {
+	if j.full {
+		return
+	}
+	switch r.kind {
+	case reqApply:
+		for i := range r.ops {
+			op := r.ops[i]
+			op.Err = nil
+			op.Hashes = append([]uint64(nil), op.Hashes...)
+			j.hashes += len(op.Hashes) + 1
+			j.ops = append(j.ops, SnapshotOp{Op: op})
+		}
+	case reqClearShared:
+		j.ops = append(j.ops, SnapshotOp{Op: Op{Source: r.source, Backend: r.backend}, Retract: true, ClearShared: true})
+	case reqRetractSource:
+		j.ops = append(j.ops, SnapshotOp{Op: Op{Source: r.source}, Retract: true})
+	}
+	if j.hashes > MaxSnapshotJournal {
+		j.full = true
+		j.ops = nil
+	}
+}
+
 // SnapshotContext copies the context of key in steps of at most step records (0:
 // DefaultSnapshotStep), each taken by the context's writer between two of its requests,
 // and calls fn with each step's chunk (off the writer; the chunk is reused afterwards).
-// Each record is copied whole at one moment, but different steps see different moments:
-// the copy is exact only when nothing changes the context meanwhile (a quiescent node).
-// An error from fn stops the copy and is returned.
+//
+// Each record is copied whole at one moment, and every change the writer applies between
+// two steps is recorded and handed over in the next chunk's Journal. Loading the chunks in
+// order (LoadSnapshotChunk: journal, then records, the records adding to what is there)
+// rebuilds the context as it was at the last step: a block bit is set by the last change
+// that touched it, and a record copied later already holds every earlier change. Blocks
+// the context evicted for its block budget during the copy may remain in the rebuilt one
+// (they are blocks the engine did store). An error from fn stops the copy and is returned.
 func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChunk) error) error {
 	if step <= 0 {
 		step = DefaultSnapshotStep
@@ -60,12 +116,11 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 	}
 	var ch SnapshotChunk
 	cursor := uint32(0)
-	for {
-		ch.Reset()
-		done := false
+	first := true
+	sync := func(f func(c *context)) error {
 		r := e.getReq()
 		r.kind = reqSync
-		r.fn = func(c *context) { done = c.snapshotStep(&ch, &cursor, step) }
+		r.fn = f
 		err := c.do(r)
 		dropped := r.dropped || errors.Is(err, errDropped)
 		r.fn = nil
@@ -73,13 +128,39 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 		if dropped {
 			return ErrUnknownContext
 		}
+		return err
+	}
+	for {
+		ch.Reset()
+		done, full := false, false
+		err := sync(func(c *context) {
+			if first {
+				c.snap = &snapJournal{}
+			}
+			if c.snap == nil || c.snap.full {
+				full = true
+				c.snap = nil
+				return
+			}
+			ch.Journal = append(ch.Journal, c.snap.ops...)
+			c.snap.ops, c.snap.hashes = c.snap.ops[:0], 0
+			done = c.snapshotStep(&ch, &cursor, step)
+			if done {
+				c.snap = nil
+			}
+		})
+		first = false
 		if err != nil {
 			return err
 		}
-		if len(ch.Entries) > 0 || len(ch.Bindings) > 0 || cursor == 0 || done {
-			if err := fn(&ch); err != nil {
-				return err
+		if full {
+			return ErrSnapshotJournalFull
+		}
+		if err := fn(&ch); err != nil {
+			if !done {
+				_ = sync(func(c *context) { c.snap = nil })
 			}
+			return err
 		}
 		if done {
 			return nil
@@ -153,6 +234,9 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 			return 0, 0, fmt.Errorf("snapshot entry %d names slot %d of %d", i, ch.Entries[i].Slot, len(ch.Slots))
 		}
 	}
+	if err := e.loadJournal(key, p, ch.Journal, allowSlot, allowSource); err != nil {
+		return 0, 0, err
+	}
 	// One store op per (slot, tier), in the chunk's record order.
 	type st struct {
 		slot uint32
@@ -217,4 +301,60 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 		}
 	}
 	return applied, skipped, nil
+}
+
+// loadJournal applies a chunk's journal in order, leaving out changes of slots and
+// sources that are not allowed.
+func (e *Engine) loadJournal(key ContextKey, p hashing.Profile, j []SnapshotOp,
+	allowSlot func(Slot) bool, allowSource func(string) bool) error {
+	var ops []Op
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		if _, ok := e.ContextProfile(key); !ok {
+			if _, err := e.getOrCreate(key, p); err != nil {
+				return err
+			}
+		}
+		err := e.Apply(key, ops)
+		ops = ops[:0]
+		return err
+	}
+	for i := range j {
+		op := &j[i]
+		switch {
+		case op.Retract:
+			if allowSource != nil && !allowSource(op.Source) {
+				continue
+			}
+			if err := flush(); err != nil {
+				return err
+			}
+			if c := e.lookup(key); c != nil {
+				r := e.getReq()
+				r.kind, r.source, r.backend = reqRetractSource, op.Source, ""
+				if op.ClearShared {
+					r.kind, r.backend = reqClearShared, op.Backend
+				}
+				_ = c.do(r)
+				e.putReq(r)
+			}
+		case op.Kind == OpSharedStore || op.Kind == OpSharedRemove:
+			if allowSource == nil || allowSource(op.Source) {
+				ops = append(ops, op.Op)
+			}
+		default:
+			if allowSlot != nil && !allowSlot(op.Slot) {
+				continue
+			}
+			if op.Kind == OpStore {
+				if _, err := e.RegisterSlot(key, p, op.Slot); err != nil {
+					return err
+				}
+			}
+			ops = append(ops, op.Op)
+		}
+	}
+	return flush()
 }
