@@ -72,6 +72,10 @@ type AppConfig struct {
 	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
 	// shared by every replica (StateFile is then not used); nil: a single node.
 	Cluster *cluster.Config
+	// ClusterTestHook, in tests, is called at bootstrap stages ("subscribed": the
+	// registry is loaded and its sources buffer; "loaded": the peer snapshot is loaded,
+	// the buffers not yet applied).
+	ClusterTestHook func(stage string)
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -107,6 +111,11 @@ type App struct {
 	clusterStop   context.CancelFunc
 	clusterWG     sync.WaitGroup
 	clusterLoaded atomic.Bool
+	bootstrapped  atomic.Bool
+	// gates: the gate of every subscription (bootstrap and snapshot sequence numbers).
+	gates    *gateSet
+	testHook func(stage string)
+	adminTok string
 }
 
 // Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
@@ -128,12 +137,14 @@ func Start(cfg AppConfig) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A cluster replica's subscriptions buffer until it has bootstrapped from a peer.
+	gates := newGateSet(cfg.Cluster != nil)
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
 		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
 		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
-			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval})})
-	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr}
+			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval, gates: gates})})
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -219,6 +230,7 @@ func Start(cfg AppConfig) (*App, error) {
 		if cfg.StateFile != "" {
 			log.Info("cluster mode: registrations live in etcd; the state file is not used", "state_file", cfg.StateFile)
 		}
+		app.adminTok = cfg.AdminToken
 		if err := app.startCluster(*cfg.Cluster); err != nil {
 			app.Stop()
 			return nil, err
@@ -297,7 +309,7 @@ func (a *App) releaseMemory() {
 // Ready reports whether the listeners are up, the static services were subscribed and,
 // in a cluster, the registry was loaded (and Stop has not begun).
 func (a *App) Ready() bool {
-	return a.ready.Load() && (a.registry == nil || a.clusterLoaded.Load())
+	return a.ready.Load() && (a.registry == nil || (a.clusterLoaded.Load() && a.bootstrapped.Load()))
 }
 
 // healthz answers liveness: the process serves HTTP.

@@ -338,7 +338,14 @@ func (a *App) startCluster(cfg cluster.Config) error {
 	a.clusterWG.Add(2)
 	go func() {
 		defer a.clusterWG.Done()
-		reg.Sync(ctx, a.clusterSync, func() { a.clusterLoaded.Store(true) })
+		reg.Sync(ctx, a.clusterSync, func() {
+			a.clusterLoaded.Store(true)
+			a.clusterWG.Add(1)
+			go func() {
+				defer a.clusterWG.Done()
+				a.bootstrap(ctx, a.adminTok)
+			}()
+		})
 	}()
 	go func() {
 		defer a.clusterWG.Done()

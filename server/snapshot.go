@@ -29,7 +29,9 @@ const MaxSnapshotBytes = 1 << 30
 func (a *App) WriteSnapshot(w io.Writer) (int64, error) {
 	sw := cluster.NewSnapshotWriter(w)
 	for _, cv := range a.Engine.GlobalView() {
-		hdr := cluster.SnapshotContext{Key: cv.Key, Profile: cv.Profile}
+		// Read before the context's first step: every batch counted here was applied
+		// before it, so the copy (as of its last step) holds it.
+		hdr := cluster.SnapshotContext{Key: cv.Key, Profile: cv.Profile, Sequences: a.gates.sequences()}
 		if err := sw.Context(&hdr); err != nil {
 			return 0, err
 		}
@@ -58,7 +60,14 @@ type SnapshotLoad struct {
 // registered Mooncake sources, through the engine's normal write path. A stream that does
 // not verify applies nothing.
 func (a *App) LoadSnapshot(r io.Reader) (SnapshotLoad, error) {
-	l := &snapshotLoader{app: a, slots: map[engine.ContextKey]map[engine.Slot]bool{}, sources: map[engine.ContextKey]map[string]bool{}}
+	res, _, err := a.loadSnapshot(r)
+	return res, err
+}
+
+// loadSnapshot is LoadSnapshot that also returns, per source endpoint, the lowest last
+// applied sequence number over the snapshot's contexts.
+func (a *App) loadSnapshot(r io.Reader) (SnapshotLoad, map[string]uint64, error) {
+	l := &snapshotLoader{seqs: map[string]uint64{}, app: a, slots: map[engine.ContextKey]map[engine.Slot]bool{}, sources: map[engine.ContextKey]map[string]bool{}}
 	for _, c := range a.Service.Services() {
 		ctx := c.Context()
 		if c.Kind.IsEngine() {
@@ -76,19 +85,19 @@ func (a *App) LoadSnapshot(r io.Reader) (SnapshotLoad, error) {
 	// First pass: verify everything; second: apply.
 	data, err := io.ReadAll(io.LimitReader(r, MaxSnapshotBytes+1))
 	if err != nil {
-		return SnapshotLoad{}, fmt.Errorf("read snapshot: %w", err)
+		return SnapshotLoad{}, nil, fmt.Errorf("read snapshot: %w", err)
 	}
 	if _, err := cluster.ReadSnapshot(bytes.NewReader(data), MaxSnapshotBytes, nopVisitor{}); err != nil {
-		return SnapshotLoad{}, err
+		return SnapshotLoad{}, nil, err
 	}
 	st, err := cluster.ReadSnapshot(bytes.NewReader(data), MaxSnapshotBytes, l)
 	out := SnapshotLoad{SnapshotStats: st, Applied: l.applied, Skipped: l.skipped}
 	if err != nil {
-		return out, err
+		return out, nil, err
 	}
 	a.log.Info("snapshot loaded", "bytes", st.Bytes, "contexts", st.Contexts, "entries", st.Entries,
 		"bindings", st.Bindings, "applied", l.applied, "skipped", l.skipped)
-	return out, nil
+	return out, l.seqs, nil
 }
 
 type nopVisitor struct{}
@@ -98,12 +107,20 @@ func (nopVisitor) Chunk(*cluster.SnapshotContext, *engine.SnapshotChunk) error {
 
 type snapshotLoader struct {
 	app              *App
+	seqs             map[string]uint64
 	slots            map[engine.ContextKey]map[engine.Slot]bool
 	sources          map[engine.ContextKey]map[string]bool
 	applied, skipped int64
 }
 
-func (l *snapshotLoader) Context(*cluster.SnapshotContext) error { return nil }
+func (l *snapshotLoader) Context(c *cluster.SnapshotContext) error {
+	for ep, seq := range c.Sequences {
+		if cur, ok := l.seqs[ep]; !ok || seq < cur {
+			l.seqs[ep] = seq
+		}
+	}
+	return nil
+}
 
 func (l *snapshotLoader) Chunk(c *cluster.SnapshotContext, ch *engine.SnapshotChunk) error {
 	slots, sources := l.slots[c.Key], l.sources[c.Key]
