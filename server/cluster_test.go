@@ -284,3 +284,34 @@ func TestClusterNotReadyUntilRegistryLoaded(t *testing.T) {
 		t.Fatalf("b loaded %q", k)
 	}
 }
+
+// TestClusterConfigKey: the "cluster" key's fields, defaults and errors.
+func TestClusterConfigKey(t *testing.T) {
+	fc, err := LoadConfigFile(writeConfig(t, `{"cluster": {"etcd_endpoints": ["http://127.0.0.1:2379", "https://e2:2379"],
+		"advertise_url": "http://10.0.0.5:13333", "dial_timeout_ms": 750}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fc.AppConfig().Cluster
+	if c == nil || len(c.Endpoints) != 2 || c.KeyPrefix != cluster.DefaultKeyPrefix || c.AdvertiseURL != "http://10.0.0.5:13333" ||
+		c.DialTimeout != 750*time.Millisecond {
+		t.Fatalf("cluster config %+v", c)
+	}
+	fc, err = LoadConfigFile(writeConfig(t, `{"http_server_port": 13333}`))
+	if err != nil || fc.Cluster != nil || fc.AppConfig().Cluster != nil {
+		t.Fatalf("absent key: %+v %v", fc.Cluster, err)
+	}
+	for _, bad := range []struct{ text, want string }{
+		{`{"cluster": {}}`, "etcd_endpoints must list"},
+		{`{"cluster": {"etcd_endpoints": ["127.0.0.1:2379"]}}`, "is not an http(s)://host:port URL"},
+		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "key_prefix": "x/"}}`, "key_prefix must start with /"},
+		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "dial_timeout_ms": 0}}`, "dial_timeout_ms must be in"},
+		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "endpoints": 1}}`, "unknown field"},
+		{`{"cluster": [1]}`, "cluster must be an object"},
+	} {
+		_, err := LoadConfigFile(writeConfig(t, bad.text))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: %v, want %q", bad.text, err, bad.want)
+		}
+	}
+}
