@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"sort"
 	"testing"
@@ -144,4 +145,75 @@ func startBenchApp(b *testing.B) *App {
 	}
 	b.Cleanup(app.Stop)
 	return app
+}
+
+// BenchmarkClusterBootstrap: replica A holds an index of -snapshot-blocks blocks (4
+// registered instances); each op starts replica B on the same etcd and measures the time
+// until B is ready, having loaded A's snapshot.
+//
+//	go test -run '^$' -bench ClusterBootstrap -benchtime 1x ./server/ -args -snapshot-blocks=1000000
+func BenchmarkClusterBootstrap(b *testing.B) {
+	srv := etcdtest.Start(b)
+	member := func() *App {
+		ln := freeBenchPort(b)
+		app, err := Start(AppConfig{HTTPPort: ln, RPCPort: -1, Logger: quietLogger(), BindAddress: "127.0.0.1",
+			Cluster: &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: "/bootbench/", AdvertiseURL: fmt.Sprintf("http://127.0.0.1:%d", ln)}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return app
+	}
+	a := member()
+	b.Cleanup(a.Stop)
+	for !a.Ready() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	key := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
+	n := *snapshotBlocks
+	for inst := range 4 {
+		body := registerBody(fmt.Sprintf("tcp://127.0.0.1:%d", 22000+inst), fmt.Sprintf("engine-%d", inst), 0)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+a.HTTPAddr+"/register", bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/msgpack")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			b.Fatalf("register: %v %v", err, resp)
+		}
+		_ = resp.Body.Close()
+		s := engine.Slot{InstanceID: fmt.Sprintf("engine-%d", inst)}
+		hs := make([]uint64, 0, 4096)
+		for i := inst; i < n; i += 4 {
+			hs = append(hs, uint64(i+1)*0x9E3779B97F4A7C15)
+			if len(hs) == cap(hs) || i+4 >= n {
+				if err := a.Engine.Apply(key, []engine.Op{{Kind: engine.OpStore, Slot: s, Tier: engine.TierDevice, Hashes: hs}}); err != nil {
+					b.Fatal(err)
+				}
+				hs = hs[:0]
+			}
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		r := member()
+		for !r.Ready() {
+			time.Sleep(time.Millisecond)
+		}
+		took := time.Since(t0)
+		b.StopTimer()
+		if got := r.Engine.GlobalView(); len(got) != 1 || got[0].PrefixCount != uint64(n) {
+			b.Fatalf("replica holds %+v", got)
+		}
+		r.Stop()
+		b.StartTimer()
+		b.ReportMetric(float64(took.Milliseconds()), "bootstrap-ms")
+	}
+}
+
+func freeBenchPort(b *testing.B) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
