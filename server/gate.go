@@ -48,33 +48,37 @@ type gate struct {
 	checkNext bool
 	stale     bool
 
-	applied    atomic.Uint64
-	appliedAny atomic.Bool
+	// applied is the last sequence number applied plus one (0: none yet).
+	applied atomic.Uint64
+	// through: open, not stale and no check pending: batches pass without the lock.
+	through atomic.Bool
 }
 
 func newGate(inner gatedHandler, closed bool) *gate {
-	return &gate{inner: inner, closed: closed, maxBytes: DefaultGateBufferBytes}
+	g := &gate{inner: inner, closed: closed, maxBytes: DefaultGateBufferBytes}
+	g.through.Store(!closed)
+	return g
 }
 
 // lastApplied returns the last sequence number whose batch was applied (ok false: none).
 func (g *gate) lastApplied() (uint64, bool) {
-	if !g.appliedAny.Load() {
-		return 0, false
-	}
-	return g.applied.Load(), true
+	v := g.applied.Load()
+	return v - 1, v != 0
 }
 
 func (g *gate) apply(seq uint64, payload []byte) error {
 	err := g.inner.HandleBatch(seq, payload)
 	if err == nil {
-		g.applied.Store(seq)
-		g.appliedAny.Store(true)
+		g.applied.Store(seq + 1)
 	}
 	return err
 }
 
 // HandleBatch buffers (closed) or applies one batch.
 func (g *gate) HandleBatch(seq uint64, payload []byte) error {
+	if g.through.Load() {
+		return g.apply(seq, payload)
+	}
 	g.mu.Lock()
 	if g.stale {
 		g.mu.Unlock()
@@ -96,6 +100,9 @@ func (g *gate) HandleBatch(seq uint64, payload []byte) error {
 			return nil // already in the snapshot
 		}
 		g.checkNext = false
+		if seq == g.floor+1 {
+			g.through.Store(true)
+		}
 		if seq != g.floor+1 {
 			g.stale = true
 			g.mu.Unlock()
@@ -110,6 +117,7 @@ func (g *gate) HandleBatch(seq uint64, payload []byte) error {
 // OnStale passes the source's staleness on.
 func (g *gate) OnStale(reason string) {
 	g.mu.Lock()
+	g.through.Store(false)
 	g.buf, g.bufBytes, g.stale = nil, 0, true
 	g.mu.Unlock()
 	g.inner.OnStale(reason)
@@ -178,5 +186,6 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 			return true, reason
 		}
 	}
+	g.through.Store(!g.checkNext)
 	return false, ""
 }
