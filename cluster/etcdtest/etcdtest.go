@@ -4,7 +4,9 @@
 package etcdtest
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -53,11 +55,23 @@ func Start(t testing.TB) *Server {
 	}
 	s := &Server{t: t, bin: bin, dir: t.TempDir()}
 	s.logPath = filepath.Join(s.dir, "etcd.log")
-	s.client, s.peer = freePort(t), freePort(t)
 	t.Cleanup(s.Stop)
-	s.start()
-	return s
+	// A free port can be taken by another process between our probe and etcd's bind:
+	// then try other ports.
+	for attempt := 0; ; attempt++ {
+		s.client, s.peer = freePort(t), freePort(t)
+		err := s.start()
+		if err == nil {
+			return s
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 4 {
+			t.Fatal(err)
+		}
+		_ = os.RemoveAll(filepath.Join(s.dir, "data"))
+	}
 }
+
+var errPortTaken = errors.New("etcdtest: port taken")
 
 // Endpoint is the client URL.
 func (s *Server) Endpoint() string { return "http://127.0.0.1:" + strconv.Itoa(s.client) }
@@ -65,11 +79,11 @@ func (s *Server) Endpoint() string { return "http://127.0.0.1:" + strconv.Itoa(s
 // Endpoints is the client URL list for clientv3.Config.
 func (s *Server) Endpoints() []string { return []string{s.Endpoint()} }
 
-func (s *Server) start() {
+func (s *Server) start() error {
 	s.t.Helper()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(s.peer)
 	cmd := exec.Command(s.bin,
@@ -86,7 +100,7 @@ func (s *Server) start() {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
-		s.t.Fatalf("start etcd: %v", err)
+		return fmt.Errorf("start etcd: %w", err)
 	}
 	s.cmd = cmd
 	s.done = make(chan struct{})
@@ -96,10 +110,14 @@ func (s *Server) start() {
 		close(s.done)
 	}()
 	if err := s.waitReady(20 * time.Second); err != nil {
-		log, _ := os.ReadFile(s.logPath)
 		s.Stop()
-		s.t.Fatalf("etcd not ready: %v\n%s", err, tail(log, 4000))
+		log, _ := os.ReadFile(s.logPath)
+		if bytes.Contains(log, []byte("address already in use")) {
+			return fmt.Errorf("%w: %v", errPortTaken, err)
+		}
+		return fmt.Errorf("etcd not ready: %v\n%s", err, tail(log, 4000))
 	}
+	return nil
 }
 
 // waitReady polls the member until a linearizable read succeeds.
@@ -146,7 +164,17 @@ func (s *Server) Restart() {
 	if s.cmd != nil {
 		s.t.Fatal("etcdtest: Restart of a running member")
 	}
-	s.start()
+	// Same ports (clients know them): wait while something else holds one.
+	for attempt := 0; ; attempt++ {
+		err := s.start()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 50 {
+			s.t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Client returns a client of the member, closed at the end of the test.
