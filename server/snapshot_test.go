@@ -7,6 +7,10 @@ import (
 	"net/http"
 	"reflect"
 	"testing"
+
+	"github.com/conductor-go/conductor/cluster"
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 )
 
 func startTokenApp(t *testing.T, token string) *App {
@@ -156,5 +160,44 @@ func TestSnapshotSaveLoad(t *testing.T) {
 		if fmt.Sprint(hits(t, got[i])["engine-a"]) != fmt.Sprint(hits(t, want[i])["engine-a"]) {
 			t.Fatalf("engine-a on c: %v want %v", got[i], want[i])
 		}
+	}
+}
+
+// TestSnapshotLoadLargeBody: a 13 MB snapshot (far above the 1 MiB admin body limit) is
+// loaded whole; its blocks belong to no registered slot, so all are skipped and nothing
+// is indexed.
+func TestSnapshotLoadLargeBody(t *testing.T) {
+	app := startTokenApp(t, "")
+	p, err := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	w := cluster.NewSnapshotWriter(&buf)
+	if err := w.Context(&cluster.SnapshotContext{Key: engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Profile: p}); err != nil {
+		t.Fatal(err)
+	}
+	ch := &engine.SnapshotChunk{Slots: []engine.Slot{{InstanceID: "nobody"}}}
+	for i := 0; i < 1_000_000; i++ {
+		ch.Entries = append(ch.Entries, engine.SnapshotEntry{Key: uint64(i + 1), Slot: 0, Tiers: engine.MaskDevice})
+		if len(ch.Entries) == 4096 {
+			if err := w.Chunk(ch); err != nil {
+				t.Fatal(err)
+			}
+			ch.Entries = ch.Entries[:0]
+		}
+	}
+	if err := w.Chunk(ch); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, body := snapshotRequest(t, app, http.MethodPost, "", buf.Bytes())
+	if code != http.StatusOK || !bytes.Contains(body, []byte(`"skipped":1000000`)) || !bytes.Contains(body, []byte(`"applied":0`)) {
+		t.Fatalf("POST %d bytes: %d %s", buf.Len(), code, body)
+	}
+	if v := app.Engine.GlobalView(); len(v) != 0 {
+		t.Fatalf("indexed %+v", v)
 	}
 }
