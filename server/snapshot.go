@@ -163,9 +163,13 @@ func (a *App) snapshotHandler(token string) fasthttp.RequestHandler {
 				a.log.Info("snapshot served", "bytes", n, "took", time.Since(started).String())
 			})
 		case fasthttp.MethodPost:
-			var body io.Reader = bytes.NewReader(ctx.PostBody())
+			// The stream first: PostBody would read a large body whole into the
+			// request first (LoadSnapshot reads it once, up to MaxSnapshotBytes).
+			var body io.Reader
 			if s := ctx.RequestBodyStream(); s != nil {
 				body = s
+			} else {
+				body = bytes.NewReader(ctx.PostBody())
 			}
 			res, err := a.LoadSnapshot(body)
 			ctx.SetContentType("application/json")
