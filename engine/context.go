@@ -51,7 +51,7 @@ const (
 	reqClearShared
 	reqRetractSource
 	reqDropIfEmpty
-	reqSync // test hook: runs fn on the writer goroutine
+	reqSync // runs fn on the writer goroutine (snapshot steps, test hooks)
 )
 
 // request is one unit of work for a context writer; pooled so that Apply allocates nothing.
