@@ -10,7 +10,7 @@ FUZZTIME  ?= 10s
 # Python packages the tests need (pyzmq/msgspec publish events the way vLLM does).
 PY_TEST_PKGS := pytest pyzmq msgspec msgpack
 
-.PHONY: all build run test gotest nocgo pytest vet fmtcheck rules bench fuzz generate deps deps-promtool venv clean
+.PHONY: all build run test gotest nocgo pytest vet fmtcheck rules bench fuzz generate deps deps-promtool deps-etcd venv clean
 
 all: build
 
@@ -44,7 +44,7 @@ fmtcheck:
 vet: deps
 	$(GO) vet ./...
 
-gotest: deps
+gotest: deps deps-etcd
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
 	# Race builds swap fastConn's raw system calls for syscall.Read/Write (the detector
@@ -77,14 +77,24 @@ deps-promtool:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus; \
 	fi
 
+# etcd (Debian package etcd-server) for the cluster registry tests, which start a real etcd
+# on free loopback ports; installed only when absent.
+deps-etcd:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+		echo "installing etcd-server (the cluster tests run a real etcd)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends etcd-server; \
+	fi
+
 # The Prometheus alert rules: syntax, and unit tests that fire each alert.
 rules: deps-promtool
 	promtool check rules deploy/prometheus/alerts.yml
 	cd deploy/prometheus && promtool test rules alerts_test.yml
 
-# Every test: formatting, vet, Go tests under the race detector, every benchmark once,
-# the cgo-free packages without cgo, the alert rules, Python.
-test: fmtcheck vet deps-promtool gotest nocgo rules pytest
+# Every test: formatting, vet, Go tests under the race detector (with a real etcd for the
+# cluster tests), every benchmark once, the cgo-free packages without cgo, the alert
+# rules, Python.
+test: fmtcheck vet deps-promtool deps-etcd gotest nocgo rules pytest
 
 # Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
 # --max-requests for the full trace). The replay's JSON goes to bench/results/, with PNG

@@ -54,7 +54,7 @@ const (
 	reqClearShared
 	reqRetractSource
 	reqDropIfEmpty
-	reqSync // test hook: runs fn on the writer goroutine
+	reqSync // runs fn on the writer goroutine (snapshot steps, test hooks)
 )
 
 // request is one unit of work for a context writer; pooled so that Apply allocates nothing.
@@ -151,6 +151,9 @@ type context struct {
 	swept    int // records visited by sweeps (tests)
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
+	// snap, while a snapshot of this context is being copied, records every change
+	// applied between its steps (see snapshot.go).
+	snap *snapJournal
 }
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
@@ -284,6 +287,9 @@ func (c *context) handle(r *request) {
 		}
 	case reqSync:
 		r.fn(c)
+	}
+	if c.snap != nil && r.kind != reqSync {
+		c.snap.record(r)
 	}
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
@@ -72,6 +74,13 @@ type AppConfig struct {
 	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
 	IngestLogBurst    int
 	IngestLogInterval time.Duration
+	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
+	// shared by every replica (StateFile is then not used); nil: a single node.
+	Cluster *cluster.Config
+	// ClusterTestHook, in tests, is called at bootstrap stages ("subscribed": the
+	// registry is loaded and its sources buffer; "loaded": the peer snapshot is loaded,
+	// the buffers not yet applied).
+	ClusterTestHook func(stage string)
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
@@ -100,6 +109,18 @@ type App struct {
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+
+	// Cluster membership (nil/zero on a single node).
+	registry      *cluster.Registry
+	clusterSync   *clusterSync
+	clusterStop   context.CancelFunc
+	clusterWG     sync.WaitGroup
+	clusterLoaded atomic.Bool
+	bootstrapped  atomic.Bool
+	// gates: the gate of every subscription (bootstrap and snapshot sequence numbers).
+	gates    *gateSet
+	testHook func(stage string)
+	adminTok string
 }
 
 // Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
@@ -127,14 +148,17 @@ func Start(cfg AppConfig) (*App, error) {
 	case err != nil:
 		return nil, err
 	}
+	// A cluster replica's subscriptions buffer until it has bootstrapped from a peer.
+	gates := newGateSet(cfg.Cluster != nil)
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks,
 		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
 		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
 		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
-			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval})})
-	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr}
-	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz}
+			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval, gates: gates})})
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
+	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
+		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
 		routes[path] = fn
 	}
@@ -213,7 +237,17 @@ func Start(cfg AppConfig) (*App, error) {
 		ok++
 	}
 	restored := 0
-	if cfg.StateFile != "" {
+	switch {
+	case cfg.Cluster != nil:
+		if cfg.StateFile != "" {
+			log.Info("cluster mode: registrations live in etcd; the state file is not used", "state_file", cfg.StateFile)
+		}
+		app.adminTok = cfg.AdminToken
+		if err := app.startCluster(*cfg.Cluster); err != nil {
+			app.Stop()
+			return nil, err
+		}
+	case cfg.StateFile != "":
 		restored = app.restoreState(cfg.StateFile)
 	}
 	app.releaseDone = make(chan struct{})
@@ -243,6 +277,7 @@ func (a *App) Stop() {
 			close(a.releaseDone)
 		}
 		a.wg.Wait()
+		a.stopCluster()
 		if err := a.AccessLog.Close(); err != nil {
 			a.log.Warn("access log close", "err", err)
 		}
@@ -285,9 +320,11 @@ func (a *App) releaseMemory() {
 	}
 }
 
-// Ready reports whether the listeners are up and the static services were subscribed
-// (and Stop has not begun).
-func (a *App) Ready() bool { return a.ready.Load() }
+// Ready reports whether the listeners are up, the static services were subscribed and,
+// in a cluster, the registry was loaded (and Stop has not begun).
+func (a *App) Ready() bool {
+	return a.ready.Load() && (a.registry == nil || (a.clusterLoaded.Load() && a.bootstrapped.Load()))
+}
 
 // healthz answers liveness: the process serves HTTP.
 func healthz(ctx *fasthttp.RequestCtx) {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
@@ -69,6 +70,8 @@ type FileConfig struct {
 	// lines pass per interval (0: defaults 10 and 10 s; burst -1: unlimited).
 	IngestLogBurst           int
 	IngestLogIntervalSeconds int
+	// Cluster is the "cluster" key (nil when absent: a single node with the state file).
+	Cluster *cluster.Config
 }
 
 // configKeys are the top-level keys understood; any other key is an error rather than
@@ -82,7 +85,7 @@ var configKeys = []string{
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
 	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
 	"access_log_flush_interval_ms", "max_blocks", "memory_limit_bytes", "zmq_max_message_size", "zmq_io_threads",
-	"ingest_log_burst", "ingest_log_interval_seconds",
+	"ingest_log_burst", "ingest_log_interval_seconds", "cluster",
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -236,6 +239,9 @@ func LoadConfigFile(path string) (FileConfig, error) {
 		}
 	}
 	if err := parseAccessLogConfig(path, root, &cfg.AccessLog); err != nil {
+		return cfg, err
+	}
+	if cfg.Cluster, err = parseClusterConfig(path, root); err != nil {
 		return cfg, err
 	}
 	raw, ok := root["kvevent_instance"]
@@ -420,5 +426,6 @@ func (f *FileConfig) AppConfig() AppConfig {
 		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
-		IngestLogBurst: f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second}
+		IngestLogBurst: f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
+		Cluster: f.Cluster}
 }

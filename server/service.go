@@ -166,13 +166,19 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 	if s.stopping.Load() {
 		return false, errStopping
 	}
-	key := cfg.Key()
-	id := cfg.ID()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping.Load() {
 		return false, errStopping
 	}
+	return s.registerLocked(cfg, static, !static)
+}
+
+// registerLocked is register with s.mu held; persist says whether the store must record
+// it (false for static services and for registrations the cluster registry reports).
+func (s *Service) registerLocked(cfg *ServiceConfig, static, persist bool) (isNew bool, err *Error) {
+	key := cfg.Key()
+	id := cfg.ID()
 	if cur, ok := s.services[id]; ok {
 		if cur.cfg.Equal(cfg) {
 			return false, nil
@@ -217,7 +223,7 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
 		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
 	}
-	if !static && s.store != nil {
+	if persist && s.store != nil {
 		// Durable before acknowledged: a registration that could not be stored is undone
 		// whole (subscriber stopped, anything it indexed retracted, slot and new context
 		// removed) and answered 500.
@@ -227,6 +233,10 @@ func (s *Service) register(cfg *ServiceConfig, static bool) (isNew bool, err *Er
 				s.eng.RetractSource(cfg.Endpoint)
 			}
 			rollback()
+			if cerr := registryConflict(cfg, perr); cerr != nil {
+				s.log.Info("registration refused by the cluster registry; rolled back", "service", key, "err", perr)
+				return false, cerr
+			}
 			s.log.Error("registration could not be made durable; rolled back", "service", key, "err", perr)
 			return false, &Error{Code: CodeInternal, Msg: "Failed to persist registration: " + perr.Error()}
 		}
@@ -268,14 +278,20 @@ func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *
 		return "", errStopping
 	}
 	id := ServiceID{InstanceID: instanceID, TenantID: tenantID, DPRank: dpRank}
-	key := id.String()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.unregisterLocked(id, true)
+}
+
+// unregisterLocked is Unregister with s.mu held; persist false leaves the store alone
+// (the cluster registry reported the unregistration).
+func (s *Service) unregisterLocked(id ServiceID, persist bool) (string, *Error) {
+	key := id.String()
 	reg, ok := s.services[id]
 	if !ok {
 		return "", &Error{Code: CodeNotFound, Msg: "service not found: " + key}
 	}
-	if !reg.static && s.store != nil {
+	if persist && !reg.static && s.store != nil {
 		// Recorded first: if the removal cannot be made durable, nothing changes and the
 		// caller gets 500 (the service would otherwise come back at restart).
 		if perr := s.store.Delete(id); perr != nil {

@@ -20,11 +20,18 @@ type zmqSubscription struct {
 	sub     *ingest.Subscriber
 	handler *translate.EventHandler
 	logs    *lograte.Limiter
+	// gate and its set, when the subscription is gated (see gate.go).
+	gate  *gate
+	gates *gateSet
+	id    ServiceID
 }
 
 // Stop stops the subscriber, then reports the log lines its limiter held back.
 func (z *zmqSubscription) Stop() {
 	z.sub.Stop()
+	if z.gates != nil {
+		z.gates.remove(z.id, z.gate)
+	}
 	z.logs.Flush(context.Background())
 }
 
@@ -50,6 +57,8 @@ type ZMQOptions struct {
 	// (0: lograte.DefaultBurst, lograte.DefaultInterval; LogBurst -1: no limit).
 	LogBurst    int
 	LogInterval time.Duration
+	// gates, when set, puts a gate between each subscriber and its handler.
+	gates *gateSet
 }
 
 // ZMQSubscriber returns a SubscribeFunc whose subscribers share opts.
@@ -72,6 +81,12 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 		Name: key, Kind: cfg.Kind, Endpoint: cfg.Endpoint,
 		Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile,
 	}, eng, log)
+	var handler ingest.Handler = h
+	var g *gate
+	if opts.gates != nil {
+		g = opts.gates.add(cfg, h)
+		handler = g
+	}
 	sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{
 		Name: key, Endpoint: cfg.Endpoint, ReplayEndpoint: replay, Logger: log,
 		// Ask the publisher for what it still buffers as soon as we subscribe (after a
@@ -79,12 +94,18 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 		// effort: an unanswered catch-up never marks the source stale.
 		CatchUpOnStart: replay != "",
 		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize,
-	}, h)
+	}, handler)
 	if err != nil {
+		if g != nil {
+			opts.gates.remove(cfg.ID(), g)
+		}
 		return nil, fmt.Errorf("failed to start ZMQ client: %w", err)
 	}
 	if err := sub.Start(); err != nil {
+		if g != nil {
+			opts.gates.remove(cfg.ID(), g)
+		}
 		return nil, err // already "failed to start ZMQ client: ..."
 	}
-	return &zmqSubscription{sub: sub, handler: h, logs: logs}, nil
+	return &zmqSubscription{sub: sub, handler: h, logs: logs, gate: g, gates: opts.gates, id: cfg.ID()}, nil
 }

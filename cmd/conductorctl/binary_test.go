@@ -189,4 +189,42 @@ func TestCLIAgainstRealConductor(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "not found") {
 		t.Errorf("second unregister: %d %q", code, errOut)
 	}
+
+	// snapshot save, then unregister and register rank 0 again (its blocks are retracted),
+	// then snapshot load: the query hits again.
+	snap := filepath.Join(t.TempDir(), "index.snap")
+	if code, _, errOut = ctl(t, "--addr", addr, "snapshot", "save", "--file", snap); code != 0 || !strings.Contains(errOut, "1 contexts, 2 block entries") {
+		t.Fatalf("snapshot save: %d %q", code, errOut)
+	}
+	if code, _, errOut = ctl(t, "--addr", addr, "unregister", "--instance", "engine-c", "--dp-rank", "0"); code != 0 {
+		t.Fatalf("unregister rank 0: %d %q", code, errOut)
+	}
+	if code, _, errOut = ctl(t, "--addr", addr, "register", "--endpoint", pub.Endpoint(), "--type", "vLLM",
+		"--model", "m", "--instance", "engine-c", "--block-size", "16", "--algorithm", "sha256", "--seed", "0"); code != 0 {
+		t.Fatalf("register again: %d %q", code, errOut)
+	}
+	device := func() float64 {
+		_, out, _ := ctl(t, "--addr", addr, "--json", "query", "--model", "m", "--block-size", "16", "--tokens", tokList)
+		var q map[string]any
+		if json.Unmarshal([]byte(out), &q) != nil {
+			t.Fatalf("query: %q", out)
+		}
+		return q["instances"].(map[string]any)["engine-c"].(map[string]any)["device"].(float64)
+	}
+	if d := device(); d != 0 {
+		t.Fatalf("before load device = %v", d)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.snap")
+	raw, _ = os.ReadFile(snap)
+	raw[len(raw)-1] ^= 1
+	os.WriteFile(bad, raw, 0o600)
+	if code, _, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", bad); code != 2 || !strings.Contains(errOut, "checksum") {
+		t.Fatalf("damaged load: %d %q", code, errOut)
+	}
+	if code, out, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", snap); code != 0 || !strings.Contains(out, `"applied":2`) {
+		t.Fatalf("snapshot load: %d %q %q", code, out, errOut)
+	}
+	if d := device(); d != 32 {
+		t.Fatalf("after load device = %v, want 32", d)
+	}
 }

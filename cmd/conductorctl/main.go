@@ -79,6 +79,7 @@ var commandHelp = [...]struct{ name, args, summary string }{
 	{"view", "", "show the global view of indexed contexts"},
 	{"query", "--model M --block-size N (--tokens 1,2,3 | --tokens-file F | -) [...]", "show cached prefix hits for a prompt"},
 	{"watch", "[--interval 2s] [--count N] [--model M --block-size N --tokens-file F]", "refresh contexts, services and probe hits"},
+	{"snapshot", "save|load --file F (- for stdout/stdin)", "save the index to a file, or load a saved one into a conductor"},
 }
 
 func (c *cli) dispatch(name string, g *globals, args []string) (int, bool) {
@@ -95,6 +96,8 @@ func (c *cli) dispatch(name string, g *globals, args []string) (int, bool) {
 		return c.cmdQuery(g, args), true
 	case "watch":
 		return c.cmdWatch(g, args), true
+	case "snapshot":
+		return c.cmdSnapshot(g, args), true
 	}
 	return 0, false
 }

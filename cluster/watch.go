@@ -1,0 +1,182 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"sort"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// nopZap silences the etcd client's own logger (the registry logs what matters).
+func nopZap() *zap.Logger { return zap.NewNop() }
+
+// Applier receives the registry's changes in revision order (from one goroutine).
+type Applier interface {
+	// Reset says that the registry holds exactly recs at revision rev: at start, after a
+	// compaction removed the revisions the watch needed, or after the watch was lost.
+	Reset(rev int64, recs []Record)
+	// Put says that rec was registered at revision rev.
+	Put(rev int64, rec *Record)
+	// Delete says that the service id was unregistered at revision rev.
+	Delete(rev int64, id string)
+}
+
+// retryDelay bounds how fast Sync and KeepMember retry an unreachable etcd.
+const retryDelay = 500 * time.Millisecond
+
+// Sync lists the registry and hands it to a.Reset, calls loaded once that first Reset
+// is done, then watches the services from the next revision and hands each change to a,
+// until ctx ends. A dropped watch resumes from the last revision seen (the client
+// reconnects by itself while etcd is away); when etcd has compacted that revision away,
+// Sync lists again and resets. An unreachable etcd is retried every retryDelay.
+func (r *Registry) Sync(ctx context.Context, a Applier, loaded func()) {
+	var rev int64
+	first := true
+	failures := 0
+	for ctx.Err() == nil {
+		if rev == 0 {
+			lrev, recs, err := r.List(ctx)
+			if err != nil {
+				if failures == 0 || failures%20 == 0 {
+					r.log.Warn("cluster: registry not readable; retrying", "err", err, "attempts", failures+1)
+				}
+				failures++
+				sleep(ctx, retryDelay)
+				continue
+			}
+			failures = 0
+			a.Reset(lrev, recs)
+			rev = lrev
+			if first {
+				first = false
+				r.log.Info("cluster: registry loaded", "revision", lrev, "services", len(recs))
+				if loaded != nil {
+					loaded()
+				}
+			}
+		}
+		rev = r.watch(ctx, a, rev)
+		if rev != 0 && ctx.Err() == nil {
+			sleep(ctx, retryDelay)
+		}
+	}
+}
+
+// watch follows the services from rev+1 until the watch ends; it returns the last
+// revision handed to a, or 0 when the registry must be listed again.
+func (r *Registry) watch(ctx context.Context, a Applier, rev int64) int64 {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := r.cli.Watch(wctx, r.servicesPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for resp := range wch {
+		if resp.CompactRevision != 0 {
+			r.log.Warn("cluster: watch revision compacted; listing the registry again", "revision", rev,
+				"compacted", resp.CompactRevision)
+			return 0
+		}
+		if err := resp.Err(); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("cluster: watch ended; resuming", "revision", rev, "err", err)
+			}
+			return rev
+		}
+		for _, ev := range resp.Events {
+			switch ev.Type {
+			case clientv3.EventTypePut:
+				var rec Record
+				if err := json.Unmarshal(ev.Kv.Value, &rec); err != nil {
+					r.log.Error("cluster: corrupt service key ignored", "key", string(ev.Kv.Key), "err", err)
+					break
+				}
+				a.Put(ev.Kv.ModRevision, &rec)
+			case clientv3.EventTypeDelete:
+				id, err := r.idOfKey(ev.Kv.Key)
+				if err != nil {
+					r.log.Error("cluster: unexpected key deleted", "key", string(ev.Kv.Key), "err", err)
+					break
+				}
+				a.Delete(ev.Kv.ModRevision, id)
+			}
+			rev = ev.Kv.ModRevision
+		}
+	}
+	return rev
+}
+
+// KeepMember publishes this replica's member key (its AdvertiseURL) under a lease and
+// keeps the lease alive until ctx ends; after a lost lease or an etcd outage it publishes
+// the key again. Without an AdvertiseURL it returns at once.
+func (r *Registry) KeepMember(ctx context.Context) {
+	if r.cfg.AdvertiseURL == "" {
+		return
+	}
+	key := r.membersPrefix() + esc(r.cfg.AdvertiseURL)
+	ttl := int64(r.cfg.MemberTTL / time.Second)
+	if ttl < 1 {
+		ttl = 1
+	}
+	for ctx.Err() == nil {
+		id, err := r.grantMember(ctx, key, ttl)
+		if err != nil {
+			r.log.Warn("cluster: member key not published; retrying", "key", key, "err", err)
+			sleep(ctx, retryDelay)
+			continue
+		}
+		ka, err := r.cli.KeepAlive(ctx, id)
+		if err != nil {
+			sleep(ctx, retryDelay)
+			continue
+		}
+		r.log.Info("cluster: member key published", "key", key, "lease", int64(id))
+		for range ka {
+		}
+		if ctx.Err() == nil {
+			r.log.Warn("cluster: member lease lost; publishing again", "key", key)
+		}
+	}
+	// Revoke on the way out so that peers stop listing this replica at once.
+	rctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
+	defer cancel()
+	_, _ = r.cli.Delete(rctx, key)
+}
+
+func (r *Registry) grantMember(ctx context.Context, key string, ttl int64) (clientv3.LeaseID, error) {
+	octx, cancel := r.opContext(ctx)
+	defer cancel()
+	lease, err := r.cli.Grant(octx, ttl)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := r.cli.Put(octx, key, r.cfg.AdvertiseURL, clientv3.WithLease(lease.ID)); err != nil {
+		return 0, err
+	}
+	return lease.ID, nil
+}
+
+// Members returns the advertise URLs of the live replicas, sorted.
+func (r *Registry) Members(ctx context.Context) ([]string, error) {
+	ctx, cancel := r.opContext(ctx)
+	defer cancel()
+	g, err := r.cli.Get(ctx, r.membersPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		out = append(out, string(kv.Value))
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

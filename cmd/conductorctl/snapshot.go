@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/conductor-go/conductor/cluster"
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/httpclient"
+)
+
+// snapshotPath is the conductor route (server.SnapshotPath).
+const snapshotPath = "/cluster/snapshot"
+
+// cmdSnapshot saves the index of a conductor to a file (GET /cluster/snapshot) or loads
+// one into it (POST). The file is checked (version, checksum) before it is sent.
+func (c *cli) cmdSnapshot(g *globals, args []string) int {
+	fs := flag.NewFlagSet("snapshot", flag.ContinueOnError)
+	file := fs.String("file", "", "snapshot file (\"-\": stdout for save, stdin for load)")
+	if len(args) == 0 || (args[0] != "save" && args[0] != "load") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			c.commandUsage(c.stdout, "snapshot", fs)
+			return exitOK
+		}
+		return c.usageError("snapshot", fs, "want save or load")
+	}
+	op := args[0]
+	if g.timeout == httpclient.DefaultTimeout {
+		g.timeout = 10 * time.Minute // a large index takes a while to stream
+	}
+	if code := c.parseFlags("snapshot", fs, g, args[1:]); code >= 0 {
+		return code
+	}
+	if *file == "" {
+		return c.usageError("snapshot", fs, "--file is required")
+	}
+	cl, code := c.client(g)
+	if code >= 0 {
+		return code
+	}
+	url := cl.Addr() + snapshotPath
+	cl.Close()
+	ctx, cancel := context.WithTimeout(c.ctx, g.timeout)
+	defer cancel()
+	if op == "save" {
+		return c.snapshotSave(ctx, g, url, *file)
+	}
+	return c.snapshotLoad(ctx, g, url, *file)
+}
+
+func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) int {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return c.inputError(err)
+	}
+	resp, code := c.snapshotDo(g, req)
+	if code >= 0 {
+		return code
+	}
+	defer resp.Body.Close()
+	var out io.Writer = c.stdout
+	tmp := ""
+	if file != "-" {
+		f, err := os.CreateTemp(dirOf(file), ".snapshot-*")
+		if err != nil {
+			return c.inputError(err)
+		}
+		tmp = f.Name()
+		defer os.Remove(tmp)
+		defer f.Close()
+		out = f
+	}
+	n, err := io.Copy(out, resp.Body)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "error: snapshot stream cut after %d bytes: %v\n", n, err)
+		return exitReply
+	}
+	if tmp != "" {
+		// Check the whole file before it replaces anything.
+		f, err := os.Open(tmp)
+		if err != nil {
+			return c.inputError(err)
+		}
+		st, verr := cluster.ReadSnapshot(f, 1<<40, nopSnap{})
+		_ = f.Close()
+		if verr != nil {
+			fmt.Fprintf(c.stderr, "error: the snapshot received does not verify: %v\n", verr)
+			return exitReply
+		}
+		if err := os.Rename(tmp, file); err != nil {
+			return c.inputError(err)
+		}
+		fmt.Fprintf(c.stderr, "saved %s: %d bytes, %d contexts, %d block entries, %d bindings\n", file, n, st.Contexts, st.Entries, st.Bindings)
+	}
+	return exitOK
+}
+
+func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) int {
+	var data []byte
+	var err error
+	if file == "-" {
+		data, err = io.ReadAll(c.stdin)
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return c.inputError(err)
+	}
+	if _, err := cluster.ReadSnapshot(strings.NewReader(string(data)), int64(len(data)), nopSnap{}); err != nil {
+		return c.inputError(fmt.Errorf("%s: %w", file, err))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(data)))
+	if err != nil {
+		return c.inputError(err)
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, code := c.snapshotDo(g, req)
+	if code >= 0 {
+		return code
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Fprintln(c.stdout, strings.TrimSpace(string(body)))
+	return exitOK
+}
+
+// snapshotDo sends req with the admin token; a non-200 answer is reported (exit 1) and
+// an unreachable conductor exits 2.
+func (c *cli) snapshotDo(g *globals, req *http.Request) (*http.Response, int) {
+	if g.token != "" {
+		req.Header.Set("Authorization", "Bearer "+g.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(c.stderr, "error: cannot reach %s: %v\n", req.URL.Host, err)
+		return nil, exitUsage
+	}
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		_ = resp.Body.Close()
+		fmt.Fprintf(c.stderr, "error: %s %s: %s: %s\n", req.Method, snapshotPath, resp.Status, strings.TrimSpace(string(body)))
+		return nil, exitReply
+	}
+	return resp, -1
+}
+
+func dirOf(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		return path[:i+1]
+	}
+	return "."
+}
+
+type nopSnap struct{}
+
+func (nopSnap) Context(*cluster.SnapshotContext) error { return nil }
+func (nopSnap) Chunk(*cluster.SnapshotContext, *engine.SnapshotChunk) error {
+	return nil
+}

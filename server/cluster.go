@@ -1,0 +1,390 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/conductor-go/conductor/cluster"
+)
+
+// parseClusterConfig reads the "cluster" key: {"etcd_endpoints": [...], "key_prefix": ...,
+// "advertise_url": ..., "dial_timeout_ms": ...}. Absent or null: nil (single node).
+func parseClusterConfig(path string, root map[string]json.RawMessage) (*cluster.Config, error) {
+	raw, ok := root["cluster"]
+	if !ok || string(raw) == "null" {
+		return nil, nil
+	}
+	var c struct {
+		Endpoints    []string `json:"etcd_endpoints"`
+		KeyPrefix    *string  `json:"key_prefix"`
+		AdvertiseURL string   `json:"advertise_url"`
+		DialTimeout  *int64   `json:"dial_timeout_ms"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("config file %s: cluster must be an object with etcd_endpoints, key_prefix, advertise_url, dial_timeout_ms: %w", path, err)
+	}
+	if len(c.Endpoints) == 0 {
+		return nil, fmt.Errorf("config file %s: cluster.etcd_endpoints must list at least one etcd URL", path)
+	}
+	for _, ep := range c.Endpoints {
+		u, err := url.Parse(ep)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("config file %s: cluster.etcd_endpoints: %q is not an http(s)://host:port URL", path, ep)
+		}
+	}
+	out := &cluster.Config{Endpoints: c.Endpoints, KeyPrefix: cluster.DefaultKeyPrefix, AdvertiseURL: c.AdvertiseURL}
+	if c.KeyPrefix != nil {
+		if *c.KeyPrefix == "" || (*c.KeyPrefix)[0] != '/' {
+			return nil, fmt.Errorf("config file %s: cluster.key_prefix must start with /", path)
+		}
+		out.KeyPrefix = *c.KeyPrefix
+	}
+	if c.AdvertiseURL != "" {
+		if u, err := url.Parse(c.AdvertiseURL); err != nil || u.Host == "" {
+			return nil, fmt.Errorf("config file %s: cluster.advertise_url %q is not a URL", path, c.AdvertiseURL)
+		}
+	}
+	if c.DialTimeout != nil {
+		if *c.DialTimeout <= 0 || *c.DialTimeout > 600_000 {
+			return nil, fmt.Errorf("config file %s: cluster.dial_timeout_ms must be in 1..600000", path)
+		}
+		out.DialTimeout = time.Duration(*c.DialTimeout) * time.Millisecond
+	}
+	return out, nil
+}
+
+// registryID is the service's id in the cluster registry: its unambiguous label.
+func registryID(id ServiceID) string { return id.Label() }
+
+// clusterRecord encodes a registration for the registry: the value is the state file's
+// entry; the context and profile are canonical so that equal ones are equal bytes (the
+// seed only counts for vllm_v1, as in hashing.Profile.Equal).
+func clusterRecord(cfg *ServiceConfig) (*cluster.Record, error) {
+	val, err := encodeStateEntry(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, err := json.Marshal([]any{cfg.TenantID, cfg.ModelName, cfg.LoraName, cfg.BlockSize})
+	if err != nil {
+		return nil, err
+	}
+	p := cfg.Profile
+	seed := ""
+	if p.StrategyName() == "vllm_v1" {
+		seed = p.Seed
+	}
+	prof, err := json.Marshal(map[string]string{"strategy": p.StrategyName(), "algorithm": p.AlgorithmName(),
+		"index_projection": p.ProjectionName(), "root": hex.EncodeToString(p.Root[:]), "python_hash_seed": seed})
+	if err != nil {
+		return nil, err
+	}
+	return &cluster.Record{ID: registryID(cfg.ID()), Endpoint: cfg.Endpoint, Context: string(ctx), Profile: prof, Value: val}, nil
+}
+
+// registryConflict maps a registry refusal to the same 400 a single node answers; nil
+// when err is not a refusal.
+func registryConflict(cfg *ServiceConfig, err error) *Error {
+	var ce *cluster.ConflictError
+	if !errors.As(err, &ce) {
+		return nil
+	}
+	switch ce.Kind {
+	case cluster.ConflictService:
+		return invalidRegistration("conflicting registration for service key %s", cfg.Key())
+	case cluster.ConflictEndpoint:
+		return invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, ce.Other)
+	default:
+		return invalidRegistration("registration conflicts with the ContextKey hash profile")
+	}
+}
+
+// clusterStore is the ServiceStore of a cluster member: a change is acknowledged once the
+// registry holds it. It remembers the revision of this replica's own recent writes, so
+// that the watch, which reports them later, does not undo a newer local change with an
+// older event.
+type clusterStore struct {
+	reg *cluster.Registry
+	// written: registry id -> revision of this replica's last write of it, until the watch
+	// has passed that revision. Read and written with Service.mu held.
+	written map[string]int64
+}
+
+func (c *clusterStore) Put(cfg *ServiceConfig) error {
+	rec, err := clusterRecord(cfg)
+	if err != nil {
+		return err
+	}
+	rev, _, err := c.reg.Put(context.Background(), rec)
+	if err != nil {
+		return err
+	}
+	c.written[rec.ID] = rev
+	return nil
+}
+
+func (c *clusterStore) Delete(id ServiceID) error {
+	rid := registryID(id)
+	rev, _, err := c.reg.Delete(context.Background(), rid)
+	if err != nil {
+		return err
+	}
+	c.written[rid] = rev
+	return nil
+}
+
+// stale reports whether an event at rev for id predates this replica's own later write
+// (then it is skipped); an event at or past that write clears the note.
+func (c *clusterStore) stale(id string, rev int64) bool {
+	w, ok := c.written[id]
+	if !ok {
+		return false
+	}
+	if w > rev {
+		return true
+	}
+	delete(c.written, id)
+	return false
+}
+
+// clusterSync applies the registry's changes to the local service layer (cluster.Applier).
+type clusterSync struct {
+	svc   *Service
+	store *clusterStore
+	// rev is the last registry revision applied.
+	rev atomic.Int64
+	// mu and cond let tests wait for a revision.
+	mu   sync.Mutex
+	cond *sync.Cond
+}
+
+func newClusterSync(svc *Service, store *clusterStore) *clusterSync {
+	c := &clusterSync{svc: svc, store: store}
+	c.cond = sync.NewCond(&c.mu)
+	return c
+}
+
+func (c *clusterSync) applied(rev int64) {
+	c.mu.Lock()
+	if rev > c.rev.Load() {
+		c.rev.Store(rev)
+	}
+	c.cond.Broadcast()
+	c.mu.Unlock()
+}
+
+// waitRevision blocks until the registry revision rev is applied locally or the timeout
+// passes; it reports which.
+func (c *clusterSync) waitRevision(rev int64, timeout time.Duration) bool {
+	t := time.AfterFunc(timeout, func() { c.mu.Lock(); c.cond.Broadcast(); c.mu.Unlock() })
+	defer t.Stop()
+	deadline := time.Now().Add(timeout)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.rev.Load() < rev {
+		if time.Now().After(deadline) {
+			return false
+		}
+		c.cond.Wait()
+	}
+	return true
+}
+
+func decodeRecord(rec *cluster.Record) (ServiceConfig, error) {
+	cfg, err := parseConfigEntry("", rec.Value)
+	if err != nil {
+		return cfg, fmt.Errorf("registry service %s: %w", rec.ID, err)
+	}
+	if registryID(cfg.ID()) != rec.ID {
+		return cfg, fmt.Errorf("registry service %s holds the registration of %s", rec.ID, registryID(cfg.ID()))
+	}
+	return cfg, nil
+}
+
+// Reset makes the dynamic services exactly those of the registry at rev (except the ones
+// this replica wrote after rev).
+func (c *clusterSync) Reset(rev int64, recs []cluster.Record) {
+	s := c.svc
+	want := make(map[string]*ServiceConfig, len(recs))
+	for i := range recs {
+		cfg, err := decodeRecord(&recs[i])
+		if err != nil {
+			s.log.Error("cluster: registry entry not applied", "err", err)
+			continue
+		}
+		want[recs[i].ID] = &cfg
+	}
+	s.mu.Lock()
+	removed := 0
+	for id, r := range s.services {
+		rid := registryID(id)
+		if r.static || want[rid] != nil || c.store.stale(rid, rev) {
+			continue
+		}
+		if _, err := s.unregisterLocked(id, false); err == nil {
+			removed++
+		}
+	}
+	added := 0
+	for rid, cfg := range want {
+		if c.store.stale(rid, rev) {
+			continue
+		}
+		if c.applyPutLocked(cfg) {
+			added++
+		}
+	}
+	for rid, w := range c.store.written {
+		if w <= rev {
+			delete(c.store.written, rid)
+		}
+	}
+	s.mu.Unlock()
+	s.log.Info("cluster: registry applied", "revision", rev, "services", len(want), "added", added, "removed", removed)
+	c.applied(rev)
+}
+
+// Put applies a registration another replica (or this one) wrote.
+func (c *clusterSync) Put(rev int64, rec *cluster.Record) {
+	cfg, err := decodeRecord(rec)
+	s := c.svc
+	if err != nil {
+		s.log.Error("cluster: registry entry not applied", "revision", rev, "err", err)
+		c.applied(rev)
+		return
+	}
+	s.mu.Lock()
+	if !c.store.stale(rec.ID, rev) {
+		c.applyPutLocked(&cfg)
+	}
+	s.mu.Unlock()
+	c.applied(rev)
+}
+
+// Delete applies an unregistration.
+func (c *clusterSync) Delete(rev int64, rid string) {
+	s := c.svc
+	s.mu.Lock()
+	if !c.store.stale(rid, rev) {
+		for id, r := range s.services {
+			if registryID(id) == rid && !r.static {
+				_, _ = s.unregisterLocked(id, false)
+				break
+			}
+		}
+	}
+	s.mu.Unlock()
+	c.applied(rev)
+}
+
+// applyPutLocked makes the local registration of cfg's id equal cfg; it reports whether
+// it registered something.
+func (c *clusterSync) applyPutLocked(cfg *ServiceConfig) bool {
+	s := c.svc
+	if s.stopping.Load() {
+		return false
+	}
+	id := cfg.ID()
+	if cur, ok := s.services[id]; ok {
+		if cur.static {
+			if !cur.cfg.Equal(cfg) {
+				s.log.Error("cluster: registry service not applied: a static service of this replica has its key", "service", cfg.Key())
+			}
+			return false
+		}
+		if cur.cfg.Equal(cfg) {
+			return false
+		}
+		_, _ = s.unregisterLocked(id, false)
+	}
+	_, err := s.registerLocked(cfg, false, false)
+	if err != nil && err.Msg == "registration conflicts with the ContextKey hash profile" {
+		// A context this replica still holds from services now gone may pin an old
+		// profile: the registry no longer does, so drop it if it is empty and retry.
+		if s.eng.DropEmptyContext(cfg.Context()) {
+			_, err = s.registerLocked(cfg, false, false)
+		}
+	}
+	if err != nil {
+		s.log.Error("cluster: registry service not applied on this replica", "service", cfg.Key(), "err", err.Error())
+		return false
+	}
+	return true
+}
+
+// startCluster connects the registry, makes it the store of dynamic registrations and
+// starts the watch and the member key. Readiness waits for the first registry load.
+func (a *App) startCluster(cfg cluster.Config) error {
+	cfg.Logger = a.log
+	reg, err := cluster.Open(cfg)
+	if err != nil {
+		return err
+	}
+	store := &clusterStore{reg: reg, written: make(map[string]int64)}
+	a.registry = reg
+	a.clusterSync = newClusterSync(a.Service, store)
+	a.Service.SetStore(store)
+	ctx, cancel := context.WithCancel(context.Background())
+	a.clusterStop = cancel
+	a.clusterWG.Add(2)
+	go func() {
+		defer a.clusterWG.Done()
+		reg.Sync(ctx, a.clusterSync, func() {
+			a.clusterLoaded.Store(true)
+			a.clusterWG.Add(1)
+			go func() {
+				defer a.clusterWG.Done()
+				a.bootstrap(ctx, a.adminTok)
+			}()
+		})
+	}()
+	go func() {
+		defer a.clusterWG.Done()
+		reg.KeepMember(ctx)
+	}()
+	a.log.Info("cluster: registry in etcd", "endpoints", cfg.Endpoints, "key_prefix", reg.Config().KeyPrefix,
+		"advertise_url", cfg.AdvertiseURL)
+	return nil
+}
+
+// stopCluster ends the watch and the member key and closes the registry client.
+func (a *App) stopCluster() {
+	if a.registry == nil {
+		return
+	}
+	a.clusterStop()
+	a.clusterWG.Wait()
+	if err := a.registry.Close(); err != nil {
+		a.log.Warn("cluster: etcd client close", "err", err)
+	}
+}
+
+// Registry is the cluster registry (nil on a single node).
+func (a *App) Registry() *cluster.Registry { return a.registry }
+
+// WaitRegistryRevision blocks until this replica has applied the registry up to rev (as
+// returned by a registry write), or timeout; it reports which. Single node: true.
+func (a *App) WaitRegistryRevision(rev int64, timeout time.Duration) bool {
+	if a.clusterSync == nil {
+		return true
+	}
+	return a.clusterSync.waitRevision(rev, timeout)
+}
+
+// RegistryRevision is the last registry revision applied on this replica (0: none, or a
+// single node).
+func (a *App) RegistryRevision() int64 {
+	if a.clusterSync == nil {
+		return 0
+	}
+	return a.clusterSync.rev.Load()
+}
