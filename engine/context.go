@@ -71,29 +71,6 @@ type request struct {
 	done    chan struct{}
 }
 
-// bindingKey identifies a shared binding within a context (the tenant is in the context key).
-type bindingKey struct {
-	source, backend, object string
-	tier                    SharedTier
-}
-
-// binding is a shared object bound to a block, counted in shared[hash] (while gen equals
-// that entry's gen) and listed there, so that evicting the block drops its bindings too.
-type binding struct {
-	hash  uint64
-	gen   uint64
-	comps []string // physical components still present; the binding goes with the last
-	key   bindingKey
-	next  *binding // next binding of the same block
-}
-
-// sharedCount counts the bindings of one block per shared tier and lists them.
-type sharedCount struct {
-	cpu, disk uint32
-	gen       uint64
-	head      *binding
-}
-
 // context is one cache-sharing group with its writer goroutine.
 type context struct {
 	eng     *Engine
@@ -126,10 +103,10 @@ type context struct {
 	slots      map[Slot]int // registered slot -> slot number
 	slotUsed   []bool       // slot number in use
 	slotCounts [][3]int     // per slot number, per engine tier: blocks owning the bit
-	bindings   map[bindingKey]*binding
-	shared     map[uint64]sharedCount
-	epoch      uint64 // last write epoch handed out (microseconds since the engine started)
-	now        uint64 // the current request's time, microseconds since the engine started
+	// bs holds the shared bindings (bindings.go); nil while there are none.
+	bs    *bindStore
+	epoch uint64 // last write epoch handed out (microseconds since the engine started)
+	now   uint64 // the current request's time, microseconds since the engine started
 	// oldest and newest end the write-order list (record index + 1, 0 when empty).
 	oldest, newest uint32
 	// next is the table the next migration will fill, prepared ahead (prepareNext):
@@ -141,7 +118,6 @@ type context struct {
 	migrations    int // incremental table migrations started (tests)
 	evictLogged   time.Time
 	evictUnlogged int
-	gen           uint64 // last sharedCount generation handed out
 	// Pending slot clears (clear.go): stamp is the newest clear's, clears are oldest
 	// first, clr is their published mask, sweepPos the sweep's next record index.
 	stamp    uint64
@@ -155,15 +131,13 @@ type context struct {
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 	c := &context{
-		eng:      e,
-		key:      key,
-		profile:  p,
-		reqs:     make(chan *request),
-		quit:     make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		slots:    map[Slot]int{},
-		bindings: map[bindingKey]*binding{},
-		shared:   map[uint64]sharedCount{},
+		eng:     e,
+		key:     key,
+		profile: p,
+		reqs:    make(chan *request),
+		quit:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		slots:   map[Slot]int{},
 	}
 	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
@@ -268,13 +242,13 @@ func (c *context) handle(r *request) {
 	case reqUnregister:
 		c.unregister(r.slot)
 	case reqClearShared:
-		c.dropBindings(func(k bindingKey) bool { return k.source == r.source && k.backend == r.backend })
+		c.dropBindings(r.source, r.backend, true)
 	case reqRetractSource:
-		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
+		c.dropBindings(r.source, "", false)
 	case reqDropIfEmpty:
 		// Without slots and bindings no record holds a visible bit: whatever records
 		// remain hold only bits of unregistered slots that pending clears mask.
-		if len(c.slots) == 0 && len(c.bindings) == 0 {
+		if len(c.slots) == 0 && c.bs == nil {
 			c.dropped = true
 			r.dropped = true
 			c.eng.total.Add(-int64(c.tab.ar.Len()))
@@ -292,6 +266,10 @@ func (c *context) handle(r *request) {
 func (c *context) release() {
 	c.tab.dead.Store(true)
 	c.tab.ar.Release()
+	if c.bs != nil {
+		c.bs.release()
+		c.bs = nil
+	}
 	arena.Release(c.tab.entries)
 	if p := c.tab.prev.Load(); p != nil {
 		p.dead.Store(true)
