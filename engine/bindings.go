@@ -22,10 +22,10 @@ import (
 //	    any other key's index in strs (w3)
 //
 // Source, backend and component names are interned per context in small tables with
-// reference counts (a name goes when its last binding does). Two open-addressing tables
-// of uint32 slots (index+1, 0 empty, linear probing, backward-shift deletion), also
-// outside the heap, find a binding by (source, backend, tier, object key) and the first
-// binding of a block by block hash; the bindings of one block are chained through w1.
+// reference counts (a name goes when its last binding does). Two hash indexes of uint32
+// slots (bindTable), also outside the heap, find a binding by (source, backend, tier,
+// object key) and the first binding of a block by block hash; the bindings of one block
+// are chained through w1.
 // All of it is owned by the context's writer goroutine; queries never read it (they read
 // the shared flags in the block's record meta).
 type bindStore struct {
@@ -66,8 +66,8 @@ const (
 var ErrTooManyNames = errors.New("too many distinct shared sources or backends in one context")
 
 // Memory charges of a binding (Config.MemoryLimitBytes): its entry (bindWords words) and
-// a slot in each of the two index tables, which are between 3/8 and 3/4 full (about 8
-// bytes each); an object key that is not 64 hex digits is held as a string (header and
+// a slot in each of the two index tables, which are between 3/8 and 3/4 full (about 7
+// bytes each, 8 charged); an object key that is not 64 hex digits is held as a string (header and
 // bytes); a component past the bitmask as a string too. Interned names are shared and
 // not charged per binding.
 const (
@@ -89,8 +89,8 @@ func newBindStore() *bindStore {
 // release gives the store's memory back (the store is not used afterwards).
 func (s *bindStore) release() {
 	s.ents.Release()
-	arena.Release(s.obj.words)
-	arena.Release(s.blk.words)
+	s.obj.release()
+	s.blk.release()
 }
 
 // objKey is an object key in entry form.
@@ -177,16 +177,11 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 	}
 	k := encodeKey(key)
 	h := s.objHash(src, bk, uint64(tier), &k)
-	t := &s.obj
-	for i := h & t.mask; ; i = (i + 1) & t.mask {
-		v := t.slots[i]
-		if v == 0 {
-			return 0, false
-		}
-		if s.matches(s.ent(v-1), src, bk, uint64(tier), &k) {
-			return v - 1, true
-		}
+	r, ok := s.obj.probe(h, func(v uint32) bool { return s.matches(s.ent(v-1), src, bk, uint64(tier), &k) })
+	if !ok {
+		return 0, false
 	}
+	return s.obj.get(r) - 1, true
 }
 
 // add creates the binding (source, backend, tier, object key) of block hash, without
@@ -228,8 +223,8 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	hb := s.blkHash(hash)
 	slot, found := s.blkSlot(hb, hash)
 	if found {
-		next = s.blk.slots[slot]
-		s.blk.slots[slot] = i + 1
+		next = s.blk.get(slot)
+		s.blk.set(slot, i+1)
 	}
 	e[bwNames] = uint64(src) | uint64(bk)<<16 | uint64(next)<<32
 	if !found {
@@ -240,18 +235,9 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	return i, charge, nil
 }
 
-// blkSlot returns the block table slot of hash's chain, or the empty slot ending the probe.
-func (s *bindStore) blkSlot(hb, hash uint64) (uint64, bool) {
-	t := &s.blk
-	for i := hb & t.mask; ; i = (i + 1) & t.mask {
-		v := t.slots[i]
-		if v == 0 {
-			return i, false
-		}
-		if s.ent(v - 1)[bwHash] == hash {
-			return i, true
-		}
-	}
+// blkSlot returns the block table slot of hash's chain, if any.
+func (s *bindStore) blkSlot(hb, hash uint64) (slotRef, bool) {
+	return s.blk.probe(hb, func(v uint32) bool { return s.ent(v - 1)[bwHash] == hash })
 }
 
 // addComp adds component comp to binding i; it reports whether it was new and its charge.
@@ -320,14 +306,14 @@ func (s *bindStore) remove(i uint32) (uint64, int64) {
 	hb := s.blkHash(hash)
 	slot, _ := s.blkSlot(hb, hash)
 	next := uint32(e[bwNames] >> 32)
-	if s.blk.slots[slot] == i+1 {
+	if s.blk.get(slot) == i+1 {
 		if next != 0 {
-			s.blk.slots[slot] = next
+			s.blk.set(slot, next)
 		} else {
 			s.blk.delete(s, slot, true)
 		}
 	} else {
-		p := s.ent(s.blk.slots[slot] - 1)
+		p := s.ent(s.blk.get(slot) - 1)
 		for uint32(p[bwNames]>>32) != i+1 {
 			p = s.ent(uint32(p[bwNames]>>32) - 1)
 		}
@@ -370,7 +356,7 @@ func (s *bindStore) dropBlock(hash uint64) (int, int64) {
 	if !found {
 		return 0, 0
 	}
-	head := s.blk.slots[slot]
+	head := s.blk.get(slot)
 	s.blk.delete(s, slot, true)
 	n, charge := 0, int64(0)
 	for v := head; v != 0; {
@@ -391,7 +377,7 @@ func (s *bindStore) flags(hash uint64) uint64 {
 		return 0
 	}
 	var f uint64
-	for v := s.blk.slots[slot]; v != 0; {
+	for v := s.blk.get(slot); v != 0; {
 		e := s.ent(v - 1)
 		if SharedTier((e[bwFlags]>>32)&1) == SharedCPU {
 			f |= metaSharedCPU
@@ -410,32 +396,83 @@ func tierFlag(t SharedTier) uint64 {
 	return metaSharedDisk
 }
 
-// bindTable is an open-addressing table of uint32 slots (binding index+1, 0 empty) in
-// memory outside the Go heap, kept between 3/8 and 3/4 full (it doubles past 3/4 and
-// halves under 3/16).
+// bindTable finds bindings by a 64-bit hash: extendible hashing over fixed tables of
+// tabSlots uint32 slots (binding index+1, 0 empty; linear probing within a table,
+// backward-shift deletion), allocated from an arena outside the Go heap. A directory on
+// the heap maps the top depth bits of a hash to a table; a table past 3/4 full splits in
+// two (one table's entries moved: bounded work, no whole-index rehash on the event path),
+// doubling the directory when its local depth reaches the global one. Tables are between
+// 3/8 and 3/4 full after their first split, about 7 bytes per entry.
 type bindTable struct {
-	words []uint64 // the mapping; slots aliases it
-	slots []uint32
-	mask  uint64
+	ar    *arena.Arena
+	dir   []uint32 // table per directory entry
+	depth uint     // global depth: len(dir) == 1<<depth
+	local []uint8  // per table: its local depth
+	count []uint16 // per table: used slots
 	n     int
+	tmp   []uint32 // split buffer
 }
 
-const bindTableMin = 64
+const (
+	tabSlots    = 1024
+	tabMask     = tabSlots - 1
+	tabMaxLoad  = tabSlots * 3 / 4
+	tabMaxDepth = 40
+)
 
-func newBindTable() bindTable { return makeBindTable(bindTableMin) }
-
-func makeBindTable(size int) bindTable {
-	w := arena.Map(size / 2)
-	return bindTable{words: w, slots: unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(w))), size), mask: uint64(size - 1)}
+func newBindTable() bindTable {
+	t := bindTable{ar: arena.New(arena.Config{RecordWords: tabSlots / 2, ChunkRecords: 64})}
+	ti := t.ar.Alloc()
+	t.dir = []uint32{ti}
+	t.local = []uint8{0}
+	t.count = []uint16{0}
+	return t
 }
 
-// slotOf returns the slot holding v, probing from hash h (v is in the table).
-func (t *bindTable) slotOf(h uint64, v uint32) uint64 {
-	i := h & t.mask
-	for t.slots[i] != v {
-		i = (i + 1) & t.mask
+func (t *bindTable) release() { t.ar.Release() }
+
+// table returns the slots of table ti.
+func (t *bindTable) table(ti uint32) []uint32 {
+	w := t.ar.Record(ti)
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(w))), tabSlots)
+}
+
+func (t *bindTable) tableOf(h uint64) uint32 {
+	if t.depth == 0 {
+		return t.dir[0]
 	}
-	return i
+	return t.dir[h>>(64-t.depth)]
+}
+
+// slotRef names slot pos of table ti.
+type slotRef struct {
+	ti  uint32
+	pos uint32
+}
+
+func (t *bindTable) get(r slotRef) uint32    { return t.table(r.ti)[r.pos] }
+func (t *bindTable) set(r slotRef, v uint32) { t.table(r.ti)[r.pos] = v }
+
+// probe calls match on each value of h's probe run until it returns true (found) or the
+// run ends at an empty slot (not found, that slot returned).
+func (t *bindTable) probe(h uint64, match func(v uint32) bool) (slotRef, bool) {
+	ti := t.tableOf(h)
+	slots := t.table(ti)
+	for i := uint32(h) & tabMask; ; i = (i + 1) & tabMask {
+		v := slots[i]
+		if v == 0 {
+			return slotRef{ti, i}, false
+		}
+		if match(v) {
+			return slotRef{ti, i}, true
+		}
+	}
+}
+
+// slotOf returns the slot holding v, inserted under hash h.
+func (t *bindTable) slotOf(h uint64, v uint32) slotRef {
+	r, _ := t.probe(h, func(x uint32) bool { return x == v })
+	return r
 }
 
 // hashOf recomputes the hash under which slot value v was inserted.
@@ -448,49 +485,83 @@ func (s *bindStore) hashOf(v uint32, blk bool) uint64 {
 }
 
 func (t *bindTable) insert(s *bindStore, h uint64, v uint32, blk bool) {
-	if (t.n+1)*4 > len(t.slots)*3 {
-		t.resize(s, len(t.slots)*2, blk)
+	ti := t.tableOf(h)
+	for int(t.count[ti]) >= tabMaxLoad && t.local[ti] < tabMaxDepth {
+		t.split(s, ti, blk)
+		ti = t.tableOf(h)
 	}
-	i := h & t.mask
-	for t.slots[i] != 0 {
-		i = (i + 1) & t.mask
+	if int(t.count[ti]) >= tabSlots-1 {
+		panic("engine: binding table full at its maximum depth") // unreachable with a seeded hash
 	}
-	t.slots[i] = v
+	t.place(ti, h, v)
 	t.n++
 }
 
-// delete empties slot i, shifting back the entries of its probe run that follow it.
-func (t *bindTable) delete(s *bindStore, i uint64, blk bool) {
-	t.slots[i] = 0
-	t.n--
-	for j := (i + 1) & t.mask; t.slots[j] != 0; j = (j + 1) & t.mask {
-		home := s.hashOf(t.slots[j], blk) & t.mask
-		// The entry at j may move to i when its home is not in (i, j] (cyclically).
-		if (j-home)&t.mask >= (j-i)&t.mask {
-			t.slots[i], t.slots[j] = t.slots[j], 0
-			i = j
-		}
+func (t *bindTable) place(ti uint32, h uint64, v uint32) {
+	slots := t.table(ti)
+	i := uint32(h) & tabMask
+	for slots[i] != 0 {
+		i = (i + 1) & tabMask
 	}
-	if len(t.slots) > bindTableMin && t.n*16 < len(t.slots)*3 {
-		t.resize(s, len(t.slots)/2, blk)
+	slots[i] = v
+	t.count[ti]++
+}
+
+// split moves the entries of table ti whose next hash bit is set to a new table.
+func (t *bindTable) split(s *bindStore, ti uint32, blk bool) {
+	if uint(t.local[ti]) == t.depth {
+		nd := make([]uint32, 2*len(t.dir))
+		for i, x := range t.dir {
+			nd[2*i], nd[2*i+1] = x, x
+		}
+		t.dir = nd
+		t.depth++
+	}
+	nt := t.ar.Alloc()
+	clear(t.table(nt)) // a reused table keeps its old words
+	for int(nt) >= len(t.local) {
+		t.local = append(t.local, 0)
+		t.count = append(t.count, 0)
+	}
+	t.local[ti]++
+	t.local[nt] = t.local[ti]
+	t.count[nt] = 0
+	// The directory entries of ti are a run of 1<<(depth-oldLocal); its upper half goes to nt.
+	span := 1 << (t.depth - uint(t.local[ti]) + 1)
+	first := 0
+	for t.dir[first] != ti {
+		first += span
+	}
+	for j := first + span/2; j < first+span; j++ {
+		t.dir[j] = nt
+	}
+	slots := t.table(ti)
+	t.tmp = append(t.tmp[:0], slots...)
+	clear(slots)
+	t.count[ti] = 0
+	for _, v := range t.tmp {
+		if v != 0 {
+			h := s.hashOf(v, blk)
+			t.place(t.tableOf(h), h, v)
+		}
 	}
 }
 
-// resize rehashes the table into one of size slots and gives the old memory back.
-func (t *bindTable) resize(s *bindStore, size int, blk bool) {
-	nt := makeBindTable(size)
-	for _, v := range t.slots {
-		if v != 0 {
-			i := s.hashOf(v, blk) & nt.mask
-			for nt.slots[i] != 0 {
-				i = (i + 1) & nt.mask
-			}
-			nt.slots[i] = v
-			nt.n++
+// delete empties slot r, shifting back the entries of its probe run that follow it.
+func (t *bindTable) delete(s *bindStore, r slotRef, blk bool) {
+	slots := t.table(r.ti)
+	i := r.pos
+	slots[i] = 0
+	t.count[r.ti]--
+	t.n--
+	for j := (i + 1) & tabMask; slots[j] != 0; j = (j + 1) & tabMask {
+		home := uint32(s.hashOf(slots[j], blk)) & tabMask
+		// The entry at j may move to i when its home is not in (i, j] (cyclically).
+		if (j-home)&tabMask >= (j-i)&tabMask {
+			slots[i], slots[j] = slots[j], 0
+			i = j
 		}
 	}
-	arena.Release(t.words)
-	*t = nt
 }
 
 // nameTable interns names with reference counts; an index is reused once its name's last

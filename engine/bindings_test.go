@@ -10,7 +10,7 @@ import (
 
 // TestBindStoreAgainstMap drives the compact binding store directly with random adds,
 // component changes, removals and block drops, many thousands of bindings (so its index
-// tables grow and shrink and deletions shift probe runs), and checks every binding, every
+// tables split and deletions shift probe runs), and checks every binding, every
 // block's chain and flags, and the charges against plain maps after each phase.
 func TestBindStoreAgainstMap(t *testing.T) {
 	type key struct {
@@ -160,8 +160,15 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	if charged != 0 || len(s.names.idx) != 0 || len(s.comps.idx) != 0 || len(s.over) != 0 {
 		t.Fatalf("emptied store: charge %d, names %d, comps %d, overflow %d", charged, len(s.names.idx), len(s.comps.idx), len(s.over))
 	}
-	if len(s.obj.slots) != bindTableMin || len(s.blk.slots) != bindTableMin {
-		t.Fatalf("tables not shrunk: %d %d slots", len(s.obj.slots), len(s.blk.slots))
+	if s.obj.depth < 2 || s.blk.depth < 2 {
+		t.Fatalf("tables never split: depths %d %d", s.obj.depth, s.blk.depth)
+	}
+	for _, tab := range []*bindTable{&s.obj, &s.blk} {
+		for ti, c := range tab.count {
+			if c != 0 {
+				t.Fatalf("emptied table %d counts %d", ti, c)
+			}
+		}
 	}
 }
 
