@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -407,7 +408,11 @@ func BenchmarkWriterSteps(b *testing.B) {
 	if *bigMem {
 		n = 10_000_000
 	}
-	for _, mode := range []string{"grow", "evict", "clear"} {
+	for _, mode := range []string{"grow", "evict", "clear", "shared", "clear-shared"} {
+		n := n
+		if strings.HasSuffix(mode, "shared") {
+			n = min(n, 2_000_000) // Mooncake-bound blocks: 2M with -bigmem
+		}
 		b.Run(fmt.Sprintf("%s/blocks=%d", mode, n), func(b *testing.B) {
 			var wall, cpu []time.Duration
 			for i := 0; i < b.N; i++ {
@@ -467,6 +472,36 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 	}
 	hs := make([]uint64, batch)
 	ops := []Op{{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: hs}}
+	if strings.HasSuffix(mode, "shared") {
+		// Mooncake-bound blocks (one binding each, 64-hex key, K and V) in batches of 64
+		// blocks; "clear-shared" records the one ClearShared step that drops them all.
+		sops := make([]Op, 0, 2*batch)
+		for done := 0; done < n; done += batch {
+			record = mode == "shared"
+			sops = sops[:0]
+			for j := 0; j < batch; j++ {
+				h := benchKey(done + j)
+				obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+				for _, comp := range []string{"_0_k", "_0_v"} {
+					sops = append(sops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+						ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+				}
+			}
+			if err := e.Apply(ctxA, sops); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if mode == "clear-shared" {
+			record = true
+			e.ClearShared("tcp://10.0.0.1:50001", "mooncake", ctxA.TenantID)
+			if e.TotalBlocks() != 0 {
+				b.Fatalf("%d blocks after ClearShared", e.TotalBlocks())
+			}
+		}
+		slices.Sort(wall)
+		slices.Sort(cpu)
+		return wall, cpu
+	}
 	for done := 0; done < n; done += batch {
 		record = mode == "grow" || evict && done >= limit+batch // set between requests: the writer reads it after the hand-off
 		for j := range hs {
