@@ -15,14 +15,15 @@ import (
 // addressed by uint32 index, no pointers):
 //
 //	w0  the block hash it binds
-//	w1  source name (16 bits) | backend name (16) | next binding of the same block, index+1 (32)
+//	w1  origin, the interned (source, backend) (16 bits) | next binding of the same block,
+//	    index+1 (32 bits, from bit 32)
 //	w2  component bitmask (bits 0..30 over the interned component names, bit 31: more
 //	    components in the overflow list) | tier << 32 | string key << 33 | live << 34
 //	w3..w6  the object key: a 64-hex-digit key as 32 binary bytes (big-endian words);
 //	    any other key's index in strs (w3)
 //
-// Source, backend and component names are interned per context in small tables with
-// reference counts (a name goes when its last binding does). Two hash indexes of uint32
+// Origins (source, backend) and component names are interned per context in small tables
+// with reference counts (a name goes when its last binding does). Two hash indexes of uint32
 // slots (bindTable), also outside the heap, find a binding by (source, backend, tier,
 // object key) and the first binding of a block by block hash; the bindings of one block
 // are chained through w1.
@@ -37,10 +38,14 @@ type bindStore struct {
 	seed    maphash.Seed
 	blkSeed uint64
 
-	names   nameTable // sources and backends
-	comps   nameTable // components (the first compBits get a bit in w2)
-	strs    []string  // object keys that are not 64 hex digits, by index
-	strFree []uint32
+	origins nameTable[origin] // (source, backend) pairs
+	comps   nameTable[string] // components (the first compBits get a bit in w2)
+	// doomed marks the origins a pending ClearShared or RetractSource is dropping (see
+	// detach); doomedList lists them. Each holds one reference until its sweep ends.
+	doomed     []bool
+	doomedList []uint16
+	strs       []string // object keys that are not 64 hex digits, by index
+	strFree    []uint32
 	// over holds, per binding index, the components past the bitmask (interned names
 	// that got no bit, when compBits names were live at once).
 	over map[uint32][]string
@@ -61,9 +66,12 @@ const (
 	flagLive     = 1 << 34
 )
 
-// ErrTooManyNames: a shared store named a source or backend when a context already held
-// 65,535 distinct live ones (their names are interned in 16 bits).
-var ErrTooManyNames = errors.New("too many distinct shared sources or backends in one context")
+// ErrTooManyNames: a shared store named a (source, backend) pair when a context already
+// held 65,536 distinct live ones (they are interned in 16 bits).
+var ErrTooManyNames = errors.New("too many distinct shared (source, backend) pairs in one context")
+
+// origin is a binding's (source, backend).
+type origin struct{ source, backend string }
 
 // Memory charges of a binding (Config.MemoryLimitBytes): its entry (bindWords words) and
 // a slot in each of the two index tables, which are between 3/8 and 3/4 full (about 7
@@ -130,14 +138,14 @@ func fmix(h uint64) uint64 {
 	return h
 }
 
-func (s *bindStore) objHash(src, bk uint16, tier uint64, k *objKey) uint64 {
+func (s *bindStore) objHash(o uint16, tier uint64, k *objKey) uint64 {
 	var h uint64
 	if k.str {
 		h = maphash.String(s.seed, k.s)
 	} else {
 		h = maphash.Comparable(s.seed, k.words)
 	}
-	return fmix(h ^ uint64(src) ^ uint64(bk)<<16 ^ tier<<32)
+	return fmix(h ^ uint64(o) ^ tier<<32)
 }
 
 func (s *bindStore) blkHash(hash uint64) uint64 {
@@ -154,11 +162,11 @@ func (s *bindStore) entObjHash(e []uint64) uint64 {
 	} else {
 		copy(k.words[:], e[bwKey:bwKey+4])
 	}
-	return s.objHash(uint16(e[bwNames]), uint16(e[bwNames]>>16), (e[bwFlags]>>32)&1, &k)
+	return s.objHash(uint16(e[bwNames]), (e[bwFlags]>>32)&1, &k)
 }
 
-func (s *bindStore) matches(e []uint64, src, bk uint16, tier uint64, k *objKey) bool {
-	if uint32(e[bwNames]) != uint32(src)|uint32(bk)<<16 || (e[bwFlags]>>32)&1 != tier {
+func (s *bindStore) matches(e []uint64, o uint16, tier uint64, k *objKey) bool {
+	if uint16(e[bwNames]) != o || (e[bwFlags]>>32)&1 != tier {
 		return false
 	}
 	if k.str {
@@ -170,14 +178,13 @@ func (s *bindStore) matches(e []uint64, src, bk uint16, tier uint64, k *objKey) 
 
 // find returns the binding (source, backend, tier, object key), if any.
 func (s *bindStore) find(source, backend string, tier SharedTier, key string) (uint32, bool) {
-	src, ok1 := s.names.idx[source]
-	bk, ok2 := s.names.idx[backend]
-	if !ok1 || !ok2 {
+	o, ok := s.origins.idx[origin{source, backend}]
+	if !ok {
 		return 0, false
 	}
 	k := encodeKey(key)
-	h := s.objHash(src, bk, uint64(tier), &k)
-	r, ok := s.obj.probe(h, func(v uint32) bool { return s.matches(s.ent(v-1), src, bk, uint64(tier), &k) })
+	h := s.objHash(o, uint64(tier), &k)
+	r, ok := s.obj.probe(h, func(v uint32) bool { return s.matches(s.ent(v-1), o, uint64(tier), &k) })
 	if !ok {
 		return 0, false
 	}
@@ -187,14 +194,12 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 // add creates the binding (source, backend, tier, object key) of block hash, without
 // components, first of its block's chain. It returns its memory charge.
 func (s *bindStore) add(source, backend string, tier SharedTier, key string, hash uint64) (uint32, int64, error) {
-	src, ok := s.names.ref(source, 1<<16-1)
+	o, ok := s.origins.ref(origin{source, backend}, 1<<16)
 	if !ok {
 		return 0, 0, ErrTooManyNames
 	}
-	bk, ok := s.names.ref(backend, 1<<16-1)
-	if !ok {
-		s.names.unref(src)
-		return 0, 0, ErrTooManyNames
+	for int(o) >= len(s.doomed) {
+		s.doomed = append(s.doomed, false)
 	}
 	k := encodeKey(key)
 	i := s.ents.Alloc()
@@ -226,11 +231,11 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 		next = s.blk.get(slot)
 		s.blk.set(slot, i+1)
 	}
-	e[bwNames] = uint64(src) | uint64(bk)<<16 | uint64(next)<<32
+	e[bwNames] = uint64(o) | uint64(next)<<32
 	if !found {
 		s.blk.insert(s, hb, i+1, true)
 	}
-	s.obj.insert(s, s.objHash(src, bk, uint64(tier), &k), i+1, false)
+	s.obj.insert(s, s.objHash(o, uint64(tier), &k), i+1, false)
 	s.n++
 	return i, charge, nil
 }
@@ -327,8 +332,7 @@ func (s *bindStore) remove(i uint32) (uint64, int64) {
 func (s *bindStore) free(i uint32) int64 {
 	e := s.ent(i)
 	charge := int64(bindingBaseBytes)
-	s.names.unref(uint16(e[bwNames]))
-	s.names.unref(uint16(e[bwNames] >> 16))
+	s.origins.unref(uint16(e[bwNames]))
 	if e[bwFlags]&flagStrKey != 0 {
 		si := uint32(e[bwKey])
 		charge += stringBytes + int64(len(s.strs[si]))
@@ -368,6 +372,34 @@ func (s *bindStore) dropBlock(hash uint64) (int, int64) {
 		v = next
 	}
 	return n, charge
+}
+
+// detach starts dropping every binding whose origin matches: those origins leave the
+// look-up map (a store of the same pair interns a fresh origin, so bindings made from
+// now on are not dropped, and a look-up no longer finds the doomed ones) and are marked
+// doomed, each holding one reference until the sweep that removes their bindings ends
+// (so that their index is not reused meanwhile). It reports whether any matched.
+func (s *bindStore) detach(match func(origin) bool) bool {
+	found := false
+	for o, i := range s.origins.idx {
+		if match(o) {
+			delete(s.origins.idx, o)
+			s.doomed[i] = true
+			s.origins.refs[i]++
+			s.doomedList = append(s.doomedList, i)
+			found = true
+		}
+	}
+	return found
+}
+
+// undoom ends the drops: the doomed origins' held references go.
+func (s *bindStore) undoom() {
+	for _, i := range s.doomedList {
+		s.doomed[i] = false
+		s.origins.unref(i)
+	}
+	s.doomedList = s.doomedList[:0]
 }
 
 // flags returns the shared meta flags of block hash: which tiers its bindings are in.
@@ -564,17 +596,17 @@ func (t *bindTable) delete(s *bindStore, r slotRef, blk bool) {
 	}
 }
 
-// nameTable interns names with reference counts; an index is reused once its name's last
-// reference is gone.
-type nameTable struct {
-	idx   map[string]uint16
-	names []string
+// nameTable interns names (component strings, origins) with reference counts; an index
+// is reused once its name's last reference is gone.
+type nameTable[K comparable] struct {
+	idx   map[K]uint16
+	names []K
 	refs  []uint32
 	free  []uint16
 }
 
 // ref takes a reference on name, interning it below limit indices; false when full.
-func (t *nameTable) ref(name string, limit int) (uint16, bool) {
+func (t *nameTable[K]) ref(name K, limit int) (uint16, bool) {
 	if i, ok := t.idx[name]; ok {
 		t.refs[i]++
 		return i, true
@@ -588,21 +620,26 @@ func (t *nameTable) ref(name string, limit int) (uint16, bool) {
 			return 0, false
 		}
 		i = uint16(len(t.names))
-		t.names = append(t.names, "")
+		var zero K
+		t.names = append(t.names, zero)
 		t.refs = append(t.refs, 0)
 	}
 	if t.idx == nil {
-		t.idx = map[string]uint16{}
+		t.idx = map[K]uint16{}
 	}
 	t.names[i], t.refs[i] = name, 1
 	t.idx[name] = i
 	return i, true
 }
 
-func (t *nameTable) unref(i uint16) {
+func (t *nameTable[K]) unref(i uint16) {
 	if t.refs[i]--; t.refs[i] == 0 {
-		delete(t.idx, t.names[i])
-		t.names[i] = ""
+		// A detached name (see bindStore.detach) no longer owns its map entry.
+		if j, ok := t.idx[t.names[i]]; ok && j == i {
+			delete(t.idx, t.names[i])
+		}
+		var zero K
+		t.names[i] = zero
 		t.free = append(t.free, i)
 	}
 }

@@ -157,8 +157,8 @@ func TestBindStoreAgainstMap(t *testing.T) {
 		delete(model, k)
 	}
 	check("emptied")
-	if charged != 0 || len(s.names.idx) != 0 || len(s.comps.idx) != 0 || len(s.over) != 0 {
-		t.Fatalf("emptied store: charge %d, names %d, comps %d, overflow %d", charged, len(s.names.idx), len(s.comps.idx), len(s.over))
+	if charged != 0 || len(s.origins.idx) != 0 || len(s.comps.idx) != 0 || len(s.over) != 0 {
+		t.Fatalf("emptied store: charge %d, names %d, comps %d, overflow %d", charged, len(s.origins.idx), len(s.comps.idx), len(s.over))
 	}
 	if s.obj.depth < 2 || s.blk.depth < 2 {
 		t.Fatalf("tables never split: depths %d %d", s.obj.depth, s.blk.depth)
@@ -239,20 +239,20 @@ func TestHexObjectKeyForms(t *testing.T) {
 	}
 }
 
-// TestTooManySharedNames: source and backend names are interned in 16 bits per context;
-// past 65,535 live names a store is refused with ErrTooManyNames (nothing changed), and
-// a name freed by its last binding's removal makes room again.
+// TestTooManySharedNames: (source, backend) pairs are interned in 16 bits per context;
+// past 65,536 live pairs a store is refused with ErrTooManyNames (nothing changed), and
+// a pair freed by its last binding's removal makes room again.
 func TestTooManySharedNames(t *testing.T) {
 	s := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, &testHooks{}, s)
 	bind := func(kind OpKind, i int) Op {
 		return Op{Kind: kind, Source: fmt.Sprintf("s%d", i), Backend: "b", ObjectKey: "k", SharedTier: SharedCPU, Hash: uint64(i)}
 	}
-	const names = 1<<16 - 1
+	const names = 1 << 16
 	ops := make([]Op, 0, 4096)
-	for i := 0; i < names-1; i++ { // with backend "b": every name taken
+	for i := 0; i < names; i++ {
 		ops = append(ops, bind(OpSharedStore, i))
-		if len(ops) == cap(ops) || i == names-2 {
+		if len(ops) == cap(ops) || i == names-1 {
 			mustApply(t, e, ctxA, ops...)
 			ops = ops[:0]
 		}
@@ -272,4 +272,118 @@ func TestTooManySharedNames(t *testing.T) {
 	if rankTiers(t, qk(t, e, ctxA, []uint64{names}, ""), "a", 0).CPUShare != 16 {
 		t.Fatal("store after a name was freed: no hit")
 	}
+}
+
+// TestClearSharedInBoundedSteps: ClearShared removes a context's bindings a bounded
+// number per writer step and returns when the last is gone. Between its steps, other
+// requests apply: a store of a cleared object binds anew (and survives the clear), a
+// remove of a cleared object is a no-op, a store of a cleared object under another hash
+// is no conflict, and other origins' bindings are untouched.
+func TestClearSharedInBoundedSteps(t *testing.T) {
+	deferred := make(chan struct{}, 1)
+	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
+		select {
+		case deferred <- struct{}{}:
+		default:
+		}
+	}}
+	a := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{}, h, a)
+	op := func(kind OpKind, backend, obj string, hash uint64) Op {
+		return Op{Kind: kind, Source: "s1", Backend: backend, ObjectKey: obj, Component: "_0_k", SharedTier: SharedCPU, Hash: hash}
+	}
+	const n = 8 * dropRemove
+	var ops []Op
+	for i := 1; i <= n; i++ {
+		ops = append(ops, op(OpSharedStore, "pool", fmt.Sprintf("obj-%d", i), uint64(i)))
+	}
+	ops = append(ops, op(OpSharedStore, "other", "obj-1", 5000))
+	mustApply(t, e, ctxA, ops...)
+	hit := func(h uint64) bool { return rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0).CPUShare == 16 }
+	done := make(chan struct{})
+	go func() {
+		e.ClearShared("s1", "pool", ctxA.TenantID)
+		close(done)
+	}()
+	<-deferred // its first step ran: at most dropRemove bindings went
+	select {
+	case <-done:
+		t.Fatal("ClearShared returned after one step")
+	default:
+	}
+	if !hit(n) || !hit(5000) {
+		t.Fatal("bindings gone before the clear reached them, or another origin's")
+	}
+	mustApply(t, e, ctxA, op(OpSharedStore, "pool", fmt.Sprintf("obj-%d", n), uint64(n)),
+		op(OpSharedRemove, "pool", fmt.Sprintf("obj-%d", n-1), uint64(n-1)),
+		op(OpSharedStore, "pool", fmt.Sprintf("obj-%d", n-2), 7777))
+	// Each writer step removes at most dropRemove bindings (and their blocks); the clear
+	// ends after about n/dropRemove steps, and ClearShared returns then.
+	for steps := 1; ; steps++ {
+		before := e.TotalBlocks()
+		if dropsPending(t, e) == 0 { // read on the writer before this step's drop work
+			break
+		}
+		if steps > n/dropRemove+2 {
+			t.Fatalf("clear of %d bindings not done after %d steps (%d units left)", n, steps, e.TotalBlocks())
+		}
+		if removed := before - e.TotalBlocks(); removed > 2*dropRemove {
+			t.Fatalf("one step removed %d bindings and blocks, want at most %d", removed, 2*dropRemove)
+		}
+	}
+	<-done
+	if !hit(n) || !hit(7777) || !hit(5000) {
+		t.Fatalf("bindings made after the clear, or another origin's, lost: %v %v %v", hit(n), hit(7777), hit(5000))
+	}
+	for _, h := range []uint64{1, 2, n / 2, n - 1, n - 2} {
+		if hit(h) {
+			t.Fatalf("block %d still hits after the clear", h)
+		}
+	}
+	// Three bindings and their blocks.
+	if got := e.TotalBlocks(); got != 6 {
+		t.Fatalf("units %d after the clear, want 6", got)
+	}
+}
+
+// TestClosePendingClearShared: closing the engine hands back a ClearShared still waiting
+// for its steps.
+func TestClosePendingClearShared(t *testing.T) {
+	deferred := make(chan struct{}, 1)
+	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
+		select {
+		case deferred <- struct{}{}:
+		default:
+		}
+	}}
+	a := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{}, h, a)
+	var ops []Op
+	for i := 1; i <= 4*dropRemove; i++ {
+		ops = append(ops, Op{Kind: OpSharedStore, Source: "s1", Backend: "pool", ObjectKey: fmt.Sprintf("o%d", i), SharedTier: SharedDisk, Hash: uint64(i)})
+	}
+	mustApply(t, e, ctxA, ops...)
+	done := make(chan struct{})
+	go func() {
+		e.RetractSource("s1")
+		close(done)
+	}()
+	<-deferred
+	e.Close()
+	<-done
+}
+
+// dropsPending reads, on the writer, the ClearShared / RetractSource requests still
+// waiting; the request is a writer step of its own (which may end them).
+func dropsPending(t testing.TB, e *Engine) (n int) {
+	t.Helper()
+	c := e.lookup(ctxA)
+	r := e.getReq()
+	r.kind = reqSync
+	r.fn = func(c *context) { n = len(c.dropWaiters) }
+	if err := c.do(r); err != nil {
+		t.Fatal(err)
+	}
+	e.putReq(r)
+	return n
 }

@@ -65,6 +65,8 @@ type request struct {
 	source, backend string
 	fn              func(*context)
 	isNew           bool
+	// deferred: the writer hands the request back later (a shared drop, see dropShared).
+	deferred bool
 	// dropped reports that the context was dropped (reqDropIfEmpty) before this request:
 	// nothing was done, and the caller looks the context up again.
 	dropped bool
@@ -104,9 +106,13 @@ type context struct {
 	slotUsed   []bool       // slot number in use
 	slotCounts [][3]int     // per slot number, per engine tier: blocks owning the bit
 	// bs holds the shared bindings (bindings.go); nil while there are none.
-	bs    *bindStore
-	epoch uint64 // last write epoch handed out (microseconds since the engine started)
-	now   uint64 // the current request's time, microseconds since the engine started
+	bs *bindStore
+	// dropWaiters are the ClearShared / RetractSource requests whose bindings dropStep
+	// is still removing (from binding index dropPos on).
+	dropWaiters []*request
+	dropPos     uint32
+	epoch       uint64 // last write epoch handed out (microseconds since the engine started)
+	now         uint64 // the current request's time, microseconds since the engine started
 	// oldest and newest end the write-order list (record index + 1, 0 when empty).
 	oldest, newest uint32
 	// next is the table the next migration will fill, prepared ahead (prepareNext):
@@ -168,7 +174,7 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
-		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration or a sweep is running: between requests, move it on in
 			// bounded steps, so that an idle context soon holds one table (and its
 			// memory) again and its clears are applied to every record.
@@ -178,6 +184,7 @@ func (c *context) run() {
 			case <-c.wake:
 				c.payDebt()
 			case <-c.quit:
+				c.endDrops()
 				return
 			default:
 				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
@@ -185,6 +192,7 @@ func (c *context) run() {
 				}
 				c.releaseStep()
 				c.sweepStep()
+				c.dropStep()
 			}
 			continue
 		}
@@ -194,6 +202,7 @@ func (c *context) run() {
 		case <-c.wake:
 			c.payDebt()
 		case <-c.quit:
+			c.endDrops() // closing: nothing changes any more
 			return
 		}
 	}
@@ -209,22 +218,32 @@ func (c *context) serve(r *request) {
 	if h := c.eng.hooks; h != nil && h.now != nil {
 		c.now = h.now()
 	}
+	var deferred bool
 	if h := c.eng.hooks; h != nil && h.step != nil {
 		h.step(true)
 		c.handle(r)
+		deferred = r.deferred // r may be handed back (and reused) by dropStep below
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.dropStep()
 		h.step(false)
 	} else {
 		c.handle(r)
+		deferred = r.deferred
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.dropStep()
 	}
 	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
-	r.done <- struct{}{}
+	if h := c.eng.hooks; h != nil && h.dropDeferred != nil && deferred && len(c.dropWaiters) > 0 {
+		h.dropDeferred()
+	}
+	if !deferred {
+		r.done <- struct{}{}
+	}
 }
 
 func (c *context) handle(r *request) {
@@ -242,9 +261,9 @@ func (c *context) handle(r *request) {
 	case reqUnregister:
 		c.unregister(r.slot)
 	case reqClearShared:
-		c.dropBindings(r.source, r.backend, true)
+		r.deferred = c.dropShared(r, true)
 	case reqRetractSource:
-		c.dropBindings(r.source, "", false)
+		r.deferred = c.dropShared(r, false)
 	case reqDropIfEmpty:
 		// Without slots and bindings no record holds a visible bit: whatever records
 		// remain hold only bits of unregistered slots that pending clears mask.

@@ -361,6 +361,9 @@ func (e *Engine) Apply(key ContextKey, ops []Op) error {
 
 // ClearShared removes every shared binding of source and backend in every context of
 // tenantID, in both shared tiers (Mooncake `cleared`). It returns once all are applied.
+// Each context detaches the bindings at once (stores and removes that follow are not
+// affected by the clear) and removes them a bounded number per writer step, applying
+// other requests in between; queries see them go over those steps.
 func (e *Engine) ClearShared(source, backend, tenantID string) {
 	for _, c := range e.sortedContexts() {
 		if c.key.TenantID != tenantID {

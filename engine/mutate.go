@@ -458,35 +458,63 @@ func (c *context) reflag(hash uint64) {
 	}
 }
 
-// dropBindings removes every binding of source (and backend, when withBackend), all
-// components at once.
-func (c *context) dropBindings(source, backend string, withBackend bool) {
-	bs := c.bs
-	if bs == nil {
+// dropShared starts removing every binding of source (and backend, when withBackend),
+// all components at once (ClearShared, RetractSource). The bindings are detached at once
+// (a later store or remove of the same object is not affected by the drop, and look-ups
+// no longer find them) and removed by dropStep, a bounded number per writer step, with r
+// handed back when the last is gone; it reports whether r waits for that.
+func (c *context) dropShared(r *request, withBackend bool) bool {
+	if c.bs == nil || !c.bs.detach(func(o origin) bool { return o.source == r.source && (!withBackend || o.backend == r.backend) }) {
+		return false
+	}
+	c.dropPos = 0 // a new drop rescans every binding
+	c.dropWaiters = append(c.dropWaiters, r)
+	return true
+}
+
+// Bounds of one dropStep: bindings visited and removed.
+const (
+	dropVisit  = 4096
+	dropRemove = 256
+)
+
+// dropStep moves the pending drops (dropShared) on by a bounded number of bindings and,
+// once every binding was visited, hands their requests back.
+func (c *context) dropStep() {
+	if len(c.dropWaiters) == 0 {
 		return
 	}
-	src, ok := bs.names.idx[source]
-	if !ok {
-		return
-	}
-	var bk uint16
-	if withBackend {
-		if bk, ok = bs.names.idx[backend]; !ok {
+	if bs := c.bs; bs != nil {
+		end := bs.ents.HighWater()
+		for visited, removed := 0, 0; c.dropPos < end && visited < dropVisit && removed < dropRemove; c.dropPos, visited = c.dropPos+1, visited+1 {
+			e := bs.ent(c.dropPos)
+			if e[bwFlags]&flagLive == 0 || !bs.doomed[uint16(e[bwNames])] {
+				continue
+			}
+			hash, charge := bs.remove(c.dropPos)
+			c.eng.total.Add(-1)
+			c.eng.bytes.Add(-charge)
+			c.reflag(hash)
+			removed++
+		}
+		c.blocks.Store(int64(c.tab.ar.Len())) // also run between requests (run's idle loop)
+		if c.dropPos < end {
 			return
 		}
+		bs.undoom()
+		c.dropEmptyStore()
+		c.maybeShrink()
 	}
-	for i := uint32(0); i < bs.ents.HighWater() && bs.n > 0; i++ {
-		e := bs.ent(i)
-		if e[bwFlags]&flagLive == 0 || uint16(e[bwNames]) != src || withBackend && uint16(e[bwNames]>>16) != bk {
-			continue
-		}
-		hash, charge := bs.remove(i)
-		c.eng.total.Add(-1)
-		c.eng.bytes.Add(-charge)
-		c.reflag(hash)
+	c.endDrops()
+}
+
+// endDrops hands back the requests waiting for drops.
+func (c *context) endDrops() {
+	for i, r := range c.dropWaiters {
+		r.done <- struct{}{}
+		c.dropWaiters[i] = nil
 	}
-	c.dropEmptyStore()
-	c.maybeShrink()
+	c.dropWaiters = c.dropWaiters[:0]
 }
 
 // Memory charges (Config.MemoryLimitBytes): what the index's own structures hold per
