@@ -291,7 +291,7 @@ func BenchmarkResidentBytes(b *testing.B) {
 		// Mooncake store), no engine slot.
 		// 100K of them at 1M unless -bigmem: a Mooncake block takes about five times an
 		// engine block's time to index (two ops, a binding look-up each) and, with its
-		// compact binding (bindings.go), about 2.2 times its memory (1M, -bigmem: 126
+		// compact binding (bindings.go), about 2.2 times its memory (1M, -bigmem: 123
 		// RSS bytes per block against 57; 450 heap / 621 RSS bytes with Go-map bindings).
 		nm := n
 		if !*bigMem {
@@ -411,7 +411,7 @@ func BenchmarkWriterSteps(b *testing.B) {
 	for _, mode := range []string{"grow", "evict", "clear", "shared", "clear-shared"} {
 		n := n
 		if strings.HasSuffix(mode, "shared") {
-			n = min(n, 2_000_000) // Mooncake-bound blocks: 2M with -bigmem
+			n = min(n/4, 2_000_000) // Mooncake-bound blocks: 64K, 2M with -bigmem
 		}
 		b.Run(fmt.Sprintf("%s/blocks=%d", mode, n), func(b *testing.B) {
 			var wall, cpu []time.Duration
