@@ -102,3 +102,32 @@ func TestApplyAllocatesNothing(t *testing.T) {
 		t.Fatalf("Apply allocates %.1f per run", allocs)
 	}
 }
+
+// TestSharedApplyAllocatesNothing: once its names are interned, storing and removing a
+// Mooncake binding (64-hex key, K and V components) allocates nothing: the binding is an
+// arena entry reused from the free list, its key binary, its components bits.
+func TestSharedApplyAllocatesNothing(t *testing.T) {
+	skipAllocUnderRace(t)
+	a := Slot{"a", 0}
+	e := setup(t, Config{}, a)
+	op := func(kind OpKind, obj, comp string, h uint64) Op {
+		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "mooncake", ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h}
+	}
+	hex := "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+	// Another binding keeps the names interned and the store alive.
+	mustApply(t, e, ctxA, op(OpSharedStore, "keep", "_0_k", 1), op(OpSharedStore, "keep", "_0_v", 1))
+	ops := []Op{op(OpSharedStore, hex, "_0_k", 2), op(OpSharedStore, hex, "_0_v", 2),
+		op(OpSharedRemove, hex, "_0_k", 2), op(OpSharedRemove, hex, "_0_v", 2)}
+	mustApply(t, e, ctxA, ops...)
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := e.Apply(ctxA, ops); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("shared Apply allocates %.1f per run", allocs)
+	}
+	if e.TotalBlocks() != 2 {
+		t.Fatalf("units %d, want the kept binding and its block", e.TotalBlocks())
+	}
+}

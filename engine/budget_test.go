@@ -72,8 +72,8 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 }
 
 // TestMemoryLimitEvictsOldestAcrossContexts: with Config.MemoryLimitBytes, blocks and
-// shared bindings are charged (48 bytes a packed block, 160 bytes plus its strings a
-// binding); past the limit each new one evicts the engine's oldest-written block,
+// shared bindings are charged (48 bytes a packed block, 72 bytes plus the strings it
+// holds alone a binding); past the limit each new one evicts the engine's oldest-written block,
 // whichever context holds it, and the charge comes back down with evictions, removals
 // and drops.
 func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
@@ -106,12 +106,14 @@ func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
 	if present(ctxA, 1) || !present(ctxA, 2) || !present(ctxB, 105) || e.IndexBytes() != limit {
 		t.Fatalf("B's new block did not evict A's oldest (charged %d)", e.IndexBytes())
 	}
-	// A binding (160 + 10 + 4 + 5 bytes, and 16 for its one, empty, component) costs
-	// more than a block: still over after one eviction, its store evicts a second.
+	// A binding (72 bytes: its entry and index slots, and 16 + 5 for its object key,
+	// which is not 64 hex digits and so is kept as a string; its one, empty, component
+	// is interned) costs more than a block: still over after one eviction, its store
+	// evicts a second.
 	bind := Op{Kind: OpSharedStore, Source: "tcp://mc:1", Backend: "pool", ObjectKey: "obj-1", SharedTier: SharedCPU, Hash: 2}
 	mustApply(t, e, ctxA, bind)
 	mustApply(t, e, ctxB)
-	if want := int64(limit + 195 - 2*48); e.IndexBytes() != want {
+	if want := int64(limit + bindingBaseBytes + 16 + 5 - 2*48); e.IndexBytes() != want {
 		t.Fatalf("charged %d after the binding, want %d", e.IndexBytes(), want)
 	}
 	mustApply(t, e, ctxA, store(a, TierDevice, 7))

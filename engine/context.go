@@ -65,33 +65,12 @@ type request struct {
 	source, backend string
 	fn              func(*context)
 	isNew           bool
+	// deferred: the writer hands the request back later (a shared drop, see dropShared).
+	deferred bool
 	// dropped reports that the context was dropped (reqDropIfEmpty) before this request:
 	// nothing was done, and the caller looks the context up again.
 	dropped bool
 	done    chan struct{}
-}
-
-// bindingKey identifies a shared binding within a context (the tenant is in the context key).
-type bindingKey struct {
-	source, backend, object string
-	tier                    SharedTier
-}
-
-// binding is a shared object bound to a block, counted in shared[hash] (while gen equals
-// that entry's gen) and listed there, so that evicting the block drops its bindings too.
-type binding struct {
-	hash  uint64
-	gen   uint64
-	comps []string // physical components still present; the binding goes with the last
-	key   bindingKey
-	next  *binding // next binding of the same block
-}
-
-// sharedCount counts the bindings of one block per shared tier and lists them.
-type sharedCount struct {
-	cpu, disk uint32
-	gen       uint64
-	head      *binding
 }
 
 // context is one cache-sharing group with its writer goroutine.
@@ -126,10 +105,14 @@ type context struct {
 	slots      map[Slot]int // registered slot -> slot number
 	slotUsed   []bool       // slot number in use
 	slotCounts [][3]int     // per slot number, per engine tier: blocks owning the bit
-	bindings   map[bindingKey]*binding
-	shared     map[uint64]sharedCount
-	epoch      uint64 // last write epoch handed out (microseconds since the engine started)
-	now        uint64 // the current request's time, microseconds since the engine started
+	// bs holds the shared bindings (bindings.go); nil while there are none.
+	bs *bindStore
+	// dropWaiters are the ClearShared / RetractSource requests whose bindings dropStep
+	// is still removing (from binding index dropPos on).
+	dropWaiters []*request
+	dropPos     uint32
+	epoch       uint64 // last write epoch handed out (microseconds since the engine started)
+	now         uint64 // the current request's time, microseconds since the engine started
 	// oldest and newest end the write-order list (record index + 1, 0 when empty).
 	oldest, newest uint32
 	// next is the table the next migration will fill, prepared ahead (prepareNext):
@@ -141,7 +124,6 @@ type context struct {
 	migrations    int // incremental table migrations started (tests)
 	evictLogged   time.Time
 	evictUnlogged int
-	gen           uint64 // last sharedCount generation handed out
 	// Pending slot clears (clear.go): stamp is the newest clear's, clears are oldest
 	// first, clr is their published mask, sweepPos the sweep's next record index.
 	stamp    uint64
@@ -158,15 +140,13 @@ type context struct {
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 	c := &context{
-		eng:      e,
-		key:      key,
-		profile:  p,
-		reqs:     make(chan *request),
-		quit:     make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		slots:    map[Slot]int{},
-		bindings: map[bindingKey]*binding{},
-		shared:   map[uint64]sharedCount{},
+		eng:     e,
+		key:     key,
+		profile: p,
+		reqs:    make(chan *request),
+		quit:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		slots:   map[Slot]int{},
 	}
 	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
@@ -197,7 +177,7 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
-		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration or a sweep is running: between requests, move it on in
 			// bounded steps, so that an idle context soon holds one table (and its
 			// memory) again and its clears are applied to every record.
@@ -207,6 +187,7 @@ func (c *context) run() {
 			case <-c.wake:
 				c.payDebt()
 			case <-c.quit:
+				c.endDrops()
 				return
 			default:
 				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
@@ -214,6 +195,7 @@ func (c *context) run() {
 				}
 				c.releaseStep()
 				c.sweepStep()
+				c.dropStep()
 			}
 			continue
 		}
@@ -223,6 +205,7 @@ func (c *context) run() {
 		case <-c.wake:
 			c.payDebt()
 		case <-c.quit:
+			c.endDrops() // closing: nothing changes any more
 			return
 		}
 	}
@@ -238,22 +221,32 @@ func (c *context) serve(r *request) {
 	if h := c.eng.hooks; h != nil && h.now != nil {
 		c.now = h.now()
 	}
+	var deferred bool
 	if h := c.eng.hooks; h != nil && h.step != nil {
 		h.step(true)
 		c.handle(r)
+		deferred = r.deferred // r may be handed back (and reused) by dropStep below
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.dropStep()
 		h.step(false)
 	} else {
 		c.handle(r)
+		deferred = r.deferred
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.dropStep()
 	}
 	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
-	r.done <- struct{}{}
+	if h := c.eng.hooks; h != nil && h.dropDeferred != nil && deferred && len(c.dropWaiters) > 0 {
+		h.dropDeferred()
+	}
+	if !deferred {
+		r.done <- struct{}{}
+	}
 }
 
 func (c *context) handle(r *request) {
@@ -271,13 +264,13 @@ func (c *context) handle(r *request) {
 	case reqUnregister:
 		c.unregister(r.slot)
 	case reqClearShared:
-		c.dropBindings(func(k bindingKey) bool { return k.source == r.source && k.backend == r.backend })
+		r.deferred = c.dropShared(r, true)
 	case reqRetractSource:
-		c.dropBindings(func(k bindingKey) bool { return k.source == r.source })
+		r.deferred = c.dropShared(r, false)
 	case reqDropIfEmpty:
 		// Without slots and bindings no record holds a visible bit: whatever records
 		// remain hold only bits of unregistered slots that pending clears mask.
-		if len(c.slots) == 0 && len(c.bindings) == 0 {
+		if len(c.slots) == 0 && c.bs == nil {
 			c.dropped = true
 			r.dropped = true
 			c.eng.total.Add(-int64(c.tab.ar.Len()))
@@ -298,6 +291,10 @@ func (c *context) handle(r *request) {
 func (c *context) release() {
 	c.tab.dead.Store(true)
 	c.tab.ar.Release()
+	if c.bs != nil {
+		c.bs.release()
+		c.bs = nil
+	}
 	arena.Release(c.tab.entries)
 	if p := c.tab.prev.Load(); p != nil {
 		p.dead.Store(true)

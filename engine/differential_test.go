@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -122,8 +123,24 @@ func (w *diffWorld) randOp(k ContextKey) Op {
 	default:
 		// Object keys mostly name their hash (so stores repeat and components pile up);
 		// sometimes a key is reused for another hash (a conflict, or a mismatched remove).
+		// Keys come in three forms: free-form strings, 64 hex digits (kept as 32 binary
+		// bytes) and the same digits in upper case (another key, kept as a string).
 		i := w.pick(len(u))
 		obj := fmt.Sprintf("obj-%d-%d", i, w.pick(2))
+		switch w.pick(3) {
+		case 0:
+			obj = fmt.Sprintf("%016x%016x%016x%016x", u[i], i, w.pick(2), ^u[i])
+		case 1:
+			if w.pick(2) == 0 {
+				obj = strings.ToUpper(fmt.Sprintf("%016x%016x%016x%016x", u[i], i, w.pick(2), ^u[i]))
+			}
+		}
+		// Components: mostly the usual K/V pair, sometimes one of many (more names than
+		// the bindings' component bitmask holds, so some go to the overflow lists).
+		comp := []string{"", "_0_k", "_0_v"}[w.pick(3)]
+		if w.pick(3) == 0 {
+			comp = fmt.Sprintf("_%d_x", w.pick(48))
+		}
 		h := u[i]
 		if w.pick(10) == 0 {
 			h = u[w.pick(len(u))]
@@ -133,7 +150,7 @@ func (w *diffWorld) randOp(k ContextKey) Op {
 			kind = OpSharedRemove
 		}
 		return Op{Kind: kind, Source: src, Backend: backend, ObjectKey: obj, SharedTier: SharedTier(w.pick(2)),
-			Component: []string{"", "_0_k", "_0_v"}[w.pick(3)], Hash: h}
+			Component: comp, Hash: h}
 	}
 }
 

@@ -51,7 +51,9 @@ type Config struct {
 	// MemoryLimitBytes bounds the memory of the index's own structures over all
 	// contexts: each block is charged its record and table share (48 bytes for contexts
 	// of up to 21 slots, 64 up to 64 slots, 88 up to 128) and each shared (Mooncake)
-	// binding 160 bytes plus its source, backend, object key and component strings.
+	// binding 72 bytes (its compact entry and index slots), plus 16 and its length for
+	// an object key that is not 64 hex digits, and for each component past the 31 names
+	// a context's bindings share at once.
 	// Past it, every new block or binding evicts the engine's oldest-written block,
 	// whichever context holds it, like MaxBlocks (up to two while the charge stays over
 	// it). Process RSS is higher: the Go runtime, buffers, connections and the
@@ -359,6 +361,9 @@ func (e *Engine) Apply(key ContextKey, ops []Op) error {
 
 // ClearShared removes every shared binding of source and backend in every context of
 // tenantID, in both shared tiers (Mooncake `cleared`). It returns once all are applied.
+// Each context detaches the bindings at once (stores and removes that follow are not
+// affected by the clear) and removes them a bounded number per writer step, applying
+// other requests in between; queries see them go over those steps.
 func (e *Engine) ClearShared(source, backend, tenantID string) {
 	for _, c := range e.sortedContexts() {
 		if c.key.TenantID != tenantID {

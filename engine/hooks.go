@@ -16,6 +16,9 @@ type testHooks struct {
 	// noIdleMigration stops writers from migrating tables and sweeping clears between
 	// requests, so that a test sees them advance only with requests.
 	noIdleMigration bool
+	// dropDeferred runs on the writer after a step that left a ClearShared or
+	// RetractSource request waiting for its bindings to be removed (dropStep).
+	dropDeferred func()
 	// sweepChunk, when > 0, replaces defaultSweepChunk (records a sweep step visits).
 	sweepChunk int
 	// now replaces the clock of write epochs (microseconds since the engine started).

@@ -18,6 +18,12 @@ type refModel struct {
 	ctxs map[ContextKey]*refCtx
 }
 
+// bindingKey identifies a shared binding within a context in the model.
+type bindingKey struct {
+	source, backend, object string
+	tier                    SharedTier
+}
+
 type refBinding struct {
 	hash  uint64
 	comps map[string]bool

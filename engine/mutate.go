@@ -3,7 +3,6 @@ package engine
 import (
 	"math"
 	"math/bits"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -370,58 +369,38 @@ func (c *context) sharedStore(op *Op) {
 		op.Err = ErrInvalidOp
 		return
 	}
-	bk := bindingKey{source: op.Source, backend: op.Backend, object: op.ObjectKey, tier: op.SharedTier}
-	b := c.bindings[bk]
-	if b != nil && b.hash != op.Hash {
+	if c.bs == nil {
+		c.bs = newBindStore()
+	}
+	bs := c.bs
+	i, found := bs.find(op.Source, op.Backend, op.SharedTier, op.ObjectKey)
+	if found && bs.ent(i)[bwHash] != op.Hash {
 		op.Err = ErrBindingConflict
 		return
 	}
-	added := b == nil
-	if added {
-		b = &binding{hash: op.Hash, key: bk}
-		c.bindings[bk] = b
+	if !found {
+		var charge int64
+		var err error
+		if i, charge, err = bs.add(op.Source, op.Backend, op.SharedTier, op.ObjectKey, op.Hash); err != nil {
+			op.Err = err
+			c.dropEmptyStore()
+			return
+		}
 		c.eng.total.Add(1)
-		c.eng.bytes.Add(bindingBytes(bk))
+		c.eng.bytes.Add(charge)
 	}
-	if !slices.Contains(b.comps, op.Component) {
-		b.comps = append(b.comps, op.Component)
-		c.eng.bytes.Add(componentBytes(op.Component))
+	if added, charge := bs.addComp(i, op.Component); added {
+		c.eng.bytes.Add(charge)
 	}
 	idx, rec, created := c.findOrCreate(op.Hash)
-	sc, ok := c.shared[op.Hash]
-	if !ok || sc.gen != b.gen {
-		if !ok {
-			c.gen++
-			sc = sharedCount{gen: c.gen}
-		}
-		b.gen = sc.gen
-		b.next, sc.head = sc.head, b
-		if op.SharedTier == SharedCPU {
-			sc.cpu++
-		} else {
-			sc.disk++
-		}
-		c.shared[op.Hash] = sc
-	}
 	c.epoch = max(c.epoch, c.now)
-	c.setMeta(rec, c.epoch, sharedFlags(sc))
+	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags|tierFlag(op.SharedTier))
 	if c.newest != idx+1 {
 		c.moveNewest(idx, rec)
 	}
-	if created || added {
+	if created || !found {
 		c.maybeEvict()
 	}
-}
-
-func sharedFlags(sc sharedCount) uint64 {
-	var f uint64
-	if sc.cpu > 0 {
-		f |= metaSharedCPU
-	}
-	if sc.disk > 0 {
-		f |= metaSharedDisk
-	}
-	return f
 }
 
 func (c *context) sharedRemove(op *Op) {
@@ -429,103 +408,123 @@ func (c *context) sharedRemove(op *Op) {
 		op.Err = ErrInvalidOp
 		return
 	}
-	bk := bindingKey{source: op.Source, backend: op.Backend, object: op.ObjectKey, tier: op.SharedTier}
-	b := c.bindings[bk]
-	if b == nil {
+	if c.bs == nil {
 		return
 	}
-	if b.hash != op.Hash {
+	bs := c.bs
+	i, found := bs.find(op.Source, op.Backend, op.SharedTier, op.ObjectKey)
+	if !found {
+		return
+	}
+	if bs.ent(i)[bwHash] != op.Hash {
 		op.Err = ErrBindingMismatch
 		return
 	}
-	i := slices.Index(b.comps, op.Component)
-	if i < 0 {
+	removed, charge, left := bs.removeComp(i, op.Component)
+	if !removed {
 		return
 	}
-	b.comps = slices.Delete(b.comps, i, i+1)
-	c.eng.bytes.Add(-componentBytes(op.Component))
-	if len(b.comps) > 0 {
+	c.eng.bytes.Add(-charge)
+	if left {
 		return
 	}
-	delete(c.bindings, bk)
+	hash, charge := bs.remove(i)
 	c.eng.total.Add(-1)
-	c.eng.bytes.Add(-bindingBytes(bk))
-	c.deactivate(b, op.SharedTier)
+	c.eng.bytes.Add(-charge)
+	c.reflag(hash)
+	c.dropEmptyStore()
 }
 
-// deactivate removes binding b (of tier) from its block's shared counts, if it is active.
-func (c *context) deactivate(b *binding, tier SharedTier) {
-	sc, ok := c.shared[b.hash]
-	if !ok || sc.gen != b.gen {
-		return // its block was evicted since: nothing is counted for it
+// dropEmptyStore gives the binding store's memory back once it holds no binding.
+func (c *context) dropEmptyStore() {
+	if c.bs != nil && c.bs.n == 0 {
+		c.bs.release()
+		c.bs = nil
 	}
-	if tier == SharedCPU {
-		sc.cpu--
-	} else {
-		sc.disk--
-	}
-	for p := &sc.head; *p != nil; p = &(*p).next {
-		if *p == b {
-			*p = b.next
-			break
-		}
-	}
-	if sc.cpu == 0 && sc.disk == 0 {
-		delete(c.shared, b.hash)
-	} else {
-		c.shared[b.hash] = sc
-	}
-	idx, found := c.tab.lookup(b.hash)
+}
+
+// reflag sets the shared flags of block hash after one of its bindings went, and deletes
+// its record when nothing owns it any more.
+func (c *context) reflag(hash uint64) {
+	idx, found := c.tab.lookup(hash)
 	if !found {
-		return // unreachable: a counted binding keeps its record alive
+		return // unreachable: a binding keeps its block's record alive
 	}
 	rec := c.tab.ar.Record(idx)
 	c.cleanRec(idx, rec) // it keeps its shared flags: not deleted
-	c.setMeta(rec, rec[recMeta]>>metaEpochShift, sharedFlags(sc))
+	c.setMeta(rec, rec[recMeta]>>metaEpochShift, c.bs.flags(hash))
 	if recordEmpty(rec) {
 		c.deleteRecord(idx, rec)
 	}
 }
 
-// dropBindings removes every binding whose key matches, all components at once.
-func (c *context) dropBindings(match func(bindingKey) bool) {
-	for k, b := range c.bindings {
-		if match(k) {
-			delete(c.bindings, k)
-			c.uncharge(b)
-			c.deactivate(b, k.tier)
-		}
+// dropShared starts removing every binding of source (and backend, when withBackend),
+// all components at once (ClearShared, RetractSource). The bindings are detached at once
+// (a later store or remove of the same object is not affected by the drop, and look-ups
+// no longer find them) and removed by dropStep, a bounded number per writer step, with r
+// handed back when the last is gone; it reports whether r waits for that.
+func (c *context) dropShared(r *request, withBackend bool) bool {
+	if c.bs == nil || !c.bs.detach(func(o origin) bool { return o.source == r.source && (!withBackend || o.backend == r.backend) }) {
+		return false
 	}
-	c.maybeShrink()
+	c.dropPos = 0 // a new drop rescans every binding
+	c.dropWaiters = append(c.dropWaiters, r)
+	return true
+}
+
+// Bounds of one dropStep: bindings visited and removed.
+const (
+	dropVisit  = 4096
+	dropRemove = 256
+)
+
+// dropStep moves the pending drops (dropShared) on by a bounded number of bindings and,
+// once every binding was visited, hands their requests back.
+func (c *context) dropStep() {
+	if len(c.dropWaiters) == 0 {
+		return
+	}
+	if bs := c.bs; bs != nil {
+		end := bs.ents.HighWater()
+		for visited, removed := 0, 0; c.dropPos < end && visited < dropVisit && removed < dropRemove; c.dropPos, visited = c.dropPos+1, visited+1 {
+			e := bs.ent(c.dropPos)
+			if e[bwFlags]&flagLive == 0 || !bs.doomed[uint16(e[bwNames])] {
+				continue
+			}
+			hash, charge := bs.remove(c.dropPos)
+			c.eng.total.Add(-1)
+			c.eng.bytes.Add(-charge)
+			c.reflag(hash)
+			removed++
+		}
+		c.blocks.Store(int64(c.tab.ar.Len())) // also run between requests (run's idle loop)
+		if c.dropPos < end {
+			return
+		}
+		bs.undoom()
+		c.dropEmptyStore()
+		c.maybeShrink()
+	}
+	c.endDrops()
+}
+
+// endDrops hands back the requests waiting for drops.
+func (c *context) endDrops() {
+	for i, r := range c.dropWaiters {
+		r.done <- struct{}{}
+		c.dropWaiters[i] = nil
+	}
+	c.dropWaiters = c.dropWaiters[:0]
 }
 
 // Memory charges (Config.MemoryLimitBytes): what the index's own structures hold per
 // block and per shared binding. A block is its record (recordWords(w) words, 32 bytes for
 // contexts of up to 21 slots) and about two table entries (8 bytes each: tables are
-// between 5/16 and 13/16 full); a binding is its map entry, struct and list link
-// (bindingBaseBytes) and its strings.
-const (
-	tableBytesPerBlock = 16
-	bindingBaseBytes   = 160
-)
+// between 5/16 and 13/16 full); a binding is its entry and index slots
+// (bindingBaseBytes, bindings.go) and the strings it holds alone.
+const tableBytesPerBlock = 16
 
 func blockBytes(w int) int64 { return int64(recordWords(w)*8 + tableBytesPerBlock) }
-
-func bindingBytes(k bindingKey) int64 {
-	return int64(bindingBaseBytes + len(k.source) + len(k.backend) + len(k.object))
-}
-
-func componentBytes(comp string) int64 { return int64(16 + len(comp)) }
-
-// uncharge takes a dropped binding (with all its components) off the engine's totals.
-func (c *context) uncharge(b *binding) {
-	c.eng.total.Add(-1)
-	n := bindingBytes(b.key)
-	for _, comp := range b.comps {
-		n += componentBytes(comp)
-	}
-	c.eng.bytes.Add(-n)
-}
 
 // maybeEvict keeps the context within its capacity after a block was created: the
 // oldest-written block goes, with every owner (shared bindings stay, and a repeated store
@@ -560,7 +559,12 @@ func (c *context) maybeEvict() {
 
 // units is what the capacities count: blocks, and shared bindings (each an object key
 // string held for its block).
-func (c *context) units() int { return c.tab.ar.Len() + len(c.bindings) }
+func (c *context) units() int {
+	if c.bs == nil {
+		return c.tab.ar.Len()
+	}
+	return c.tab.ar.Len() + c.bs.n
+}
 
 // evictForBudget keeps the engine within Config.MaxBlocks after this context created a
 // block: the oldest-written block of the engine goes. When another context holds it,
@@ -646,12 +650,11 @@ func (c *context) evictOldest() {
 		}
 	}
 	// The block's shared bindings go with it (they count against the capacity too).
-	if sc, ok := c.shared[rec[recKey]]; ok {
-		for b := sc.head; b != nil; b = b.next {
-			delete(c.bindings, b.key)
-			c.uncharge(b)
-		}
-		delete(c.shared, rec[recKey])
+	if c.bs != nil {
+		n, charge := c.bs.dropBlock(rec[recKey])
+		c.eng.total.Add(-int64(n))
+		c.eng.bytes.Add(-charge)
+		c.dropEmptyStore()
 	}
 	c.deleteRecord(idx, rec)
 }

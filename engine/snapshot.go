@@ -217,15 +217,11 @@ func (c *context) snapshotStep(ch *SnapshotChunk, cursor *uint32, step int) bool
 				}
 			}
 		}
-		if meta&metaFlags != 0 {
-			sc := c.shared[k]
-			for b := sc.head; b != nil; b = b.next {
-				if b.gen != sc.gen || c.bindings[b.key] != b {
-					continue
-				}
-				ch.Bindings = append(ch.Bindings, SnapshotBinding{Source: b.key.source, Backend: b.key.backend,
-					ObjectKey: b.key.object, Tier: b.key.tier, Hash: b.hash, Components: append([]string(nil), b.comps...)})
-			}
+		if meta&metaFlags != 0 && c.bs != nil {
+			c.bs.eachOf(k, func(source, backend, key string, tier SharedTier, comps []string) {
+				ch.Bindings = append(ch.Bindings, SnapshotBinding{Source: source, Backend: backend,
+					ObjectKey: key, Tier: tier, Hash: k, Components: append([]string(nil), comps...)})
+			})
 		}
 	}
 	return *cursor >= end

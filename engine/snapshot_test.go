@@ -62,6 +62,9 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		{Kind: OpSharedStore, Source: "tcp://store:1", Backend: "x", ObjectKey: "o1", Component: "_0_k", SharedTier: SharedCPU, Hash: hs[0]},
 		{Kind: OpSharedStore, Source: "tcp://store:1", Backend: "x", ObjectKey: "o1", Component: "_0_v", SharedTier: SharedCPU, Hash: hs[0]},
 		{Kind: OpSharedStore, Source: "tcp://store:1", Backend: "x", ObjectKey: "o2", SharedTier: SharedDisk, Hash: 77},
+		// A 64-hex key is stored as 32 binary bytes: the snapshot writes it back as text.
+		{Kind: OpSharedStore, Source: "tcp://store:2", Backend: "y", ObjectKey: strings.Repeat("0123456789abcdef", 4),
+			Component: "_1_v", SharedTier: SharedCPU, Hash: hs[1]},
 	}
 	if err := src.Apply(key, ops); err != nil {
 		t.Fatal(err)
@@ -72,10 +75,13 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		}
 	}
 	want, chunks := snapshotSet(t, src, key, 7)
+	if !strings.Contains(fmt.Sprint(want), "b tcp://store:2 y "+strings.Repeat("0123456789abcdef", 4)+" 0 ") {
+		t.Fatalf("hex-keyed binding not in the snapshot as its text: %v", want)
+	}
 	if chunks < 7 {
 		t.Fatalf("%d chunks for 51 records in steps of 7", chunks)
 	}
-	if len(want) != 37+20+2 { // a: 37 blocks (10 also on disk), b: 20, two bindings
+	if len(want) != 37+20+3 { // a: 37 blocks (10 also on disk), b: 20, three bindings
 		t.Fatalf("snapshot has %d lines: %v", len(want), want)
 	}
 

@@ -110,6 +110,26 @@ type Config struct {
 	Seed   uint64
 	// Progress gets one line per cell (nil = silent).
 	Progress io.Writer
+	// GrowTo, when above IndexedBlocks, adds a growth phase after the grid: the first
+	// cell's shape (first prompt length, shape and concurrency, warm memo) is measured
+	// idle for Duration, then again while the fleet publishes new prompts until the
+	// index holds GrowTo blocks and the conductor has applied them (Result.Growth).
+	GrowTo int
+}
+
+// Growth is the growth phase of a run (Config.GrowTo).
+type Growth struct {
+	FromBlocks uint64 `json:"from_blocks"`
+	ToBlocks   uint64 `json:"to_blocks"`
+	// Seconds is the time to publish the new blocks and have them applied.
+	Seconds      float64 `json:"seconds"`
+	BlocksPerSec float64 `json:"blocks_per_second"`
+	// Idle is the cell measured before the growth, During the same cell measured while
+	// the index grew (from the first new block published to the last one applied).
+	Idle   Cell `json:"idle"`
+	During Cell `json:"during"`
+	// RSSBytes is the conductor's RSS after the growth (0 when unknown).
+	RSSBytes uint64 `json:"rss_bytes,omitempty"`
 }
 
 // Cell is one (prompt length, shape, concurrency) measurement.
@@ -151,6 +171,7 @@ type Result struct {
 	MixedWidths   bool    `json:"mixed_widths,omitempty"`
 	ByHash        bool    `json:"by_hash"`
 	Cells         []Cell  `json:"cells"`
+	Growth        *Growth `json:"growth,omitempty"`
 }
 
 // bodiesPerCell is how many distinct prompts each cell cycles through, so the server
@@ -182,7 +203,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	ids := (maxLen + sim.TokensPerHashID - 1) / sim.TokensPerHashID
 	perPrompt := ids * sim.TokensPerHashID / cfg.BlockSize
 	nPrompts := (cfg.IndexedBlocks + perPrompt - 1) / perPrompt
-	perInstance := (nPrompts + cfg.Instances - 1) / cfg.Instances * perPrompt
+	// Every rank's cache holds all it is given (the growth's too): nothing is evicted.
+	nGrow := max(nPrompts, (cfg.GrowTo+perPrompt-1)/perPrompt)
+	perInstance := (nGrow + cfg.Instances - 1) / cfg.Instances * perPrompt
 	f, err := sim.NewFleet(sim.FleetConfig{
 		Instances: cfg.Instances, DPRanks: 1, Kind: kindOf(cfg.Hash), Hash: cfg.Hash, Model: cfg.Model,
 		BlockSize: cfg.BlockSize, Cache: sim.CacheConfig{Device: perInstance}, Publish: true, InstancePrefix: "load-",
@@ -362,7 +385,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 							prompts = append(prompts, pr)
 						}
 					}
-					cell, err := measure(ctx, &cfg, f, prompts, L, sh, conc, once)
+					cell, err := measure(ctx, &cfg, f, prompts, L, sh, conc, once, nil)
 					if err != nil {
 						return res, err
 					}
@@ -376,7 +399,103 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			}
 		}
 	}
+	if nGrow > nPrompts {
+		L, sh, conc := cfg.PromptTokens[0], ShapeHit, 1
+		if len(cfg.Shapes) > 0 {
+			sh = cfg.Shapes[0]
+		}
+		if len(cfg.Concurrency) > 0 {
+			conc = cfg.Concurrency[0]
+		}
+		cached := map[Shape]int{ShapeHit: L, ShapeHalf: L / 2}[sh]
+		var prompts []prompt
+		for range bodiesPerCell {
+			p := rng.IntN(nPrompts)
+			body, err := build(p, L, cached)
+			if err != nil {
+				return res, err
+			}
+			prompts = append(prompts, prompt{body: body, owner: p % cfg.Instances, expected: int64(cached / cfg.BlockSize * cfg.BlockSize)})
+		}
+		g, err := grow(ctx, &cfg, f, cl, prompts, L, sh, conc, nPrompts, nGrow, promptIDs, ids)
+		if g != nil {
+			res.Growth = g
+		}
+		if err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// grow runs the growth phase (Config.GrowTo): the cell idle, then the same cell while
+// prompts from..to-1 are published (on their owners, round-robin) and applied.
+func grow(ctx context.Context, cfg *Config, f *sim.Fleet, cl *httpclient.Client, prompts []prompt, L int, sh Shape, conc int,
+	from, to int, promptIDs func(int) []uint32, ids int) (*Growth, error) {
+	idle, err := measure(ctx, cfg, f, prompts, L, sh, conc, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	idle.Memo = MemoWarm
+	g := &Growth{FromBlocks: uint64(f.UnionBlocks()), Idle: idle}
+	if cfg.Progress != nil {
+		fmt.Fprintf(cfg.Progress, "growth: idle %d tokens %s x%d: p50 %.1fus p99 %.1fus max %.1fus; publishing up to %d blocks\n",
+			L, sh, conc, idle.Latency.P50US, idle.Latency.P99US, idle.Latency.MaxUS, to*ids*sim.TokensPerHashID/cfg.BlockSize)
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	var count uint64
+	var pubErr error
+	start := time.Now()
+	stored0 := f.Stats().Stored
+	go func() {
+		defer close(done)
+		var toks []int32
+		var keys []uint64
+		for p := from; p < to; p++ {
+			if pubErr = pctx.Err(); pubErr != nil {
+				return
+			}
+			toks = sim.AppendPrompt(toks[:0], cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID, 0)
+			if keys, pubErr = f.Hasher().AppendKeys(keys[:0], toks); pubErr != nil {
+				return
+			}
+			if _, pubErr = f.Rank(p%cfg.Instances, 0).Store(toks, keys, sim.Now()); pubErr != nil {
+				return
+			}
+		}
+		count, pubErr = f.Drain(cl, 10*time.Minute)
+	}()
+	during, err := measure(ctx, cfg, f, prompts, L, sh, conc, false, done)
+	if err != nil {
+		cancel()
+	}
+	<-done
+	g.Seconds = time.Since(start).Seconds()
+	during.Memo = MemoWarm
+	g.During = during
+	if err != nil {
+		return g, fmt.Errorf("growth: %w", err)
+	}
+	if pubErr != nil {
+		return g, fmt.Errorf("growth: %w", pubErr)
+	}
+	g.ToBlocks = count
+	g.BlocksPerSec = float64(f.Stats().Stored-stored0) / g.Seconds
+	if count != uint64(f.UnionBlocks()) {
+		return g, fmt.Errorf("growth: conductor indexes %d blocks, fleet holds %d", count, f.UnionBlocks())
+	}
+	if cfg.Sample != nil {
+		if rss, _, err := cfg.Sample(); err == nil {
+			g.RSSBytes = rss
+		}
+	}
+	if cfg.Progress != nil {
+		fmt.Fprintf(cfg.Progress, "growth: %d -> %d blocks in %.1fs; during: %d queries p50 %.1fus p99 %.1fus max %.1fus, %d wrong\n",
+			g.FromBlocks, g.ToBlocks, g.Seconds, during.Queries, during.Latency.P50US, during.Latency.P99US, during.Latency.MaxUS, during.Wrong)
+	}
+	return g, nil
 }
 
 func kindOf(h sim.HashSpec) publisher.Kind {
@@ -386,11 +505,12 @@ func kindOf(h sim.HashSpec) publisher.Kind {
 	return publisher.SGLang
 }
 
-// measure runs one cell: conc clients send the prompts round-robin for cfg.Duration, or,
-// with once, each prompt exactly once (shared out among the clients).
+// measure runs one cell: conc clients send the prompts round-robin for cfg.Duration (or,
+// when until is not nil, until it is closed), or, with once, each prompt exactly once
+// (shared out among the clients).
 // Each worker has a Client of its own (so its own connection, as a router process would)
 // and a Session, whose pre-encoded sends keep encoding and pooling out of the latency.
-func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L int, sh Shape, conc int, once bool) (Cell, error) {
+func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L int, sh Shape, conc int, once bool, until <-chan struct{}) (Cell, error) {
 	cell := Cell{PromptTokens: L, Shape: sh, Concurrency: conc}
 	type worker struct {
 		lat   []time.Duration
@@ -444,7 +564,16 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 				if !answerMatches(hits, p) {
 					w.wrong++
 				}
-				if (!once && done.After(deadline)) || ctx.Err() != nil {
+				if until != nil {
+					select {
+					case <-until:
+						return
+					default:
+					}
+				} else if !once && done.After(deadline) {
+					return
+				}
+				if ctx.Err() != nil {
 					return
 				}
 			}

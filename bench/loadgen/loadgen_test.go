@@ -173,3 +173,31 @@ func TestLoadgenMixedWidths(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadgenGrowth: with GrowTo, the first cell is measured idle and then while the
+// fleet grows the index; every answer during the growth still matches, and the index
+// holds the grown fleet's blocks at the end.
+func TestLoadgenGrowth(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	res, err := Run(context.Background(), Config{
+		Addr: c.Addr, Instances: 2, IndexedBlocks: 1000, GrowTo: 6000, BlockSize: 16, Hash: sim.VLLMHash("sha256", "0"),
+		PromptTokens: []int{512}, Shapes: []Shape{ShapeHit}, Concurrency: []int{1}, Duration: 20 * time.Millisecond, Seed: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := res.Growth
+	// 512-token prompts are 32 blocks: 32 prompts indexed, 188 after the growth.
+	if g == nil || g.FromBlocks != 32*32 || g.ToBlocks != 188*32 || g.Seconds <= 0 || g.BlocksPerSec <= 0 {
+		t.Fatalf("growth %+v", g)
+	}
+	for _, cell := range []Cell{g.Idle, g.During} {
+		if cell.Queries < 1 || cell.Wrong != 0 || cell.Latency.P50US <= 0 || cell.Shape != ShapeHit {
+			t.Errorf("cell %+v", cell)
+		}
+	}
+}

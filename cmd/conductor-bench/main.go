@@ -343,9 +343,13 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	memo := fs.String("memo", "warm", "query key memo modes: warm (prompts repeat), cold (each prompt once), extend (each prompt once, after its first ~91%)")
 	coldPrompts := fs.Int("cold-prompts", 64, "prompts per cold or extend cell (each asked once; capped by the indexed prompts)")
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
+	growTo := fs.Int("grow-to", 0, "after the grid, measure the first cell idle and again while a publisher grows the index to this many blocks (0 = no growth phase)")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *growTo != 0 && *growTo <= *blocks {
+		return fmt.Errorf("--grow-to %d: want more than --blocks %d", *growTo, *blocks)
 	}
 	_, hs, err := hashSpec(*engine, *algo, *seed)
 	if err != nil {
@@ -383,7 +387,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts,
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
 		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, MixedWidths: *mixed, Seed: *tokenSeed,
-		Progress: stderr,
+		Progress: stderr, GrowTo: *growTo,
 	}
 	if s := sampler(cond); s != nil {
 		cfg.Sample = loadgen.Sampler(s)
@@ -420,12 +424,35 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintln(stdout)
 	_ = t.Fprint(stdout)
+	if g := res.Growth; g != nil {
+		gt := report.Table{
+			Title: fmt.Sprintf("\nQuery latency while the index grows %d -> %d blocks (%.1f s, %.0f blocks/s applied)",
+				g.FromBlocks, g.ToBlocks, g.Seconds, g.BlocksPerSec),
+			Header: []string{"phase", "tokens", "shape", "clients", "queries", "queries/s", "p50 us", "p99 us", "p999 us", "max us", "wrong"},
+		}
+		for _, r := range []struct {
+			name string
+			c    *loadgen.Cell
+		}{{"idle", &g.Idle}, {"growing", &g.During}} {
+			gt.Add(r.name, r.c.PromptTokens, r.c.Shape, r.c.Concurrency, r.c.Queries, fmt.Sprintf("%.0f", r.c.QPS),
+				fmt.Sprintf("%.1f", r.c.Latency.P50US), fmt.Sprintf("%.1f", r.c.Latency.P99US),
+				fmt.Sprintf("%.1f", r.c.Latency.P999US), fmt.Sprintf("%.1f", r.c.Latency.MaxUS), r.c.Wrong)
+		}
+		if g.RSSBytes > 0 {
+			gt.Notes = append(gt.Notes, fmt.Sprintf("RSS after growth: %.1f MiB", float64(g.RSSBytes)/(1<<20)))
+		}
+		_ = gt.Fprint(stdout)
+	}
 	path, err := report.WriteJSON(*results, "load", map[string]any{"conductor_mode": string(cond.Mode), "result": res})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "results: %s\n", path)
-	for _, c := range res.Cells {
+	cells := res.Cells
+	if g := res.Growth; g != nil {
+		cells = append(cells, g.Idle, g.During)
+	}
+	for _, c := range cells {
 		if c.Wrong > 0 && runErr == nil {
 			runErr = fmt.Errorf("%d tokens %s x%d: %d answers did not match the indexed prompts", c.PromptTokens, c.Shape, c.Concurrency, c.Wrong)
 		}

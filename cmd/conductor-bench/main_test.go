@@ -69,6 +69,13 @@ func TestLoadCommand(t *testing.T) {
 		strings.Count(out.String(), "\n512 ") != 2 {
 		t.Fatalf("--by-hash exit %d, output:\n%s\n%s", code, out.String(), errOut.String())
 	}
+	out.Reset()
+	code = run([]string{"load", "--instances", "2", "--blocks", "500", "--grow-to", "3000", "--prompt-tokens", "512", "--shapes", "hit",
+		"--concurrency", "1", "--duration", "20ms", "--results", dir}, &out, &errOut)
+	if code != 0 || !strings.Contains(out.String(), "while the index grows 512 -> 3008 blocks") ||
+		!strings.Contains(out.String(), "\nidle ") || !strings.Contains(out.String(), "\ngrowing ") {
+		t.Fatalf("--grow-to exit %d, output:\n%s\n%s", code, out.String(), errOut.String())
+	}
 }
 
 // TestUsageErrors: bad invocations fail with a message, not a panic.
@@ -81,6 +88,7 @@ func TestUsageErrors(t *testing.T) {
 		{"replay", "--trace", "synthetic:5", "--policies", "best"},
 		{"load", "--shapes", "full"},
 		{"load", "--concurrency", "0"},
+		{"load", "--blocks", "1000", "--grow-to", "500"},
 		{"replay", "--trace", "synthetic:5", "--conductor", "http://x", "--conductor-bin", "y"},
 	} {
 		var out, errOut strings.Builder

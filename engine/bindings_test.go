@@ -1,0 +1,389 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// TestBindStoreAgainstMap drives the compact binding store directly with random adds,
+// component changes, removals and block drops, many thousands of bindings (so its index
+// tables split and deletions shift probe runs), and checks every binding, every
+// block's chain and flags, and the charges against plain maps after each phase.
+func TestBindStoreAgainstMap(t *testing.T) {
+	type key struct {
+		src, bk, obj string
+		tier         SharedTier
+	}
+	type val struct {
+		hash  uint64
+		comps map[string]bool
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	s := newBindStore()
+	defer s.release()
+	model := map[key]*val{}
+	idx := map[key]uint32{}
+	var charged int64
+	objOf := func(i int) string {
+		switch i % 3 {
+		case 0:
+			return fmt.Sprintf("%016x%016x%016x%016x", i, i*7, i*13, i*31)
+		case 1:
+			return strings.ToUpper(fmt.Sprintf("%016x%016x%016x%016x", i, i*7, i*13, i*31))
+		}
+		return fmt.Sprintf("key-%d", i)
+	}
+	randKey := func(span int) key {
+		return key{fmt.Sprintf("src-%d", r.IntN(5)), fmt.Sprintf("bk-%d", r.IntN(3)), objOf(r.IntN(span)), SharedTier(r.IntN(2))}
+	}
+	check := func(phase string) {
+		t.Helper()
+		if s.n != len(model) {
+			t.Fatalf("%s: %d bindings, model %d", phase, s.n, len(model))
+		}
+		flags := map[uint64]uint64{}
+		var want int64
+		for k, v := range model {
+			i, ok := s.find(k.src, k.bk, k.tier, k.obj)
+			if !ok || i != idx[k] || s.ent(i)[bwHash] != v.hash {
+				t.Fatalf("%s: find %v = %d %v, want %d", phase, k, i, ok, idx[k])
+			}
+			flags[v.hash] |= tierFlag(k.tier)
+			want += bindingBaseBytes
+			if strings.HasPrefix(k.obj, "key-") || strings.ToLower(k.obj) != k.obj {
+				want += stringBytes + int64(len(k.obj))
+			}
+		}
+		for h, f := range flags {
+			if got := s.flags(h); got != f {
+				t.Fatalf("%s: flags of %d = %b, want %b", phase, h, got, f)
+			}
+		}
+		if s.obj.n != len(model) || s.blk.n != len(flags) {
+			t.Fatalf("%s: table counts %d/%d, want %d/%d", phase, s.obj.n, s.blk.n, len(model), len(flags))
+		}
+		// Component charges: overflow components only.
+		if charged < want {
+			t.Fatalf("%s: charged %d < base %d", phase, charged, want)
+		}
+	}
+	add := func(k key, h uint64, comp string) {
+		if v := model[k]; v != nil {
+			if added, c := s.addComp(idx[k], comp); added != !v.comps[comp] {
+				t.Fatalf("addComp %q to %v: added %v, model had %v", comp, k, added, v.comps[comp])
+			} else {
+				charged += c
+			}
+			v.comps[comp] = true
+			return
+		}
+		i, c, err := s.add(k.src, k.bk, k.tier, k.obj, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		charged += c
+		_, c = s.addComp(i, comp)
+		charged += c
+		model[k] = &val{hash: h, comps: map[string]bool{comp: true}}
+		idx[k] = i
+	}
+	for round := 0; round < 3; round++ {
+		for j := 0; j < 6000; j++ {
+			k := randKey(4000)
+			comp := []string{"_0_k", "_0_v"}[r.IntN(2)]
+			if r.IntN(4) == 0 {
+				comp = fmt.Sprintf("_%d_x", r.IntN(50))
+			}
+			h := uint64(r.IntN(3000))
+			if v := model[k]; v != nil {
+				h = v.hash
+			}
+			add(k, h, comp)
+		}
+		check(fmt.Sprintf("round %d grown", round))
+		// Component removals, dropping bindings with their last component.
+		for k, v := range model {
+			if r.IntN(2) == 0 {
+				continue
+			}
+			for comp := range v.comps {
+				removed, c, left := s.removeComp(idx[k], comp)
+				if !removed {
+					t.Fatalf("removeComp %q of %v: not there", comp, k)
+				}
+				charged -= c
+				delete(v.comps, comp)
+				if left != (len(v.comps) > 0) {
+					t.Fatalf("removeComp %q of %v: left %v, model %d", comp, k, left, len(v.comps))
+				}
+			}
+			if removed, _, _ := s.removeComp(idx[k], "_none_"); removed {
+				t.Fatal("removed a component never added")
+			}
+			if _, c := s.remove(idx[k]); c < bindingBaseBytes {
+				t.Fatalf("remove charge %d", c)
+			} else {
+				charged -= c
+			}
+			delete(model, k)
+			delete(idx, k)
+		}
+		check(fmt.Sprintf("round %d removed", round))
+		// Whole blocks.
+		byHash := map[uint64][]key{}
+		for k, v := range model {
+			byHash[v.hash] = append(byHash[v.hash], k)
+		}
+		for h := uint64(0); h < 3000; h += 1 + uint64(r.IntN(3)) {
+			n, c := s.dropBlock(h)
+			charged -= c
+			m := len(byHash[h])
+			for _, k := range byHash[h] {
+				delete(model, k)
+				delete(idx, k)
+			}
+			if n != m {
+				t.Fatalf("dropBlock %d dropped %d, model %d", h, n, m)
+			}
+		}
+		check(fmt.Sprintf("round %d blocks dropped", round))
+	}
+	for k := range model {
+		_, c := s.remove(idx[k])
+		charged -= c
+		delete(model, k)
+	}
+	check("emptied")
+	if charged != 0 || len(s.origins.idx) != 0 || len(s.comps.idx) != 0 || len(s.over) != 0 {
+		t.Fatalf("emptied store: charge %d, names %d, comps %d, overflow %d", charged, len(s.origins.idx), len(s.comps.idx), len(s.over))
+	}
+	if s.obj.depth < 2 || s.blk.depth < 2 {
+		t.Fatalf("tables never split: depths %d %d", s.obj.depth, s.blk.depth)
+	}
+	for _, tab := range []*bindTable{&s.obj, &s.blk} {
+		for ti, c := range tab.count {
+			if c != 0 {
+				t.Fatalf("emptied table %d counts %d", ti, c)
+			}
+		}
+	}
+}
+
+// TestBindingComponentsPastBitmask: a binding with more components than the bitmask holds
+// keeps the rest in its overflow list; it stays (with its block's shared hit) until its
+// last component, whichever list holds it, is removed, and every byte charged comes back.
+func TestBindingComponentsPastBitmask(t *testing.T) {
+	s := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: 1 << 30}, &testHooks{}, s)
+	op := func(kind OpKind, obj, comp string, h uint64) Op {
+		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "pool", ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h}
+	}
+	hex := strings.Repeat("0123456789abcdef", 4)
+	const n = 2*compBits + 5
+	// The first compBits names get bits; the rest of each binding's go to its overflow list.
+	for _, obj := range []string{hex, "other"} {
+		for i := 0; i < n; i++ {
+			mustApply(t, e, ctxA, op(OpSharedStore, obj, fmt.Sprintf("_%d_k", i), map[string]uint64{hex: 7, "other": 8}[obj]))
+		}
+	}
+	hit := func(h uint64) bool { return rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0).CPUShare == 16 }
+	if !hit(7) || !hit(8) || e.TotalBlocks() != 4 {
+		t.Fatalf("bindings with %d components: hits %v %v, units %d", n, hit(7), hit(8), e.TotalBlocks())
+	}
+	// Block 7's binding loses its bitmask components first, block 8's its overflow ones.
+	for i := 0; i < n; i++ {
+		if !hit(7) || !hit(8) {
+			t.Fatalf("a block lost its binding with %d components left: hits %v %v", n-i, hit(7), hit(8))
+		}
+		for _, rm := range []Op{op(OpSharedRemove, hex, fmt.Sprintf("_%d_k", i), 7), op(OpSharedRemove, "other", fmt.Sprintf("_%d_k", n-1-i), 8)} {
+			mustApply(t, e, ctxA, rm, rm) // the second is a no-op
+		}
+	}
+	if hit(7) || hit(8) || e.IndexBytes() != 0 || e.TotalBlocks() != 0 {
+		t.Fatalf("all removed: hits %v %v, %d bytes, %d units", hit(7), hit(8), e.IndexBytes(), e.TotalBlocks())
+	}
+}
+
+// TestHexObjectKeyForms: a 64-hex-digit key (kept as binary) and the same digits in upper
+// case or one digit short (kept as strings) are three bindings; each is found again by
+// its own spelling only.
+func TestHexObjectKeyForms(t *testing.T) {
+	s := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{}, &testHooks{}, s)
+	low := strings.Repeat("00ff", 16)
+	keys := []string{low, strings.ToUpper(low), low[:63], low[:63] + "g"}
+	for i, k := range keys {
+		mustApply(t, e, ctxA, Op{Kind: OpSharedStore, Source: "m", Backend: "b", ObjectKey: k, SharedTier: SharedDisk, Hash: uint64(10 + i)})
+	}
+	for i, k := range keys {
+		// Another hash under the same key conflicts; the binding's own hash does not.
+		ops := []Op{{Kind: OpSharedStore, Source: "m", Backend: "b", ObjectKey: k, SharedTier: SharedDisk, Hash: 99}}
+		if err := e.Apply(ctxA, ops); err != nil || !errors.Is(ops[0].Err, ErrBindingConflict) {
+			t.Fatalf("key %q: store under another hash: %v %v", k, err, ops[0].Err)
+		}
+		ops = []Op{{Kind: OpSharedRemove, Source: "m", Backend: "b", ObjectKey: k, SharedTier: SharedDisk, Hash: uint64(10 + i)}}
+		if err := e.Apply(ctxA, ops); err != nil || ops[0].Err != nil {
+			t.Fatalf("key %q: remove: %v %v", k, err, ops[0].Err)
+		}
+		if rankTiers(t, qk(t, e, ctxA, []uint64{uint64(10 + i)}, ""), "a", 0).Disk != 0 {
+			t.Fatalf("key %q: removed binding still hits", k)
+		}
+		for j := i + 1; j < len(keys); j++ {
+			if rankTiers(t, qk(t, e, ctxA, []uint64{uint64(10 + j)}, ""), "a", 0).Disk != 16 {
+				t.Fatalf("removing %q dropped the binding of %q", k, keys[j])
+			}
+		}
+	}
+}
+
+// TestTooManySharedNames: (source, backend) pairs are interned in 16 bits per context;
+// past 65,536 live pairs a store is refused with ErrTooManyNames (nothing changed), and
+// a pair freed by its last binding's removal makes room again.
+func TestTooManySharedNames(t *testing.T) {
+	s := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, &testHooks{}, s)
+	bind := func(kind OpKind, i int) Op {
+		return Op{Kind: kind, Source: fmt.Sprintf("s%d", i), Backend: "b", ObjectKey: "k", SharedTier: SharedCPU, Hash: uint64(i)}
+	}
+	const names = 1 << 16
+	ops := make([]Op, 0, 4096)
+	for i := 0; i < names; i++ {
+		ops = append(ops, bind(OpSharedStore, i))
+		if len(ops) == cap(ops) || i == names-1 {
+			mustApply(t, e, ctxA, ops...)
+			ops = ops[:0]
+		}
+	}
+	over := []Op{bind(OpSharedStore, names)}
+	if err := e.Apply(ctxA, over); err != nil || !errors.Is(over[0].Err, ErrTooManyNames) {
+		t.Fatalf("store past the name table: %v %v", err, over[0].Err)
+	}
+	if rankTiers(t, qk(t, e, ctxA, []uint64{names}, ""), "a", 0).CPUShare != 0 {
+		t.Fatal("refused store left a hit")
+	}
+	mustApply(t, e, ctxA, bind(OpSharedRemove, 5))
+	over = []Op{bind(OpSharedStore, names)}
+	if err := e.Apply(ctxA, over); err != nil || over[0].Err != nil {
+		t.Fatalf("store after a name was freed: %v %v", err, over[0].Err)
+	}
+	if rankTiers(t, qk(t, e, ctxA, []uint64{names}, ""), "a", 0).CPUShare != 16 {
+		t.Fatal("store after a name was freed: no hit")
+	}
+}
+
+// TestClearSharedInBoundedSteps: ClearShared removes a context's bindings a bounded
+// number per writer step and returns when the last is gone. Between its steps, other
+// requests apply: a store of a cleared object binds anew (and survives the clear), a
+// remove of a cleared object is a no-op, a store of a cleared object under another hash
+// is no conflict, and other origins' bindings are untouched.
+func TestClearSharedInBoundedSteps(t *testing.T) {
+	deferred := make(chan struct{}, 1)
+	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
+		select {
+		case deferred <- struct{}{}:
+		default:
+		}
+	}}
+	a := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{}, h, a)
+	op := func(kind OpKind, backend, obj string, hash uint64) Op {
+		return Op{Kind: kind, Source: "s1", Backend: backend, ObjectKey: obj, Component: "_0_k", SharedTier: SharedCPU, Hash: hash}
+	}
+	const n = 8 * dropRemove
+	var ops []Op
+	for i := 1; i <= n; i++ {
+		ops = append(ops, op(OpSharedStore, "pool", fmt.Sprintf("obj-%d", i), uint64(i)))
+	}
+	ops = append(ops, op(OpSharedStore, "other", "obj-1", 5000))
+	mustApply(t, e, ctxA, ops...)
+	hit := func(h uint64) bool { return rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0).CPUShare == 16 }
+	done := make(chan struct{})
+	go func() {
+		e.ClearShared("s1", "pool", ctxA.TenantID)
+		close(done)
+	}()
+	<-deferred // its first step ran: at most dropRemove bindings went
+	select {
+	case <-done:
+		t.Fatal("ClearShared returned after one step")
+	default:
+	}
+	if !hit(n) || !hit(5000) {
+		t.Fatal("bindings gone before the clear reached them, or another origin's")
+	}
+	mustApply(t, e, ctxA, op(OpSharedStore, "pool", fmt.Sprintf("obj-%d", n), uint64(n)),
+		op(OpSharedRemove, "pool", fmt.Sprintf("obj-%d", n-1), uint64(n-1)),
+		op(OpSharedStore, "pool", fmt.Sprintf("obj-%d", n-2), 7777))
+	// Each writer step removes at most dropRemove bindings (and their blocks); the clear
+	// ends after about n/dropRemove steps, and ClearShared returns then.
+	for steps := 1; ; steps++ {
+		before := e.TotalBlocks()
+		if dropsPending(t, e) == 0 { // read on the writer before this step's drop work
+			break
+		}
+		if steps > n/dropRemove+2 {
+			t.Fatalf("clear of %d bindings not done after %d steps (%d units left)", n, steps, e.TotalBlocks())
+		}
+		if removed := before - e.TotalBlocks(); removed > 2*dropRemove {
+			t.Fatalf("one step removed %d bindings and blocks, want at most %d", removed, 2*dropRemove)
+		}
+	}
+	<-done
+	if !hit(n) || !hit(7777) || !hit(5000) {
+		t.Fatalf("bindings made after the clear, or another origin's, lost: %v %v %v", hit(n), hit(7777), hit(5000))
+	}
+	for _, h := range []uint64{1, 2, n / 2, n - 1, n - 2} {
+		if hit(h) {
+			t.Fatalf("block %d still hits after the clear", h)
+		}
+	}
+	// Three bindings and their blocks.
+	if got := e.TotalBlocks(); got != 6 {
+		t.Fatalf("units %d after the clear, want 6", got)
+	}
+}
+
+// TestClosePendingClearShared: closing the engine hands back a ClearShared still waiting
+// for its steps.
+func TestClosePendingClearShared(t *testing.T) {
+	deferred := make(chan struct{}, 1)
+	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
+		select {
+		case deferred <- struct{}{}:
+		default:
+		}
+	}}
+	a := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{}, h, a)
+	var ops []Op
+	for i := 1; i <= 4*dropRemove; i++ {
+		ops = append(ops, Op{Kind: OpSharedStore, Source: "s1", Backend: "pool", ObjectKey: fmt.Sprintf("o%d", i), SharedTier: SharedDisk, Hash: uint64(i)})
+	}
+	mustApply(t, e, ctxA, ops...)
+	done := make(chan struct{})
+	go func() {
+		e.RetractSource("s1")
+		close(done)
+	}()
+	<-deferred
+	e.Close()
+	<-done
+}
+
+// dropsPending reads, on the writer, the ClearShared / RetractSource requests still
+// waiting; the request is a writer step of its own (which may end them).
+func dropsPending(t testing.TB, e *Engine) (n int) {
+	t.Helper()
+	c := e.lookup(ctxA)
+	r := e.getReq()
+	r.kind = reqSync
+	r.fn = func(c *context) { n = len(c.dropWaiters) }
+	if err := c.do(r); err != nil {
+		t.Fatal(err)
+	}
+	e.putReq(r)
+	return n
+}
