@@ -44,6 +44,9 @@ type Result struct {
 	counts [][4]int64 // per slot number: the four tier counts
 	alive  []uint64   // 4 tiers x w words
 	words  []uint64   // one record's bitsets, 3 x w words
+	pb     probeBuf   // records found ahead (probe.go)
+	// noProbe turns the overlapped probes off (benchmarks compare both walks).
+	noProbe bool
 
 	// hashed and fromMemo describe the last Query: blocks it hashed, and how many of
 	// those came from the key memo (both 0 for QueryKeys or a query that hashed nothing).
@@ -60,9 +63,12 @@ type Query struct {
 }
 
 // keySource yields the projected keys of consecutive blocks, computed lazily: the walk
-// asks for block i only once it has reached it.
+// asks for block i only once it has reached it. KeysAhead returns keys of the blocks after
+// the last one Next returned that are known without further work (hashing.Chain: memo
+// hits), for the walk to probe the table ahead (probe.go); it may be empty.
 type keySource interface {
 	Next() (uint64, error)
+	KeysAhead() []uint64
 }
 
 // sliceKeys serves precomputed keys (tests, benchmarks, callers that already hashed).
@@ -76,6 +82,8 @@ func (s *sliceKeys) Next() (uint64, error) {
 	s.i++
 	return k, nil
 }
+
+func (s *sliceKeys) KeysAhead() []uint64 { return s.keys[s.i:] }
 
 // Query answers q into res. An unknown context, a context without engine slots, or a filter
 // naming no registered instance give empty Instances and a nil error, and create nothing.
@@ -214,13 +222,21 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
+	pb := &r.pb
+	pb.reset()
 	for i := 0; i < nblocks; i++ {
+		if !r.noProbe {
+			pb.next(tab, src, i, a3)
+		}
 		key, err := src.Next()
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find1(key)
+		rec, ok := pb.rec(i)
+		if !ok {
+			rec, ok = tab.find1(key)
+		}
 		if !ok {
 			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
 				end = i
@@ -407,13 +423,21 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 	}
 	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
+	pb := &r.pb
+	pb.reset()
 	for i := 0; i < nblocks; i++ {
+		if !r.noProbe {
+			pb.next(tab, src, i, 0)
+		}
 		key, err := src.Next()
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find1(key)
+		rec, ok := pb.rec(i)
+		if !ok {
+			rec, ok = tab.find1(key)
+		}
 		if !ok {
 			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
 				end = i

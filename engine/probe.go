@@ -1,0 +1,102 @@
+package engine
+
+import "sync/atomic"
+
+// Overlapped probes. A walk that knows the keys of the blocks ahead (precomputed keys, or
+// key-memo hits, see hashing.Chain.KeysAhead) finds their records in a batch before it
+// reads them: the table loads of a batch are independent of each other, so their cache
+// misses overlap instead of being paid one after the other inside the walk's dependent
+// loop. The batch only moves the lookup (table.find1) earlier; the walk still reads every
+// record with the version check, the key check and the clear masks, exactly as for a
+// record it found itself, so what a batch found can go stale without changing an answer
+// (a record freed or reused since reads as torn and is looked up again, see reread).
+//
+// Batches start at probeFirst blocks and double up to probeMax, and a batch ends at the
+// first key the table lacks and, for walk1, at the first record that no slot still alive
+// on disk can continue through (read without the version check, only to bound the
+// batch): a walk that stops early touches at most a few blocks past its stop.
+const (
+	probeFirst = 4
+	probeMax   = 16
+)
+
+// probeBuf holds the records of the batch being walked: recs[j] is the record of block
+// base+j, for j < n.
+type probeBuf struct {
+	recs    [probeMax][]uint64
+	base, n int
+	// stop is a block at which no new batch starts: the batch before it ended early
+	// (a key missing from the table, or no slot left), so the walk probably stops there.
+	stop  int
+	batch int
+	sink  uint64
+}
+
+func (pb *probeBuf) reset() {
+	pb.base, pb.n, pb.stop, pb.batch = 0, 0, -1, probeFirst
+}
+
+// rec returns the record found ahead for block i, if any.
+func (pb *probeBuf) rec(i int) ([]uint64, bool) {
+	if j := i - pb.base; uint(j) < uint(pb.n) {
+		return pb.recs[j], true
+	}
+	return nil, false
+}
+
+// next starts a batch at block i if the previous one is used up and src knows keys ahead.
+// alive is the walk's disk alive set (walk1) or 0 (walkN: no bound but the table's).
+func (pb *probeBuf) next(t *table, src keySource, i int, alive uint64) {
+	if i < pb.base+pb.n || i == pb.stop {
+		return
+	}
+	ahead := src.KeysAhead()
+	if len(ahead) < 2 {
+		return
+	}
+	n := min(len(ahead), pb.batch)
+	pb.batch = min(2*pb.batch, probeMax)
+	pb.base = i
+	pb.n = pb.probe(t, ahead[:n], alive)
+	if pb.n < n {
+		pb.stop = i + pb.n
+	}
+}
+
+// probe finds the records of keys in t alone (a key t lacks ends the batch; the walk's own
+// lookup then goes on to the previous or latest table) and returns how many it found. It
+// first loads every key's home entry (independent loads: the misses overlap), then probes
+// each key, which loads its record (independent of the other keys' records). With alive
+// set it also ends the batch after the first record that holds none of alive's slots in
+// any tier and is not shared (no slot could be alive on disk after it).
+func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
+	var sink uint64
+	for _, k := range keys {
+		sink += atomic.LoadUint64(&t.entries[mix(k)>>t.shift])
+	}
+	pb.sink += sink
+	for j, k := range keys {
+		rec, ok := t.find1(k)
+		if !ok {
+			return j
+		}
+		pb.recs[j] = rec
+		if alive == 0 {
+			continue
+		}
+		meta := atomic.LoadUint64(&rec[recMeta])
+		x := atomic.LoadUint64(&rec[recBits])
+		var b uint64
+		if t.w == 0 {
+			b = (x | x>>packedSlots | x>>(2*packedSlots)) & packedMask
+		} else {
+			b = x | atomic.LoadUint64(&rec[recBits+1]) | atomic.LoadUint64(&rec[recBits+2])
+		}
+		if meta&metaFlags == 0 {
+			if alive &= b; alive == 0 {
+				return j + 1
+			}
+		}
+	}
+	return len(keys)
+}
