@@ -29,11 +29,13 @@ type probeBuf struct {
 	// (a key missing from the table, or no slot left), so the walk probably stops there.
 	stop  int
 	batch int
-	sink  uint64
+	// probed counts the keys the walk's batches looked up (tests check the early stop).
+	probed int
+	sink   uint64
 }
 
 func (pb *probeBuf) reset() {
-	pb.base, pb.n, pb.stop, pb.batch = 0, 0, -1, probeFirst
+	pb.base, pb.n, pb.stop, pb.batch, pb.probed = 0, 0, -1, probeFirst, 0
 }
 
 // rec returns the record found ahead for block i, if any.
@@ -44,12 +46,10 @@ func (pb *probeBuf) rec(i int) ([]uint64, bool) {
 	return nil, false
 }
 
-// next starts a batch at block i if the previous one is used up and src knows keys ahead.
-// alive is the walk's disk alive set (walk1) or 0 (walkN: no bound but the table's).
+// next starts a batch at block i if src knows keys ahead. The walk calls it when the
+// previous batch is used up (i >= base+n) and i is not its stop. alive is the walk's disk
+// alive set (walk1) or 0 (walkN: no bound but the table's).
 func (pb *probeBuf) next(t *table, src keySource, i int, alive uint64) {
-	if i < pb.base+pb.n || i == pb.stop {
-		return
-	}
 	ahead := src.KeysAhead()
 	if len(ahead) < 2 {
 		return
@@ -76,6 +76,7 @@ func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
 	}
 	pb.sink += sink
 	for j, k := range keys {
+		pb.probed++
 		rec, ok := t.find1(k)
 		if !ok {
 			return j

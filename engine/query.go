@@ -225,7 +225,7 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	pb := &r.pb
 	pb.reset()
 	for i := 0; i < nblocks; i++ {
-		if !r.noProbe {
+		if i >= pb.base+pb.n && i != pb.stop && !r.noProbe {
 			pb.next(tab, src, i, a3)
 		}
 		key, err := src.Next()
@@ -426,7 +426,7 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 	pb := &r.pb
 	pb.reset()
 	for i := 0; i < nblocks; i++ {
-		if !r.noProbe {
+		if i >= pb.base+pb.n && i != pb.stop && !r.noProbe {
 			pb.next(tab, src, i, 0)
 		}
 		key, err := src.Next()

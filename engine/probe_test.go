@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestProbeStopsNearWalkEnd: the overlapped probes look up keys ahead of the walk, but
+// never more than one block past the block where the walk stops (walk1: a missing key, or
+// no queried slot able to continue), nor a batch past it (walkN: a missing key ends the
+// batch; other stops are bounded by the batch size). A walk to the end probes every block.
+func TestProbeStopsNearWalkEnd(t *testing.T) {
+	const blocks, stop = 512, 10
+	keys := make([]uint64, blocks)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	cases := []struct {
+		name       string
+		slots      int // registered slots ("a" 0, then pads): 1 and 30 walk1, 65 walkN
+		ops        func(a, b Slot) []Op
+		filter     string
+		want       Tiers // of a
+		maxProbed  int
+		wantProbed int // exact when > 0
+	}{
+		{"miss/walk1", 1, func(a, _ Slot) []Op { return []Op{store(a, TierDisk, keys[:stop]...)} },
+			"", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"miss/walk1wide", 30, func(a, _ Slot) []Op { return []Op{store(a, TierDisk, keys[:stop]...)} },
+			"", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"miss/walkN", 65, func(a, _ Slot) []Op { return []Op{store(a, TierDisk, keys[:stop]...)} },
+			"", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"noslot/walk1", 1, func(a, b Slot) []Op {
+			return []Op{store(a, TierDisk, keys[:stop]...), store(b, TierDisk, keys...)}
+		}, "a", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"noslot/walk1wide", 30, func(a, b Slot) []Op {
+			return []Op{store(a, TierDisk, keys[:stop]...), store(b, TierDisk, keys...)}
+		}, "a", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"noslot/walkN", 65, func(a, b Slot) []Op {
+			return []Op{store(a, TierDisk, keys[:stop]...), store(b, TierDisk, keys...)}
+		}, "a", Tiers{0, 0, 0, 16 * stop}, stop + probeMax, 0},
+		{"full/walk1", 1, func(a, _ Slot) []Op {
+			return []Op{store(a, TierDisk, keys...), store(a, TierDevice, keys[:stop]...)}
+		}, "", Tiers{16 * stop, 16 * stop, 16 * stop, 16 * blocks}, blocks, blocks},
+		{"full/walkN", 65, func(a, _ Slot) []Op {
+			return []Op{store(a, TierDisk, keys...), store(a, TierDevice, keys[:stop]...)}
+		}, "", Tiers{16 * stop, 16 * stop, 16 * stop, 16 * blocks}, blocks, blocks},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTestEngine(t, Config{})
+			a, b := Slot{"a", 0}, Slot{"b", 0}
+			mustRegister(t, e, ctxA, vllmProfile(t), a)
+			mustRegister(t, e, ctxA, vllmProfile(t), b)
+			for i := 2; i < tc.slots; i++ {
+				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+			}
+			mustApply(t, e, ctxA, tc.ops(a, b)...)
+			var res Result
+			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &res); err != nil {
+				t.Fatal(err)
+			}
+			if got := rankTiers(t, res.Instances, "a", 0); got != tc.want {
+				t.Fatalf("a = %+v, want %+v", got, tc.want)
+			}
+			if p := res.pb.probed; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
+				t.Fatalf("probed %d blocks ahead (max %d, want %d)", p, tc.maxProbed, tc.wantProbed)
+			}
+			// The same answer without the probes.
+			var plain Result
+			plain.noProbe = true
+			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &plain); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(plain.Instances) != fmt.Sprint(res.Instances) {
+				t.Fatalf("with probes %+v, without %+v", res.Instances, plain.Instances)
+			}
+		})
+	}
+}
+
+// TestProbesUseMemoKeys: a query whose keys all come from the key memo probes every block
+// ahead; the first query of the prompt (every block hashed: no key is known ahead) none.
+func TestProbesUseMemoKeys(t *testing.T) {
+	p := vllmProfile(t)
+	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
+	s := Slot{"a", 0}
+	mustRegister(t, e, ctxA, p, s)
+	tokens := seqTokens(16 * 64)
+	keys := chainKeys(t, p, 16, "", "", tokens)
+	mustApply(t, e, ctxA, store(s, TierDisk, keys...))
+	for round, want := range []int{0, 64} {
+		var res Result
+		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Instances[0].Disk; got != 16*64 {
+			t.Fatalf("round %d: disk = %d", round, got)
+		}
+		if res.pb.probed != want || res.fromMemo != want {
+			t.Fatalf("round %d: probed %d, from the memo %d, want %d", round, res.pb.probed, res.fromMemo, want)
+		}
+	}
+}
+
+// TestProbedRecordReusedBeforeRead: the batch finds the records of blocks 0-2; before the
+// walk reads block 0, block 1 is removed and its record reused for another key (on
+// cpu_local). The record the batch found for block 1 now holds that key: the walk must
+// look block 1 up again (gone) and stop there, not credit the reused record.
+func TestProbedRecordReusedBeforeRead(t *testing.T) {
+	for _, nslots := range []int{1, 30, 65} {
+		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
+			s := Slot{"a", 0}
+			e, hooks := hookedEngine(t, Config{}, s)
+			for i := 1; i < nslots; i++ {
+				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+			}
+			keys := []uint64{0xA0, 0xA1, 0xA2}
+			const kx = uint64(0xB1)
+			mustApply(t, e, ctxA, store(s, TierDisk, keys...))
+			var res Result
+			fired := false
+			hooks.walkLoad = func(i, w int) {
+				if fired || i != 0 || w != recMeta {
+					return
+				}
+				fired = true
+				if res.pb.base != 0 || res.pb.n != 3 {
+					t.Errorf("batch base %d n %d when block 0 is read: want 0, 3", res.pb.base, res.pb.n)
+				}
+				mustApply(t, e, ctxA, remove(s, TierDisk, keys[1]), store(s, TierCPULocal, kx))
+			}
+			err := e.QueryKeys(ctxA, keys, 3*16, "a", &res)
+			hooks.walkLoad = nil
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fired {
+				t.Fatal("interleaving did not happen")
+			}
+			if got := rankTiers(t, res.Instances, "a", 0); got != (Tiers{0, 0, 0, 16}) {
+				t.Fatalf("a = %+v, want disk 16 only", got)
+			}
+			// The record was reused in place: kx holds block 1's old record.
+			c := e.lookup(ctxA)
+			tab := c.state.Load().tab
+			if rec, ok := tab.find(kx); !ok || &rec[0] != &res.pb.recs[1][0] {
+				t.Fatal("kx did not reuse block 1's record")
+			}
+		})
+	}
+}
