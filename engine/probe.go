@@ -2,40 +2,53 @@ package engine
 
 import "sync/atomic"
 
-// Overlapped probes. A walk that knows the keys of the blocks ahead (precomputed keys, or
-// key-memo hits, see hashing.Chain.KeysAhead) finds their records in a batch before it
-// reads them: the table loads of a batch are independent of each other, so their cache
-// misses overlap instead of being paid one after the other inside the walk's dependent
-// loop. The batch only moves the lookup (table.find1) earlier; the walk still reads every
-// record with the version check, the key check and the clear masks, exactly as for a
-// record it found itself, so what a batch found can go stale without changing an answer
-// (a record freed or reused since reads as torn and is looked up again, see reread).
+// Overlapped probes. A walk that knows the keys of the blocks ahead finds their records in
+// a batch before it reads them: the table loads of a batch are independent of each other,
+// so their cache misses overlap instead of being paid one after the other inside the
+// walk's dependent loop. Keys ahead come from the key source when it has them without
+// work (precomputed keys, key-memo hits: hashing.Chain.KeysAhead); otherwise, once the
+// walk has passed hashAfter blocks, the batch hashes a window of blocks ahead itself.
 //
-// Batches start at probeFirst blocks and double up to probeMax, and a batch ends at the
-// first key the table lacks and, for walk1, at the first record that no slot still alive
-// on disk can continue through (read without the version check, only to bound the
-// batch): a walk that stops early touches at most a few blocks past its stop.
+// A batch only moves the lookup (table.find1) earlier; the walk still reads every record
+// with the version check, the key check and the clear masks, exactly as a record it found
+// itself, so what a batch found can go stale without changing an answer (a record freed
+// or reused since reads as torn or as another key and is looked up again, see reread).
+//
+// Batches start at probeFirst blocks (hashed windows at 2) and double up to probeMax, and
+// a batch's probes end at the first key the table lacks and, for walk1, after the first
+// record that no slot still alive on disk can continue through (read without the version
+// check, only to bound the batch): a walk that stops probes at most one block past its
+// stop (walkN: a batch), and hashes at most one window past it.
 const (
 	probeFirst = 4
 	probeMax   = 16
+	// hashAfter is the number of blocks the walk goes through before it hashes ahead: a
+	// miss in the first blocks (the common miss) hashes no block it does not use.
+	hashAfter = 4
 )
 
-// probeBuf holds the records of the batch being walked: recs[j] is the record of block
-// base+j, for j < n.
+// probeBuf holds the batch being walked: recs[j] is the record of block base+j, for j < n;
+// keys[j] the key of block base+j for j < kn when the batch hashed them (kn is 0 when the
+// walk takes its keys from the source).
 type probeBuf struct {
 	recs    [probeMax][]uint64
+	keys    [probeMax]uint64
 	base, n int
+	kn      int
+	// end is the first block after the batch: the walk starts the next batch there.
+	end int
 	// stop is a block at which no new batch starts: the batch before it ended early
 	// (a key missing from the table, or no slot left), so the walk probably stops there.
-	stop  int
-	batch int
+	stop          int
+	batch, hbatch int
 	// probed counts the keys the walk's batches looked up (tests check the early stop).
 	probed int
 	sink   uint64
 }
 
 func (pb *probeBuf) reset() {
-	pb.base, pb.n, pb.stop, pb.batch, pb.probed = 0, 0, -1, probeFirst, 0
+	pb.base, pb.n, pb.kn, pb.end, pb.stop, pb.probed = 0, 0, 0, 0, -1, 0
+	pb.batch, pb.hbatch = probeFirst, 2
 }
 
 // rec returns the record found ahead for block i, if any.
@@ -46,21 +59,37 @@ func (pb *probeBuf) rec(i int) ([]uint64, bool) {
 	return nil, false
 }
 
-// next starts a batch at block i if src knows keys ahead. The walk calls it when the
-// previous batch is used up (i >= base+n) and i is not its stop. alive is the walk's disk
-// alive set (walk1) or 0 (walkN: no bound but the table's).
-func (pb *probeBuf) next(t *table, src keySource, i int, alive uint64) {
-	ahead := src.KeysAhead()
-	if len(ahead) < 2 {
+// next starts a batch at block i if src knows keys ahead, or hashes a window ahead when it
+// does not and the walk has passed hashAfter blocks. The walk calls it when the previous
+// batch is used up (i >= end) and i is not its stop. alive is the walk's disk alive set
+// (walk1) or 0 (walkN: no bound but the table's).
+func (pb *probeBuf) next(t *table, src keySource, i, nblocks int, alive uint64) {
+	pb.base, pb.n, pb.kn, pb.end = i, 0, 0, i
+	if ahead := src.KeysAhead(); len(ahead) >= 2 {
+		n := min(len(ahead), pb.batch)
+		pb.batch = min(2*pb.batch, probeMax)
+		pb.n = pb.probe(t, ahead[:n], alive)
+		pb.end = i + pb.n
+		if pb.n < n {
+			pb.stop = pb.end
+		}
 		return
 	}
-	n := min(len(ahead), pb.batch)
-	pb.batch = min(2*pb.batch, probeMax)
-	pb.base = i
-	pb.n = pb.probe(t, ahead[:n], alive)
-	if pb.n < n {
-		pb.stop = i + pb.n
+	if i < hashAfter {
+		return
 	}
+	n := min(nblocks-i, pb.hbatch)
+	pb.hbatch = min(2*pb.hbatch, probeMax)
+	for pb.kn < n {
+		k, err := src.Next()
+		if err != nil {
+			break // the walk's own Next at this block returns it again (errors stick)
+		}
+		pb.keys[pb.kn] = k
+		pb.kn++
+	}
+	pb.end = i + pb.kn
+	pb.n = pb.probe(t, pb.keys[:pb.kn], alive)
 }
 
 // probe finds the records of keys in t alone (a key t lacks ends the batch; the walk's own

@@ -80,7 +80,8 @@ func TestProbeStopsNearWalkEnd(t *testing.T) {
 }
 
 // TestProbesUseMemoKeys: a query whose keys all come from the key memo probes every block
-// ahead; the first query of the prompt (every block hashed: no key is known ahead) none.
+// ahead; the first query of the prompt (every block hashed) every block after the first
+// hashAfter, in windows it hashes ahead.
 func TestProbesUseMemoKeys(t *testing.T) {
 	p := vllmProfile(t)
 	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
@@ -89,7 +90,7 @@ func TestProbesUseMemoKeys(t *testing.T) {
 	tokens := seqTokens(16 * 64)
 	keys := chainKeys(t, p, 16, "", "", tokens)
 	mustApply(t, e, ctxA, store(s, TierDisk, keys...))
-	for round, want := range []int{0, 64} {
+	for round, want := range []int{64 - hashAfter, 64} {
 		var res Result
 		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
 			t.Fatal(err)
@@ -97,8 +98,9 @@ func TestProbesUseMemoKeys(t *testing.T) {
 		if got := res.Instances[0].Disk; got != 16*64 {
 			t.Fatalf("round %d: disk = %d", round, got)
 		}
-		if res.pb.probed != want || res.fromMemo != want {
-			t.Fatalf("round %d: probed %d, from the memo %d, want %d", round, res.pb.probed, res.fromMemo, want)
+		if res.pb.probed != want || res.fromMemo != 64*round || res.hashed != 64 || res.walked != 64 {
+			t.Fatalf("round %d: probed %d (want %d), %d blocks hashed, %d from the memo, %d walked",
+				round, res.pb.probed, want, res.hashed, res.fromMemo, res.walked)
 		}
 	}
 }
@@ -148,5 +150,42 @@ func TestProbedRecordReusedBeforeRead(t *testing.T) {
 				t.Fatal("kx did not reuse block 1's record")
 			}
 		})
+	}
+}
+
+// TestHashAheadBound: without the memo, a walk hashes its first hashAfter blocks one by
+// one (a miss there hashes nothing it does not use), then windows of 2, 4, 8, 16 ahead;
+// past the block where it stops it has hashed at most one window and probed at most that
+// block.
+func TestHashAheadBound(t *testing.T) {
+	p := vllmProfile(t)
+	tokens := seqTokens(16 * 64)
+	keys := chainKeys(t, p, 16, "", "", tokens)
+	for _, stored := range []int{0, 1, 3, 4, 5, 9, 20, 63, 64} {
+		e := newTestEngine(t, Config{})
+		s := Slot{"a", 0}
+		mustRegister(t, e, ctxA, p, s)
+		if stored > 0 {
+			mustApply(t, e, ctxA, store(s, TierDisk, keys[:stored]...))
+		}
+		var res Result
+		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+			t.Fatal(err)
+		}
+		walked := min(stored+1, 64)
+		if got := res.Instances[0].Disk; got != int64(16*stored) || res.walked != walked {
+			t.Fatalf("stored %d: disk %d, walked %d", stored, got, res.walked)
+		}
+		// Windows: blocks [4,6), [6,10), [10,18), [18,34), [34,50), [50,64).
+		hashed := walked
+		for start, size := hashAfter, 2; start < walked; start, size = start+size, min(2*size, probeMax) {
+			hashed = min(start+size, 64)
+		}
+		if res.hashed != hashed || res.hashed > walked+probeMax-1 {
+			t.Fatalf("stored %d: hashed %d, want %d", stored, res.hashed, hashed)
+		}
+		if res.pb.probed > max(walked-hashAfter, 0) {
+			t.Fatalf("stored %d: probed %d blocks ahead, walked %d", stored, res.pb.probed, walked)
+		}
 	}
 }

@@ -82,10 +82,11 @@ func BenchmarkQueryWalkCold(b *testing.B) {
 	}
 }
 
-// BenchmarkQueryMemoCold is BenchmarkQueryWalkCold through the public Query of real
-// prompts (vllm_v1 sha256_cbor) whose block keys are all in the key memo (each prompt
-// queried once before): the memo-warm full hit over an index not in cache.
-func BenchmarkQueryMemoCold(b *testing.B) {
+// BenchmarkQueryCold is BenchmarkQueryWalkCold through the public Query of real prompts
+// (vllm_v1 sha256_cbor, 512 blocks) over an index of -coldblocks/4 blocks. "memo": every
+// block key is in the key memo (each prompt queried once before), the memo-warm full
+// hit; "hashed": no memo, every block SHA-hashed (the walk hashes windows ahead).
+func BenchmarkQueryCold(b *testing.B) {
 	const blocks = 512
 	prompts := max(*coldBlocks/blocks/4, 1) // hashing the setup is the cost: a quarter
 	p := benchProfile(b)
@@ -105,43 +106,59 @@ func BenchmarkQueryMemoCold(b *testing.B) {
 			keys[pr*blocks+j] = k
 		}
 	}
-	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: 16 * prompts * blocks,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	defer e.Close()
-	for i := 0; i < 8; i++ {
-		s := Slot{fmt.Sprintf("inst-%03d", i/4), i % 4}
-		if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
-			b.Fatal(err)
+	for _, memo := range []bool{true, false} {
+		name := "hashed"
+		if memo {
+			name = "memo"
 		}
-		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys}}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
-		runtime.Gosched()
-	}
-	var res Result
-	res.noProbe = *noProbe
-	q := &Query{Key: ctxA}
-	for pr := 0; pr < prompts; pr++ { // fills the memo
-		q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
-		if err := e.Query(q, &res); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportAllocs()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	b.ResetTimer()
-	c0 := threadCPU()
-	for i := 0; i < b.N; i++ {
-		pr := (i * 7919) % prompts
-		q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
-		_ = e.Query(q, &res)
-	}
-	b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
-	b.StopTimer()
-	if res.Instances[0].Disk != blocks*16 || res.fromMemo != blocks {
-		b.Fatalf("walk stopped early or hashed: %d, %d of %d from the memo", res.Instances[0].Disk, res.fromMemo, blocks)
+		b.Run(name, func(b *testing.B) {
+			entries := 0
+			if memo {
+				entries = 16 * prompts * blocks // 4-way sets: room enough that none is lost
+			}
+			e := New(Config{MaxBlocksPerContext: -1, MemoEntries: entries,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			defer e.Close()
+			for i := 0; i < 8; i++ {
+				s := Slot{fmt.Sprintf("inst-%03d", i/4), i % 4}
+				if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
+				runtime.Gosched()
+			}
+			var res Result
+			res.noProbe = *noProbe
+			q := &Query{Key: ctxA}
+			for pr := 0; memo && pr < prompts; pr++ { // fills the memo
+				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
+				if err := e.Query(q, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ResetTimer()
+			c0 := threadCPU()
+			for i := 0; i < b.N; i++ {
+				pr := (i * 7919) % prompts
+				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
+				_ = e.Query(q, &res)
+			}
+			b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
+			b.StopTimer()
+			want := 0
+			if memo {
+				want = blocks
+			}
+			if res.Instances[0].Disk != blocks*16 || res.fromMemo != want {
+				b.Fatalf("walk stopped early or hashed: %d, %d of %d from the memo", res.Instances[0].Disk, res.fromMemo, blocks)
+			}
+		})
 	}
 }

@@ -51,6 +51,9 @@ type Result struct {
 	// hashed and fromMemo describe the last Query: blocks it hashed, and how many of
 	// those came from the key memo (both 0 for QueryKeys or a query that hashed nothing).
 	hashed, fromMemo int
+	// walked is the number of blocks the last walk went through (its stop included); a
+	// walk that hashes ahead (probe.go) may have hashed up to a window more.
+	walked int
 }
 
 // Query is one prefix lookup.
@@ -184,6 +187,7 @@ func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
 
 func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, int), src keySource, nblocks int, positions, bs int64) error {
 	r.Instances = r.Instances[:0]
+	r.walked = 0
 	w := len(mask)
 	if need := w * 64; len(r.counts) < need {
 		r.counts = make([][4]int64, need)
@@ -225,10 +229,16 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	pb := &r.pb
 	pb.reset()
 	for i := 0; i < nblocks; i++ {
-		if i >= pb.base+pb.n && i != pb.stop && !r.noProbe {
-			pb.next(tab, src, i, a3)
+		if i >= pb.end && i != pb.stop && !r.noProbe {
+			pb.next(tab, src, i, nblocks, a3)
 		}
-		key, err := src.Next()
+		var key uint64
+		var err error
+		if j := i - pb.base; uint(j) < uint(pb.kn) {
+			key = pb.keys[j] // hashed ahead by the batch
+		} else {
+			key, err = src.Next()
+		}
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
@@ -286,10 +296,12 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 			r.drop(3, 0, a3&^n3, pos)
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
+				r.walked = i + 1
 				return nil
 			}
 		}
 	}
+	r.walked = min(end+1, nblocks)
 	pos := min(int64(end)*bs, positions)
 	r.drop(0, 0, a0, pos)
 	r.drop(1, 0, a1, pos)
@@ -426,10 +438,16 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 	pb := &r.pb
 	pb.reset()
 	for i := 0; i < nblocks; i++ {
-		if i >= pb.base+pb.n && i != pb.stop && !r.noProbe {
-			pb.next(tab, src, i, 0)
+		if i >= pb.end && i != pb.stop && !r.noProbe {
+			pb.next(tab, src, i, nblocks, 0)
 		}
-		key, err := src.Next()
+		var key uint64
+		var err error
+		if j := i - pb.base; uint(j) < uint(pb.kn) {
+			key = pb.keys[j] // hashed ahead by the batch
+		} else {
+			key, err = src.Next()
+		}
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
@@ -489,9 +507,11 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 			any3 |= n3
 		}
 		if any3 == 0 {
+			r.walked = i + 1
 			return nil
 		}
 	}
+	r.walked = min(end+1, nblocks)
 	pos := min(int64(end)*bs, positions)
 	for t := 0; t < 4; t++ {
 		for j := 0; j < w; j++ {
