@@ -31,8 +31,15 @@ const (
 // keys[j] the key of block base+j for j < kn when the batch hashed them (kn is 0 when the
 // walk takes its keys from the source).
 type probeBuf struct {
-	recs    [probeMax][]uint64
-	keys    [probeMax]uint64
+	recs [probeMax][]uint64
+	keys [probeMax]uint64
+	// vals[j] is walk1's read of recs[j] (meta, device, cpu_local, disk bits) made by the
+	// batch, valid when good[j] (both meta loads equal, neither busy nor free, the key
+	// block base+j's): the walk takes it instead of reading the record again.
+	vals [probeMax][4]uint64
+	good [probeMax]bool
+	// read is set when the batch reads records for walk1 (no hook, no pending clears).
+	read    bool
 	base, n int
 	kn      int
 	// end is the first block after the batch: the walk starts the next batch there.
@@ -51,7 +58,7 @@ func (pb *probeBuf) reset() {
 	pb.batch, pb.hbatch = probeFirst, 2
 }
 
-// rec returns the record found ahead for block i, if any.
+// rec returns the record found ahead for block i, if any, and its index in the batch.
 func (pb *probeBuf) rec(i int) ([]uint64, bool) {
 	if j := i - pb.base; uint(j) < uint(pb.n) {
 		return pb.recs[j], true
@@ -114,16 +121,29 @@ func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
 		if alive == 0 {
 			continue
 		}
-		meta := atomic.LoadUint64(&rec[recMeta])
-		x := atomic.LoadUint64(&rec[recBits])
-		var b uint64
+		// walk1's read (see walk1), or, with a hook or pending clears, a read that only
+		// bounds the batch.
+		var meta, k2, m2, dev, loc, dsk uint64
 		if t.w == 0 {
-			b = (x | x>>packedSlots | x>>(2*packedSlots)) & packedMask
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k2 = atomic.LoadUint64(&rec[recKey])
+			x := atomic.LoadUint64(&rec[recBits])
+			m2 = atomic.LoadUint64(&rec[recMeta])
+			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
 		} else {
-			b = x | atomic.LoadUint64(&rec[recBits+1]) | atomic.LoadUint64(&rec[recBits+2])
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k2 = atomic.LoadUint64(&rec[recKey])
+			dev = atomic.LoadUint64(&rec[recBits])
+			loc = atomic.LoadUint64(&rec[recBits+1])
+			dsk = atomic.LoadUint64(&rec[recBits+2])
+			m2 = atomic.LoadUint64(&rec[recMeta])
+		}
+		if pb.read {
+			pb.vals[j] = [4]uint64{meta, dev, loc, dsk}
+			pb.good[j] = m2 == meta && meta&(metaBusy|metaFree) == 0 && k2 == k
 		}
 		if meta&metaFlags == 0 {
-			if alive &= b; alive == 0 {
+			if alive &= dev | loc | dsk; alive == 0 {
 				return j + 1
 			}
 		}

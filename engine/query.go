@@ -228,6 +228,7 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	pb := &r.pb
 	pb.reset()
+	pb.read = !r.slow
 	for i := 0; i < nblocks; i++ {
 		if i >= pb.end && i != pb.stop && !r.noProbe {
 			pb.next(tab, src, i, nblocks, a3)
@@ -257,9 +258,12 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 		// Torn reads, test hooks and pending clears take the slow path (readSlow1),
 		// which keeps this loop's live values in registers.
 		var meta, dev, loc, dsk uint64
-		switch {
+		switch j := uint(i - pb.base); {
 		case r.slow:
 			ok = false
+		case j < uint(pb.n) && pb.good[j]: // read by the batch (probe.go)
+			v := &pb.vals[j]
+			meta, dev, loc, dsk = v[0], v[1], v[2], v[3]
 		case tab.w == 0:
 			meta = atomic.LoadUint64(&rec[recMeta])
 			k := atomic.LoadUint64(&rec[recKey])
