@@ -44,10 +44,16 @@ type Result struct {
 	counts [][4]int64 // per slot number: the four tier counts
 	alive  []uint64   // 4 tiers x w words
 	words  []uint64   // one record's bitsets, 3 x w words
+	pb     probeBuf   // records found ahead (probe.go)
+	// noProbe turns the overlapped probes off (benchmarks compare both walks).
+	noProbe bool
 
 	// hashed and fromMemo describe the last Query: blocks it hashed, and how many of
 	// those came from the key memo (both 0 for QueryKeys or a query that hashed nothing).
 	hashed, fromMemo int
+	// walked is the number of blocks the last walk went through (its stop included); a
+	// walk that hashes ahead (probe.go) may have hashed up to a window more.
+	walked int
 }
 
 // Query is one prefix lookup.
@@ -60,9 +66,12 @@ type Query struct {
 }
 
 // keySource yields the projected keys of consecutive blocks, computed lazily: the walk
-// asks for block i only once it has reached it.
+// asks for block i only once it has reached it. KeysAhead returns keys of the blocks after
+// the last one Next returned that are known without further work (hashing.Chain: memo
+// hits), for the walk to probe the table ahead (probe.go); it may be empty.
 type keySource interface {
 	Next() (uint64, error)
+	KeysAhead() []uint64
 }
 
 // sliceKeys serves precomputed keys (tests, benchmarks, callers that already hashed).
@@ -76,6 +85,8 @@ func (s *sliceKeys) Next() (uint64, error) {
 	s.i++
 	return k, nil
 }
+
+func (s *sliceKeys) KeysAhead() []uint64 { return s.keys[s.i:] }
 
 // Query answers q into res. An unknown context, a context without engine slots, or a filter
 // naming no registered instance give empty Instances and a nil error, and create nothing.
@@ -176,6 +187,7 @@ func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
 
 func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, int), src keySource, nblocks int, positions, bs int64) error {
 	r.Instances = r.Instances[:0]
+	r.walked = 0
 	w := len(mask)
 	if need := w * 64; len(r.counts) < need {
 		r.counts = make([][4]int64, need)
@@ -214,13 +226,28 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 	a0, a1, a2, a3 := mask, mask, mask, mask
 	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
+	pb := &r.pb
+	pb.reset()
+	pb.read = !r.slow
 	for i := 0; i < nblocks; i++ {
-		key, err := src.Next()
+		if i >= pb.end && i != pb.stop && !r.noProbe {
+			pb.next(tab, src, i, nblocks, a3)
+		}
+		var key uint64
+		var err error
+		if j := i - pb.base; uint(j) < uint(pb.kn) {
+			key = pb.keys[j] // hashed ahead by the batch
+		} else {
+			key, err = src.Next()
+		}
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find1(key)
+		rec, ok := pb.rec(i)
+		if !ok {
+			rec, ok = tab.find1(key)
+		}
 		if !ok {
 			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
 				end = i
@@ -231,9 +258,12 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 		// Torn reads, test hooks and pending clears take the slow path (readSlow1),
 		// which keeps this loop's live values in registers.
 		var meta, dev, loc, dsk uint64
-		switch {
+		switch j := uint(i - pb.base); {
 		case r.slow:
 			ok = false
+		case j < uint(pb.n) && pb.good[j]: // read by the batch (probe.go)
+			v := &pb.vals[j]
+			meta, dev, loc, dsk = v[0], v[1], v[2], v[3]
 		case tab.w == 0:
 			meta = atomic.LoadUint64(&rec[recMeta])
 			k := atomic.LoadUint64(&rec[recKey])
@@ -270,10 +300,12 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 			r.drop(3, 0, a3&^n3, pos)
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
+				r.walked = i + 1
 				return nil
 			}
 		}
 	}
+	r.walked = min(end+1, nblocks)
 	pos := min(int64(end)*bs, positions)
 	r.drop(0, 0, a0, pos)
 	r.drop(1, 0, a1, pos)
@@ -407,13 +439,27 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 	}
 	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
+	pb := &r.pb
+	pb.reset()
 	for i := 0; i < nblocks; i++ {
-		key, err := src.Next()
+		if i >= pb.end && i != pb.stop && !r.noProbe {
+			pb.next(tab, src, i, nblocks, 0)
+		}
+		var key uint64
+		var err error
+		if j := i - pb.base; uint(j) < uint(pb.kn) {
+			key = pb.keys[j] // hashed ahead by the batch
+		} else {
+			key, err = src.Next()
+		}
 		if err != nil {
 			r.Instances = r.Instances[:0]
 			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
-		rec, ok := tab.find1(key)
+		rec, ok := pb.rec(i)
+		if !ok {
+			rec, ok = tab.find1(key)
+		}
 		if !ok {
 			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
 				end = i
@@ -465,9 +511,11 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 			any3 |= n3
 		}
 		if any3 == 0 {
+			r.walked = i + 1
 			return nil
 		}
 	}
+	r.walked = min(end+1, nblocks)
 	pos := min(int64(end)*bs, positions)
 	for t := 0; t < 4; t++ {
 		for j := 0; j < w; j++ {

@@ -1,0 +1,152 @@
+package engine
+
+import "sync/atomic"
+
+// Overlapped probes. A walk that knows the keys of the blocks ahead finds their records in
+// a batch before it reads them: the table loads of a batch are independent of each other,
+// so their cache misses overlap instead of being paid one after the other inside the
+// walk's dependent loop. Keys ahead come from the key source when it has them without
+// work (precomputed keys, key-memo hits: hashing.Chain.KeysAhead); otherwise, once the
+// walk has passed hashAfter blocks, the batch hashes a window of blocks ahead itself.
+//
+// A batch only moves the lookup (table.find1) earlier; the walk still reads every record
+// with the version check, the key check and the clear masks, exactly as a record it found
+// itself, so what a batch found can go stale without changing an answer (a record freed
+// or reused since reads as torn or as another key and is looked up again, see reread).
+//
+// Batches start at probeFirst blocks (hashed windows at 2) and double up to probeMax, and
+// a batch's probes end at the first key the table lacks and, for walk1, after the first
+// record that no slot still alive on disk can continue through (read without the version
+// check, only to bound the batch): a walk that stops probes at most one block past its
+// stop (walkN: a batch), and hashes at most one window past it.
+const (
+	probeFirst = 4
+	probeMax   = 16
+	// hashAfter is the number of blocks the walk goes through before it hashes ahead: a
+	// miss in the first blocks (the common miss) hashes no block it does not use.
+	hashAfter = 4
+)
+
+// probeBuf holds the batch being walked: recs[j] is the record of block base+j, for j < n;
+// keys[j] the key of block base+j for j < kn when the batch hashed them (kn is 0 when the
+// walk takes its keys from the source).
+type probeBuf struct {
+	recs [probeMax][]uint64
+	keys [probeMax]uint64
+	// vals[j] is walk1's read of recs[j] (meta, device, cpu_local, disk bits) made by the
+	// batch, valid when good[j] (both meta loads equal, neither busy nor free, the key
+	// block base+j's): the walk takes it instead of reading the record again.
+	vals [probeMax][4]uint64
+	good [probeMax]bool
+	// read is set when the batch reads records for walk1 (no hook, no pending clears).
+	read    bool
+	base, n int
+	kn      int
+	// end is the first block after the batch: the walk starts the next batch there.
+	end int
+	// stop is a block at which no new batch starts: the batch before it ended early
+	// (a key missing from the table, or no slot left), so the walk probably stops there.
+	stop          int
+	batch, hbatch int
+	// probed counts the keys the walk's batches looked up (tests check the early stop).
+	probed int
+	sink   uint64
+}
+
+func (pb *probeBuf) reset() {
+	pb.base, pb.n, pb.kn, pb.end, pb.stop, pb.probed = 0, 0, 0, 0, -1, 0
+	pb.batch, pb.hbatch = probeFirst, 2
+}
+
+// rec returns the record found ahead for block i, if any, and its index in the batch.
+func (pb *probeBuf) rec(i int) ([]uint64, bool) {
+	if j := i - pb.base; uint(j) < uint(pb.n) {
+		return pb.recs[j], true
+	}
+	return nil, false
+}
+
+// next starts a batch at block i if src knows keys ahead, or hashes a window ahead when it
+// does not and the walk has passed hashAfter blocks. The walk calls it when the previous
+// batch is used up (i >= end) and i is not its stop. alive is the walk's disk alive set
+// (walk1) or 0 (walkN: no bound but the table's).
+func (pb *probeBuf) next(t *table, src keySource, i, nblocks int, alive uint64) {
+	pb.base, pb.n, pb.kn, pb.end = i, 0, 0, i
+	if ahead := src.KeysAhead(); len(ahead) >= 2 {
+		n := min(len(ahead), pb.batch)
+		pb.batch = min(2*pb.batch, probeMax)
+		pb.n = pb.probe(t, ahead[:n], alive)
+		pb.end = i + pb.n
+		if pb.n < n {
+			pb.stop = pb.end
+		}
+		return
+	}
+	if i < hashAfter {
+		return
+	}
+	n := min(nblocks-i, pb.hbatch)
+	pb.hbatch = min(2*pb.hbatch, probeMax)
+	for pb.kn < n {
+		k, err := src.Next()
+		if err != nil {
+			break // the walk's own Next at this block returns it again (errors stick)
+		}
+		pb.keys[pb.kn] = k
+		pb.kn++
+	}
+	pb.end = i + pb.kn
+	pb.n = pb.probe(t, pb.keys[:pb.kn], alive)
+}
+
+// probe finds the records of keys in t alone (a key t lacks ends the batch; the walk's own
+// lookup then goes on to the previous or latest table) and returns how many it found. It
+// first loads every key's home entry (independent loads: the misses overlap), then probes
+// each key, which loads its record (independent of the other keys' records). With alive
+// set it also ends the batch after the first record that holds none of alive's slots in
+// any tier and is not shared (no slot could be alive on disk after it).
+func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
+	var sink uint64
+	for _, k := range keys {
+		sink += atomic.LoadUint64(&t.entries[mix(k)>>t.shift])
+	}
+	pb.sink += sink
+	for j, k := range keys {
+		pb.probed++
+		rec, ok := t.find1(k)
+		if !ok {
+			return j
+		}
+		pb.recs[j] = rec
+		if alive == 0 {
+			continue
+		}
+		// walk1's read (see walk1), or, with a hook or pending clears, a read that only
+		// bounds the batch.
+		var meta, k2, m2, dev, loc, dsk uint64
+		if t.w == 0 {
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k2 = atomic.LoadUint64(&rec[recKey])
+			x := atomic.LoadUint64(&rec[recBits])
+			m2 = atomic.LoadUint64(&rec[recMeta])
+			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+		} else {
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k2 = atomic.LoadUint64(&rec[recKey])
+			dev = atomic.LoadUint64(&rec[recBits])
+			loc = atomic.LoadUint64(&rec[recBits+1])
+			dsk = atomic.LoadUint64(&rec[recBits+2])
+			m2 = atomic.LoadUint64(&rec[recMeta])
+		}
+		if pb.read {
+			pb.vals[j] = [4]uint64{meta, dev, loc, dsk}
+			pb.good[j] = m2 == meta && meta&(metaBusy|metaFree) == 0 && k2 == k
+		}
+		if meta&metaFlags == 0 {
+			if alive &= dev | loc | dsk; alive == 0 {
+				return j + 1
+			}
+		}
+	}
+	return len(keys)
+}

@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+)
+
+// settled waits until ctxA's table has no migration running: a batch probes the current
+// table alone, so a key still only in the previous one ends it (the walk's own lookup
+// finds it), which the exact probe counts below do not expect.
+func settled(e *Engine) {
+	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
+		runtime.Gosched()
+	}
+}
+
+// TestProbeStopsNearWalkEnd: the overlapped probes look up keys ahead of the walk, but
+// never more than one block past the block where the walk stops (walk1: a missing key, or
+// no queried slot able to continue), nor a batch past it (walkN: a missing key ends the
+// batch; other stops are bounded by the batch size). A walk to the end probes every block.
+func TestProbeStopsNearWalkEnd(t *testing.T) {
+	const blocks, stop = 512, 10
+	keys := make([]uint64, blocks)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	cases := []struct {
+		name       string
+		slots      int // registered slots ("a" 0, then pads): 1 and 30 walk1, 65 walkN
+		ops        func(a, b Slot) []Op
+		filter     string
+		want       Tiers // of a
+		maxProbed  int
+		wantProbed int // exact when > 0
+	}{
+		{"miss/walk1", 1, func(a, _ Slot) []Op { return []Op{store(a, TierDisk, keys[:stop]...)} },
+			"", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"miss/walk1wide", 30, func(a, _ Slot) []Op { return []Op{store(a, TierDisk, keys[:stop]...)} },
+			"", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"miss/walkN", 65, func(a, _ Slot) []Op { return []Op{store(a, TierDisk, keys[:stop]...)} },
+			"", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"noslot/walk1", 1, func(a, b Slot) []Op {
+			return []Op{store(a, TierDisk, keys[:stop]...), store(b, TierDisk, keys...)}
+		}, "a", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"noslot/walk1wide", 30, func(a, b Slot) []Op {
+			return []Op{store(a, TierDisk, keys[:stop]...), store(b, TierDisk, keys...)}
+		}, "a", Tiers{0, 0, 0, 16 * stop}, stop + 1, 0},
+		{"noslot/walkN", 65, func(a, b Slot) []Op {
+			return []Op{store(a, TierDisk, keys[:stop]...), store(b, TierDisk, keys...)}
+		}, "a", Tiers{0, 0, 0, 16 * stop}, stop + probeMax, 0},
+		{"full/walk1", 1, func(a, _ Slot) []Op {
+			return []Op{store(a, TierDisk, keys...), store(a, TierDevice, keys[:stop]...)}
+		}, "", Tiers{16 * stop, 16 * stop, 16 * stop, 16 * blocks}, blocks, blocks},
+		{"full/walkN", 65, func(a, _ Slot) []Op {
+			return []Op{store(a, TierDisk, keys...), store(a, TierDevice, keys[:stop]...)}
+		}, "", Tiers{16 * stop, 16 * stop, 16 * stop, 16 * blocks}, blocks, blocks},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newTestEngine(t, Config{})
+			a, b := Slot{"a", 0}, Slot{"b", 0}
+			mustRegister(t, e, ctxA, vllmProfile(t), a)
+			mustRegister(t, e, ctxA, vllmProfile(t), b)
+			for i := 2; i < tc.slots; i++ {
+				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+			}
+			mustApply(t, e, ctxA, tc.ops(a, b)...)
+			settled(e)
+			var res Result
+			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &res); err != nil {
+				t.Fatal(err)
+			}
+			if got := rankTiers(t, res.Instances, "a", 0); got != tc.want {
+				t.Fatalf("a = %+v, want %+v", got, tc.want)
+			}
+			if p := res.pb.probed; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
+				t.Fatalf("probed %d blocks ahead (max %d, want %d)", p, tc.maxProbed, tc.wantProbed)
+			}
+			// The same answer without the probes.
+			var plain Result
+			plain.noProbe = true
+			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &plain); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(plain.Instances) != fmt.Sprint(res.Instances) {
+				t.Fatalf("with probes %+v, without %+v", res.Instances, plain.Instances)
+			}
+		})
+	}
+}
+
+// TestProbesUseMemoKeys: a query whose keys all come from the key memo probes every block
+// ahead; the first query of the prompt (every block hashed) every block after the first
+// hashAfter, in windows it hashes ahead.
+func TestProbesUseMemoKeys(t *testing.T) {
+	p := vllmProfile(t)
+	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
+	s := Slot{"a", 0}
+	mustRegister(t, e, ctxA, p, s)
+	tokens := seqTokens(16 * 64)
+	keys := chainKeys(t, p, 16, "", "", tokens)
+	mustApply(t, e, ctxA, store(s, TierDisk, keys...))
+	settled(e)
+	for round, want := range []int{64 - hashAfter, 64} {
+		var res Result
+		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+			t.Fatal(err)
+		}
+		if got := res.Instances[0].Disk; got != 16*64 {
+			t.Fatalf("round %d: disk = %d", round, got)
+		}
+		if res.pb.probed != want || res.fromMemo != 64*round || res.hashed != 64 || res.walked != 64 {
+			t.Fatalf("round %d: probed %d (want %d), %d blocks hashed, %d from the memo, %d walked",
+				round, res.pb.probed, want, res.hashed, res.fromMemo, res.walked)
+		}
+	}
+}
+
+// TestProbedRecordReusedBeforeRead: the batch finds the records of blocks 0-2; before the
+// walk reads block 0, block 1 is removed and its record reused for another key (on
+// cpu_local). The record the batch found for block 1 now holds that key: the walk must
+// look block 1 up again (gone) and stop there, not credit the reused record.
+func TestProbedRecordReusedBeforeRead(t *testing.T) {
+	for _, nslots := range []int{1, 30, 65} {
+		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
+			s := Slot{"a", 0}
+			e, hooks := hookedEngine(t, Config{}, s)
+			for i := 1; i < nslots; i++ {
+				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+			}
+			keys := []uint64{0xA0, 0xA1, 0xA2}
+			const kx = uint64(0xB1)
+			mustApply(t, e, ctxA, store(s, TierDisk, keys...))
+			var res Result
+			fired := false
+			hooks.walkLoad = func(i, w int) {
+				if fired || i != 0 || w != recMeta {
+					return
+				}
+				fired = true
+				if res.pb.base != 0 || res.pb.n != 3 {
+					t.Errorf("batch base %d n %d when block 0 is read: want 0, 3", res.pb.base, res.pb.n)
+				}
+				mustApply(t, e, ctxA, remove(s, TierDisk, keys[1]), store(s, TierCPULocal, kx))
+			}
+			err := e.QueryKeys(ctxA, keys, 3*16, "a", &res)
+			hooks.walkLoad = nil
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !fired {
+				t.Fatal("interleaving did not happen")
+			}
+			if got := rankTiers(t, res.Instances, "a", 0); got != (Tiers{0, 0, 0, 16}) {
+				t.Fatalf("a = %+v, want disk 16 only", got)
+			}
+			// The record was reused in place: kx holds block 1's old record.
+			c := e.lookup(ctxA)
+			tab := c.state.Load().tab
+			if rec, ok := tab.find(kx); !ok || &rec[0] != &res.pb.recs[1][0] {
+				t.Fatal("kx did not reuse block 1's record")
+			}
+		})
+	}
+}
+
+// TestHashAheadBound: without the memo, a walk hashes its first hashAfter blocks one by
+// one (a miss there hashes nothing it does not use), then windows of 2, 4, 8, 16 ahead;
+// past the block where it stops it has hashed at most one window and probed at most that
+// block.
+func TestHashAheadBound(t *testing.T) {
+	p := vllmProfile(t)
+	tokens := seqTokens(16 * 64)
+	keys := chainKeys(t, p, 16, "", "", tokens)
+	for _, stored := range []int{0, 1, 3, 4, 5, 9, 20, 63, 64} {
+		e := newTestEngine(t, Config{})
+		s := Slot{"a", 0}
+		mustRegister(t, e, ctxA, p, s)
+		if stored > 0 {
+			mustApply(t, e, ctxA, store(s, TierDisk, keys[:stored]...))
+			settled(e)
+		}
+		var res Result
+		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+			t.Fatal(err)
+		}
+		walked := min(stored+1, 64)
+		if got := res.Instances[0].Disk; got != int64(16*stored) || res.walked != walked {
+			t.Fatalf("stored %d: disk %d, walked %d", stored, got, res.walked)
+		}
+		// Windows: blocks [4,6), [6,10), [10,18), [18,34), [34,50), [50,64).
+		hashed := walked
+		for start, size := hashAfter, 2; start < walked; start, size = start+size, min(2*size, probeMax) {
+			hashed = min(start+size, 64)
+		}
+		if res.hashed != hashed || res.hashed > walked+probeMax-1 {
+			t.Fatalf("stored %d: hashed %d, want %d", stored, res.hashed, hashed)
+		}
+		if res.pb.probed > max(walked-hashAfter, 0) {
+			t.Fatalf("stored %d: probed %d blocks ahead, walked %d", stored, res.pb.probed, walked)
+		}
+	}
+}

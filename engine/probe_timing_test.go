@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"testing"
+
+	"github.com/conductor-go/conductor/hashing"
+)
+
+var (
+	coldBlocks = flag.Int("coldblocks", 1<<20, "blocks in the index of the cold-walk benchmarks")
+	noProbe    = flag.Bool("noprobe", false, "walk without overlapped probes (A/B of BenchmarkQueryWalkCold)")
+)
+
+// coldContext stores nprompts prompts of blocks keys each (key of block j of prompt p:
+// benchKey(p*blocks+j)) for 8 slots of one instance pair: every slot holds every block on
+// disk, slot s its first (s%4+1)/4 on cpu_local and s%4/4 on device.
+func coldContext(b *testing.B, prompts, blocks int) *Engine {
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: 4 * prompts * blocks,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	p := benchProfile(b)
+	buf := make([]uint64, blocks)
+	for i := 0; i < 8; i++ {
+		s := Slot{fmt.Sprintf("inst-%03d", i/4), i % 4}
+		if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for pr := 0; pr < prompts; pr++ {
+		for j := range buf {
+			buf[j] = benchKey(pr*blocks + j)
+		}
+		var ops []Op
+		for i := 0; i < 8; i++ {
+			s := Slot{fmt.Sprintf("inst-%03d", i/4), i % 4}
+			ops = append(ops, Op{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: buf},
+				Op{Kind: OpStore, Slot: s, Tier: TierCPULocal, Hashes: buf[:blocks*(1+i%4)/4]},
+				Op{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: buf[:blocks*(i%4)/4]})
+		}
+		if err := e.Apply(ctxA, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
+		runtime.Gosched()
+	}
+	return e
+}
+
+// BenchmarkQueryWalkCold measures the walk (precomputed keys, no hashing) of 512-block
+// prompts that every slot matches to the end, over an index of -coldblocks blocks
+// (default 1M): each query asks another prompt, so its table entries and records are
+// not in the core's caches. -noprobe walks without the overlapped probes.
+func BenchmarkQueryWalkCold(b *testing.B) {
+	const blocks = 512
+	prompts := max(*coldBlocks/blocks, 1)
+	e := coldContext(b, prompts, blocks)
+	defer e.Close()
+	keys := make([]uint64, prompts*blocks)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	var res Result
+	res.noProbe = *noProbe
+	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ResetTimer()
+	c0 := threadCPU()
+	for i := 0; i < b.N; i++ {
+		p := (i * 7919) % prompts
+		_ = e.QueryKeys(ctxA, keys[p*blocks:(p+1)*blocks], blocks*16, "", &res)
+	}
+	b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
+	b.StopTimer()
+	if res.Instances[0].Disk != blocks*16 {
+		b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
+	}
+}
+
+// BenchmarkQueryCold is BenchmarkQueryWalkCold through the public Query of real prompts
+// (vllm_v1 sha256_cbor, 512 blocks) over an index of -coldblocks/4 blocks. "memo": every
+// block key is in the key memo (each prompt queried once before), the memo-warm full
+// hit; "hashed": no memo, every block SHA-hashed (the walk hashes windows ahead).
+func BenchmarkQueryCold(b *testing.B) {
+	const blocks = 512
+	prompts := max(*coldBlocks/blocks/4, 1) // hashing the setup is the cost: a quarter
+	p := benchProfile(b)
+	toks := make([]int32, prompts*blocks*16)
+	for i := range toks {
+		toks[i] = int32(i*7 + 1)
+	}
+	keys := make([]uint64, prompts*blocks)
+	var ch hashing.Chain
+	for pr := 0; pr < prompts; pr++ {
+		ch.Reset(&p, 16, "", "", toks[pr*blocks*16:(pr+1)*blocks*16])
+		for j := 0; j < blocks; j++ {
+			k, err := ch.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys[pr*blocks+j] = k
+		}
+	}
+	for _, memo := range []bool{true, false} {
+		name := "hashed"
+		if memo {
+			name = "memo"
+		}
+		b.Run(name, func(b *testing.B) {
+			entries := 0
+			if memo {
+				entries = 16 * prompts * blocks // 4-way sets: room enough that none is lost
+			}
+			e := New(Config{MaxBlocksPerContext: -1, MemoEntries: entries,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			defer e.Close()
+			for i := 0; i < 8; i++ {
+				s := Slot{fmt.Sprintf("inst-%03d", i/4), i % 4}
+				if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
+				runtime.Gosched()
+			}
+			var res Result
+			res.noProbe = *noProbe
+			q := &Query{Key: ctxA}
+			for pr := 0; memo && pr < prompts; pr++ { // fills the memo
+				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
+				if err := e.Query(q, &res); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			b.ResetTimer()
+			c0 := threadCPU()
+			for i := 0; i < b.N; i++ {
+				pr := (i * 7919) % prompts
+				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
+				_ = e.Query(q, &res)
+			}
+			b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
+			b.StopTimer()
+			want := 0
+			if memo {
+				want = blocks
+			}
+			if res.Instances[0].Disk != blocks*16 || res.fromMemo != want {
+				b.Fatalf("walk stopped early or hashed: %d, %d of %d from the memo", res.Instances[0].Disk, res.fromMemo, blocks)
+			}
+		})
+	}
+}
