@@ -1,0 +1,516 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/cluster/etcdtest"
+	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
+)
+
+// replica is one real mooncake_conductor binary in cluster mode.
+type replica struct {
+	t      *testing.T
+	name   string
+	c      *conductor
+	port   int
+	base   string
+	config string
+	cl     *httpclient.Client
+}
+
+// writeReplicaConfig writes the config of a replica on port whose registry is etcd.
+func writeReplicaConfig(t *testing.T, etcd *etcdtest.Server, port int, dialMS int) string {
+	t.Helper()
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	return writeJSON(t, t.TempDir(), map[string]any{
+		"http_server_port": port, "rpc_server_port": 0,
+		"cluster": map[string]any{"etcd_endpoints": etcd.Endpoints(), "advertise_url": base, "dial_timeout_ms": dialMS},
+	})
+}
+
+// startReplica starts a replica with config on port (not waiting for readiness).
+func startReplica(t *testing.T, name, config string, port int) *replica {
+	t.Helper()
+	r := &replica{t: t, name: name, port: port, base: "http://127.0.0.1:" + strconv.Itoa(port), config: config}
+	r.c = startConductor(t, config)
+	cl, err := httpclient.New(r.base, httpclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.cl = cl
+	t.Cleanup(cl.Close)
+	return r
+}
+
+// startReplicas starts n replicas on one etcd and waits until all are ready.
+func startReplicas(t *testing.T, etcd *etcdtest.Server, n int) []*replica {
+	t.Helper()
+	rs := make([]*replica, n)
+	for i := range rs {
+		port := freePort(t)
+		rs[i] = startReplica(t, fmt.Sprintf("replica-%d", i+1), writeReplicaConfig(t, etcd, port, 2000), port)
+		// One after the other: each is ready (bootstrapped) before the next starts.
+		rs[i].waitReady(30 * time.Second)
+	}
+	return rs
+}
+
+// ready reports whether GET /readyz answers 200.
+func (r *replica) ready() bool {
+	resp, err := http.Get(r.base + "/readyz")
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// waitReady polls /readyz until 200, failing when the process exits or the limit passes.
+func (r *replica) waitReady(limit time.Duration) {
+	r.t.Helper()
+	deadline := time.Now().Add(limit)
+	for !r.ready() {
+		select {
+		case <-r.c.exited:
+			r.t.Fatalf("%s exited before ready: %v\n%s", r.name, r.c.err, r.c.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s not ready after %v:\n%s", r.name, limit, r.c.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// kill9 kills the process with SIGKILL and waits for it to exit.
+func (r *replica) kill9() {
+	r.t.Helper()
+	if err := r.c.cmd.Process.Kill(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.c.waitExit(10 * time.Second)
+}
+
+// postRaw posts a msgpack body and returns the status and the raw response body.
+func postRaw(base, path string, body []byte) (int, []byte, error) {
+	resp, err := http.Post(base+path, "application/msgpack", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw, err
+}
+
+// canonical turns a msgpack /query answer into JSON with sorted map keys, so that two
+// answers with the same content compare equal byte for byte whatever order each server
+// wrote its map entries in.
+func canonical(t *testing.T, raw []byte) string {
+	t.Helper()
+	v, rest, err := msgp.ReadIntfBytes(raw)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("answer %x is not one msgpack value: %v", raw, err)
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// answer is the canonical /query answer of r for body.
+func (r *replica) answer(body []byte) string {
+	r.t.Helper()
+	code, raw, err := postRaw(r.base, "/query", body)
+	if err != nil || code != http.StatusOK {
+		r.t.Fatalf("%s /query: %d %v %s", r.name, code, err, raw)
+	}
+	return canonical(r.t, raw)
+}
+
+// serviceIDs lists the instance ids (with dp rank) registered on r, sorted.
+func (r *replica) serviceIDs() []string {
+	r.t.Helper()
+	l, err := r.cl.Services()
+	if err != nil {
+		r.t.Fatalf("%s /services: %v", r.name, err)
+	}
+	out := make([]string, 0, len(l.Services))
+	for _, s := range l.Services {
+		out = append(out, fmt.Sprintf("%s/%d@%s", s.InstanceID, s.DPRank, s.Endpoint))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// waitFor polls cond until it holds, failing with what() after limit.
+func waitFor(t *testing.T, limit time.Duration, what func() string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	pause := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", limit, what())
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 50*time.Millisecond)
+	}
+}
+
+// waitSameServices waits until every replica lists exactly want.
+func waitSameServices(t *testing.T, rs []*replica, want []string) {
+	t.Helper()
+	var got [][]string
+	waitFor(t, 15*time.Second, func() string { return fmt.Sprintf("services %v, want %v on every replica", got, want) }, func() bool {
+		got = got[:0]
+		same := true
+		for _, r := range rs {
+			ids := r.serviceIDs()
+			got = append(got, ids)
+			same = same && strings.Join(ids, ",") == strings.Join(want, ",")
+		}
+		return same
+	})
+}
+
+// newFleet builds a published vLLM fleet (one context, model "m", block size 16).
+func newFleet(t *testing.T, instances int, device int, ring int) *sim.Fleet {
+	t.Helper()
+	f, err := sim.NewFleet(sim.FleetConfig{Instances: instances, DPRanks: 1, Kind: publisher.VLLM,
+		Hash: sim.VLLMHash("sha256_cbor", "0"), Model: "m", BlockSize: 16, Cache: sim.CacheConfig{Device: device},
+		Publish: true, Publisher: sim.PublisherConfig{BufferSteps: ring}, MaxBatchEvents: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+// prompt is one simulated request: its tokens and block keys.
+type prompt struct {
+	tokens []int32
+	keys   []uint64
+	body   []byte // the /query request
+}
+
+// makePrompts makes n prompts of 2..blocks blocks; every third shares the first half of
+// an earlier one, so that answers have partial matches.
+func makePrompts(t *testing.T, f *sim.Fleet, rng *rand.Rand, n, blocks int) []prompt {
+	t.Helper()
+	out := make([]prompt, n)
+	for i := range out {
+		nb := 2 + rng.IntN(blocks-1)
+		toks := make([]int32, 0, nb*16)
+		if i%3 == 2 {
+			prev := out[rng.IntN(i)].tokens
+			toks = append(toks, prev[:len(prev)/32*16]...)
+		}
+		for len(toks) < nb*16 {
+			toks = append(toks, int32(rng.IntN(100000)))
+		}
+		keys, err := f.Hasher().AppendKeys(nil, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := httpclient.AppendQueryRequest(nil, &httpclient.QueryRequest{Model: "m", BlockSize: 16, TokenIDs: toks})
+		out[i] = prompt{tokens: toks, keys: keys, body: body}
+	}
+	return out
+}
+
+// store lands prompt p on instance i's rank 0 (publishing its events).
+func store(t *testing.T, f *sim.Fleet, i int, p *prompt) {
+	t.Helper()
+	if _, err := f.Rank(i, 0).Store(p.tokens, p.keys, sim.Now()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// markerSeq numbers the marker prompts of settle.
+var markerSeq int32
+
+// settle waits until every replica has applied everything instances published: each
+// instance's rank stores a fresh one-block prompt (a real cached block, so the model
+// holds it too), and every replica is polled until it shows each marker on its instance;
+// a stream is applied in order, so everything published before is applied then.
+func settle(t *testing.T, f *sim.Fleet, rs []*replica, instances ...int) {
+	t.Helper()
+	markers := make([]prompt, len(instances))
+	for k, i := range instances {
+		markerSeq++
+		toks := make([]int32, 16)
+		for j := range toks {
+			toks[j] = -1 - markerSeq // negative ids: never in a generated prompt
+		}
+		keys, err := f.Hasher().AppendKeys(nil, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		markers[k] = prompt{tokens: toks, keys: keys}
+		store(t, f, i, &markers[k])
+	}
+	var res httpclient.QueryResult
+	for _, r := range rs {
+		for k, i := range instances {
+			waitFor(t, 20*time.Second, func() string { return fmt.Sprintf("%s: marker of %s not applied: %+v", r.name, f.InstanceID(i), res) }, func() bool {
+				if err := r.cl.Query(&httpclient.QueryRequest{Model: "m", BlockSize: 16, TokenIDs: markers[k].tokens}, &res); err != nil {
+					t.Fatalf("%s: %v", r.name, err)
+				}
+				h := res.Instance(f.InstanceID(i))
+				return h != nil && h.Device == 16
+			})
+		}
+	}
+}
+
+// checkModel compares r's answer for every prompt with what the simulated engines hold
+// (the differential check): every rank's device count and the instance's longest match.
+// Instances not in live must be absent from the answers.
+func checkModel(t *testing.T, f *sim.Fleet, r *replica, ps []prompt, live []int) {
+	t.Helper()
+	var res httpclient.QueryResult
+	var hits []*httpclient.InstanceHit
+	bad := 0
+	for pi := range ps {
+		p := &ps[pi]
+		if err := r.cl.Query(&httpclient.QueryRequest{Model: "m", BlockSize: 16, TokenIDs: p.tokens}, &res); err != nil {
+			t.Fatalf("%s query: %v", r.name, err)
+		}
+		hits = f.Hits(hits, &res)
+		for i, h := range hits {
+			want := int64(f.Rank(i, 0).Match(p.keys).Device) * 16
+			if !contains(live, i) {
+				if h != nil {
+					t.Fatalf("%s prompt %d: unregistered instance %s answered: %+v", r.name, pi, f.InstanceID(i), h)
+				}
+				continue
+			}
+			var got int64 = -1
+			if h != nil {
+				if rh := h.Rank(0); rh != nil {
+					got = rh.Device
+				}
+			}
+			if got != want || (h != nil && h.LongestMatched != want) {
+				bad++
+				if bad <= 10 {
+					t.Errorf("%s prompt %d instance %s: conductor device %d (entry %+v), engine holds %d", r.name, pi, f.InstanceID(i), got, h, want)
+				}
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%s: %d answers differ from the simulated engines", r.name, bad)
+	}
+}
+
+// TestReplicasRegistryAgree: three real binaries on one etcd. Services registered on
+// replica 1 are served by all three, whose /query answers are equal at quiescent points;
+// an unregistration on replica 3 is gone everywhere; of two conflicting registrations
+// sent to replicas 1 and 2 at once exactly one is acknowledged, and every replica ends
+// with that one.
+func TestReplicasRegistryAgree(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	rs := startReplicas(t, etcd, 3)
+	f := newFleet(t, 3, 4096, 0)
+	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, reg := range f.Registrations() {
+		want = append(want, fmt.Sprintf("%s/%d@%s", reg.InstanceID, reg.DPRank, reg.Endpoint))
+	}
+	sort.Strings(want)
+	waitSameServices(t, rs, want)
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	ps := makePrompts(t, f, rng, 30, 12)
+	for i := range ps {
+		store(t, f, i%3, &ps[i])
+		if i%4 == 0 { // the same prompt on a second instance
+			store(t, f, (i+1)%3, &ps[i])
+		}
+	}
+	live := []int{0, 1, 2}
+	compare := func(stage string) {
+		t.Helper()
+		settle(t, f, rs, live...)
+		nonEmpty := 0
+		for pi := range ps {
+			a := rs[0].answer(ps[pi].body)
+			for _, r := range rs[1:] {
+				if b := r.answer(ps[pi].body); b != a {
+					t.Fatalf("%s: prompt %d: %s answers %s, %s answers %s", stage, pi, rs[0].name, a, r.name, b)
+				}
+			}
+			if strings.Contains(a, `"longest_matched":`) && !strings.Contains(a, `"longest_matched":0`) {
+				nonEmpty++
+			}
+		}
+		if nonEmpty == 0 {
+			t.Fatalf("%s: no prompt has a hit: the comparison proves nothing", stage)
+		}
+		checkModel(t, f, rs[1], ps, live)
+	}
+	compare("after register on replica 1")
+
+	// Unregister instance sim-1 on replica 3: gone from every replica's services and answers.
+	if _, err := rs[2].cl.Unregister(&httpclient.UnregisterRequest{InstanceID: f.InstanceID(1), DPRank: 0}); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, w := range want {
+		if !strings.HasPrefix(w, f.InstanceID(1)+"/") {
+			left = append(left, w)
+		}
+	}
+	waitSameServices(t, rs, left)
+	for _, r := range rs {
+		for pi := range ps {
+			if a := r.answer(ps[pi].body); strings.Contains(a, `"`+f.InstanceID(1)+`"`) {
+				t.Fatalf("%s still answers with the unregistered %s: %s", r.name, f.InstanceID(1), a)
+			}
+		}
+	}
+	live = []int{0, 2}
+	// More events after the unregistration: answers still agree.
+	for i := range ps[:10] {
+		store(t, f, 2*(i%2), &ps[len(ps)-1-i])
+	}
+	compare("after unregister on replica 3")
+
+	// Conflicting registrations sent to replicas 1 and 2 at once, several rounds and two
+	// kinds of conflict: one endpoint for two instances, one service key with two endpoints.
+	base := append([]string(nil), left...)
+	for round := 0; round < 6; round++ {
+		a, b := vllmEntry("tcp://127.0.0.1:"+strconv.Itoa(freePort(t))), vllmEntry("")
+		a["instance_id"] = fmt.Sprintf("conflict-a-%d", round)
+		if round%2 == 0 { // same endpoint, two instances
+			b = vllmEntry(a["endpoint"].(string))
+			b["instance_id"] = fmt.Sprintf("conflict-b-%d", round)
+		} else { // same service key, two endpoints
+			b = vllmEntry("tcp://127.0.0.1:" + strconv.Itoa(freePort(t)))
+			b["instance_id"] = a["instance_id"]
+		}
+		bodies := [2][]byte{mp(flatten(a)...), mp(flatten(b)...)}
+		type result struct {
+			code int
+			raw  []byte
+			err  error
+		}
+		results := make(chan result, 2)
+		start := make(chan struct{})
+		for k := 0; k < 2; k++ {
+			go func(k int) {
+				<-start
+				code, raw, err := postRaw(rs[k].base, "/register", bodies[k])
+				results <- result{code, raw, err}
+			}(k)
+		}
+		close(start)
+		var codes [2]int
+		var winner map[string]any
+		for k := 0; k < 2; k++ {
+			res := <-results
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			codes[k] = res.code
+		}
+		// Which one won is read from the registry's outcome, not from timing.
+		ok := 0
+		for _, c := range codes {
+			if c == http.StatusOK {
+				ok++
+			} else if c != http.StatusBadRequest {
+				t.Fatalf("round %d: status %d, want 200 or 400", round, c)
+			}
+		}
+		if ok != 1 {
+			t.Fatalf("round %d: %d registrations acknowledged (codes %v), want exactly 1", round, ok, codes)
+		}
+		ids := rs[2].serviceIDs()
+		waitFor(t, 15*time.Second, func() string { return fmt.Sprintf("round %d: replica 3 services %v", round, ids) }, func() bool {
+			ids = rs[2].serviceIDs()
+			return len(ids) == len(base)+1
+		})
+		for _, e := range []map[string]any{a, b} {
+			id := fmt.Sprintf("%s/0@%s", e["instance_id"], e["endpoint"])
+			for _, have := range ids {
+				if have == id {
+					winner = e
+				}
+			}
+		}
+		if winner == nil {
+			t.Fatalf("round %d: replica 3 holds %v: neither contender", round, ids)
+		}
+		now := append(append([]string(nil), base...), fmt.Sprintf("%s/0@%s", winner["instance_id"], winner["endpoint"]))
+		sort.Strings(now)
+		waitSameServices(t, rs, now)
+		// Clean up through replica 2.
+		if _, err := rs[1].cl.Unregister(&httpclient.UnregisterRequest{InstanceID: winner["instance_id"].(string), DPRank: 0}); err != nil {
+			t.Fatal(err)
+		}
+		waitSameServices(t, rs, base)
+	}
+	for _, r := range rs {
+		r.c.terminate()
+	}
+}
+
+// flatten turns a map into mp's ordered key/value list (sorted keys).
+func flatten(m map[string]any) []any {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]any, 0, 2*len(m))
+	for _, k := range keys {
+		out = append(out, k, m[k])
+	}
+	return out
+}
+
+var bootstrapDone = regexp.MustCompile(`cluster: bootstrap done.*peer=(\S*).*sources_stale=(\d+).*took=(\S+)`)
+
+// bootstrapLine returns the replica's "bootstrap done" log fields (peer, stale, took).
+func (r *replica) bootstrapLine() (peer string, stale int, took string, ok bool) {
+	m := bootstrapDone.FindStringSubmatch(r.c.out.String())
+	if m == nil {
+		return "", 0, "", false
+	}
+	stale, _ = strconv.Atoi(m[2])
+	return m[1], stale, m[3], true
+}
+
+var _ = os.Getenv
+var _ = filepath.Join
+
+func contains(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
