@@ -503,7 +503,6 @@ func (r *replica) bootstrapLine() (peer string, stale int, took string, ok bool)
 	return m[1], stale, m[3], true
 }
 
-
 func contains(xs []int, x int) bool {
 	for _, v := range xs {
 		if v == x {
