@@ -642,3 +642,145 @@ func TestReplicasKill9AndRestart(t *testing.T) {
 		r.c.terminate()
 	}
 }
+
+// TestReplicaJoinsUnderFullRateStream: four simulated engines with small caches (so that
+// evictions publish BlockRemoved) stream at full rate into replica 1; replica 2 starts in
+// the middle of the stream and bootstraps from replica 1. Once the stream ends and both
+// have applied everything, both answer exactly what the engines hold for every prompt,
+// and both count exactly the blocks the engines hold: no event lost or applied twice
+// across the join (a lost BlockStored would under-report, a lost or doubled BlockRemoved
+// would leave or drop a block). The bootstrap time is logged.
+func TestReplicaJoinsUnderFullRateStream(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	rs := startReplicas(t, etcd, 1)
+	// Replay rings of 256 batches, overrun before the join: what was published before
+	// can only reach the new replica through the snapshot.
+	const ring = 256
+	f := newFleet(t, 4, 96, ring)
+	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	pool := makePrompts(t, f, rng, 150, 16)
+
+	var published atomic.Int64
+	stop := make(chan struct{})
+	streamed := make(chan error, 1)
+	const maxPrompts = 50_000 // bounds the test if the join never completes
+	go func() {
+		r := rand.New(rand.NewPCG(7, 8))
+		for n := 0; n < maxPrompts; n++ {
+			select {
+			case <-stop:
+				streamed <- nil
+				return
+			default:
+			}
+			p := &pool[r.IntN(len(pool))]
+			if _, err := f.Rank(r.IntN(4), 0).Store(p.tokens, p.keys, sim.Now()); err != nil {
+				streamed <- err
+				return
+			}
+			published.Add(1)
+		}
+		streamed <- nil
+	}()
+	waitFor(t, 30*time.Second, func() string { return "stream did not overrun the rings" }, func() bool {
+		for i := 0; i < 4; i++ {
+			if f.Rank(i, 0).Publisher().Seq() < 2*ring {
+				return false
+			}
+		}
+		return true
+	})
+	atJoin := published.Load()
+	port := freePort(t)
+	joinStart := time.Now()
+	r2 := startReplica(t, "replica-2", writeReplicaConfig(t, etcd, port, 2000), port)
+	r2.waitReady(60 * time.Second)
+	readyAfter := time.Since(joinStart)
+	atReady := published.Load()
+	// Keep streaming after the join for as many prompts again.
+	waitFor(t, 60*time.Second, func() string { return "stream stalled after the join" }, func() bool {
+		return published.Load() >= atReady+500
+	})
+	close(stop)
+	if err := <-streamed; err != nil {
+		t.Fatal(err)
+	}
+	streamTime := time.Since(joinStart)
+	rs = append(rs, r2)
+
+	peer, stale, took, ok := r2.bootstrapLine()
+	if !ok || peer != rs[0].base || stale != 0 || !strings.Contains(r2.c.out.String(), "cluster: peer snapshot loaded") {
+		t.Fatalf("joining replica did not bootstrap from %s (peer %q, stale %d):\n%s", rs[0].base, peer, stale, r2.c.out.String())
+	}
+	st := f.Stats()
+	t.Logf("join: ready %v after start, bootstrap took %s; prompts published %d before start, %d by ready, %d in all (%d batches, %d stored, %d removed block hashes; %.0f prompts/s from the join to the end)",
+		readyAfter.Round(time.Millisecond), took, atJoin, atReady, published.Load(), st.Batches, st.Stored, st.Removed,
+		float64(published.Load()-atJoin)/streamTime.Seconds())
+	if st.Removed == 0 {
+		t.Fatal("no BlockRemoved published: caches too large for the check to cover removals")
+	}
+
+	settle(t, f, rs, 0, 1, 2, 3)
+	union := uint64(f.UnionBlocks())
+	for _, r := range rs {
+		n, err := f.Drain(r.cl, 20*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", r.name, err)
+		}
+		if n != union {
+			t.Errorf("%s: prefix_count %d, the engines hold %d distinct blocks", r.name, n, union)
+		}
+	}
+	all := []int{0, 1, 2, 3}
+	for _, r := range rs {
+		checkModel(t, f, r, pool, all)
+	}
+	for pi := range pool {
+		if a, b := rs[0].answer(pool[pi].body), r2.answer(pool[pi].body); a != b {
+			t.Fatalf("prompt %d: %s answers %s, %s answers %s", pi, rs[0].name, a, r2.name, b)
+		}
+	}
+	for _, r := range rs {
+		if n := r.metricSum("conductor_service_stale"); n != 0 {
+			t.Errorf("%s: %v sources stale", r.name, n)
+		}
+		t.Logf("%s: sequence gaps %v (recovered by replay), batches applied %v", r.name,
+			r.metricSum("conductor_service_sequence_gaps_total"), r.metricSum("conductor_service_messages_applied_total"))
+		r.c.terminate()
+	}
+}
+
+// metricSum sums every sample of the metric name in r's /metrics.
+func (r *replica) metricSum(name string) float64 {
+	r.t.Helper()
+	resp, err := http.Get(r.base + "/metrics")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var sum float64
+	found := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			r.t.Fatalf("%s /metrics line %q: %v", r.name, line, err)
+		}
+		sum += v
+		found = true
+	}
+	if !found {
+		r.t.Fatalf("%s: metric %s not exported", r.name, name)
+	}
+	return sum
+}
