@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"regexp"
 	"sort"
 	"strconv"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/cluster/etcdtest"
@@ -783,4 +786,171 @@ func (r *replica) metricSum(name string) float64 {
 		r.t.Fatalf("%s: metric %s not exported", r.name, name)
 	}
 	return sum
+}
+
+// registryServices lists the registry's service keys in etcd (ids after the prefix).
+func registryServices(t *testing.T, etcd *etcdtest.Server) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := etcd.Client().Get(ctx, "/mooncake-conductor/services/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, 0, len(g.Kvs))
+	for _, kv := range g.Kvs {
+		out = append(out, strings.TrimPrefix(string(kv.Key), "/mooncake-conductor/services/"))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestReplicasEtcdOutageDuringRegistrations: registrations and unregistrations go to
+// three replicas in turn while etcd is killed and restarted. While it is down each one
+// answers 500 and changes nothing on the replica that took it (nor anywhere else), and
+// queries keep answering from the index; once etcd is back registrations succeed again
+// and every replica converges on exactly the registry: everything acknowledged, nothing
+// that failed.
+func TestReplicasEtcdOutageDuringRegistrations(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	rs := make([]*replica, 3)
+	for i := range rs {
+		port := freePort(t)
+		rs[i] = startReplica(t, fmt.Sprintf("replica-%d", i+1), writeReplicaConfig(t, etcd, port, 500), port)
+		rs[i].waitReady(30 * time.Second)
+	}
+	f := newFleet(t, 1, 4096, 0)
+	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(9, 10))
+	ps := makePrompts(t, f, rng, 5, 8)
+	for i := range ps {
+		store(t, f, 0, &ps[i])
+	}
+	settle(t, f, rs, 0)
+
+	fleetReg := f.Registrations()[0]
+	acked := map[string]bool{fmt.Sprintf("%s/0@%s", fleetReg.InstanceID, fleetReg.Endpoint): true}
+	n := 0
+	register := func(r *replica) (string, int, string) {
+		n++
+		e := vllmEntry("tcp://127.0.0.1:" + strconv.Itoa(20000+n))
+		e["instance_id"] = fmt.Sprintf("outage-%d", n)
+		code, raw, err := postRaw(r.base, "/register", mp(flatten(e)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("outage-%d/0@%s", n, e["endpoint"]), code, string(raw)
+	}
+	for i := 0; i < 6; i++ {
+		id, code, body := register(rs[i%3])
+		if code != http.StatusOK {
+			t.Fatalf("register %s with etcd up: %d %s", id, code, body)
+		}
+		acked[id] = true
+	}
+
+	etcd.Stop()
+	failed, refusedDown := map[string]bool{}, map[string]bool{}
+	for i := 0; i < 6; i++ {
+		r := rs[i%3]
+		id, code, body := register(r)
+		if code != http.StatusInternalServerError || !strings.Contains(body, "Failed to persist registration") {
+			t.Fatalf("register %s on %s with etcd down: %d %s, want 500 Failed to persist", id, r.name, code, body)
+		}
+		failed[id] = true
+		refusedDown[id] = true
+		for _, have := range r.serviceIDs() {
+			if have == id {
+				t.Fatalf("%s: the refused registration %s is applied locally", r.name, id)
+			}
+		}
+		// Unregistering an acknowledged service fails too and keeps it.
+		victim := fmt.Sprintf("outage-%d", i+1)
+		code, raw, err := postRaw(r.base, "/unregister", mp("instance_id", victim, "dp_rank", 0))
+		if err != nil || code != http.StatusInternalServerError || !strings.Contains(string(raw), "Failed to persist unregistration") {
+			t.Fatalf("unregister %s on %s with etcd down: %d %v %s, want 500", victim, r.name, code, err, raw)
+		}
+		found := false
+		for _, have := range r.serviceIDs() {
+			found = found || strings.HasPrefix(have, victim+"/")
+		}
+		if !found {
+			t.Fatalf("%s: %s was removed locally by a failed unregistration", r.name, victim)
+		}
+		// Queries keep working from the index on every replica.
+		for _, q := range rs {
+			if a := q.answer(ps[i%len(ps)].body); !strings.Contains(a, `"`+f.InstanceID(0)+`"`) {
+				t.Fatalf("%s answers without the indexed engine while etcd is down: %s", q.name, a)
+			}
+		}
+	}
+
+	etcd.Restart()
+	// Registrations succeed again once the replicas' clients have reconnected.
+	for i := 0; i < 6; i++ {
+		r := rs[i%3]
+		var id string
+		var code int
+		var body string
+		waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("register on %s after etcd restart: %d %s", r.name, code, body) }, func() bool {
+			id, code, body = register(r)
+			if code == http.StatusInternalServerError {
+				failed[id] = true
+				return false
+			}
+			if code != http.StatusOK {
+				t.Fatalf("register %s after etcd restart: %d %s", id, code, body)
+			}
+			return true
+		})
+		acked[id] = true
+	}
+	// A failed request may still have reached etcd (timeout after sending): the registry
+	// is the truth. It must hold everything acknowledged, and nothing refused while etcd
+	// was down (those requests never reached it).
+	reg := registryServices(t, etcd) // "<instance>|default|<rank>", path-escaped
+	regSet := map[string]bool{}
+	for _, k := range reg {
+		regSet[k] = true
+	}
+	label := func(id string) string { // "inst/0@ep" -> escaped "inst|default|0"
+		inst, rest, _ := strings.Cut(id, "/")
+		rank, _, _ := strings.Cut(rest, "@")
+		return url.PathEscape(inst + "|default|" + rank)
+	}
+	for id := range acked {
+		if !regSet[label(id)] {
+			t.Fatalf("acknowledged %s missing from the registry %v", id, reg)
+		}
+	}
+	for id := range refusedDown {
+		if regSet[label(id)] {
+			t.Fatalf("%s, refused while etcd was down, is in the registry %v", id, reg)
+		}
+	}
+	// Every replica converges on exactly the registry.
+	var first []string
+	waitFor(t, 30*time.Second, func() string { return fmt.Sprintf("replicas do not converge: %v (registry %v)", first, reg) }, func() bool {
+		first = rs[0].serviceIDs()
+		if len(first) != len(reg) {
+			return false
+		}
+		for _, id := range first {
+			if !regSet[label(id)] {
+				return false
+			}
+		}
+		for _, r := range rs[1:] {
+			if strings.Join(r.serviceIDs(), ",") != strings.Join(first, ",") {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d acknowledged, %d refused with 500; registry and replicas hold %d", len(acked), len(failed), len(first))
+	for _, r := range rs {
+		r.c.terminate()
+	}
 }
