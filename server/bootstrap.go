@@ -93,6 +93,7 @@ func (a *App) bootstrap(ctx context.Context, token string) {
 	if a.testHook != nil {
 		a.testHook("subscribed")
 	}
+	a.waitCatchUps(ctx, BootstrapCatchUpLimit)
 	self := a.registry.Config().AdvertiseURL
 	members, err := a.registry.Members(ctx)
 	if err != nil {
@@ -129,6 +130,38 @@ func (a *App) bootstrap(ctx context.Context, token string) {
 		a.log.Info("cluster: no peer snapshot; indexing from live events and replays", "peers", len(members))
 	}
 	a.log.Info("cluster: bootstrap done", "peer", from, "sources_stale", len(stale), "took", time.Since(started).String())
+}
+
+// BootstrapCatchUpLimit bounds how long a bootstrapping replica waits for its
+// subscriptions' first catch-up before it fetches a peer's snapshot.
+const BootstrapCatchUpLimit = 10 * time.Second
+
+// waitCatchUps waits (at most limit) until every subscription with a replay endpoint has
+// ended its first catch-up (done, failed, or stale). The peer's snapshot is fetched after
+// it, so the batches the gates hold reach back to the start of each publisher's replay
+// ring, which is older than the snapshot's sequence numbers unless the peer lags by more
+// than the ring. Fetched before (a SUB socket and replay request slow to connect on a
+// loaded machine), the held batches could start after the snapshot's sequence numbers
+// and the source went stale.
+func (a *App) waitCatchUps(ctx context.Context, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for {
+		pending := 0
+		for _, st := range a.Service.Stats() {
+			s := &st.Stats
+			if st.Config.ReplayEndpoint != "" && s.CatchUps+s.CatchUpsFailed == 0 && !s.Stale {
+				pending++
+			}
+		}
+		if pending == 0 {
+			return
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			a.log.Warn("cluster: bootstrap goes on before every subscription caught up", "pending", pending, "limit", limit.String())
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func (a *App) loadPeerSnapshot(ctx context.Context, peer, token string) (SnapshotLoad, map[string]uint64, error) {
