@@ -458,3 +458,65 @@ func TestMasterLocatorRegistrationErrors(t *testing.T) {
 		t.Errorf("services after refused registrations: %v", svcs)
 	}
 }
+
+// TestClusterMasterLocatorOnReplicas: a locator registered on one replica is followed by
+// every replica (each through its own bootstrap gate), and a leader change whose stream
+// does not continue the old one retracts the old bindings on all of them.
+func TestClusterMasterLocatorOnReplicas(t *testing.T) {
+	srv := etcdtest.Start(t)
+	ra := startReplica(t, srv, "/fo/", nil)
+	rb := startReplica(t, srv, "/fo/", nil)
+	eventually(t, "both ready", func() error {
+		if !ra.Ready() || !rb.Ready() {
+			return errf("ready a=%v b=%v", ra.Ready(), rb.Ready())
+		}
+		return nil
+	})
+	r := &failoverRig{t: t, cli: srv.Client()}
+	r.port = r.freeEventPort()
+	r.locStr = "etcd://" + strings.TrimPrefix(srv.Endpoint(), "http://") + "/ha?event_port=" + strconv.Itoa(r.port)
+	var err error
+	if r.loc, err = cluster.ParseMasterLocator(r.locStr); err != nil {
+		t.Fatal(err)
+	}
+	m1, m2 := r.master(2, 1), r.master(3, 1)
+	r.elect(2)
+	eng := newPublisher(t, false)
+	for _, body := range [][]byte{registerBody(eng.Endpoint(), "a", 0), registerBody(r.locStr, failoverLocatorID, 0, "type", "Mooncake")} {
+		if code, resp := msgpackPost(t, ra, "/register", body); code != http.StatusOK {
+			t.Fatalf("register: %d %v", code, resp)
+		}
+	}
+	converge(t, srv, ra, rb)
+	if err := m1.WaitSubscribers(2, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	held := func(app *App, key uint64) bool {
+		var res engine.Result
+		if err := app.Engine.QueryKeys(engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, []uint64{key}, 16, "", &res); err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Instances) == 1 && res.Instances[0].CPUShare == 16
+	}
+	both := func(what string, key uint64, want bool) {
+		t.Helper()
+		eventually(t, what, func() error {
+			for i, app := range []*App{ra, rb} {
+				if held(app, key) != want {
+					return errf("replica %d: block %x held=%v, want %v", i, key, !want, want)
+				}
+			}
+			return nil
+		})
+	}
+	r.publish(m1, 0x1111, "obj-0")
+	both("first leader's event on both replicas", 0x1111, true)
+	r.resign()
+	r.elect(3)
+	if err := m2.WaitSubscribers(2, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.publish(m2, 0x2222, "obj-1")
+	both("new leader's event on both replicas", 0x2222, true)
+	both("old leader's binding retracted on both replicas", 0x1111, false)
+}
