@@ -15,6 +15,9 @@ import (
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/rpcclient"
+	"github.com/conductor-go/conductor/wire/cororpc"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // failoverRig is a conductor service layer with an engine registration (context default/m/16)
@@ -519,4 +522,45 @@ func TestClusterMasterLocatorOnReplicas(t *testing.T) {
 	r.publish(m2, 0x2222, "obj-1")
 	both("new leader's event on both replicas", 0x2222, true)
 	both("old leader's binding retracted on both replicas", 0x1111, false)
+}
+
+// TestMasterLocatorOverRPC: the RPC wire carries the locator in its endpoint string; a
+// malformed one is INVALID_PARAMS, a valid one registers (and waits for its etcd).
+func TestMasterLocatorOverRPC(t *testing.T) {
+	app, _ := startRPCTestApp(t)
+	cl, err := rpcclient.Dial(app.RPCAddr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reg := func(ep string, kind publisher.Kind) cororpc.ErrorCode {
+		cfg := cororpc.ServiceConfig{Endpoint: ep, PublisherKind: kind, ModelName: "m", TenantID: "default",
+			InstanceID: "pool", BlockSize: 16, HashProfile: rgVLLMProfile}
+		_, code, err := cl.Register(ctx, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code
+	}
+	if c := reg("etcd://127.0.0.1:1/mooncake?event_port=0", publisher.Mooncake); c != cororpc.CodeInvalidParams {
+		t.Errorf("bad event_port: %v", c)
+	}
+	if c := reg("etcd://127.0.0.1:1/mooncake?event_port=5557", publisher.VLLM); c != cororpc.CodeInvalidParams {
+		t.Errorf("locator on vLLM: %v", c)
+	}
+	// Nothing listens on port 1: the registration stands, without a leader.
+	if c := reg("etcd://127.0.0.1:1/mooncake?event_port=5557", publisher.Mooncake); c != cororpc.CodeOK {
+		t.Fatalf("valid locator: %v", c)
+	}
+	stats := app.Service.Stats()
+	if len(stats) != 1 {
+		t.Fatalf("services: %d, want 1", len(stats))
+	}
+	for _, s := range stats {
+		if !s.HasLeader || !s.Leader.Missing {
+			t.Errorf("%s: leader stats %+v (has %v)", s.Key, s.Leader, s.HasLeader)
+		}
+	}
 }
