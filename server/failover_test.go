@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -561,6 +562,21 @@ func TestMasterLocatorOverRPC(t *testing.T) {
 	for _, s := range stats {
 		if !s.HasLeader || !s.Leader.Missing {
 			t.Errorf("%s: leader stats %+v (has %v)", s.Key, s.Leader, s.HasLeader)
+		}
+	}
+	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`conductor_service_master_leader_missing{service="pool|default|0",type="Mooncake"} 1`,
+		`conductor_service_master_leader_changes_total{service="pool|default|0",type="Mooncake"} 0`,
+		`conductor_service_master_leader_streams_total{outcome="retracted",service="pool|default|0",type="Mooncake"} 0`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
 		}
 	}
 }
