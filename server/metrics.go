@@ -166,6 +166,14 @@ var (
 		"1 while the subscription cannot open its sockets (out of file descriptors) and retries.", []string{"service", "type"}, nil)
 	descSvcAge = prometheus.NewDesc("conductor_service_last_event_age_seconds",
 		"Seconds since the last message from the publisher (absent before the first).", []string{"service", "type"}, nil)
+	descSvcLeaderMissing = prometheus.NewDesc("conductor_service_master_leader_missing",
+		"1 while a Mooncake master locator has no usable leader (master_view key absent or unusable): no stream, waiting.", []string{"service", "type"}, nil)
+	descSvcLeaderChanges = prometheus.NewDesc("conductor_service_master_leader_changes_total",
+		"Subscriptions to a Mooncake master leader after the first (a new leader, or a new term after the key was missing).", []string{"service", "type"}, nil)
+	descSvcLeaderStreams = prometheus.NewDesc("conductor_service_master_leader_streams_total",
+		"New leader streams by outcome: continued (previous bindings kept) or retracted (they did not continue it).", []string{"service", "type", "outcome"}, nil)
+	descSvcLeaderVersion = prometheus.NewDesc("conductor_service_master_view_version",
+		"Version (etcd create revision) of the master view last subscribed to.", []string{"service", "type"}, nil)
 	descCtxBlocks = prometheus.NewDesc("conductor_context_blocks",
 		"Distinct blocks indexed (prefix_count).", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descCtxSlots = prometheus.NewDesc("conductor_context_slots",
@@ -184,7 +192,8 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
-		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge, descCtxBlocks, descCtxSlots, descCtxEvictions,
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
+		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
 		ch <- d
 	}
@@ -229,6 +238,18 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			waiting = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descSvcWaiting, prometheus.GaugeValue, waiting, k, t)
+		if s.HasLeader {
+			l := &s.Leader
+			missing := 0.0
+			if l.Missing {
+				missing = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descSvcLeaderMissing, prometheus.GaugeValue, missing, k, t)
+			cnt(descSvcLeaderChanges, l.Changes)
+			cnt(descSvcLeaderStreams, l.Continuations, "continued")
+			cnt(descSvcLeaderStreams, l.Retractions, "retracted")
+			ch <- prometheus.MustNewConstMetric(descSvcLeaderVersion, prometheus.GaugeValue, float64(l.Version), k, t)
+		}
 		if st.LastEventUnixNano > 0 {
 			age := now.Sub(time.Unix(0, st.LastEventUnixNano)).Seconds()
 			ch <- prometheus.MustNewConstMetric(descSvcAge, prometheus.GaugeValue, age, k, t)

@@ -144,7 +144,7 @@ func (r *Registration) Resolve() (ServiceConfig, *Error) {
 			return cfg, invalidField("invalid_value", f.name, f.name+" must be valid UTF-8")
 		}
 	}
-	if err := checkEndpoint(r.Endpoint); err != "" {
+	if err := checkServiceEndpoint(r.Endpoint, r.Type); err != "" {
 		return cfg, invalidField("invalid_value", "endpoint", "endpoint "+err)
 	}
 	if r.ReplayEndpoint != "" {

@@ -358,6 +358,9 @@ type ServiceStats struct {
 	// Handler holds the event handler's counters when HasHandler (ZMQ subscriptions).
 	Handler    translate.HandlerStats
 	HasHandler bool
+	// Leader holds the master-view counters when HasLeader (Mooncake master locators).
+	Leader    LeaderStats
+	HasLeader bool
 }
 
 // handlerStatser is implemented by subscriptions that expose their event handler's counters.
@@ -371,6 +374,9 @@ func (s *Service) Stats() []ServiceStats {
 		st := ServiceStats{Key: r.cfg.Key(), Label: r.cfg.ID().Label(), Config: r.cfg, Stats: r.sub.Stats()}
 		if hs, ok := r.sub.(handlerStatser); ok {
 			st.Handler, st.HasHandler = hs.HandlerStats(), true
+		}
+		if ls, ok := r.sub.(leaderStatser); ok {
+			st.Leader, st.HasLeader = ls.LeaderStats(), true
 		}
 		out = append(out, st)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
@@ -59,6 +60,8 @@ type ZMQOptions struct {
 	LogInterval time.Duration
 	// gates, when set, puts a gate between each subscriber and its handler.
 	gates *gateSet
+	// masterHook, in tests, hears the steps of master-locator subscriptions (failover.go).
+	masterHook func(id ServiceID, event string)
 }
 
 // ZMQSubscriber returns a SubscribeFunc whose subscribers share opts.
@@ -69,6 +72,9 @@ func ZMQSubscriber(opts ZMQOptions) SubscribeFunc {
 }
 
 func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts ZMQOptions) (Subscription, error) {
+	if cluster.IsMasterLocator(cfg.Endpoint) {
+		return subscribeMaster(cfg, eng, log, opts) // follows the elected Mooncake master
+	}
 	key := cfg.Key()
 	logs := lograte.New(log.Handler(), lograte.Config{Burst: opts.LogBurst, Interval: opts.LogInterval})
 	log = logs.Logger()
