@@ -109,6 +109,9 @@ type App struct {
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
+	// snapshotLoading admits one snapshot POST at a time: each may hold up to
+	// MaxSnapshotBytes while it is verified, outside the body budget.
+	snapshotLoading sync.Mutex
 
 	// Cluster membership (nil/zero on a single node).
 	registry      *cluster.Registry

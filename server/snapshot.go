@@ -135,7 +135,8 @@ func (l *snapshotLoader) Chunk(c *cluster.SnapshotContext, ch *engine.SnapshotCh
 }
 
 // snapshotHandler serves SnapshotPath. Both methods need the admin token when one is set
-// (the snapshot is for peers and operators).
+// (the snapshot is for peers and operators). One POST loads at a time; another meanwhile
+// gets 503 with Retry-After.
 func (a *App) snapshotHandler(token string) fasthttp.RequestHandler {
 	want := []byte("Bearer " + token)
 	return func(ctx *fasthttp.RequestCtx) {
@@ -163,6 +164,13 @@ func (a *App) snapshotHandler(token string) fasthttp.RequestHandler {
 				a.log.Info("snapshot served", "bytes", n, "took", time.Since(started).String())
 			})
 		case fasthttp.MethodPost:
+			if !a.snapshotLoading.TryLock() {
+				ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+				ctx.Response.Header.Set("Retry-After", "1")
+				ctx.SetBodyString("another snapshot is being loaded\n")
+				return
+			}
+			defer a.snapshotLoading.Unlock()
 			// The stream first: PostBody would read a large body whole into the
 			// request first (LoadSnapshot reads it once, up to MaxSnapshotBytes).
 			var body io.Reader

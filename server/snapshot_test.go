@@ -201,3 +201,18 @@ func TestSnapshotLoadLargeBody(t *testing.T) {
 		t.Fatalf("indexed %+v", v)
 	}
 }
+
+// TestSnapshotLoadsOneAtATime: a snapshot POST holds up to MaxSnapshotBytes, so a second
+// one while a load runs is turned away with 503 and Retry-After instead of doubling that.
+func TestSnapshotLoadsOneAtATime(t *testing.T) {
+	app := startTokenApp(t, "")
+	app.snapshotLoading.Lock() // a load in progress
+	code, body := snapshotRequest(t, app, http.MethodPost, "", []byte("x"))
+	app.snapshotLoading.Unlock()
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("POST during a load: %d %s", code, body)
+	}
+	if code, body := snapshotRequest(t, app, http.MethodPost, "", []byte("x")); code != http.StatusBadRequest {
+		t.Fatalf("POST after the load: %d %s, want 400 (not a snapshot)", code, body)
+	}
+}
