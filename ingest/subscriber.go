@@ -47,6 +47,10 @@ const (
 	// DefaultOpenRetryMax bounds the backoff between attempts to open the sockets of a
 	// subscriber that found the process out of descriptors.
 	DefaultOpenRetryMax = 30 * time.Second
+	// DefaultJoinCheckDelay is how long after the SUB first connects the join check runs
+	// (SubscriberConfig.JoinCheckDelay): far longer than a subscription takes to reach a
+	// publisher, short enough that a missed removal is not served for long.
+	DefaultJoinCheckDelay = time.Second
 )
 
 // Receive buffer sizes: a subscriber starts with recvBufInitial bytes, grows to fit the
@@ -174,6 +178,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	cfg.MaxRecoveryBytes = orDefault(cfg.MaxRecoveryBytes, DefaultMaxRecoveryBytes)
 	cfg.MaxMessageSize = orDefault(cfg.MaxMessageSize, DefaultMaxMessageSize)
 	cfg.OpenRetryMax = orDefault(cfg.OpenRetryMax, DefaultOpenRetryMax)
+	cfg.JoinCheckDelay = orDefault(cfg.JoinCheckDelay, DefaultJoinCheckDelay)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -310,6 +315,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 		Reconnects:        c.Reconnects,
 		CatchUps:          c.CatchUps,
 		CatchUpsFailed:    c.CatchUpsFailed,
+		JoinChecks:        c.JoinChecks,
+		JoinChecksFailed:  c.JoinChecksFailed,
 		ProtocolErrors:    s.st.protocolErrors.Load(),
 		OpenFailures:      s.st.openFailures.Load(),
 		Waiting:           s.st.waiting.Load(),
@@ -461,7 +468,7 @@ func (s *Subscriber) step() {
 		s.protocolError()
 		return
 	}
-	if s.tr.Recovering() {
+	if at, ok := s.tr.Deadline(); ok && (s.tr.Recovering() || !now.Before(at)) {
 		s.do(s.tr.Tick(now))
 		if s.tr.Stale() {
 			return

@@ -41,6 +41,16 @@ type SubscriberConfig struct {
 	// applied, any later gap is recovered under the strict rules. Ignored without a
 	// ReplayEndpoint.
 	CatchUpOnStart bool
+	// JoinCheckDelay (with CatchUpOnStart): this long after the SUB socket first connects,
+	// and once the catch-up has completed, the replay endpoint is asked once more for
+	// everything from the next expected batch on. The catch-up reads the publisher's ring
+	// before the subscription has reached the publisher (ZMQ's slow joiner): batches
+	// published in between are never received live, and on a stream that then goes quiet
+	// no later batch would reveal the gap, so a removal in that window would be missed
+	// for good. What the check recovers counts as a gap (Gaps, Dropped). It is best
+	// effort like the catch-up while no live batch shows a gap. 0 takes
+	// DefaultJoinCheckDelay; negative turns the check off.
+	JoinCheckDelay time.Duration
 	// Logger receives the subscriber's log lines; nil discards them.
 	Logger *slog.Logger
 	// Transport is the shared ZMQ context the sockets are opened in; nil gives the
@@ -79,6 +89,9 @@ type SubscriberStats struct {
 	// one, the strict rules hold: a timeout continues as a gap recovery (counted under
 	// Replays*), and a skipped sequence or a full buffer makes the source stale.
 	CatchUpsFailed uint64
+	// JoinChecks counts join checks (SubscriberConfig.JoinCheckDelay) that completed;
+	// JoinChecksFailed those given up (no reply) or ended stale.
+	JoinChecks, JoinChecksFailed uint64
 	// ProtocolErrors counts connections libzmq dropped for a protocol error: a message
 	// over MaxMessageSize, or malformed ZMTP. Each is reopened.
 	ProtocolErrors uint64

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -853,6 +854,8 @@ func catchUpConfig(p *zmqtest.Publisher) SubscriberConfig {
 	// the tests that are about failures set their own short timeout.
 	cfg.ReplayTimeout = 3 * time.Second
 	cfg.ReplayRecoveryTimeout = 4 * time.Second
+	// These tests count replay requests; the join check has its own tests.
+	cfg.JoinCheckDelay = -1
 	return cfg
 }
 
@@ -874,6 +877,40 @@ func publishSeqs(t *testing.T, p *zmqtest.Publisher, n int) {
 	for range n {
 		publish(t, p, fmt.Sprintf("b%d", p.NextSeq()))
 	}
+}
+
+// TestJoinCheckRecoversBatchPublishedBeforeSubscriptionTookEffect: batch 3 is published
+// right after the catch-up read the ring (the responder loses it once the first reply is
+// out), so the SUB never receives it, and the stream then goes quiet. Only the join check
+// can apply it; without it Applied stays at 3 for good.
+func TestJoinCheckRecoversBatchPublishedBeforeSubscriptionTookEffect(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	publishSeqs(t, p, 3) // only the ring keeps them
+	var served atomic.Int32
+	p.SetResponder(func(from uint64, send func(...[]byte) error) {
+		p.ReplayFromRing(from, send)
+		if served.Add(1) == 1 {
+			p.Lose([]byte(fmt.Sprintf("b%d", p.NextSeq())))
+		}
+	})
+	cfg := catchUpConfig(p)
+	cfg.JoinCheckDelay = 50 * time.Millisecond
+	h := &recorder{}
+	s := startSub(t, cfg, h, p)
+	waitUntil(t, "join check", func() bool { return s.Stats().JoinChecks == 1 })
+	if got := h.applied(); !equalSeqs(got, seqRange(0, 4)) {
+		t.Fatalf("seqs = %v", got)
+	}
+	checkPayloads(t, h)
+	st := s.Stats()
+	if st.Stale || st.CatchUps != 1 || st.Gaps != 1 || st.Dropped != 1 || st.JoinChecksFailed != 0 || st.ReplaysOK != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if req := p.ReplayRequests(); len(req) != 2 || req[0] != 0 || req[1] != 3 {
+		t.Fatalf("replay requests = %v", req)
+	}
+	publishSeqs(t, p, 1)
+	waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 5 })
 }
 
 func TestCatchUpOnStartReplaysEverything(t *testing.T) {

@@ -23,6 +23,8 @@ func (s *Subscriber) newTracker() *seqtrack.Tracker {
 		RetryDelay:      s.cfg.ReconnectDelay,
 		MaxMessages:     s.cfg.MaxRecoveryMessages,
 		MaxBytes:        s.cfg.MaxRecoveryBytes,
+		JoinCheck:       s.cfg.JoinCheckDelay >= 0,
+		JoinCheckDelay:  s.cfg.JoinCheckDelay,
 	})
 }
 

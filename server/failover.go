@@ -269,6 +269,8 @@ func addSubscriberStats(a *ingest.SubscriberStats, b ingest.SubscriberStats) {
 	a.Reconnects += b.Reconnects
 	a.CatchUps += b.CatchUps
 	a.CatchUpsFailed += b.CatchUpsFailed
+	a.JoinChecks += b.JoinChecks
+	a.JoinChecksFailed += b.JoinChecksFailed
 	a.ProtocolErrors += b.ProtocolErrors
 	a.OpenFailures += b.OpenFailures
 	a.Waiting, a.Stale, a.RecvBufferBytes = b.Waiting, b.Stale, b.RecvBufferBytes

@@ -158,6 +158,8 @@ var (
 		"Replay recoveries by result.", []string{"service", "type", "result"}, nil)
 	descSvcCatchUps = prometheus.NewDesc("conductor_service_catchups_total",
 		"Catch-ups of the publisher's replay buffer at subscribe time, by result.", []string{"service", "type", "result"}, nil)
+	descSvcJoinChecks = prometheus.NewDesc("conductor_service_join_checks_total",
+		"Replay checks after the subscription joined (for batches published before it took effect), by result.", []string{"service", "type", "result"}, nil)
 	descSvcRestarts = prometheus.NewDesc("conductor_service_publisher_restarts_total",
 		"Publisher restarts detected (sequence reset); the source's previous entries were retracted.", []string{"service", "type"}, nil)
 	descSvcStale = prometheus.NewDesc("conductor_service_stale",
@@ -192,7 +194,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
-		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
 		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
 		ch <- d
@@ -215,6 +217,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cnt(descSvcReplays, st.ReplaysFailed, "failed")
 		cnt(descSvcCatchUps, st.CatchUps, "ok")
 		cnt(descSvcCatchUps, st.CatchUpsFailed, "failed")
+		cnt(descSvcJoinChecks, st.JoinChecks, "ok")
+		cnt(descSvcJoinChecks, st.JoinChecksFailed, "failed")
 		cnt(descSvcRestarts, st.Restarts)
 		cnt(descSvcRejected, st.ConsumeErrors, "malformed_message")
 		cnt(descSvcRejected, st.Rejected, "batch_rejected")

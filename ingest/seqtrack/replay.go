@@ -62,8 +62,36 @@ func (t *Tracker) Tick(now time.Time) []Action {
 	t.begin()
 	if !t.stale {
 		t.driveRecovery(now)
+		t.driveJoinCheck(now)
 	}
 	return t.acts
+}
+
+// driveJoinCheck starts the pending join check once it is due and no recovery runs. It
+// needs a completed catch-up (which shows that the replay endpoint answers); with a
+// baseline it is an unbounded recovery from next, without one (the ring was empty and no
+// live batch came) another catch-up.
+func (t *Tracker) driveJoinCheck(now time.Time) {
+	if !t.join || t.rec.active || now.Before(t.joinAt) {
+		return
+	}
+	t.join = false
+	if !t.caughtUp {
+		return
+	}
+	if !t.base {
+		t.startCatchUp(now)
+		return
+	}
+	t.rec = recovery{
+		active:    true,
+		joinCheck: true,
+		from:      t.next,
+		deadline:  now.Add(t.cfg.RecoveryTimeout),
+		retryAt:   now,
+	}
+	t.log(slog.LevelInfo, "join check started: batches published while the subscription joined", "from", t.next)
+	t.driveRecovery(now)
 }
 
 func (t *Tracker) driveRecovery(now time.Time) {
@@ -75,7 +103,17 @@ func (t *Tracker) driveRecovery(now time.Time) {
 			t.catchUpFailed(now, fmt.Sprintf("deadline %v exceeded", t.cfg.RecoveryTimeout))
 			return
 		}
-		until, _ := t.pend.min()
+		until, bounded := t.pend.min()
+		if t.rec.joinCheck && (!bounded || t.next >= until) {
+			// No live batch shows that anything is missing: best effort, as the catch-up.
+			t.closeAttempt()
+			t.rec.active, t.rec.joinCheck = false, false
+			t.st.joinChecksFailed.Add(1)
+			t.log(slog.LevelWarn, "join check failed; continuing from the live stream", "next", t.next,
+				"attempts", t.rec.attempts)
+			t.flush(now)
+			return
+		}
 		t.markStale(fmt.Sprintf("replay recovery deadline exceeded after %d attempts (next %d, live boundary %d)",
 			t.rec.attempts, t.next, until))
 		return
@@ -239,6 +277,22 @@ func (t *Tracker) finishRecovery(now time.Time) {
 	// An unbounded replay (after a reconnect, or a catch-up) may apply past every live
 	// batch seen; later live batches are not gaps for that.
 	t.hiNext = max(t.hiNext, t.next)
+	if t.rec.joinCheck {
+		t.rec.joinCheck = false
+		t.st.joinChecks.Add(1)
+		if t.next > t.rec.from {
+			// Never received live: count them as a gap, recovered.
+			missing := t.next - t.rec.from
+			t.st.gaps.Add(1)
+			t.st.dropped.Add(missing)
+			t.log(slog.LevelWarn, "join check recovered batches published while the subscription joined",
+				"from", t.rec.from, "next", t.next, "missing", missing)
+		} else {
+			t.log(slog.LevelInfo, "join check complete: nothing was missed", "next", t.next)
+		}
+		t.flush(now)
+		return
+	}
 	if !t.rec.catchUp {
 		t.st.replaysOK.Add(1)
 		t.log(slog.LevelInfo, "replay recovery complete", "from", t.rec.from, "next", t.next, "attempts", t.rec.attempts)
@@ -246,6 +300,7 @@ func (t *Tracker) finishRecovery(now time.Time) {
 		return
 	}
 	t.rec.catchUp = false
+	t.caughtUp = true
 	t.st.catchUps.Add(1)
 	t.log(slog.LevelInfo, "catch-up complete", "from", t.rec.from, "next", t.next, "baseline", t.base)
 	if t.base {

@@ -41,6 +41,14 @@ type Config struct {
 	RetryDelay time.Duration
 	// MaxMessages and MaxBytes bound the live batches buffered during a recovery.
 	MaxMessages, MaxBytes int
+	// JoinCheck (with CatchUpOnStart): JoinCheckDelay after the SUB first connects, and
+	// once the catch-up has completed, ask the replay endpoint once more for everything
+	// from the next expected batch on. A catch-up reads the publisher's ring before the
+	// subscription has reached the publisher; batches published in between are never
+	// received live, and on a stream that then goes quiet no later batch reveals the
+	// gap, so a block removed in that window would be served for good.
+	JoinCheck      bool
+	JoinCheckDelay time.Duration
 }
 
 // Kind is what an Action asks of the owner.
@@ -93,6 +101,7 @@ type Counters struct {
 	Dropped, Duplicates, Gaps                      uint64
 	ReplaysOK, ReplaysFailed, ReplayRetries        uint64
 	Restarts, Reconnects, CatchUps, CatchUpsFailed uint64
+	JoinChecks, JoinChecksFailed                   uint64
 }
 
 type counters struct {
@@ -100,6 +109,7 @@ type counters struct {
 	replaysOK, replaysFailed, replayRetries atomic.Uint64
 	restarts, reconnects                    atomic.Uint64
 	catchUps, catchUpsFailed                atomic.Uint64
+	joinChecks, joinChecksFailed            atomic.Uint64
 }
 
 // Tracker is the state of one stream. It is used by one goroutine; Counters and Stale may
@@ -118,6 +128,10 @@ type Tracker struct {
 
 	connectedOnce bool // the SUB has connected at least once
 	reconnected   bool // it reconnected since the last batch was applied
+	caughtUp      bool // a catch-up has completed (the replay endpoint answers)
+	// join is the pending join check (Config.JoinCheck), due at joinAt.
+	join   bool
+	joinAt time.Time
 
 	rec  recovery
 	pend pendingBuf
@@ -143,6 +157,10 @@ type recovery struct {
 	// replayed batch sets the baseline (base), it tolerates a replay that starts late
 	// and ends without marking the source stale when it fails.
 	catchUp bool
+	// joinCheck: the join check (Config.JoinCheck), an unbounded recovery from next that
+	// is counted apart and, as long as no live batch showed a gap, given up without
+	// marking the source stale when the replay endpoint does not answer.
+	joinCheck bool
 }
 
 // New returns the tracker of a stream that has not started.
@@ -158,6 +176,7 @@ func (t *Tracker) Counters() Counters {
 		ReplaysOK: t.st.replaysOK.Load(), ReplaysFailed: t.st.replaysFailed.Load(), ReplayRetries: t.st.replayRetries.Load(),
 		Restarts: t.st.restarts.Load(), Reconnects: t.st.reconnects.Load(),
 		CatchUps: t.st.catchUps.Load(), CatchUpsFailed: t.st.catchUpsFailed.Load(),
+		JoinChecks: t.st.joinChecks.Load(), JoinChecksFailed: t.st.joinChecksFailed.Load(),
 	}
 }
 
@@ -178,8 +197,11 @@ func (t *Tracker) Buffered() int { return t.pend.len() }
 
 // Deadline is when the tracker next needs a Tick (ok false: no timer runs).
 func (t *Tracker) Deadline() (time.Time, bool) {
-	if !t.rec.active || t.stale {
+	if t.stale {
 		return time.Time{}, false
+	}
+	if !t.rec.active {
+		return t.joinAt, t.join
 	}
 	d := t.rec.deadline
 	if t.rec.open {
@@ -396,6 +418,10 @@ func (t *Tracker) Connected(now time.Time) []Action {
 	t.begin()
 	if !t.connectedOnce {
 		t.connectedOnce = true
+		if t.cfg.CatchUpOnStart && t.cfg.JoinCheck && !t.stale {
+			t.join, t.joinAt = true, now.Add(t.cfg.JoinCheckDelay)
+			t.driveJoinCheck(now)
+		}
 		return t.acts
 	}
 	t.st.reconnects.Add(1)
@@ -413,14 +439,18 @@ func (t *Tracker) markStale(reason string) {
 		return
 	}
 	t.stale = true
+	t.join = false
 	if t.rec.active {
 		t.rec.active = false
-		if t.rec.catchUp {
+		switch {
+		case t.rec.catchUp:
 			t.st.catchUpsFailed.Add(1)
-		} else {
+		case t.rec.joinCheck:
+			t.st.joinChecksFailed.Add(1)
+		default:
 			t.st.replaysFailed.Add(1)
 		}
-		t.rec.catchUp = false
+		t.rec.catchUp, t.rec.joinCheck = false, false
 	}
 	t.closeAttempt()
 	t.pend.reset()

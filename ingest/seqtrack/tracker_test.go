@@ -49,6 +49,13 @@ func cfgCatchUp() Config {
 	return c
 }
 
+// cfgJoin is cfgCatchUp with the join check 200 ms after the first connect.
+func cfgJoin() Config {
+	c := cfgCatchUp()
+	c.JoinCheck, c.JoinCheckDelay = true, 200*time.Millisecond
+	return c
+}
+
 func render(acts []Action) string {
 	var parts []string
 	for _, a := range acts {
@@ -275,6 +282,40 @@ var trackerCases = []trackerCase{
 		live(3, 0, "restart 2>0 open 0"),
 		replay(4, 0, "close apply 0:p0"), // the buffered live 0 is the boundary: applied once, from the buffer
 	}, want: Counters{CatchUps: 2, Restarts: 1}, next: 1},
+	// The join check: batch 2 was published after the catch-up read the ring and before
+	// the subscription reached the publisher, and the stream went quiet.
+	{name: "join check recovers what the catch-up could not see", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), replay(1, 1, "apply 1:r1"), op(1, "end", "close"),
+		op(5, "conn", ""), op(204, "tick", ""), op(205, "tick", "open 2"),
+		replay(206, 2, "apply 2:r2"), op(206, "end", "close"), op(300, "tick", ""),
+		live(400, 3, "apply 3:p3"),
+	}, want: Counters{CatchUps: 1, JoinChecks: 1, Gaps: 1, Dropped: 1}, next: 4},
+	{name: "join check waits for the catch-up", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), op(1, "conn", ""), replay(50, 0, "apply 0:r0"), replay(140, 1, "apply 1:r1"),
+		op(201, "tick", ""), op(202, "end", "close"),
+		op(203, "tick", "open 2"), op(204, "end", "close"),
+	}, want: Counters{CatchUps: 1, JoinChecks: 1}, next: 2},
+	{name: "join check after an empty ring is another catch-up", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), op(1, "end", "close"), op(2, "conn", ""),
+		op(202, "tick", "open 0"), replay(203, 4, "apply 4:r4"), op(203, "end", "close"),
+	}, want: Counters{CatchUps: 2}, next: 5},
+	{name: "join check needs an answered catch-up", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), op(1, "fail", "close"), op(2, "conn", ""),
+		live(3, 7, "apply 7:p7"), op(300, "tick", ""),
+	}, want: Counters{CatchUpsFailed: 1}, next: 8},
+	{name: "join check unanswered is not stale", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		op(202, "tick", "open 1"), op(302, "tick", "close"), op(352, "tick", "open 1"),
+		op(1202, "tick", "close"), live(1203, 1, "apply 1:p1"),
+	}, want: Counters{CatchUps: 1, JoinChecksFailed: 1, ReplayRetries: 1}, next: 2},
+	{name: "join check with a live gap is strict", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		op(202, "tick", "open 1"), live(203, 3, ""), op(204, "end", "close stale"),
+	}, want: Counters{CatchUps: 1, JoinChecksFailed: 1}, stale: true, next: 1},
+	{name: "join check off", cfg: cfgCatchUp(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		op(5000, "tick", ""),
+	}, want: Counters{CatchUps: 1}, next: 1},
 	{name: "reconnect with nothing lost replays to the end", cfg: cfgReplay(), steps: []step{
 		op(0, "conn", ""), live(0, 0, "apply 0:p0"), op(1, "conn", "open 1"), op(2, "end", "close"),
 		live(3, 1, "apply 1:p1"),
@@ -316,6 +357,11 @@ func TestTrackerTables(t *testing.T) {
 			check("Reconnects", got.Reconnects, w.Reconnects)
 			check("CatchUps", got.CatchUps, w.CatchUps)
 			check("CatchUpsFailed", got.CatchUpsFailed, w.CatchUpsFailed)
+			check("JoinChecks", got.JoinChecks, w.JoinChecks)
+			check("JoinChecksFailed", got.JoinChecksFailed, w.JoinChecksFailed)
+			if tc.cfg.JoinCheck && w.JoinChecks == 0 && got.JoinChecks != 0 {
+				t.Errorf("JoinChecks = %d, want 0", got.JoinChecks)
+			}
 			if tc.name == "dropped attempt reopens at once, uncounted" && got.ReplayRetries != 0 {
 				t.Errorf("ReplayRetries = %d, want 0", got.ReplayRetries)
 			}
