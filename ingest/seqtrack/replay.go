@@ -279,7 +279,8 @@ func (t *Tracker) finishRecovery(now time.Time) {
 	t.hiNext = max(t.hiNext, t.next)
 	if t.rec.joinCheck {
 		t.rec.joinCheck = false
-		t.st.joinChecks.Add(1)
+		// Counted last: a reader that sees the check done sees its gap counts too.
+		defer t.st.joinChecks.Add(1)
 		if t.next > t.rec.from {
 			// Never received live: count them as a gap, recovered.
 			missing := t.next - t.rec.from
