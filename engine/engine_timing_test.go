@@ -93,7 +93,7 @@ func BenchmarkQueryWalk(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				e := benchContext(b, nslots, keys, extra)
 				defer e.Close()
-				var res Result
+				res := Result{noProbe: *noProbe}
 				if err := e.QueryKeys(ctxA, keys, blocks*16, "", &res); err != nil {
 					b.Fatal(err)
 				}

@@ -1,6 +1,9 @@
 package engine
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Overlapped probes. A walk that knows the keys of the blocks ahead finds their records in
 // a batch before it reads them: the table loads of a batch are independent of each other,
@@ -25,6 +28,17 @@ const (
 	// hashAfter is the number of blocks the walk goes through before it hashes ahead: a
 	// miss in the first blocks (the common miss) hashes no block it does not use.
 	hashAfter = 4
+	// probeMinEntries: walk1 probes ahead only in tables with more entries than this.
+	// A smaller table (256 KiB of entries, and at most 3/4 as many records) stays in
+	// the core's caches, where there are no misses to overlap and a batch's
+	// bookkeeping made walks slower (walk1Lean).
+	probeMinEntries = 1 << 15
+	// leanBlocks and probeAboveNs: in a larger table walk1 times its first leanBlocks
+	// blocks without probes and probes the rest only when they took probeAboveNs or
+	// more per block, which records in the caches never do (~10-30 ns per block) and
+	// cache misses (or hashing) always do.
+	leanBlocks   = 32
+	probeAboveNs = 60 * time.Nanosecond
 )
 
 // probeBuf holds the batch being walked: recs[j] is the record of block base+j, for j < n;

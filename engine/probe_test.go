@@ -67,7 +67,7 @@ func TestProbeStopsNearWalkEnd(t *testing.T) {
 			}
 			mustApply(t, e, ctxA, tc.ops(a, b)...)
 			settled(e)
-			var res Result
+			res := Result{forceProbe: true}
 			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &res); err != nil {
 				t.Fatal(err)
 			}
@@ -103,7 +103,7 @@ func TestProbesUseMemoKeys(t *testing.T) {
 	mustApply(t, e, ctxA, store(s, TierDisk, keys...))
 	settled(e)
 	for round, want := range []int{64 - hashAfter, 64} {
-		var res Result
+		res := Result{forceProbe: true}
 		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func TestProbedRecordReusedBeforeRead(t *testing.T) {
 			keys := []uint64{0xA0, 0xA1, 0xA2}
 			const kx = uint64(0xB1)
 			mustApply(t, e, ctxA, store(s, TierDisk, keys...))
-			var res Result
+			res := Result{forceProbe: true}
 			fired := false
 			hooks.walkLoad = func(i, w int) {
 				if fired || i != 0 || w != recMeta {
@@ -181,7 +181,7 @@ func TestHashAheadBound(t *testing.T) {
 			mustApply(t, e, ctxA, store(s, TierDisk, keys[:stored]...))
 			settled(e)
 		}
-		var res Result
+		res := Result{forceProbe: true}
 		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
 			t.Fatal(err)
 		}
@@ -199,6 +199,72 @@ func TestHashAheadBound(t *testing.T) {
 		}
 		if res.pb.probed > max(walked-hashAfter, 0) {
 			t.Fatalf("stored %d: probed %d blocks ahead, walked %d", stored, res.pb.probed, walked)
+		}
+	}
+}
+
+// TestWalkSwitchesToProbesMidWalk: in a table over probeMinEntries a walk goes its first
+// leanBlocks blocks without probes and then, when they were slow, continues with probes
+// from where it is. Whichever way it goes, the answer and the blocks walked are those of
+// a walk that never probes, for stops before, at and after the switch, over walk1's
+// tiers, through precomputed keys and through the hashing Query (memo cold and warm).
+func TestWalkSwitchesToProbesMidWalk(t *testing.T) {
+	e := newTestEngine(t, Config{MaxBlocksPerContext: -1})
+	p := vllmProfile(t)
+	a, b := Slot{"a", 0}, Slot{"b", 1}
+	mustRegister(t, e, ctxA, p, a)
+	mustRegister(t, e, ctxA, p, b)
+	// Filler blocks so that the table is past probeMinEntries.
+	filler := make([]uint64, probeMinEntries)
+	for i := range filler {
+		filler[i] = benchKey(1<<30 + i)
+	}
+	mustApply(t, e, ctxA, store(b, TierDisk, filler...))
+	const blocks = 3 * leanBlocks
+	toks := make([]int32, blocks*16)
+	for i := range toks {
+		toks[i] = int32(i*7 + 3)
+	}
+	keys := chainKeys(t, p, 16, "", "", toks)
+	settled(e)
+	if n := len(e.lookup(ctxA).state.Load().tab.entries); n <= probeMinEntries {
+		t.Fatalf("table of %d entries: not past probeMinEntries", n)
+	}
+	for _, stop := range []int{5, leanBlocks - 1, leanBlocks, leanBlocks + 1, 2*leanBlocks + 3, blocks} {
+		mustApply(t, e, ctxA, clearOp(a, MaskAllEngine), clearOp(b, MaskAllEngine))
+		mustApply(t, e, ctxA, store(a, TierDisk, keys[:stop]...), store(a, TierDevice, keys[:stop/2]...),
+			store(b, TierCPULocal, keys[:min(stop+7, blocks)]...), store(b, TierDisk, filler...))
+		settled(e)
+		var want Result
+		want.noProbe = true
+		if err := e.QueryKeys(ctxA, keys, blocks*16, "", &want); err != nil {
+			t.Fatal(err)
+		}
+		for _, sw := range []int8{1, -1, 0} {
+			got := Result{leanSwitch: sw}
+			if err := e.QueryKeys(ctxA, keys, blocks*16, "", &got); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(got.Instances) != fmt.Sprint(want.Instances) || got.walked != want.walked {
+				t.Fatalf("stop %d switch %d: %+v walked %d, want %+v walked %d", stop, sw,
+					got.Instances, got.walked, want.Instances, want.walked)
+			}
+			if sw == 1 && stop > leanBlocks && got.pb.probed == 0 {
+				t.Fatalf("stop %d: the walk did not switch to probes", stop)
+			}
+			if sw == -1 && got.pb.probed != 0 {
+				t.Fatalf("stop %d: probed %d blocks without switching", stop, got.pb.probed)
+			}
+			for round := 0; round < 2; round++ { // memo cold, then warm
+				q := Query{Key: ctxA, Tokens: toks}
+				if err := e.Query(&q, &got); err != nil {
+					t.Fatal(err)
+				}
+				if fmt.Sprint(got.Instances) != fmt.Sprint(want.Instances) {
+					t.Fatalf("stop %d switch %d Query round %d: %+v, want %+v", stop, sw, round,
+						got.Instances, want.Instances)
+				}
+			}
 		}
 	}
 }

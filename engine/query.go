@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -45,8 +46,12 @@ type Result struct {
 	alive  []uint64   // 4 tiers x w words
 	words  []uint64   // one record's bitsets, 3 x w words
 	pb     probeBuf   // records found ahead (probe.go)
-	// noProbe turns the overlapped probes off (benchmarks compare both walks).
-	noProbe bool
+	// noProbe turns the overlapped probes off (benchmarks compare both walks);
+	// forceProbe turns them on for tables of any size (tests of the probes).
+	noProbe, forceProbe bool
+	// leanSwitch decides, in tests, what a walk in a large table does after its timed
+	// lean start: 1 probes the rest, -1 does not, 0 goes by the time it took.
+	leanSwitch int8
 
 	// hashed and fromMemo describe the last Query: blocks it hashed, and how many of
 	// those came from the key memo (both 0 for QueryKeys or a query that hashed nothing).
@@ -223,13 +228,58 @@ func (r *Result) drop(t, j int, gone uint64, pos int64) {
 // walk (one cursor per tier, each accepting the tiers above it) at a few word operations
 // per block.
 func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int64, mask uint64) error {
-	a0, a1, a2, a3 := mask, mask, mask, mask
+	w := walk1State{a: [4]uint64{mask, mask, mask, mask}, tab: tab, prev: tab.prev.Load()} // prev: before any probe of tab, see table.findPrev
+	switch {
+	case r.forceProbe:
+		return r.walk1Probed(&w, src, 0, nblocks, positions, bs)
+	case r.noProbe || len(tab.entries) <= probeMinEntries:
+		return r.walk1Lean(&w, src, 0, nblocks, nblocks, positions, bs)
+	}
+	// A large table: the first leanBlocks blocks go without probes, timed. When their
+	// records were in the caches (a prompt asked again soon), probing ahead would only
+	// add its bookkeeping; when they were not, the rest of the walk probes ahead.
+	if nblocks <= leanBlocks {
+		return r.walk1Lean(&w, src, 0, nblocks, nblocks, positions, bs)
+	}
+	t0 := time.Now()
+	if err := r.walk1Lean(&w, src, 0, leanBlocks, nblocks, positions, bs); err != nil || w.done {
+		return err
+	}
+	if r.leanSwitch < 0 || (r.leanSwitch == 0 && time.Since(t0) < leanBlocks*probeAboveNs) {
+		return r.walk1Lean(&w, src, leanBlocks, nblocks, nblocks, positions, bs)
+	}
+	return r.walk1Probed(&w, src, leanBlocks, nblocks, positions, bs)
+}
+
+// walk1State is where a walk1 loop left off: the four alive sets, the table it reads
+// (a retired table's reader moves on to the latest) and that table's predecessor, and
+// whether the walk has ended (its counts are recorded).
+type walk1State struct {
+	a         [4]uint64
+	tab, prev *table
+	done      bool
+}
+
+// finish1 records the counts of the slots still alive when the walk ends at block end
+// (nblocks: it went through every block).
+func (r *Result) finish1(w *walk1State, end, nblocks int, positions, bs int64) {
+	r.walked = min(end+1, nblocks)
+	pos := min(int64(end)*bs, positions)
+	for t, a := range w.a {
+		r.drop(t, 0, a, pos)
+	}
+	w.done = true
+}
+
+// walk1Probed is walk1's loop with overlapped probes (probe.go), from block from on.
+func (r *Result) walk1Probed(w *walk1State, src keySource, from, nblocks int, positions, bs int64) error {
+	a0, a1, a2, a3 := w.a[0], w.a[1], w.a[2], w.a[3]
+	tab, prev := w.tab, w.prev
 	end := nblocks
-	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	pb := &r.pb
 	pb.reset()
 	pb.read = !r.slow
-	for i := 0; i < nblocks; i++ {
+	for i := from; i < nblocks; i++ {
 		if i >= pb.end && i != pb.stop && !r.noProbe {
 			pb.next(tab, src, i, nblocks, a3)
 		}
@@ -301,16 +351,91 @@ func (r *Result) walk1(tab *table, src keySource, nblocks int, positions, bs int
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
 				r.walked = i + 1
+				w.done = true
 				return nil
 			}
 		}
 	}
-	r.walked = min(end+1, nblocks)
-	pos := min(int64(end)*bs, positions)
-	r.drop(0, 0, a0, pos)
-	r.drop(1, 0, a1, pos)
-	r.drop(2, 0, a2, pos)
-	r.drop(3, 0, a3, pos)
+	w.a = [4]uint64{a0, a1, a2, a3}
+	r.finish1(w, end, nblocks, positions, bs)
+	return nil
+}
+
+// walk1Lean is walk1's loop without the overlapped probes, from block from up to limit
+// (nblocks: to the end of the walk; less: it returns with w updated and the walk not
+// done, unless it ended before limit). It serves tables that fit in the core's caches
+// (probeMinEntries), where a batch's bookkeeping costs more than the misses it overlaps,
+// and the timed start of a walk in a large one: the same reads, checks and tier rules
+// as walk1Probed, in a loop with few live values.
+func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks int, positions, bs int64) error {
+	a0, a1, a2, a3 := w.a[0], w.a[1], w.a[2], w.a[3]
+	tab, prev := w.tab, w.prev
+	end := nblocks
+	for i := from; i < limit; i++ {
+		key, err := src.Next()
+		if err != nil {
+			r.Instances = r.Instances[:0]
+			return fmt.Errorf("hash query block %d: %w", i, err)
+		}
+		rec, ok := tab.find1(key)
+		if !ok {
+			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
+				end = i
+				break
+			}
+		}
+		var meta, dev, loc, dsk uint64
+		switch {
+		case r.slow:
+			ok = false
+		case tab.w == 0:
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k := atomic.LoadUint64(&rec[recKey])
+			x := atomic.LoadUint64(&rec[recBits])
+			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+		default:
+			meta = atomic.LoadUint64(&rec[recMeta])
+			k := atomic.LoadUint64(&rec[recKey])
+			dev = atomic.LoadUint64(&rec[recBits])
+			loc = atomic.LoadUint64(&rec[recBits+1])
+			dsk = atomic.LoadUint64(&rec[recBits+2])
+			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+		}
+		if !ok {
+			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
+				end = i
+				break
+			}
+		}
+		local := dev | loc
+		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
+		if meta&metaSharedCPU == 0 {
+			n2 &= local
+			if meta&metaSharedDisk == 0 {
+				n3 &= local | dsk
+			}
+		}
+		if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
+			pos := min(int64(i)*bs, positions)
+			r.drop(0, 0, a0&^n0, pos)
+			r.drop(1, 0, a1&^n1, pos)
+			r.drop(2, 0, a2&^n2, pos)
+			r.drop(3, 0, a3&^n3, pos)
+			a0, a1, a2, a3 = n0, n1, n2, n3
+			if a3 == 0 {
+				r.walked = i + 1
+				w.done = true
+				return nil
+			}
+		}
+	}
+	w.a = [4]uint64{a0, a1, a2, a3}
+	w.tab, w.prev = tab, prev
+	if end == nblocks && limit < nblocks {
+		return nil // paused at limit
+	}
+	r.finish1(w, end, nblocks, positions, bs)
 	return nil
 }
 

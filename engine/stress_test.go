@@ -108,7 +108,7 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 		go func() {
 			defer rwg.Done()
 			rng := rand.New(rand.NewPCG(uint64(ri), 99))
-			var res Result
+			res := Result{forceProbe: ri%2 == 0}
 			first := true
 			defer func() {
 				if first { // failed before its first answer: let the writers go
