@@ -231,9 +231,9 @@ func TestWalkSwitchesToProbesMidWalk(t *testing.T) {
 		t.Fatalf("table of %d entries: not past probeMinEntries", n)
 	}
 	for _, stop := range []int{5, leanBlocks - 1, leanBlocks, leanBlocks + 1, 2*leanBlocks + 3, blocks} {
-		mustApply(t, e, ctxA, clearOp(a, MaskAllEngine), clearOp(b, MaskAllEngine))
+		mustApply(t, e, ctxA, clearOp(a, MaskAllEngine), clearOp(b, MaskCPULocal))
 		mustApply(t, e, ctxA, store(a, TierDisk, keys[:stop]...), store(a, TierDevice, keys[:stop/2]...),
-			store(b, TierCPULocal, keys[:min(stop+7, blocks)]...), store(b, TierDisk, filler...))
+			store(b, TierCPULocal, keys[:min(stop+7, blocks)]...))
 		settled(e)
 		var want Result
 		want.noProbe = true
