@@ -248,7 +248,8 @@ func decodeList[T int32 | uint64](b []byte, dst []T, array func([]byte, []T) ([]
 
 // decodeTokenArray decodes an array of int32-range integers of any msgpack width.
 // The widths encoders pick for token ids (fixint and 8/16/32-bit) are decoded inline;
-// the rest, and the tail where fewer than 8 bytes are left, go through readInt.
+// the rest, and the tail where fewer than 8 bytes are left, go through readInt. Long
+// arrays are decoded mostly by tokensSegmented first.
 func decodeTokenArray(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
 	n32, rest, err := msgp.ReadArrayHeaderBytes(b)
 	// Every element takes at least one byte: a larger count is a lie, and believing it
@@ -257,8 +258,18 @@ func decodeTokenArray(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr
 		return dst, b, terr, false
 	}
 	n := int(n32)
+	i0 := 0
+	if n >= segMinElems {
+		// Long arrays: most elements in interleaved chains (tokensSegmented), the rest
+		// (its last few hundred bytes, or from where it could not verify) below.
+		dst = slices.Grow(dst, n+segScratch)
+		h := len(b) - len(rest)
+		i, pos := tokensSegmented(b, h, dst[:n+segScratch], n)
+		i0, rest = i, rest[pos-h:]
+	}
 	dst = slices.Grow(dst, n)[:n]
-	i0, pos := tokensFast(rest, dst)
+	di, pos := tokensFast(rest, dst[i0:])
+	i0 += di
 	rest = rest[pos:]
 	for i := i0; i < n; i++ {
 		if len(rest) == 0 {

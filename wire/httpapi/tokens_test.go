@@ -156,6 +156,54 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 	}
 }
 
+// TestTokenArraySegmentedMatchesReference: long arrays (decoded mostly in segments) of
+// every style, with odd elements at random and next to segment starts, followed by more
+// body, truncated, or under a header that lies about the count, decode exactly as the
+// reference does: tokens, error and where the value ends.
+func TestTokenArraySegmentedMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(43, 44))
+	var dst []int32
+	for iter := range 500 {
+		n := segMinElems - 10 + r.IntN(4000)
+		if iter%8 == 0 {
+			n = 8192 + r.IntN(24000)
+		}
+		odd := 0
+		if iter%3 != 0 {
+			odd = 1 + r.IntN(3)
+		}
+		b, _ := segArray(r, n, iter%6, odd)
+		switch iter % 4 {
+		case 1:
+			b = msgp.AppendString(b, string(make([]byte, r.IntN(2000))))
+		case 2:
+			b = b[:r.IntN(len(b)+1)]
+		case 3:
+			h := len(msgp.AppendArrayHeader(nil, uint32(n)))
+			b = append(msgp.AppendArrayHeader(nil, uint32(max(0, n+r.IntN(40)-20))), b[h:]...)
+			b = append(b, 0xc0, 0xc0, 0xa1, 'x')
+		}
+		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
+		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0])
+		dst = got
+		if gotOK != wantOK {
+			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
+		}
+		if !wantOK {
+			continue
+		}
+		if gotErr != wantErr || len(rest) != len(wantRest) {
+			t.Fatalf("iter %d: error %+v rest %d, reference %+v rest %d", iter, gotErr, len(rest), wantErr, len(wantRest))
+		}
+		if !slices.Equal(got[:len(want)], want) {
+			t.Fatalf("iter %d: tokens differ", iter)
+		}
+		if wantErr.reason == "" && len(got) != len(want) {
+			t.Fatalf("iter %d: %d tokens, reference %d", iter, len(got), len(want))
+		}
+	}
+}
+
 // TestElementEnds: for every lead byte tokensMixed decodes, at every position of a word
 // and whatever the other bytes, elementEnds gives where the element ends.
 func TestElementEnds(t *testing.T) {
@@ -237,6 +285,11 @@ func FuzzTokenArray(f *testing.F) {
 		b = tokenElem(b, r, []int{0, 2, 3, 4, 5}[r.IntN(5)])
 	}
 	f.Add(b)
+	// Long enough for tokensSegmented: each style, and one with odd elements.
+	for style := range 6 {
+		b, _ := segArray(r, segMinElems+200*style, style, style/5)
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
 		got, rest, gotErr, gotOK := decodeTokenArray(b, nil)
