@@ -55,6 +55,10 @@ const segMinElems = 512
 // before they must have merged.
 const segSyncSpan = 64
 
+// segMaxRounds bounds the rounds of one array (each takes up to segK*segBytes bytes, or
+// less as the array's end nears); the exact path decodes what is left.
+const segMaxRounds = 64
+
 // segScratch is how many int32 slots beyond the array's length tokensSegmented needs in
 // dst: one round's provisional chain outputs.
 const segScratch = segK * segStride
@@ -64,8 +68,8 @@ const segScratch = segK * segStride
 // mask[c]. A lead byte a table does not take (all of them are >= 0x80) gets length 4 and
 // a mask of all ones: its "value" is the lead byte and the next three, with bit 31 set.
 // uint32 and int32 keep all 32 bits: bit 31 set is a value above MaxInt32, or negative,
-// neither taken either. sign[c] is bit 31 where bit 15 of the value is a sign (int16,
-// only in segSigned): segStepSigned moves that bit to bit 31.
+// neither taken either. sign[c] is bit 15 where it is the sign of the value (int16, only
+// in segSigned): segStepSigned sign-extends such values.
 type segTables struct {
 	len  [256]uint8
 	mask [256]uint32
@@ -91,7 +95,7 @@ func segTable(signed bool) *segTables {
 			l = 5
 		case c == 0xd1 && signed:
 			l, m = 3, 0xffff
-			t.sign[c] = 1 << 31
+			t.sign[c] = 1 << 15
 		}
 		t.len[c], t.mask[c] = l, m
 	}
@@ -153,7 +157,7 @@ func segStepSigned(t *segTables, base unsafe.Pointer, p int, out *int32) (int, u
 	c := *(*byte)(unsafe.Add(base, p))
 	pn := p + int(t.len[c])
 	x := binary.BigEndian.Uint32((*[4]byte)(unsafe.Add(base, pn-4))[:]) & t.mask[c]
-	x |= x << 16 & t.sign[c]
+	x = x ^ t.sign[c] - t.sign[c] // int16: sign-extended (bit 31 set if negative)
 	*out = int32(x)
 	return pn, x
 }
@@ -240,7 +244,7 @@ func tokensSegmented(b []byte, h int, dst []int32, n int) (int, int) {
 	// Elements start before limit (a step reads up to 4 bytes past its start). A round
 	// that reaches past the array's end lowers it to where its chain went.
 	limit := len(b) - 4
-	for {
+	for round := 0; ; round++ {
 		// The region of this round: the array has n-i elements left, at least one byte
 		// each. The first round guesses three bytes each (token ids of a large
 		// vocabulary take more); later rounds estimate where the array ends from the
@@ -252,7 +256,7 @@ func tokensSegmented(b []byte, h int, dst []int32, n int) (int, int) {
 			region = min(limit-pos, int(uint64(left)*uint64(pos-h)/uint64(i)*15/16))
 		}
 		seg := min(segBytes, region/segK)
-		if seg < segMinBytes {
+		if seg < segMinBytes || round == segMaxRounds {
 			return i, pos
 		}
 		// One round: segK chains from pos (verified) and from each later segment's
@@ -287,7 +291,9 @@ func tokensSegmented(b []byte, h int, dst []int32, n int) (int, int) {
 		for s := range segK {
 			c := count[s]
 			if i+c >= n {
-				limit = min(limit, p[s])
+				// The array ends before p[s] (and its last element starts before
+				// end[s]): the next round ends before this one did.
+				limit = min(limit, p[s], end[s]-1)
 				break
 			}
 			vals := scratch[s*segStride : s*segStride+c]
