@@ -260,15 +260,18 @@ func decodeTokenArray(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr
 	n := int(n32)
 	i0 := 0
 	if n >= segMinElems {
-		// Long arrays: most elements in interleaved chains (tokensSegmented), the rest
-		// (its last few hundred bytes, or from where it could not verify) below.
-		dst = slices.Grow(dst, n+segScratch)
+		// Long arrays: a leading run of one width as such (a 32K-vocabulary prompt
+		// without byte tokens is all uint16), then most elements in interleaved chains
+		// (tokensSegmented), the rest (its last few hundred bytes, or from where it
+		// could not verify) below.
+		dst = slices.Grow(dst, n+segScratch)[:n+segScratch]
 		h := len(b) - len(rest)
-		i, pos := tokensSegmented(b, h, dst[:n+segScratch], n)
-		i0, rest = i, rest[pos-h:]
+		i, pos := tokensFast(rest, dst[:n], false)
+		j, end := tokensSegmented(b, h+pos, dst[i:], n-i)
+		i0, rest = i+j, rest[end-h:]
 	}
 	dst = slices.Grow(dst, n)[:n]
-	di, pos := tokensFast(rest, dst[i0:])
+	di, pos := tokensFast(rest, dst[i0:], true)
 	i0 += di
 	rest = rest[pos:]
 	for i := i0; i < n; i++ {
@@ -335,8 +338,8 @@ const fastTail = 32
 // are all uint16, and there the per-element dependency of the position on the previous
 // element's width disappears. Mixed widths (real prompts: fixint, uint16 and uint32 at
 // random) go through tokensMixed, up to 256 elements per failed run check, so that a
-// mixed array pays few mispredicted run tests.
-func tokensFast(b []byte, dst []int32) (int, int) {
+// mixed array pays few mispredicted run tests; with mixed false it stops there instead.
+func tokensFast(b []byte, dst []int32, mixed bool) (int, int) {
 	n := len(dst)
 	i, pos := 0, 0
 	for i < n && len(b)-pos >= fastTail {
@@ -365,6 +368,9 @@ func tokensFast(b []byte, dst []int32) (int, int) {
 				i, pos = i+8, pos+8
 				continue
 			}
+		}
+		if !mixed {
+			return i, pos
 		}
 		// Not a run: the next elements through tokensMixed, without run checks.
 		end := min(i+256, n)

@@ -89,6 +89,18 @@ func BenchmarkDecodeQueryRequest8KArrayVocab32K(b *testing.B) {
 	benchmarkDecodeQuery(b, htSmallVocab(8192))
 }
 
+// A 32K-vocabulary prompt as text makes it: one token in 16 a newline or other byte
+// token (ids under 128, positive fixint), the rest uint16.
+func BenchmarkDecodeQueryRequest8KArrayVocab32KText(b *testing.B) {
+	t := htSmallVocab(8192)
+	for i := range t {
+		if t[i]%16 == 0 {
+			t[i] = 13
+		}
+	}
+	benchmarkDecodeQuery(b, t)
+}
+
 // htMixedWidths is n ids whose encodings mix all three widths element by element, as a
 // real prompt's do: about a fifth under 128 (positive fixint), half under 65536 (uint16)
 // and the rest above (uint32).

@@ -38,7 +38,7 @@ func TestTokenArrayNoReadOutside(t *testing.T) {
 	r := rand.New(rand.NewPCG(77, 78))
 	var dst []int32
 	for iter := range 150 {
-		b, _ := segArray(r, segMinElems+r.IntN(6000), iter%6, iter%3/2)
+		b, _ := segArray(r, segMinElems+r.IntN(6000), iter%7, iter%3/2)
 		if iter%2 == 1 {
 			b = b[:len(b)-r.IntN(min(len(b), 40))]
 		}

@@ -172,7 +172,7 @@ func TestTokenArraySegmentedMatchesReference(t *testing.T) {
 		if iter%3 != 0 {
 			odd = 1 + r.IntN(3)
 		}
-		b, _ := segArray(r, n, iter%6, odd)
+		b, _ := segArray(r, n, iter%7, odd)
 		switch iter % 4 {
 		case 1:
 			b = msgp.AppendString(b, string(make([]byte, r.IntN(2000))))
@@ -286,7 +286,7 @@ func FuzzTokenArray(f *testing.F) {
 	}
 	f.Add(b)
 	// Long enough for tokensSegmented: each style, and one with odd elements.
-	for style := range 6 {
+	for style := range 7 {
 		b, _ := segArray(r, segMinElems+200*style, style, style/5)
 		f.Add(b)
 	}
