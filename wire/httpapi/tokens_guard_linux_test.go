@@ -36,7 +36,7 @@ func guarded(t *testing.T, b []byte) (lead, tail []byte, free func()) {
 // chains' 4-byte loads end where the element does and start up to 3 bytes before it.
 func TestTokenArrayNoReadOutside(t *testing.T) {
 	r := rand.New(rand.NewPCG(77, 78))
-	var dst []int32
+	var dst, scratch []int32
 	for iter := range 150 {
 		b, _ := segArray(r, segMinElems+r.IntN(6000), iter%7, iter%3/2)
 		if iter%2 == 1 {
@@ -46,7 +46,7 @@ func TestTokenArrayNoReadOutside(t *testing.T) {
 		for _, g := range [][]byte{lead, tail} {
 			copy(g, b)
 			want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-			got, rest, gotErr, gotOK := decodeTokenArray(g, dst[:0])
+			got, rest, gotErr, gotOK := decodeTokenArray(g, dst[:0], &scratch)
 			dst = got
 			if gotOK != wantOK || wantOK && (gotErr != wantErr || len(rest) != len(wantRest) || !equalPrefix(got, want)) {
 				t.Fatalf("iter %d: differs from the reference", iter)

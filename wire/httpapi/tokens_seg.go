@@ -227,17 +227,18 @@ func segChains(base unsafe.Pointer, out []int32, p, end *[segK]int, signed bool)
 	return count, acc
 }
 
-// tokensSegmented decodes leading elements of the n-element token array at b[h:] (h >= 3:
-// the array header is before it) into dst[:n], using dst[n:n+segScratch] as scratch, and
-// returns how many elements it decoded and the offset in b after them. It stops where it
+// tokensSegmented decodes leading elements of the len(dst)-element token array at b[h:]
+// (h >= 3: the array header is before it) into dst, using scratch (segScratch long) for
+// the chains' values, and returns how many elements it decoded and the offset in b after
+// them. It stops where it
 // cannot verify a segment, and before the last few hundred bytes; the exact path decodes
 // the rest.
-func tokensSegmented(b []byte, h int, dst []int32, n int) (int, int) {
-	if h < 3 || n < segMinElems || len(dst) < n+segScratch || len(b) < h+1 {
+func tokensSegmented(b []byte, h int, dst, scratch []int32) (int, int) {
+	n := len(dst)
+	if h < 3 || n < segMinElems || len(scratch) != segScratch || len(b) < h+1 {
 		return 0, h
 	}
 	base := unsafe.Pointer(unsafe.SliceData(b))
-	scratch := dst[n : n+segScratch : n+segScratch]
 	// Go's msgp writes 128..32767 as int16: start in the mode the first element tells.
 	signed := b[h] >= 0xd0 && b[h] <= 0xd2
 	i, pos := 0, h

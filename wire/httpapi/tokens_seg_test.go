@@ -114,8 +114,8 @@ func checkSegmented(t *testing.T, b []byte, what string) (i, n int) {
 	if n > len(rest) {
 		return 0, n
 	}
-	dst := make([]int32, n+segScratch)
-	i, pos := tokensSegmented(b, h, dst, n)
+	dst := make([]int32, n)
+	i, pos := tokensSegmented(b, h, dst, make([]int32, segScratch))
 	if i == 0 {
 		if pos != h {
 			t.Fatalf("%s: no element, but stopped at %d, not %d", what, pos, h)

@@ -107,7 +107,7 @@ func tokenElem(b []byte, r *rand.Rand, kind int) []byte {
 // elements, and truncated at random, decode exactly as the reference does.
 func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	var dst []int32
+	var dst, scratch []int32
 	for iter := range 4000 {
 		n := r.IntN(300)
 		if iter%7 == 0 {
@@ -136,7 +136,7 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 			b = b[:r.IntN(len(b)+1)]
 		}
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0])
+		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0], &scratch)
 		dst = got
 		if gotOK != wantOK {
 			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
@@ -162,7 +162,7 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 // reference does: tokens, error and where the value ends.
 func TestTokenArraySegmentedMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(43, 44))
-	var dst []int32
+	var dst, scratch []int32
 	for iter := range 500 {
 		n := segMinElems - 10 + r.IntN(4000)
 		if iter%8 == 0 {
@@ -184,7 +184,7 @@ func TestTokenArraySegmentedMatchesReference(t *testing.T) {
 			b = append(b, 0xc0, 0xc0, 0xa1, 'x')
 		}
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0])
+		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0], &scratch)
 		dst = got
 		if gotOK != wantOK {
 			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
@@ -245,7 +245,7 @@ func TestListBinBothPaths(t *testing.T) {
 		hostLittleEndian = le
 		var terr tokenErr
 		var ok bool
-		toks[k], _, terr, ok = decodeTokens(body, nil)
+		toks[k], _, terr, ok = decodeTokens(body, nil, new([]int32))
 		if !ok || terr.reason != "" || len(toks[k]) != 66 {
 			t.Fatalf("tokens (LE path %v): ok %v err %+v len %d", le, ok, terr, len(toks[k]))
 		}
@@ -292,7 +292,7 @@ func FuzzTokenArray(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, nil)
+		got, rest, gotErr, gotOK := decodeTokenArray(b, nil, new([]int32))
 		if gotOK != wantOK || (wantOK && (gotErr != wantErr || len(rest) != len(wantRest))) {
 			t.Fatalf("ok %v err %+v rest %d, reference ok %v err %+v rest %d", gotOK, gotErr, len(rest), wantOK, wantErr, len(wantRest))
 		}
