@@ -25,7 +25,7 @@ import (
 //
 // Each step is branch-free: the lead byte gives the element's length and the mask of its
 // value, which is the 4 big-endian bytes ending where the next element starts. Elements
-// not taken come out with bit 31 set (see segEntry); a chain's values are checked for it
+// not taken come out with bit 31 set (see segTables); a chain's values are checked for it
 // before they count. Two tables: segUnsigned takes what Python's msgpack writes (positive
 // fixint, uint8/16/32), segSigned also int16 (what Go's msgp writes for 128..32767),
 // which costs a sign check per element; a round that meets an int16 in the first mode is
@@ -59,8 +59,8 @@ const segSyncSpan = 64
 // less as the array's end nears); the exact path decodes what is left.
 const segMaxRounds = 64
 
-// segScratch is how many int32 slots beyond the array's length tokensSegmented needs in
-// dst: one round's provisional chain outputs.
+// segScratch is the length of tokensSegmented's scratch: one round's provisional chain
+// outputs (about 73 KiB).
 const segScratch = segK * segStride
 
 // segTables describe array elements by their lead byte c: an element led by c takes
