@@ -1,9 +1,11 @@
 package server
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"testing"
 
+	"github.com/tinylib/msgp/msgp"
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/engine"
@@ -21,7 +23,27 @@ func BenchmarkQueryHandler(b *testing.B) {
 	defer app.Stop()
 	full := seqTokens(32768, 1)
 	fillInstances(b, app, 8, full)
+	// Prompts of real shape, indexed too: ids of a 151,936-id vocabulary at random, and
+	// the conductor-bench --mixed-widths mix.
+	vocab := vocabTokens(32768, 1)
+	fillInstances(b, app, 8, vocab)
+	mixed := mixedWidthTokens(vocabTokens(32768, 2))
+	fillInstances(b, app, 8, mixed)
 	h := app.HTTP.Handler()
+	run := func(b *testing.B, body []byte) {
+		var ctx fasthttp.RequestCtx
+		ctx.Request.Header.SetMethod("POST")
+		ctx.Request.SetRequestURI("/query")
+		ctx.Request.Header.SetContentType("application/msgpack")
+		ctx.Request.SetBody(body)
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			h(&ctx)
+			if ctx.Response.StatusCode() != 200 {
+				b.Fatal(ctx.Response.StatusCode())
+			}
+		}
+	}
 	for _, n := range []int{2048, 8192, 32768} {
 		for _, shape := range []string{"hit", "half", "miss"} {
 			tokens := append([]int32(nil), full[:n]...)
@@ -49,21 +71,91 @@ func BenchmarkQueryHandler(b *testing.B) {
 				if enc == "array" {
 					body = queryBody("m", 16, tokens)
 				}
-				b.Run(name+"/handler-"+enc, func(b *testing.B) {
-					var ctx fasthttp.RequestCtx
-					ctx.Request.Header.SetMethod("POST")
-					ctx.Request.SetRequestURI("/query")
-					ctx.Request.Header.SetContentType("application/msgpack")
-					ctx.Request.SetBody(body)
-					b.ReportAllocs()
-					for i := 0; i < b.N; i++ {
-						h(&ctx)
-						if ctx.Response.StatusCode() != 200 {
-							b.Fatal(ctx.Response.StatusCode())
-						}
-					}
-				})
+				b.Run(name+"/handler-"+enc, func(b *testing.B) { run(b, body) })
+			}
+			// The real shapes: the half and miss prompts differ from the indexed one by
+			// other ids of the vocabulary (not by negative ones, which no client sends).
+			// "python" is Python msgpack's unsigned forms, "go" Go msgp's signed ones
+			// (conductor-bench's default array encoding), "mixed" the --mixed-widths
+			// prompt in unsigned forms.
+			vt := realShape(vocab[:n], shape, 3)
+			mt := realShape(mixed[:n], shape, 4)
+			for _, c := range []struct {
+				enc  string
+				body []byte
+			}{
+				{"bin-vocab", binQuery(vt)},
+				{"array-python", arrayQuery(vt, false)},
+				{"array-go", arrayQuery(vt, true)},
+				{"array-mixed", arrayQuery(mt, false)},
+			} {
+				b.Run(name+"/handler-"+c.enc, func(b *testing.B) { run(b, c.body) })
 			}
 		}
 	}
+}
+
+// vocabTokens is n token ids drawn uniformly from a 151,936-id vocabulary (Qwen2's).
+func vocabTokens(n int, seed uint64) []int32 {
+	r := rand.New(rand.NewPCG(seed, 151936))
+	t := make([]int32, n)
+	for i := range t {
+		t[i] = int32(r.IntN(151936))
+	}
+	return t
+}
+
+// mixedWidthTokens maps ids so that their array encodings mix positive fixint (20%),
+// uint16 (50%) and uint32 (30%) element by element, like conductor-bench --mixed-widths.
+func mixedWidthTokens(t []int32) []int32 {
+	out := make([]int32, len(t))
+	for i, v := range t {
+		switch v % 10 {
+		case 0, 1:
+			out[i] = v % 128
+		case 2, 3, 4, 5, 6:
+			out[i] = 128 + v%65000
+		default:
+			out[i] = 65536 + v%86000
+		}
+	}
+	return out
+}
+
+// realShape is a copy of an indexed prompt shaped as hit (unchanged), half (its second
+// half replaced by other ids) or miss (all of it replaced), the new ids from seed.
+func realShape(indexed []int32, shape string, seed uint64) []int32 {
+	t := append([]int32(nil), indexed...)
+	from := len(t)
+	switch shape {
+	case "half":
+		from = len(t) / 2
+	case "miss":
+		from = 0
+	}
+	other := vocabTokens(len(t), seed)
+	for i := from; i < len(t); i++ {
+		t[i] = other[i]
+	}
+	return t
+}
+
+// arrayQuery is a /query body whose token_ids is an array in Go msgp's signed forms
+// (signed) or Python msgpack's unsigned ones.
+func arrayQuery(tokens []int32, signed bool) []byte {
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "model")
+	b = msgp.AppendString(b, "m")
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt(b, 16)
+	b = msgp.AppendString(b, "token_ids")
+	b = msgp.AppendArrayHeader(b, uint32(len(tokens)))
+	for _, v := range tokens {
+		if signed {
+			b = msgp.AppendInt32(b, v)
+		} else {
+			b = msgp.AppendUint32(b, uint32(v))
+		}
+	}
+	return b
 }

@@ -588,6 +588,12 @@ func TestDecodeQueryRequestZeroAllocs(t *testing.T) {
 		"minimal":    htEnc(htQueryBase()),
 		"nil salt":   htEnc(htQueryBase().with("cache_salt", nil)),
 		"duplicates": htEnc(full.plus("token_ids", tokens).plus("model", "m2")),
+		// Long arrays of real clients' shapes, decoded mostly in segments.
+		"array 8K vocab":        htEnc(full.with("token_ids", htPrompt(8192))),
+		"array 8K signed":       htEnc(full.with("token_ids", htSigned(htPrompt(8192)))),
+		"array 8K mixed widths": htEnc(full.with("token_ids", htMixedWidths(8192))),
+		"array 32K vocab32K":    htEnc(full.with("token_ids", htSmallVocab(32768))),
+		"array 8K, then a bin":  htEnc(full.with("token_ids", htPrompt(8192)).plus("token_ids", htLE(tokens...))),
 	}
 	var q httpapi.QueryRequest
 	for name, body := range bodies {

@@ -29,6 +29,10 @@ func FuzzDecodeQueryRequest(f *testing.F) {
 		htQueryBase().with("token_ids", []any{htWidth(0xd3, -5), htWidth(0xcf, 9), htWidth(0xcd, 300)}),
 		htQueryBase().plus("token_ids", []any{}).plus(1, 2),
 		htQueryBase().with("block_size", uint64(math.MaxUint64)),
+		// Long enough to be decoded in segments, as Python and Go send them, with
+		// token_ids last and not last.
+		htQueryBase().with("token_ids", htPrompt(700)),
+		htQueryBase().with("token_ids", htSigned(htPrompt(700))).with("cache_salt", "s").with("tenant_id", "t"),
 	} {
 		f.Add(htEnc(m))
 	}

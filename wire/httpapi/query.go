@@ -20,6 +20,10 @@ type QueryRequest struct {
 	HasInstanceID bool
 	BlockSize     int64
 	Tokens        []int32
+	// scratch is the working room of a long token array's segmented decode (see
+	// tokensSegmented), reused across requests: a fixed size, needed only while the
+	// array is decoded, and not part of the result.
+	scratch []int32
 }
 
 // Slots of the /query fields other than token_ids, in validation order.
@@ -81,7 +85,7 @@ func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 	return decodeQueryBody(body, q, "token_ids", func(b []byte) ([]byte, tokenErr, bool) {
 		var terr tokenErr
 		var ok bool
-		q.Tokens, b, terr, ok = decodeTokens(b, q.Tokens[:0])
+		q.Tokens, b, terr, ok = decodeTokens(b, q.Tokens[:0], &q.scratch)
 		return b, terr, ok
 	})
 }
@@ -200,8 +204,12 @@ func alias(b []byte) string {
 // bytes after it. A semantic failure (wrong type, element out of range, bad bin length)
 // comes back in terr while the rest of the value is still stepped over, so that a later
 // malformed byte can win; ok=false means b is not parsable.
-func decodeTokens(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
-	return decodeList(b, dst, decodeTokenArray, msgTokensType, msgTokensBinLen)
+// scratch is the working room of decodeTokenArray, grown on first use and kept there.
+func decodeTokens(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
+	array := func(b []byte, dst []int32) ([]int32, []byte, tokenErr, bool) {
+		return decodeTokenArray(b, dst, scratch)
+	}
+	return decodeList(b, dst, array, msgTokensType, msgTokensBinLen)
 }
 
 // decodeList decodes a prompt list (token_ids, block_hashes) at the start of b into dst,
@@ -248,8 +256,11 @@ func decodeList[T int32 | uint64](b []byte, dst []T, array func([]byte, []T) ([]
 
 // decodeTokenArray decodes an array of int32-range integers of any msgpack width.
 // The widths encoders pick for token ids (fixint and 8/16/32-bit) are decoded inline;
-// the rest, and the tail where fewer than 8 bytes are left, go through readInt.
-func decodeTokenArray(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
+// the rest, and the tail where fewer than 8 bytes are left, go through readInt. Long
+// arrays are decoded mostly by tokensSegmented first, with *scratch (grown to segScratch
+// on first use) as its working room: dst itself stays exactly as long as the array, so
+// that the decoded tokens stay within what the in-flight budget charges for a body.
+func decodeTokenArray(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
 	n32, rest, err := msgp.ReadArrayHeaderBytes(b)
 	// Every element takes at least one byte: a larger count is a lie, and believing it
 	// would size the buffer from an attacker's header.
@@ -258,7 +269,22 @@ func decodeTokenArray(b []byte, dst []int32) (_ []int32, _ []byte, terr tokenErr
 	}
 	n := int(n32)
 	dst = slices.Grow(dst, n)[:n]
-	i0, pos := tokensFast(rest, dst)
+	i0 := 0
+	if n >= segMinElems {
+		// Long arrays: a leading run of one width as such (a 32K-vocabulary prompt
+		// without byte tokens is all uint16), then most elements in interleaved chains
+		// (tokensSegmented), the rest (its last few hundred bytes, or from where it
+		// could not verify) below.
+		if cap(*scratch) < segScratch {
+			*scratch = make([]int32, segScratch)
+		}
+		h := len(b) - len(rest)
+		i, pos := tokensFast(rest, dst, false)
+		j, end := tokensSegmented(b, h+pos, dst[i:], (*scratch)[:segScratch])
+		i0, rest = i+j, rest[end-h:]
+	}
+	di, pos := tokensFast(rest, dst[i0:], true)
+	i0 += di
 	rest = rest[pos:]
 	for i := i0; i < n; i++ {
 		if len(rest) == 0 {
@@ -324,8 +350,8 @@ const fastTail = 32
 // are all uint16, and there the per-element dependency of the position on the previous
 // element's width disappears. Mixed widths (real prompts: fixint, uint16 and uint32 at
 // random) go through tokensMixed, up to 256 elements per failed run check, so that a
-// mixed array pays few mispredicted run tests.
-func tokensFast(b []byte, dst []int32) (int, int) {
+// mixed array pays few mispredicted run tests; with mixed false it stops there instead.
+func tokensFast(b []byte, dst []int32, mixed bool) (int, int) {
 	n := len(dst)
 	i, pos := 0, 0
 	for i < n && len(b)-pos >= fastTail {
@@ -354,6 +380,9 @@ func tokensFast(b []byte, dst []int32) (int, int) {
 				i, pos = i+8, pos+8
 				continue
 			}
+		}
+		if !mixed {
+			return i, pos
 		}
 		// Not a run: the next elements through tokensMixed, without run checks.
 		end := min(i+256, n)

@@ -35,7 +35,13 @@ func benchmarkDecodeQuery(b *testing.B, tokens any) {
 			b.Fatal(e)
 		}
 	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(q.Tokens)), "ns/token")
 }
+
+// The arrays real routers send: htPrompt's ids of a 152K vocabulary at random, as
+// Python's msgpack writes them (unsigned: about 57% uint32, 43% uint16, a few uint8 and
+// fixint; 8KArray, 32KArray) and as Go's msgp does (int32, int16: 8KArraySigned).
+func BenchmarkDecodeQueryRequest32KArray(b *testing.B) { benchmarkDecodeQuery(b, htPrompt(32768)) }
 
 func BenchmarkDecodeQueryRequest8KArray(b *testing.B) { benchmarkDecodeQuery(b, htPrompt(8192)) }
 
@@ -81,6 +87,18 @@ func htSmallVocab(n int) []int32 {
 
 func BenchmarkDecodeQueryRequest8KArrayVocab32K(b *testing.B) {
 	benchmarkDecodeQuery(b, htSmallVocab(8192))
+}
+
+// A 32K-vocabulary prompt as text makes it: one token in 16 a newline or other byte
+// token (ids under 128, positive fixint), the rest uint16.
+func BenchmarkDecodeQueryRequest8KArrayVocab32KText(b *testing.B) {
+	t := htSmallVocab(8192)
+	for i := range t {
+		if t[i]%16 == 0 {
+			t[i] = 13
+		}
+	}
+	benchmarkDecodeQuery(b, t)
 }
 
 // htMixedWidths is n ids whose encodings mix all three widths element by element, as a

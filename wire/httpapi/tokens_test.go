@@ -107,7 +107,7 @@ func tokenElem(b []byte, r *rand.Rand, kind int) []byte {
 // elements, and truncated at random, decode exactly as the reference does.
 func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	var dst []int32
+	var dst, scratch []int32
 	for iter := range 4000 {
 		n := r.IntN(300)
 		if iter%7 == 0 {
@@ -136,7 +136,7 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 			b = b[:r.IntN(len(b)+1)]
 		}
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0])
+		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0], &scratch)
 		dst = got
 		if gotOK != wantOK {
 			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
@@ -152,6 +152,54 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 		}
 		if wantErr.reason != "" && !slices.Equal(got[:len(want)], want) {
 			t.Fatalf("iter %d: tokens before the error differ", iter)
+		}
+	}
+}
+
+// TestTokenArraySegmentedMatchesReference: long arrays (decoded mostly in segments) of
+// every style, with odd elements at random and next to segment starts, followed by more
+// body, truncated, or under a header that lies about the count, decode exactly as the
+// reference does: tokens, error and where the value ends.
+func TestTokenArraySegmentedMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(43, 44))
+	var dst, scratch []int32
+	for iter := range 500 {
+		n := segMinElems - 10 + r.IntN(4000)
+		if iter%8 == 0 {
+			n = 8192 + r.IntN(24000)
+		}
+		odd := 0
+		if iter%3 != 0 {
+			odd = 1 + r.IntN(3)
+		}
+		b, _ := segArray(r, n, iter%7, odd)
+		switch iter % 4 {
+		case 1:
+			b = msgp.AppendString(b, string(make([]byte, r.IntN(2000))))
+		case 2:
+			b = b[:r.IntN(len(b)+1)]
+		case 3:
+			h := len(msgp.AppendArrayHeader(nil, uint32(n)))
+			b = append(msgp.AppendArrayHeader(nil, uint32(max(0, n+r.IntN(40)-20))), b[h:]...)
+			b = append(b, 0xc0, 0xc0, 0xa1, 'x')
+		}
+		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
+		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0], &scratch)
+		dst = got
+		if gotOK != wantOK {
+			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
+		}
+		if !wantOK {
+			continue
+		}
+		if gotErr != wantErr || len(rest) != len(wantRest) {
+			t.Fatalf("iter %d: error %+v rest %d, reference %+v rest %d", iter, gotErr, len(rest), wantErr, len(wantRest))
+		}
+		if !slices.Equal(got[:len(want)], want) {
+			t.Fatalf("iter %d: tokens differ", iter)
+		}
+		if wantErr.reason == "" && len(got) != len(want) {
+			t.Fatalf("iter %d: %d tokens, reference %d", iter, len(got), len(want))
 		}
 	}
 }
@@ -197,7 +245,7 @@ func TestListBinBothPaths(t *testing.T) {
 		hostLittleEndian = le
 		var terr tokenErr
 		var ok bool
-		toks[k], _, terr, ok = decodeTokens(body, nil)
+		toks[k], _, terr, ok = decodeTokens(body, nil, new([]int32))
 		if !ok || terr.reason != "" || len(toks[k]) != 66 {
 			t.Fatalf("tokens (LE path %v): ok %v err %+v len %d", le, ok, terr, len(toks[k]))
 		}
@@ -237,9 +285,14 @@ func FuzzTokenArray(f *testing.F) {
 		b = tokenElem(b, r, []int{0, 2, 3, 4, 5}[r.IntN(5)])
 	}
 	f.Add(b)
+	// Long enough for tokensSegmented: each style, and one with odd elements.
+	for style := range 7 {
+		b, _ := segArray(r, segMinElems+200*style, style, style/5)
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, nil)
+		got, rest, gotErr, gotOK := decodeTokenArray(b, nil, new([]int32))
 		if gotOK != wantOK || (wantOK && (gotErr != wantErr || len(rest) != len(wantRest))) {
 			t.Fatalf("ok %v err %+v rest %d, reference ok %v err %+v rest %d", gotOK, gotErr, len(rest), wantOK, wantErr, len(wantRest))
 		}
