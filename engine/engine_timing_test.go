@@ -229,6 +229,48 @@ func BenchmarkApply(b *testing.B) {
 		}
 		report(b)
 	})
+	// shared-store / shared-remove: Mooncake bindings (SGLang HiCache on a Mooncake store:
+	// the object key is the block's 64 hex digits, K and V components, one op each) of
+	// new blocks stored, then removed (the binding with its last component, and its
+	// block); 64K blocks stored and removed in turn, the other half untimed.
+	sharedOps := func(kind OpKind, n int) []Op {
+		ops := make([]Op, 0, 2*n)
+		for i := 0; i < n; i++ {
+			h := benchKey(i)
+			obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+			for _, comp := range []string{"_0_k", "_0_v"} {
+				ops = append(ops, Op{Kind: kind, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+					ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+			}
+		}
+		return ops
+	}
+	for _, kind := range []OpKind{OpSharedStore, OpSharedRemove} {
+		name := map[OpKind]string{OpSharedStore: "shared-store", OpSharedRemove: "shared-remove"}[kind]
+		b.Run(name, func(b *testing.B) {
+			e, _ := newEngine(b)
+			defer e.Close()
+			const blocks = 1 << 16
+			stores, removes := sharedOps(OpSharedStore, blocks), sharedOps(OpSharedRemove, blocks)
+			timed, other := stores, removes
+			if kind == OpSharedRemove {
+				timed, other = removes, stores
+				_ = e.Apply(ctxA, stores)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				off := (i * 2 * batch) % len(timed)
+				if i > 0 && off == 0 {
+					b.StopTimer()
+					_ = e.Apply(ctxA, other)
+					b.StartTimer()
+				}
+				_ = e.Apply(ctxA, timed[off:off+2*batch])
+			}
+			b.ReportMetric(float64(b.N*2*batch)/b.Elapsed().Seconds(), "binding-ops/s")
+		})
+	}
 }
 
 // BenchmarkClearSlot measures the whole work of an OpClear of a slot owning 1M blocks (a
