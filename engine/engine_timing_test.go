@@ -377,6 +377,7 @@ func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
+	settle(b, e, ctxA) // the steady state: no table migration or slab release pending
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
@@ -428,6 +429,7 @@ func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
+	settle(b, e, ctxA) // the steady state: no table migration or slab release pending
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
