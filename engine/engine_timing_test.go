@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -308,7 +309,8 @@ func BenchmarkClearSlot(b *testing.B) {
 // BenchmarkResidentBytes fills one context and reports per block the Go heap it holds
 // (runtime.MemStats.HeapInuse after GC, minus the empty engine: "heap-bytes/block") and
 // the process's resident memory growth ("rss-bytes/block", which counts the tables and
-// record slabs mapped outside the heap; the whole test process, so indicative: the
+// record slabs mapped outside the heap; free heap pages are returned first, so that the
+// garbage the benchmark makes building its ops does not count; the whole test process, so indicative: the
 // product figure is the spawned binary's, see bench/). The 10M-block cases run only
 // with -bigmem.
 func BenchmarkResidentBytes(b *testing.B) {
@@ -352,7 +354,7 @@ func BenchmarkResidentBytes(b *testing.B) {
 
 func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 	var before, after runtime.MemStats
-	runtime.GC()
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&before)
 	rss0 := processRSS(b)
 	e := New(Config{MaxBlocksPerContext: -1})
@@ -377,8 +379,8 @@ func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
-	settle(b, e, ctxA) // the steady state: no table migration or slab release pending
-	runtime.GC()
+	settle(b, e, ctxA)   // the steady state: no table migration or slab release pending
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
 	runtime.KeepAlive(e)
@@ -402,7 +404,7 @@ func processRSS(b *testing.B) int64 {
 func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 	var before, after runtime.MemStats
 	buf := make([]uint64, 4096)
-	runtime.GC()
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&before)
 	rss0 := processRSS(b)
 	e := New(Config{MaxBlocksPerContext: -1})
@@ -429,8 +431,8 @@ func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
-	settle(b, e, ctxA) // the steady state: no table migration or slab release pending
-	runtime.GC()
+	settle(b, e, ctxA)   // the steady state: no table migration or slab release pending
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
 	runtime.KeepAlive(e)
