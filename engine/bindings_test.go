@@ -1,18 +1,44 @@
 package engine
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 )
 
+// derivedKey reports whether a binding of key to hash is a derived one (its key is 64
+// lowercase hex digits whose first 16 are hash), computed independently of the store.
+func derivedKey(key string, hash uint64) bool {
+	if len(key) != 64 || strings.ToLower(key) != key {
+		return false
+	}
+	if _, err := hex.DecodeString(key); err != nil {
+		return false
+	}
+	first, err := strconv.ParseUint(key[:16], 16, 64)
+	return err == nil && first == hash
+}
+
 // TestBindStoreAgainstMap drives the compact binding store directly with random adds,
 // component changes, removals and block drops, many thousands of bindings (so its index
-// tables split and deletions shift probe runs), and checks every binding, every
-// block's chain and flags, and the charges against plain maps after each phase.
+// tables split and deletions shift probe runs), and checks every binding (found by its
+// key, decoded back with its components), every block's chain and flags, the interned
+// component sets' reference counts, and the charges against plain maps after each
+// phase. Keys: 64 lowercase hex digits bound to the hash their first 16 digits give
+// (derived: no block hash stored, found through the block's chain) or to another
+// (explicit), the same digits in upper case and free-form keys (explicit).
 func TestBindStoreAgainstMap(t *testing.T) {
+	for _, limit := range []int{maxSets, 6} {
+		t.Run(fmt.Sprintf("sets=%d", limit), func(t *testing.T) { testBindStoreAgainstMap(t, limit) })
+	}
+}
+
+func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 	type key struct {
 		src, bk, obj string
 		tier         SharedTier
@@ -23,6 +49,7 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	s := newBindStore()
+	s.sets.limit = setLimit
 	defer s.release()
 	model := map[key]*val{}
 	idx := map[key]uint32{}
@@ -30,15 +57,17 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	objOf := func(i int) string {
 		switch i % 3 {
 		case 0:
-			return fmt.Sprintf("%016x%016x%016x%016x", i, i*7, i*13, i*31)
+			return fmt.Sprintf("%016x%016x%016x%016x", i%3000, i, i*13, i*31)
 		case 1:
-			return strings.ToUpper(fmt.Sprintf("%016x%016x%016x%016x", i, i*7, i*13, i*31))
+			return strings.ToUpper(fmt.Sprintf("%016x%016x%016x%016x", i%3000, i, i*13, i*31))
 		}
 		return fmt.Sprintf("key-%d", i)
 	}
-	randKey := func(span int) key {
-		return key{fmt.Sprintf("src-%d", r.IntN(5)), fmt.Sprintf("bk-%d", r.IntN(3)), objOf(r.IntN(span)), SharedTier(r.IntN(2))}
+	randKey := func(span int) (key, int) {
+		i := r.IntN(span)
+		return key{fmt.Sprintf("src-%d", r.IntN(5)), fmt.Sprintf("bk-%d", r.IntN(3)), objOf(i), SharedTier(r.IntN(2))}, i
 	}
+	derivedSeen := 0
 	check := func(phase string) {
 		t.Helper()
 		if s.n != len(model) {
@@ -46,28 +75,79 @@ func TestBindStoreAgainstMap(t *testing.T) {
 		}
 		flags := map[uint64]uint64{}
 		var want int64
+		explicit := 0
+		setRefs := map[uint16]uint32{}
 		for k, v := range model {
 			i, ok := s.find(k.src, k.bk, k.tier, k.obj)
-			if !ok || i != idx[k] || s.ent(i)[bwHash] != v.hash {
+			if !ok || i != idx[k] || s.hash(i) != v.hash {
 				t.Fatalf("%s: find %v = %d %v, want %d", phase, k, i, ok, idx[k])
+			}
+			e := s.ent(i)
+			if d := derivedKey(k.obj, v.hash); d == entExplicit(e) {
+				t.Fatalf("%s: %v bound to %x: derived %v, explicit flag %v", phase, k, v.hash, d, entExplicit(e))
+			} else if d {
+				derivedSeen++
 			}
 			flags[v.hash] |= tierFlag(k.tier)
 			want += bindingBaseBytes
-			if strings.HasPrefix(k.obj, "key-") || strings.ToLower(k.obj) != k.obj {
-				want += stringBytes + int64(len(k.obj))
+			if entExplicit(e) {
+				explicit++
+				want += objSlotBytes + stringBytes + int64(len(k.obj))
+			}
+			if set := entSet(e); set == setOverflow {
+				for _, c := range s.over[i] {
+					want += stringBytes + int64(len(c))
+				}
+			} else if set != 0 {
+				setRefs[set]++
 			}
 		}
-		for h, f := range flags {
-			if got := s.flags(h); got != f {
-				t.Fatalf("%s: flags of %d = %b, want %b", phase, h, got, f)
+		// Every binding decoded from its block's chain: key, origin, tier, components.
+		seen := 0
+		for h := range flags {
+			if got := s.flags(h); got != flags[h] {
+				t.Fatalf("%s: flags of %d = %b, want %b", phase, h, got, flags[h])
+			}
+			s.eachOf(h, func(src, bk, obj string, tier SharedTier, comps []string) {
+				seen++
+				v := model[key{src, bk, obj, tier}]
+				if v == nil || v.hash != h || len(comps) != len(v.comps) {
+					t.Fatalf("%s: block %d decodes %s/%s/%q/%d %q, model %+v", phase, h, src, bk, obj, tier, comps, v)
+				}
+				for _, c := range comps {
+					if !v.comps[c] {
+						t.Fatalf("%s: %q has component %q, model %v", phase, obj, c, v.comps)
+					}
+				}
+			})
+		}
+		if seen != len(model) {
+			t.Fatalf("%s: chains hold %d bindings, model %d", phase, seen, len(model))
+		}
+		if s.obj.n != explicit || s.blk.n != len(flags) {
+			t.Fatalf("%s: table counts %d/%d, want %d/%d", phase, s.obj.n, s.blk.n, explicit, len(flags))
+		}
+		if charged != want {
+			t.Fatalf("%s: charged %d, want %d", phase, charged, want)
+		}
+		// Interned sets: one reference per binding holding one, and each name one per
+		// live set holding it.
+		nameRefs := map[uint16]uint32{}
+		for id := 1; id < len(s.sets.masks); id++ {
+			if s.sets.refs[id] != setRefs[uint16(id)] {
+				t.Fatalf("%s: set %d (%b) has %d references, %d bindings hold it", phase, id, s.sets.masks[id], s.sets.refs[id], setRefs[uint16(id)])
+			}
+			for m := s.sets.masks[id]; m != 0; m &= m - 1 {
+				nameRefs[uint16(bits.TrailingZeros64(m))]++
 			}
 		}
-		if s.obj.n != len(model) || s.blk.n != len(flags) {
-			t.Fatalf("%s: table counts %d/%d, want %d/%d", phase, s.obj.n, s.blk.n, len(model), len(flags))
+		if len(s.sets.idx) != len(setRefs) || len(s.sets.masks)-1 > setLimit {
+			t.Fatalf("%s: %d sets interned (%d ids), %d held, limit %d", phase, len(s.sets.idx), len(s.sets.masks)-1, len(setRefs), setLimit)
 		}
-		// Component charges: overflow components only.
-		if charged < want {
-			t.Fatalf("%s: charged %d < base %d", phase, charged, want)
+		for c, n := range s.sets.names.refs {
+			if n != nameRefs[uint16(c)] {
+				t.Fatalf("%s: component %q has %d references, in %d sets", phase, s.sets.names.names[c], n, nameRefs[uint16(c)])
+			}
 		}
 	}
 	add := func(k key, h uint64, comp string) {
@@ -92,12 +172,15 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	}
 	for round := 0; round < 3; round++ {
 		for j := 0; j < 6000; j++ {
-			k := randKey(4000)
+			k, i := randKey(4000)
 			comp := []string{"_0_k", "_0_v"}[r.IntN(2)]
 			if r.IntN(4) == 0 {
 				comp = fmt.Sprintf("_%d_x", r.IntN(50))
 			}
 			h := uint64(r.IntN(3000))
+			if r.IntN(4) != 0 {
+				h = uint64(i % 3000) // a lowercase hex key's own hash: derived
+			}
 			if v := model[k]; v != nil {
 				h = v.hash
 			}
@@ -119,9 +202,15 @@ func TestBindStoreAgainstMap(t *testing.T) {
 				if left != (len(v.comps) > 0) {
 					t.Fatalf("removeComp %q of %v: left %v, model %d", comp, k, left, len(v.comps))
 				}
+				if r.IntN(3) == 0 {
+					break // a binding that keeps some of its components
+				}
 			}
 			if removed, _, _ := s.removeComp(idx[k], "_none_"); removed {
 				t.Fatal("removed a component never added")
+			}
+			if len(v.comps) > 0 {
+				continue
 			}
 			if _, c := s.remove(idx[k]); c < bindingBaseBytes {
 				t.Fatalf("remove charge %d", c)
@@ -157,8 +246,11 @@ func TestBindStoreAgainstMap(t *testing.T) {
 		delete(model, k)
 	}
 	check("emptied")
-	if charged != 0 || len(s.origins.idx) != 0 || len(s.comps.idx) != 0 || len(s.over) != 0 {
-		t.Fatalf("emptied store: charge %d, names %d, comps %d, overflow %d", charged, len(s.origins.idx), len(s.comps.idx), len(s.over))
+	if derivedSeen == 0 {
+		t.Fatal("no derived binding checked")
+	}
+	if charged != 0 || len(s.origins.idx) != 0 || len(s.sets.idx) != 0 || len(s.sets.names.idx) != 0 || len(s.over) != 0 {
+		t.Fatalf("emptied store: charge %d, names %d, sets %d, components %d, overflow %d", charged, len(s.origins.idx), len(s.sets.idx), len(s.sets.names.idx), len(s.over))
 	}
 	if s.obj.depth < 2 || s.blk.depth < 2 {
 		t.Fatalf("tables never split: depths %d %d", s.obj.depth, s.blk.depth)
@@ -172,9 +264,9 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	}
 }
 
-// TestBindingComponentsPastBitmask: a binding with more components than the bitmask holds
-// keeps the rest in its overflow list; it stays (with its block's shared hit) until its
-// last component, whichever list holds it, is removed, and every byte charged comes back.
+// TestBindingComponentsPastBitmask: a binding with more components than an interned set
+// holds (setNames) keeps them all in its overflow list; it stays (with its block's shared
+// hit) until its last component is removed, and every byte charged comes back.
 func TestBindingComponentsPastBitmask(t *testing.T) {
 	s := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: 1 << 30}, &testHooks{}, s)
@@ -182,8 +274,9 @@ func TestBindingComponentsPastBitmask(t *testing.T) {
 		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "pool", ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h}
 	}
 	hex := strings.Repeat("0123456789abcdef", 4)
-	const n = 2*compBits + 5
-	// The first compBits names get bits; the rest of each binding's go to its overflow list.
+	const n = setNames + 5
+	// Each binding's first setNames components are interned sets; with the next, all go to
+	// its overflow list.
 	for _, obj := range []string{hex, "other"} {
 		for i := 0; i < n; i++ {
 			mustApply(t, e, ctxA, op(OpSharedStore, obj, fmt.Sprintf("_%d_k", i), map[string]uint64{hex: 7, "other": 8}[obj]))
@@ -386,4 +479,17 @@ func dropsPending(t testing.TB, e *Engine) (n int) {
 	}
 	e.putReq(r)
 	return n
+}
+
+// onWriter runs fn on context k's writer goroutine (a writer step of its own).
+func onWriter(t testing.TB, e *Engine, k ContextKey, fn func(c *context)) {
+	t.Helper()
+	c := e.lookup(k)
+	r := e.getReq()
+	r.kind = reqSync
+	r.fn = fn
+	if err := c.do(r); err != nil {
+		t.Fatal(err)
+	}
+	e.putReq(r)
 }
