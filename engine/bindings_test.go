@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -492,4 +493,218 @@ func onWriter(t testing.TB, e *Engine, k ContextKey, fn func(c *context)) {
 		t.Fatal(err)
 	}
 	e.putReq(r)
+}
+
+// TestDerivedAndExplicitHexKeys: a 64-hex key bound to the hash its first 16 digits give
+// is derived (no hash stored; found through its block's chain, not the key index); the
+// same digits bound to another hash, or another hex key bound to that block, are
+// explicit (found through the key index). Each is found by its key alone, whichever
+// form holds it: a store under another hash conflicts and a remove under another hash
+// is a mismatch, even when the key's digits name a block that has a chain. Each is
+// charged for its form, and every byte comes back.
+func TestDerivedAndExplicitHexKeys(t *testing.T) {
+	s := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: 1 << 30}, &testHooks{}, s)
+	const h1, h2 = 0x1111222233334444, 55
+	k1 := fmt.Sprintf("%016x%s", uint64(h1), strings.Repeat("ab", 24)) // derived: bound to h1
+	k2 := fmt.Sprintf("%016x%s", uint64(h1), strings.Repeat("cd", 24)) // its digits name h1, bound to h2: explicit
+	k3 := strings.Repeat("ef", 32)                                     // bound to h1: explicit
+	op := func(kind OpKind, obj string, h uint64) Op {
+		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "pool", ObjectKey: obj, Component: "_0_k", SharedTier: SharedDisk, Hash: h}
+	}
+	hit := func(h uint64) bool { return rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0).Disk == 16 }
+	base := e.IndexBytes()
+	mustApply(t, e, ctxA, op(OpSharedStore, k1, h1))
+	withBlock := e.IndexBytes() - base
+	mustApply(t, e, ctxA, op(OpSharedStore, k3, h1))
+	if got, want := e.IndexBytes()-base-withBlock, int64(bindingBaseBytes+objSlotBytes+stringBytes+64); got != want {
+		t.Fatalf("explicit binding on an indexed block charged %d, want %d", got, want)
+	}
+	before := e.IndexBytes()
+	mustApply(t, e, ctxA, op(OpSharedStore, k2, h2))
+	if got, want := e.IndexBytes()-before, withBlock+objSlotBytes+stringBytes+64; got != want {
+		t.Fatalf("explicit binding of a new block charged %d, want %d (derived: %d)", got, want, withBlock)
+	}
+	onWriter(t, e, ctxA, func(c *context) {
+		for _, b := range []struct {
+			key      string
+			hash     uint64
+			explicit bool
+		}{{k1, h1, false}, {k2, h2, true}, {k3, h1, true}} {
+			i, ok := c.bs.find("tcp://mc:1", "pool", SharedDisk, b.key)
+			if !ok || c.bs.hash(i) != b.hash || entExplicit(c.bs.ent(i)) != b.explicit {
+				t.Errorf("%q: found %v, hash %x, explicit %v; want %x %v", b.key, ok, c.bs.hash(i), entExplicit(c.bs.ent(i)), b.hash, b.explicit)
+			}
+		}
+		if c.bs.obj.n != 2 || c.bs.blk.n != 2 {
+			t.Errorf("index counts: key %d, block %d; want 2, 2", c.bs.obj.n, c.bs.blk.n)
+		}
+	})
+	for _, o := range []Op{op(OpSharedStore, k1, h2), op(OpSharedStore, k2, h1), op(OpSharedStore, k3, 7)} {
+		ops := []Op{o}
+		if err := e.Apply(ctxA, ops); err != nil || !errors.Is(ops[0].Err, ErrBindingConflict) {
+			t.Fatalf("store of %q under %x: %v %v, want a conflict", o.ObjectKey, o.Hash, err, ops[0].Err)
+		}
+	}
+	for _, o := range []Op{op(OpSharedRemove, k1, h2), op(OpSharedRemove, k2, h1), op(OpSharedRemove, k3, h2)} {
+		ops := []Op{o}
+		if err := e.Apply(ctxA, ops); err != nil || !errors.Is(ops[0].Err, ErrBindingMismatch) {
+			t.Fatalf("remove of %q under %x: %v %v, want a mismatch", o.ObjectKey, o.Hash, err, ops[0].Err)
+		}
+	}
+	mustApply(t, e, ctxA, op(OpSharedRemove, k1, h1))
+	if !hit(h1) || !hit(h2) {
+		t.Fatal("removing the derived binding dropped another binding's hit")
+	}
+	mustApply(t, e, ctxA, op(OpSharedRemove, k3, h1))
+	if hit(h1) || !hit(h2) {
+		t.Fatalf("after removing both bindings of %x: hits %v %v", uint64(h1), hit(h1), hit(h2))
+	}
+	mustApply(t, e, ctxA, op(OpSharedRemove, k2, h2))
+	if hit(h2) || e.IndexBytes() != base {
+		t.Fatalf("all removed: hit %v, %d bytes charged, want %d", hit(h2), e.IndexBytes(), base)
+	}
+}
+
+// TestCompSetsInterning: component sets are shared by the bindings that hold them, with
+// one reference each; a set goes (its id reused) when its last holder moves on, and a
+// name when the last set holding it goes. Past the table's limit, or past setNames
+// names, a set is refused and nothing changes.
+func TestCompSetsInterning(t *testing.T) {
+	cs := newCompSets(3)
+	step := func(set uint16, add bool, comp string, wantChange, wantOK bool) uint16 {
+		t.Helper()
+		var n uint16
+		var changed, ok bool
+		if add {
+			n, changed, ok = cs.with(set, comp)
+		} else {
+			n, changed, ok = cs.without(set, comp)
+		}
+		if changed != wantChange || ok != wantOK || (!ok || !changed) && n != set {
+			t.Fatalf("set %d %v %q: %d %v %v", set, add, comp, n, changed, ok)
+		}
+		return n
+	}
+	names := func(set uint16) string { return strings.Join(slices.Sorted(slices.Values(cs.appendNames(nil, set))), ",") }
+	nameRefs := func(c string) uint32 {
+		if i, ok := cs.names.idx[c]; ok {
+			return cs.names.refs[i]
+		}
+		return 0
+	}
+	a := step(0, true, "a", true, true)                              // binding A: {a}
+	b := step(step(0, true, "a", true, true), true, "b", true, true) // binding B: {a} then {a,b}
+	if b == a || cs.refs[a] != 1 || cs.refs[b] != 1 || names(b) != "a,b" || nameRefs("a") != 2 || nameRefs("b") != 1 {
+		t.Fatalf("sets %d (%d refs) %d (%d refs) %q, name refs a %d b %d", a, cs.refs[a], b, cs.refs[b], names(b), nameRefs("a"), nameRefs("b"))
+	}
+	step(b, true, "b", false, true) // already there: nothing changes
+	step(b, false, "z", false, true)
+	c := step(0, true, "c", true, true) // binding C: {c}; the table is full (3 sets)
+	if len(cs.masks)-1 != 3 {
+		t.Fatalf("%d set ids", len(cs.masks)-1)
+	}
+	step(c, true, "d", true, false) // {c,d}: refused, C keeps {c}; "d" not kept
+	if nameRefs("d") != 0 || cs.refs[c] != 1 {
+		t.Fatalf("refused set left name d (%d refs) or changed {c} (%d refs)", nameRefs("d"), cs.refs[c])
+	}
+	// B drops b: {a} is shared (2 references); {a,b} goes and so does the name b.
+	if nb := step(b, false, "b", true, true); nb != a || cs.refs[a] != 2 || nameRefs("b") != 0 || cs.refs[b] != 0 {
+		t.Fatalf("{a,b} minus b: set %d (want %d), refs %d, name b %d", nb, a, cs.refs[a], nameRefs("b"))
+	}
+	cd := step(c, true, "d", true, true) // now there is room: {c,d} takes the freed id
+	if cd != b || names(cd) != "c,d" || nameRefs("c") != 1 || cs.refs[c] != 0 {
+		t.Fatalf("{c,d}: id %d (freed %d), names %q", cd, b, names(cd))
+	}
+	// Down to nothing: every set and name goes.
+	cs.release(a)
+	cs.release(a)
+	if step(step(cd, false, "c", true, true), false, "d", true, true) != 0 {
+		t.Fatal("emptied set is not the empty set")
+	}
+	if len(cs.idx) != 0 || len(cs.names.idx) != 0 || len(cs.free) != 3 {
+		t.Fatalf("released all: %d sets, %d names, %d free ids", len(cs.idx), len(cs.names.idx), len(cs.free))
+	}
+	// More names than a set can hold.
+	cs = newCompSets(maxSets)
+	set := uint16(0)
+	for i := 0; i < setNames; i++ {
+		set = step(set, true, fmt.Sprintf("n%d", i), true, true)
+	}
+	step(set, true, "one-more", true, false)
+}
+
+// TestBindingSetOverflow: when the set a binding needs cannot be interned, adding (or
+// removing: the set left need not be interned yet) a component puts the binding's
+// components in its own list, charged per string; the binding keeps working (add, remove,
+// duplicate adds) and every byte comes back when it goes.
+func TestBindingSetOverflow(t *testing.T) {
+	s := newBindStore()
+	defer s.release()
+	s.sets.limit = 2
+	hexOf := func(h uint64) string { return fmt.Sprintf("%016x%048x", h, h) }
+	var charged int64
+	bind := func(h uint64, comps ...string) uint32 {
+		i, c, err := s.add("src", "bk", SharedCPU, hexOf(h), h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		charged += c
+		for _, comp := range comps {
+			if added, c := s.addComp(i, comp); !added {
+				t.Fatalf("%q not added", comp)
+			} else {
+				charged += c
+			}
+		}
+		return i
+	}
+	p := bind(1, "_a", "_b")       // {a,b}
+	r := bind(2, "_a", "_b", "_c") // {a}, {a,b} shared, then {a,b,c}: the table is full
+	if entSet(s.ent(p)) == setOverflow || entSet(s.ent(r)) == setOverflow || charged != 2*bindingBaseBytes {
+		t.Fatalf("sets %d %d, charged %d", entSet(s.ent(p)), entSet(s.ent(r)), charged)
+	}
+	// R drops _b: {a,c} is not interned and cannot be: R's other two go to its list.
+	removed, c, left := s.removeComp(r, "_b")
+	if !removed || !left || c != -2*(stringBytes+2) || entSet(s.ent(r)) != setOverflow {
+		t.Fatalf("remove _b: %v %d %v, set %d", removed, c, left, entSet(s.ent(r)))
+	}
+	charged -= c
+	// A third binding needs a third set: its components go to its list as they come.
+	q := bind(3, "_a", "_d")
+	if entSet(s.ent(q)) != setOverflow || charged != 3*bindingBaseBytes+4*(stringBytes+2) {
+		t.Fatalf("third binding: set %d, charged %d", entSet(s.ent(q)), charged)
+	}
+	if added, _ := s.addComp(q, "_d"); added {
+		t.Fatal("duplicate component added to an overflow list")
+	}
+	for _, b := range []struct {
+		i     uint32
+		h     uint64
+		comps string
+	}{{p, 1, "_a,_b"}, {r, 2, "_a,_c"}, {q, 3, "_a,_d"}} {
+		var got []string
+		s.eachOf(b.h, func(_, _, key string, _ SharedTier, comps []string) {
+			if key != hexOf(b.h) {
+				t.Fatalf("key %q, want %q", key, hexOf(b.h))
+			}
+			got = append(got, comps...)
+		})
+		slices.Sort(got)
+		if strings.Join(got, ",") != b.comps {
+			t.Fatalf("binding of %d: components %q, want %s", b.h, got, b.comps)
+		}
+	}
+	if removed, c, left := s.removeComp(r, "_a"); !removed || !left || c != stringBytes+2 {
+		t.Fatalf("overflow remove: %v %d %v", removed, c, left)
+	} else {
+		charged -= c
+	}
+	for _, i := range []uint32{p, r, q} {
+		_, c := s.remove(i)
+		charged -= c
+	}
+	if charged != 0 || len(s.over) != 0 || len(s.sets.idx) != 0 || len(s.sets.names.idx) != 0 {
+		t.Fatalf("all removed: charged %d, %d lists, %d sets, %d names", charged, len(s.over), len(s.sets.idx), len(s.sets.names.idx))
+	}
 }
