@@ -586,7 +586,9 @@ func TestCompSetsInterning(t *testing.T) {
 		}
 		return n
 	}
-	names := func(set uint16) string { return strings.Join(slices.Sorted(slices.Values(cs.appendNames(nil, set))), ",") }
+	names := func(set uint16) string {
+		return strings.Join(slices.Sorted(slices.Values(cs.appendNames(nil, set))), ",")
+	}
 	nameRefs := func(c string) uint32 {
 		if i, ok := cs.names.idx[c]; ok {
 			return cs.names.refs[i]
