@@ -371,6 +371,9 @@ func (c *context) sharedStore(op *Op) {
 	}
 	if c.bs == nil {
 		c.bs = newBindStore()
+		if h := c.eng.hooks; h != nil && h.bindSets > 0 {
+			c.bs.sets.limit = h.bindSets
+		}
 	}
 	bs := c.bs
 	i, found := bs.find(op.Source, op.Backend, op.SharedTier, op.ObjectKey)
