@@ -235,7 +235,7 @@ func (w *diffWorld) check(queries int) {
 		}
 	}
 	w.checkViews()
-	if w.step%8 == 0 {
+	if w.step%32 == 0 {
 		w.checkBindings()
 	}
 }
@@ -301,7 +301,7 @@ func (w *diffWorld) checkViews() {
 // TestDifferentialAgainstModel applies thousands of random registrations, stores,
 // removes, clears, unregistrations, shared binding ops and retractions to the engine and
 // the naive model, comparing random queries and views after every step, and every
-// context's shared bindings (decoded, with their components) every 8 steps; the sets3
+// context's shared bindings (decoded, with their components) every 32 steps; the sets3
 // mode lets a context's bindings intern only 3 component sets, so most keep their own
 // component lists. Reproduce a
 // failure with: go test ./engine -run Differential -seed N [-steps M].
