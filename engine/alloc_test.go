@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"testing"
 )
 
@@ -105,29 +106,43 @@ func TestApplyAllocatesNothing(t *testing.T) {
 
 // TestSharedApplyAllocatesNothing: once its names are interned, storing and removing a
 // Mooncake binding (64-hex key, K and V components) allocates nothing: the binding is an
-// arena entry reused from the free list, its key binary, its components bits.
+// arena entry reused from the free list, its key binary (a derived binding: the key's
+// first 16 digits are its hash) or the caller's string (explicit: bound to another hash),
+// its components an interned set ({K}, then {K, V}: interned again each run, as no other
+// binding holds {K}).
 func TestSharedApplyAllocatesNothing(t *testing.T) {
 	skipAllocUnderRace(t)
-	a := Slot{"a", 0}
-	e := setup(t, Config{}, a)
-	op := func(kind OpKind, obj, comp string, h uint64) Op {
-		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "mooncake", ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h}
-	}
 	hex := "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
-	// Another binding keeps the names interned and the store alive.
-	mustApply(t, e, ctxA, op(OpSharedStore, "keep", "_0_k", 1), op(OpSharedStore, "keep", "_0_v", 1))
-	ops := []Op{op(OpSharedStore, hex, "_0_k", 2), op(OpSharedStore, hex, "_0_v", 2),
-		op(OpSharedRemove, hex, "_0_k", 2), op(OpSharedRemove, hex, "_0_v", 2)}
-	mustApply(t, e, ctxA, ops...)
-	allocs := testing.AllocsPerRun(100, func() {
-		if err := e.Apply(ctxA, ops); err != nil {
-			t.Fatal(err)
-		}
-	})
-	if allocs != 0 {
-		t.Fatalf("shared Apply allocates %.1f per run", allocs)
-	}
-	if e.TotalBlocks() != 2 {
-		t.Fatalf("units %d, want the kept binding and its block", e.TotalBlocks())
+	for _, h := range []uint64{0x0011223344556677, 2} {
+		t.Run(fmt.Sprintf("derived=%v", h != 2), func(t *testing.T) {
+			a := Slot{"a", 0}
+			e := setup(t, Config{}, a)
+			op := func(kind OpKind, obj, comp string, h uint64) Op {
+				return Op{Kind: kind, Source: "tcp://mc:1", Backend: "mooncake", ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h}
+			}
+			// Another binding keeps the names interned and the store alive.
+			mustApply(t, e, ctxA, op(OpSharedStore, "keep", "_0_v", 1), op(OpSharedStore, "keep", "_0_k", 1))
+			ops := []Op{op(OpSharedStore, hex, "_0_k", h), op(OpSharedStore, hex, "_0_v", h),
+				op(OpSharedRemove, hex, "_0_k", h), op(OpSharedRemove, hex, "_0_v", h)}
+			mustApply(t, e, ctxA, ops[:2]...)
+			onWriter(t, e, ctxA, func(c *context) {
+				i, ok := c.bs.find("tcp://mc:1", "mooncake", SharedCPU, hex)
+				if !ok || entExplicit(c.bs.ent(i)) != (h == 2) {
+					t.Errorf("binding found %v, explicit %v", ok, ok && entExplicit(c.bs.ent(i)))
+				}
+			})
+			mustApply(t, e, ctxA, ops[2:]...)
+			allocs := testing.AllocsPerRun(100, func() {
+				if err := e.Apply(ctxA, ops); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Fatalf("shared Apply allocates %.1f per run", allocs)
+			}
+			if e.TotalBlocks() != 2 {
+				t.Fatalf("units %d, want the kept binding and its block", e.TotalBlocks())
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"math/bits"
+	"slices"
 	"unsafe"
 
 	"github.com/conductor-go/conductor/arena"
@@ -14,19 +15,23 @@ import (
 // A binding is one fixed-size entry of bindWords words in an arena (outside the Go heap,
 // addressed by uint32 index, no pointers):
 //
-//	w0  the block hash it binds
-//	w1  origin, the interned (source, backend) (16 bits) | next binding of the same block,
-//	    index+1 (32 bits, from bit 32)
-//	w2  component bitmask (bits 0..30 over the interned component names, bit 31: more
-//	    components in the overflow list) | tier << 32 | string key << 33 | live << 34
-//	w3..w6  the object key: a 64-hex-digit key as 32 binary bytes (big-endian words);
-//	    any other key's index in strs (w3)
+//	w0  origin, the interned (source, backend) (bits 0..15) | next binding of the same
+//	    block, index+1 (bits 16..47) | tier (bit 48) | live (bit 49) | explicit (bit 50) |
+//	    component set (bits 51..63: an interned set of component names, see compSets;
+//	    0 the empty set, setOverflow: the binding's own list in over)
+//	w1..w4  a derived binding: its object key, 64 lowercase hex digits as 32 binary bytes
+//	    (big-endian words), whose first 64 bits are the block hash (w1), the SGLang
+//	    projection of a HiCache key; an explicit binding (any other key, or a 64-hex key
+//	    bound to another hash): the key's index in strs (w1) and the block hash (w2)
 //
 // Origins (source, backend) and component names are interned per context in small tables
-// with reference counts (a name goes when its last binding does). Two hash indexes of uint32
-// slots (bindTable), also outside the heap, find a binding by (source, backend, tier,
-// object key) and the first binding of a block by block hash; the bindings of one block
-// are chained through w1.
+// with reference counts (a name goes when its last binding does), and so are the sets of
+// component names bindings hold (most bindings hold one of a few sets: K, V, K and V).
+// One hash index of uint32 slots (bindTable), also outside the heap, finds the first
+// binding of a block by block hash; the bindings of one block are chained through w0. A
+// derived binding is found by its key through the chain of the hash its key gives; only
+// explicit bindings are also in a second index, by (origin, tier, key text), which holds
+// nothing when every key is a derived one.
 // All of it is owned by the context's writer goroutine; queries never read it (they read
 // the shared flags in the block's record meta).
 type bindStore struct {
@@ -39,31 +44,36 @@ type bindStore struct {
 	blkSeed uint64
 
 	origins nameTable[origin] // (source, backend) pairs
-	comps   nameTable[string] // components (the first compBits get a bit in w2)
+	sets    compSets          // component names and sets of them
 	// doomed marks the origins a pending ClearShared or RetractSource is dropping (see
 	// detach); doomedList lists them. Each holds one reference until its sweep ends.
 	doomed     []bool
 	doomedList []uint16
-	strs       []string // object keys that are not 64 hex digits, by index
+	strs       []string // object keys of explicit bindings, by index
 	strFree    []uint32
-	// over holds, per binding index, the components past the bitmask (interned names
-	// that got no bit, when compBits names were live at once).
+	// over holds, per binding index, the components of a binding whose set could not be
+	// interned (setOverflow: the set table was full, a name past setNames, or more).
 	over map[uint32][]string
 }
 
 const (
-	bindWords = 7
+	bindWords = 5
 
-	bwHash  = 0
-	bwNames = 1
-	bwFlags = 2
-	bwKey   = 3
+	bwHead = 0
+	bwKey  = 1
 
-	compBits     = 31
-	flagOverflow = 1 << 31
-	flagTier     = 1 << 32
-	flagStrKey   = 1 << 33
-	flagLive     = 1 << 34
+	headNextShift = 16
+	headTier      = 1 << 48
+	headLive      = 1 << 49
+	headExplicit  = 1 << 50
+	headSetShift  = 51
+
+	// setOverflow is the set id of a binding whose components are in over.
+	setOverflow = 1<<(64-headSetShift) - 1
+	// maxSets is the number of interned component sets (ids 1..maxSets).
+	maxSets = setOverflow - 1
+	// setNames is the number of component names a set can hold (a bit each).
+	setNames = 64
 )
 
 // ErrTooManyNames: a shared store named a (source, backend) pair when a context already
@@ -74,12 +84,14 @@ var ErrTooManyNames = errors.New("too many distinct shared (source, backend) pai
 type origin struct{ source, backend string }
 
 // Memory charges of a binding (Config.MemoryLimitBytes): its entry (bindWords words) and
-// a slot in each of the two index tables, which are between 3/8 and 3/4 full (about 7
-// bytes each, 8 charged); an object key that is not 64 hex digits is held as a string (header and
-// bytes); a component past the bitmask as a string too. Interned names are shared and
-// not charged per binding.
+// a slot of the block index, which is between 3/8 and 3/4 full (about 7 bytes, 8 charged;
+// the bindings of one block share it, each is charged). An explicit binding also has a
+// slot in the key index and its object key held as a string (header and bytes); a
+// binding past the interned sets its components as strings too. Interned names and sets
+// are shared and not charged per binding.
 const (
-	bindingBaseBytes = bindWords*8 + 16
+	bindingBaseBytes = bindWords*8 + 8
+	objSlotBytes     = 8
 	stringBytes      = 16
 )
 
@@ -89,6 +101,7 @@ func newBindStore() *bindStore {
 		seed: maphash.MakeSeed(),
 		obj:  newBindTable(),
 		blk:  newBindTable(),
+		sets: newCompSets(maxSets),
 	}
 	s.blkSeed = maphash.Comparable(s.seed, uint64(0x9e3779b97f4a7c15))
 	return s
@@ -101,18 +114,11 @@ func (s *bindStore) release() {
 	s.blk.release()
 }
 
-// objKey is an object key in entry form.
-type objKey struct {
-	words [4]uint64 // 64 hex digits, when !str
-	s     string    // when str
-	str   bool
-}
-
-func encodeKey(k string) objKey {
+// hexKey decodes a key of 64 lowercase hex digits; ok is false for any other key.
+func hexKey(k string) (w [4]uint64, ok bool) {
 	if len(k) != 64 {
-		return objKey{s: k, str: true}
+		return w, false
 	}
-	var o objKey
 	for i := 0; i < 64; i++ {
 		ch := k[i]
 		var v uint64
@@ -122,11 +128,11 @@ func encodeKey(k string) objKey {
 		case ch >= 'a' && ch <= 'f':
 			v = uint64(ch-'a') + 10
 		default:
-			return objKey{s: k, str: true}
+			return w, false
 		}
-		o.words[i/16] |= v << (60 - 4*uint(i%16))
+		w[i/16] |= v << (60 - 4*uint(i%16))
 	}
-	return o
+	return w, true
 }
 
 func fmix(h uint64) uint64 {
@@ -138,14 +144,8 @@ func fmix(h uint64) uint64 {
 	return h
 }
 
-func (s *bindStore) objHash(o uint16, tier uint64, k *objKey) uint64 {
-	var h uint64
-	if k.str {
-		h = maphash.String(s.seed, k.s)
-	} else {
-		h = maphash.Comparable(s.seed, k.words)
-	}
-	return fmix(h ^ uint64(o) ^ tier<<32)
+func (s *bindStore) objHash(o uint16, tier uint64, key string) uint64 {
+	return fmix(maphash.String(s.seed, key) ^ uint64(o) ^ tier<<32)
 }
 
 func (s *bindStore) blkHash(hash uint64) uint64 {
@@ -154,26 +154,39 @@ func (s *bindStore) blkHash(hash uint64) uint64 {
 
 func (s *bindStore) ent(i uint32) []uint64 { return s.ents.Record(i) }
 
-// entObjHash recomputes the object-table hash of entry e.
-func (s *bindStore) entObjHash(e []uint64) uint64 {
-	k := objKey{str: e[bwFlags]&flagStrKey != 0}
-	if k.str {
-		k.s = s.strs[uint32(e[bwKey])]
-	} else {
-		copy(k.words[:], e[bwKey:bwKey+4])
-	}
-	return s.objHash(uint16(e[bwNames]), (e[bwFlags]>>32)&1, &k)
+// Entry head fields.
+func entOrigin(e []uint64) uint16 { return uint16(e[bwHead]) }
+func entNext(e []uint64) uint32   { return uint32(e[bwHead] >> headNextShift) }
+func entTier(e []uint64) uint64   { return (e[bwHead] >> 48) & 1 }
+func entSet(e []uint64) uint16    { return uint16(e[bwHead] >> headSetShift) }
+func entExplicit(e []uint64) bool { return e[bwHead]&headExplicit != 0 }
+func setNext(e []uint64, n uint32) {
+	e[bwHead] = e[bwHead]&^(0xffffffff<<headNextShift) | uint64(n)<<headNextShift
+}
+func setSet(e []uint64, set uint16) {
+	e[bwHead] = e[bwHead]&(1<<headSetShift-1) | uint64(set)<<headSetShift
 }
 
-func (s *bindStore) matches(e []uint64, o uint16, tier uint64, k *objKey) bool {
-	if uint16(e[bwNames]) != o || (e[bwFlags]>>32)&1 != tier {
-		return false
+// entHash returns the block hash of entry e.
+func entHash(e []uint64) uint64 {
+	if entExplicit(e) {
+		return e[bwKey+1]
 	}
-	if k.str {
-		return e[bwFlags]&flagStrKey != 0 && s.strs[uint32(e[bwKey])] == k.s
-	}
-	return e[bwFlags]&flagStrKey == 0 && e[bwKey] == k.words[0] && e[bwKey+1] == k.words[1] &&
-		e[bwKey+2] == k.words[2] && e[bwKey+3] == k.words[3]
+	return e[bwKey]
+}
+
+// hash returns the block hash binding i binds.
+func (s *bindStore) hash(i uint32) uint64 { return entHash(s.ent(i)) }
+
+// doomedAt reports whether entry i is a live binding of a doomed origin (detach).
+func (s *bindStore) doomedAt(i uint32) bool {
+	e := s.ent(i)
+	return e[bwHead]&headLive != 0 && s.doomed[entOrigin(e)]
+}
+
+// entObjHash recomputes the key-index hash of explicit entry e.
+func (s *bindStore) entObjHash(e []uint64) uint64 {
+	return s.objHash(entOrigin(e), entTier(e), s.strs[uint32(e[bwKey])])
 }
 
 // find returns the binding (source, backend, tier, object key), if any.
@@ -182,9 +195,27 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 	if !ok {
 		return 0, false
 	}
-	k := encodeKey(key)
-	h := s.objHash(o, uint64(tier), &k)
-	r, ok := s.obj.probe(h, func(v uint32) bool { return s.matches(s.ent(v-1), o, uint64(tier), &k) })
+	t := uint64(tier)
+	if w, ok := hexKey(key); ok {
+		// A derived binding of this key is in the chain of the block its key names.
+		if slot, found := s.blkSlot(s.blkHash(w[0]), w[0]); found {
+			for v := s.blk.get(slot); v != 0; {
+				e := s.ent(v - 1)
+				if entOrigin(e) == o && entTier(e) == t && !entExplicit(e) && e[bwKey] == w[0] &&
+					e[bwKey+1] == w[1] && e[bwKey+2] == w[2] && e[bwKey+3] == w[3] {
+					return v - 1, true
+				}
+				v = entNext(e)
+			}
+		}
+	}
+	if s.obj.n == 0 {
+		return 0, false
+	}
+	r, ok := s.obj.probe(s.objHash(o, t, key), func(v uint32) bool {
+		e := s.ent(v - 1)
+		return entOrigin(e) == o && entTier(e) == t && s.strs[uint32(e[bwKey])] == key
+	})
 	if !ok {
 		return 0, false
 	}
@@ -201,27 +232,27 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	for int(o) >= len(s.doomed) {
 		s.doomed = append(s.doomed, false)
 	}
-	k := encodeKey(key)
+	w, derived := hexKey(key)
+	derived = derived && w[0] == hash
 	i := s.ents.Alloc()
 	e := s.ent(i)
-	e[bwHash] = hash
-	e[bwFlags] = uint64(tier)<<32 | flagLive
+	head := uint64(o) | uint64(tier)<<48 | headLive
 	charge := int64(bindingBaseBytes)
-	if k.str {
+	if derived {
+		copy(e[bwKey:bwKey+4], w[:])
+	} else {
 		var si uint32
 		if n := len(s.strFree); n > 0 {
 			si = s.strFree[n-1]
 			s.strFree = s.strFree[:n-1]
-			s.strs[si] = k.s
+			s.strs[si] = key
 		} else {
 			si = uint32(len(s.strs))
-			s.strs = append(s.strs, k.s)
+			s.strs = append(s.strs, key)
 		}
-		e[bwFlags] |= flagStrKey
-		e[bwKey], e[bwKey+1], e[bwKey+2], e[bwKey+3] = uint64(si), 0, 0, 0
-		charge += stringBytes + int64(len(k.s))
-	} else {
-		copy(e[bwKey:bwKey+4], k.words[:])
+		head |= headExplicit
+		e[bwKey], e[bwKey+1], e[bwKey+2], e[bwKey+3] = uint64(si), hash, 0, 0
+		charge += objSlotBytes + stringBytes + int64(len(key))
 	}
 	// First of its block's chain.
 	var next uint32
@@ -231,86 +262,114 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 		next = s.blk.get(slot)
 		s.blk.set(slot, i+1)
 	}
-	e[bwNames] = uint64(o) | uint64(next)<<32
+	e[bwHead] = head | uint64(next)<<headNextShift
 	if !found {
 		s.blk.insert(s, hb, i+1, true)
 	}
-	s.obj.insert(s, s.objHash(o, uint64(tier), &k), i+1, false)
+	if !derived {
+		s.obj.insert(s, s.objHash(o, uint64(tier), key), i+1, false)
+	}
 	s.n++
 	return i, charge, nil
 }
 
 // blkSlot returns the block table slot of hash's chain, if any.
 func (s *bindStore) blkSlot(hb, hash uint64) (slotRef, bool) {
-	return s.blk.probe(hb, func(v uint32) bool { return s.ent(v - 1)[bwHash] == hash })
+	return s.blk.probe(hb, func(v uint32) bool { return entHash(s.ent(v-1)) == hash })
 }
 
-// addComp adds component comp to binding i; it reports whether it was new and its charge.
+// addComp adds component comp to binding i; it reports whether it was new and the change
+// of its charge.
 func (s *bindStore) addComp(i uint32, comp string) (bool, int64) {
 	e := s.ent(i)
-	if e[bwFlags]&flagOverflow != 0 {
+	set := entSet(e)
+	if set == setOverflow {
 		for _, o := range s.over[i] {
 			if o == comp {
 				return false, 0
 			}
 		}
+		s.over[i] = append(s.over[i], comp)
+		return true, stringBytes + int64(len(comp))
 	}
-	if c, ok := s.comps.idx[comp]; ok {
-		if e[bwFlags]&(1<<c) != 0 {
-			return false, 0
-		}
-		s.comps.refs[c]++
-		e[bwFlags] |= 1 << c
+	nset, added, ok := s.sets.with(set, comp)
+	if !added {
+		return false, 0
+	}
+	if ok {
+		setSet(e, nset)
 		return true, 0
 	}
-	if c, ok := s.comps.ref(comp, compBits); ok {
-		e[bwFlags] |= 1 << c
-		return true, 0
-	}
+	// No interned set for it: the binding's components go to its own list.
+	return true, s.toOverflow(i, e, comp)
+}
+
+// toOverflow moves binding i's components (its set's, and extra) to its overflow list; it returns the charge of the list.
+func (s *bindStore) toOverflow(i uint32, e []uint64, extra string) int64 {
+	set := entSet(e)
+	list := append(s.sets.appendNames(nil, set), extra)
+	s.sets.release(set)
+	setSet(e, setOverflow)
 	if s.over == nil {
 		s.over = map[uint32][]string{}
 	}
-	s.over[i] = append(s.over[i], comp)
-	e[bwFlags] |= flagOverflow
-	return true, stringBytes + int64(len(comp))
+	s.over[i] = list
+	var charge int64
+	for _, c := range list {
+		charge += stringBytes + int64(len(c))
+	}
+	return charge
 }
 
-// removeComp drops component comp of binding i; it reports whether it was there, its
-// charge, and whether the binding has components left.
+// removeComp drops component comp of binding i; it reports whether it was there, the
+// change of its charge (its release), and whether the binding has components left.
 func (s *bindStore) removeComp(i uint32, comp string) (removed bool, charge int64, left bool) {
 	e := s.ent(i)
-	if c, ok := s.comps.idx[comp]; ok && e[bwFlags]&(1<<c) != 0 {
-		e[bwFlags] &^= 1 << c
-		s.comps.unref(c)
-		removed = true
-	} else if e[bwFlags]&flagOverflow != 0 {
+	set := entSet(e)
+	if set == setOverflow {
 		o := s.over[i]
 		for j, x := range o {
 			if x == comp {
 				o = append(o[:j], o[j+1:]...)
-				removed, charge = true, stringBytes+int64(len(comp))
-				break
+				s.over[i] = o
+				return true, stringBytes + int64(len(comp)), len(o) > 0
 			}
 		}
-		if len(o) == 0 {
-			delete(s.over, i)
-			e[bwFlags] &^= flagOverflow
-		} else {
-			s.over[i] = o
-		}
+		return false, 0, len(o) > 0
 	}
-	return removed, charge, e[bwFlags]&(flagOverflow|(1<<compBits-1)) != 0
+	nset, removed, ok := s.sets.without(set, comp)
+	if !removed {
+		return false, 0, set != 0
+	}
+	if ok {
+		setSet(e, nset)
+		return true, 0, nset != 0
+	}
+	// The set left (a subset of the binding's) could not be interned (the table is full):
+	// the other components go to the binding's own list, charged.
+	list := s.sets.appendNames(nil, set)
+	list = slices.DeleteFunc(list, func(x string) bool { return x == comp })
+	s.sets.release(set)
+	setSet(e, setOverflow)
+	if s.over == nil {
+		s.over = map[uint32][]string{}
+	}
+	s.over[i] = list
+	for _, c := range list {
+		charge -= stringBytes + int64(len(c))
+	}
+	return true, charge, true
 }
 
 // remove drops binding i with whatever components it has; it returns its block hash and
 // the binding's whole charge.
 func (s *bindStore) remove(i uint32) (uint64, int64) {
 	e := s.ent(i)
-	hash := e[bwHash]
+	hash := entHash(e)
 	// Out of its block's chain.
 	hb := s.blkHash(hash)
 	slot, _ := s.blkSlot(hb, hash)
-	next := uint32(e[bwNames] >> 32)
+	next := entNext(e)
 	if s.blk.get(slot) == i+1 {
 		if next != 0 {
 			s.blk.set(slot, next)
@@ -319,12 +378,14 @@ func (s *bindStore) remove(i uint32) (uint64, int64) {
 		}
 	} else {
 		p := s.ent(s.blk.get(slot) - 1)
-		for uint32(p[bwNames]>>32) != i+1 {
-			p = s.ent(uint32(p[bwNames]>>32) - 1)
+		for entNext(p) != i+1 {
+			p = s.ent(entNext(p) - 1)
 		}
-		p[bwNames] = uint64(uint32(p[bwNames])) | uint64(next)<<32
+		setNext(p, next)
 	}
-	s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), i+1), false)
+	if entExplicit(e) {
+		s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), i+1), false)
+	}
 	return hash, s.free(i)
 }
 
@@ -332,23 +393,22 @@ func (s *bindStore) remove(i uint32) (uint64, int64) {
 func (s *bindStore) free(i uint32) int64 {
 	e := s.ent(i)
 	charge := int64(bindingBaseBytes)
-	s.origins.unref(uint16(e[bwNames]))
-	if e[bwFlags]&flagStrKey != 0 {
+	s.origins.unref(entOrigin(e))
+	if entExplicit(e) {
 		si := uint32(e[bwKey])
-		charge += stringBytes + int64(len(s.strs[si]))
+		charge += objSlotBytes + stringBytes + int64(len(s.strs[si]))
 		s.strs[si] = ""
 		s.strFree = append(s.strFree, si)
 	}
-	for m := e[bwFlags] & (1<<compBits - 1); m != 0; m &= m - 1 {
-		s.comps.unref(uint16(bits.TrailingZeros64(m)))
-	}
-	if e[bwFlags]&flagOverflow != 0 {
+	if set := entSet(e); set == setOverflow {
 		for _, o := range s.over[i] {
 			charge += stringBytes + int64(len(o))
 		}
 		delete(s.over, i)
+	} else {
+		s.sets.release(set)
 	}
-	e[bwFlags] = 0
+	e[bwHead] = 0
 	s.ents.Free(i)
 	s.n--
 	return charge
@@ -365,8 +425,10 @@ func (s *bindStore) dropBlock(hash uint64) (int, int64) {
 	n, charge := 0, int64(0)
 	for v := head; v != 0; {
 		e := s.ent(v - 1)
-		next := uint32(e[bwNames] >> 32)
-		s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), v), false)
+		next := entNext(e)
+		if entExplicit(e) {
+			s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), v), false)
+		}
 		charge += s.free(v - 1)
 		n++
 		v = next
@@ -411,12 +473,12 @@ func (s *bindStore) flags(hash uint64) uint64 {
 	var f uint64
 	for v := s.blk.get(slot); v != 0; {
 		e := s.ent(v - 1)
-		if SharedTier((e[bwFlags]>>32)&1) == SharedCPU {
+		if SharedTier(entTier(e)) == SharedCPU {
 			f |= metaSharedCPU
 		} else {
 			f |= metaSharedDisk
 		}
-		v = uint32(e[bwNames] >> 32)
+		v = entNext(e)
 	}
 	return f
 }
@@ -433,14 +495,14 @@ func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tie
 	var comps []string
 	for v := s.blk.get(slot); v != 0; {
 		e := s.ent(v - 1)
-		next := uint32(e[bwNames] >> 32)
-		o := uint16(e[bwNames])
+		next := entNext(e)
+		o := entOrigin(e)
 		if int(o) < len(s.doomed) && s.doomed[o] {
 			v = next
 			continue
 		}
 		var key string
-		if e[bwFlags]&flagStrKey != 0 {
+		if entExplicit(e) {
 			key = s.strs[uint32(e[bwKey])]
 		} else {
 			var hex [64]byte
@@ -451,14 +513,13 @@ func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tie
 			key = string(hex[:])
 		}
 		comps = comps[:0]
-		for m := e[bwFlags] & (1<<compBits - 1); m != 0; m &= m - 1 {
-			comps = append(comps, s.comps.names[bits.TrailingZeros64(m)])
-		}
-		if e[bwFlags]&flagOverflow != 0 {
+		if set := entSet(e); set == setOverflow {
 			comps = append(comps, s.over[v-1]...)
+		} else {
+			comps = s.sets.appendNames(comps, set)
 		}
 		org := s.origins.names[o]
-		fn(org.source, org.backend, key, SharedTier((e[bwFlags]>>32)&1), comps)
+		fn(org.source, org.backend, key, SharedTier(entTier(e)), comps)
 		v = next
 	}
 }
@@ -468,6 +529,116 @@ func tierFlag(t SharedTier) uint64 {
 		return metaSharedCPU
 	}
 	return metaSharedDisk
+}
+
+// compSets interns the sets of component names that bindings hold, with reference
+// counts: a set is a bitmask over interned component names (at most setNames live at
+// once; a name goes when the last set holding it does), and its id (1..limit; 0 is the
+// empty set, never counted) goes when the last binding holding it does. A set that
+// cannot be interned (limit sets live, or a name past setNames) is the caller's to keep
+// in another form.
+type compSets struct {
+	names nameTable[string] // refs: the live sets holding the name
+	idx   map[uint64]uint16 // mask → set id
+	masks []uint64          // per set id (masks[0] = 0, the empty set)
+	refs  []uint32
+	free  []uint16
+	limit int
+}
+
+func newCompSets(limit int) compSets {
+	return compSets{idx: map[uint64]uint16{}, masks: []uint64{0}, refs: []uint32{0}, limit: limit}
+}
+
+// with takes a reference on set ∪ {comp} and drops one on set, when comp is not in set
+// (added); ok is false when that set cannot be interned (nothing changed then).
+func (cs *compSets) with(set uint16, comp string) (nset uint16, added, ok bool) {
+	m := cs.masks[set]
+	c, known := cs.names.idx[comp]
+	if known && m&(1<<c) != 0 {
+		return set, false, true
+	}
+	if !known {
+		// A reference of its own while the set is interned (which takes one per name).
+		if c, ok = cs.names.ref(comp, setNames); !ok {
+			return set, true, false
+		}
+		defer cs.names.unref(c)
+	}
+	if nset, ok = cs.intern(m | 1<<c); !ok {
+		return set, true, false
+	}
+	cs.release(set)
+	return nset, true, true
+}
+
+// without takes a reference on set \ {comp} and drops one on set, when comp is in set
+// (removed); ok is false when that set cannot be interned (nothing changed then).
+func (cs *compSets) without(set uint16, comp string) (nset uint16, removed, ok bool) {
+	m := cs.masks[set]
+	c, known := cs.names.idx[comp]
+	if !known || m&(1<<c) == 0 {
+		return set, false, true
+	}
+	if nset, ok = cs.intern(m &^ (1 << c)); !ok {
+		return set, true, false
+	}
+	cs.release(set)
+	return nset, true, true
+}
+
+// intern takes a reference on the set of mask.
+func (cs *compSets) intern(mask uint64) (uint16, bool) {
+	if mask == 0 {
+		return 0, true
+	}
+	if id, ok := cs.idx[mask]; ok {
+		cs.refs[id]++
+		return id, true
+	}
+	var id uint16
+	if n := len(cs.free); n > 0 {
+		id = cs.free[n-1]
+		cs.free = cs.free[:n-1]
+	} else {
+		if len(cs.masks)-1 >= cs.limit {
+			return 0, false
+		}
+		id = uint16(len(cs.masks))
+		cs.masks = append(cs.masks, 0)
+		cs.refs = append(cs.refs, 0)
+	}
+	cs.masks[id], cs.refs[id] = mask, 1
+	cs.idx[mask] = id
+	for m := mask; m != 0; m &= m - 1 {
+		cs.names.refs[bits.TrailingZeros64(m)]++
+	}
+	return id, true
+}
+
+// release drops a reference on set.
+func (cs *compSets) release(set uint16) {
+	if set == 0 {
+		return
+	}
+	if cs.refs[set]--; cs.refs[set] != 0 {
+		return
+	}
+	mask := cs.masks[set]
+	delete(cs.idx, mask)
+	for m := mask; m != 0; m &= m - 1 {
+		cs.names.unref(uint16(bits.TrailingZeros64(m)))
+	}
+	cs.masks[set] = 0
+	cs.free = append(cs.free, set)
+}
+
+// appendNames appends the names of set to dst.
+func (cs *compSets) appendNames(dst []string, set uint16) []string {
+	for m := cs.masks[set]; m != 0; m &= m - 1 {
+		dst = append(dst, cs.names.names[bits.TrailingZeros64(m)])
+	}
+	return dst
 }
 
 // bindTable finds bindings by a 64-bit hash: extendible hashing over fixed tables of
@@ -553,7 +724,7 @@ func (t *bindTable) slotOf(h uint64, v uint32) slotRef {
 func (s *bindStore) hashOf(v uint32, blk bool) uint64 {
 	e := s.ent(v - 1)
 	if blk {
-		return s.blkHash(e[bwHash])
+		return s.blkHash(entHash(e))
 	}
 	return s.entObjHash(e)
 }

@@ -1,18 +1,45 @@
 package engine
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
 
+// derivedKey reports whether a binding of key to hash is a derived one (its key is 64
+// lowercase hex digits whose first 16 are hash), computed independently of the store.
+func derivedKey(key string, hash uint64) bool {
+	if len(key) != 64 || strings.ToLower(key) != key {
+		return false
+	}
+	if _, err := hex.DecodeString(key); err != nil {
+		return false
+	}
+	first, err := strconv.ParseUint(key[:16], 16, 64)
+	return err == nil && first == hash
+}
+
 // TestBindStoreAgainstMap drives the compact binding store directly with random adds,
 // component changes, removals and block drops, many thousands of bindings (so its index
-// tables split and deletions shift probe runs), and checks every binding, every
-// block's chain and flags, and the charges against plain maps after each phase.
+// tables split and deletions shift probe runs), and checks every binding (found by its
+// key, decoded back with its components), every block's chain and flags, the interned
+// component sets' reference counts, and the charges against plain maps after each
+// phase. Keys: 64 lowercase hex digits bound to the hash their first 16 digits give
+// (derived: no block hash stored, found through the block's chain) or to another
+// (explicit), the same digits in upper case and free-form keys (explicit).
 func TestBindStoreAgainstMap(t *testing.T) {
+	for _, limit := range []int{maxSets, 6} {
+		t.Run(fmt.Sprintf("sets=%d", limit), func(t *testing.T) { testBindStoreAgainstMap(t, limit) })
+	}
+}
+
+func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 	type key struct {
 		src, bk, obj string
 		tier         SharedTier
@@ -23,6 +50,7 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	s := newBindStore()
+	s.sets.limit = setLimit
 	defer s.release()
 	model := map[key]*val{}
 	idx := map[key]uint32{}
@@ -30,15 +58,17 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	objOf := func(i int) string {
 		switch i % 3 {
 		case 0:
-			return fmt.Sprintf("%016x%016x%016x%016x", i, i*7, i*13, i*31)
+			return fmt.Sprintf("%016x%016x%016x%016x", i%3000, i, i*13, i*31)
 		case 1:
-			return strings.ToUpper(fmt.Sprintf("%016x%016x%016x%016x", i, i*7, i*13, i*31))
+			return strings.ToUpper(fmt.Sprintf("%016x%016x%016x%016x", i%3000, i, i*13, i*31))
 		}
 		return fmt.Sprintf("key-%d", i)
 	}
-	randKey := func(span int) key {
-		return key{fmt.Sprintf("src-%d", r.IntN(5)), fmt.Sprintf("bk-%d", r.IntN(3)), objOf(r.IntN(span)), SharedTier(r.IntN(2))}
+	randKey := func(span int) (key, int) {
+		i := r.IntN(span)
+		return key{fmt.Sprintf("src-%d", r.IntN(5)), fmt.Sprintf("bk-%d", r.IntN(3)), objOf(i), SharedTier(r.IntN(2))}, i
 	}
+	derivedSeen := 0
 	check := func(phase string) {
 		t.Helper()
 		if s.n != len(model) {
@@ -46,28 +76,79 @@ func TestBindStoreAgainstMap(t *testing.T) {
 		}
 		flags := map[uint64]uint64{}
 		var want int64
+		explicit := 0
+		setRefs := map[uint16]uint32{}
 		for k, v := range model {
 			i, ok := s.find(k.src, k.bk, k.tier, k.obj)
-			if !ok || i != idx[k] || s.ent(i)[bwHash] != v.hash {
+			if !ok || i != idx[k] || s.hash(i) != v.hash {
 				t.Fatalf("%s: find %v = %d %v, want %d", phase, k, i, ok, idx[k])
+			}
+			e := s.ent(i)
+			if d := derivedKey(k.obj, v.hash); d == entExplicit(e) {
+				t.Fatalf("%s: %v bound to %x: derived %v, explicit flag %v", phase, k, v.hash, d, entExplicit(e))
+			} else if d {
+				derivedSeen++
 			}
 			flags[v.hash] |= tierFlag(k.tier)
 			want += bindingBaseBytes
-			if strings.HasPrefix(k.obj, "key-") || strings.ToLower(k.obj) != k.obj {
-				want += stringBytes + int64(len(k.obj))
+			if entExplicit(e) {
+				explicit++
+				want += objSlotBytes + stringBytes + int64(len(k.obj))
+			}
+			if set := entSet(e); set == setOverflow {
+				for _, c := range s.over[i] {
+					want += stringBytes + int64(len(c))
+				}
+			} else if set != 0 {
+				setRefs[set]++
 			}
 		}
-		for h, f := range flags {
-			if got := s.flags(h); got != f {
-				t.Fatalf("%s: flags of %d = %b, want %b", phase, h, got, f)
+		// Every binding decoded from its block's chain: key, origin, tier, components.
+		seen := 0
+		for h := range flags {
+			if got := s.flags(h); got != flags[h] {
+				t.Fatalf("%s: flags of %d = %b, want %b", phase, h, got, flags[h])
+			}
+			s.eachOf(h, func(src, bk, obj string, tier SharedTier, comps []string) {
+				seen++
+				v := model[key{src, bk, obj, tier}]
+				if v == nil || v.hash != h || len(comps) != len(v.comps) {
+					t.Fatalf("%s: block %d decodes %s/%s/%q/%d %q, model %+v", phase, h, src, bk, obj, tier, comps, v)
+				}
+				for _, c := range comps {
+					if !v.comps[c] {
+						t.Fatalf("%s: %q has component %q, model %v", phase, obj, c, v.comps)
+					}
+				}
+			})
+		}
+		if seen != len(model) {
+			t.Fatalf("%s: chains hold %d bindings, model %d", phase, seen, len(model))
+		}
+		if s.obj.n != explicit || s.blk.n != len(flags) {
+			t.Fatalf("%s: table counts %d/%d, want %d/%d", phase, s.obj.n, s.blk.n, explicit, len(flags))
+		}
+		if charged != want {
+			t.Fatalf("%s: charged %d, want %d", phase, charged, want)
+		}
+		// Interned sets: one reference per binding holding one, and each name one per
+		// live set holding it.
+		nameRefs := map[uint16]uint32{}
+		for id := 1; id < len(s.sets.masks); id++ {
+			if s.sets.refs[id] != setRefs[uint16(id)] {
+				t.Fatalf("%s: set %d (%b) has %d references, %d bindings hold it", phase, id, s.sets.masks[id], s.sets.refs[id], setRefs[uint16(id)])
+			}
+			for m := s.sets.masks[id]; m != 0; m &= m - 1 {
+				nameRefs[uint16(bits.TrailingZeros64(m))]++
 			}
 		}
-		if s.obj.n != len(model) || s.blk.n != len(flags) {
-			t.Fatalf("%s: table counts %d/%d, want %d/%d", phase, s.obj.n, s.blk.n, len(model), len(flags))
+		if len(s.sets.idx) != len(setRefs) || len(s.sets.masks)-1 > setLimit {
+			t.Fatalf("%s: %d sets interned (%d ids), %d held, limit %d", phase, len(s.sets.idx), len(s.sets.masks)-1, len(setRefs), setLimit)
 		}
-		// Component charges: overflow components only.
-		if charged < want {
-			t.Fatalf("%s: charged %d < base %d", phase, charged, want)
+		for c, n := range s.sets.names.refs {
+			if n != nameRefs[uint16(c)] {
+				t.Fatalf("%s: component %q has %d references, in %d sets", phase, s.sets.names.names[c], n, nameRefs[uint16(c)])
+			}
 		}
 	}
 	add := func(k key, h uint64, comp string) {
@@ -92,12 +173,15 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	}
 	for round := 0; round < 3; round++ {
 		for j := 0; j < 6000; j++ {
-			k := randKey(4000)
+			k, i := randKey(4000)
 			comp := []string{"_0_k", "_0_v"}[r.IntN(2)]
 			if r.IntN(4) == 0 {
 				comp = fmt.Sprintf("_%d_x", r.IntN(50))
 			}
 			h := uint64(r.IntN(3000))
+			if r.IntN(4) != 0 {
+				h = uint64(i % 3000) // a lowercase hex key's own hash: derived
+			}
 			if v := model[k]; v != nil {
 				h = v.hash
 			}
@@ -119,9 +203,15 @@ func TestBindStoreAgainstMap(t *testing.T) {
 				if left != (len(v.comps) > 0) {
 					t.Fatalf("removeComp %q of %v: left %v, model %d", comp, k, left, len(v.comps))
 				}
+				if r.IntN(3) == 0 {
+					break // a binding that keeps some of its components
+				}
 			}
 			if removed, _, _ := s.removeComp(idx[k], "_none_"); removed {
 				t.Fatal("removed a component never added")
+			}
+			if len(v.comps) > 0 {
+				continue
 			}
 			if _, c := s.remove(idx[k]); c < bindingBaseBytes {
 				t.Fatalf("remove charge %d", c)
@@ -157,8 +247,11 @@ func TestBindStoreAgainstMap(t *testing.T) {
 		delete(model, k)
 	}
 	check("emptied")
-	if charged != 0 || len(s.origins.idx) != 0 || len(s.comps.idx) != 0 || len(s.over) != 0 {
-		t.Fatalf("emptied store: charge %d, names %d, comps %d, overflow %d", charged, len(s.origins.idx), len(s.comps.idx), len(s.over))
+	if derivedSeen == 0 {
+		t.Fatal("no derived binding checked")
+	}
+	if charged != 0 || len(s.origins.idx) != 0 || len(s.sets.idx) != 0 || len(s.sets.names.idx) != 0 || len(s.over) != 0 {
+		t.Fatalf("emptied store: charge %d, names %d, sets %d, components %d, overflow %d", charged, len(s.origins.idx), len(s.sets.idx), len(s.sets.names.idx), len(s.over))
 	}
 	if s.obj.depth < 2 || s.blk.depth < 2 {
 		t.Fatalf("tables never split: depths %d %d", s.obj.depth, s.blk.depth)
@@ -172,9 +265,9 @@ func TestBindStoreAgainstMap(t *testing.T) {
 	}
 }
 
-// TestBindingComponentsPastBitmask: a binding with more components than the bitmask holds
-// keeps the rest in its overflow list; it stays (with its block's shared hit) until its
-// last component, whichever list holds it, is removed, and every byte charged comes back.
+// TestBindingComponentsPastBitmask: a binding with more components than an interned set
+// holds (setNames) keeps them all in its overflow list; it stays (with its block's shared
+// hit) until its last component is removed, and every byte charged comes back.
 func TestBindingComponentsPastBitmask(t *testing.T) {
 	s := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: 1 << 30}, &testHooks{}, s)
@@ -182,8 +275,9 @@ func TestBindingComponentsPastBitmask(t *testing.T) {
 		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "pool", ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h}
 	}
 	hex := strings.Repeat("0123456789abcdef", 4)
-	const n = 2*compBits + 5
-	// The first compBits names get bits; the rest of each binding's go to its overflow list.
+	const n = setNames + 5
+	// Each binding's first setNames components are interned sets; with the next, all go to
+	// its overflow list.
 	for _, obj := range []string{hex, "other"} {
 		for i := 0; i < n; i++ {
 			mustApply(t, e, ctxA, op(OpSharedStore, obj, fmt.Sprintf("_%d_k", i), map[string]uint64{hex: 7, "other": 8}[obj]))
@@ -386,4 +480,233 @@ func dropsPending(t testing.TB, e *Engine) (n int) {
 	}
 	e.putReq(r)
 	return n
+}
+
+// onWriter runs fn on context k's writer goroutine (a writer step of its own).
+func onWriter(t testing.TB, e *Engine, k ContextKey, fn func(c *context)) {
+	t.Helper()
+	c := e.lookup(k)
+	r := e.getReq()
+	r.kind = reqSync
+	r.fn = fn
+	if err := c.do(r); err != nil {
+		t.Fatal(err)
+	}
+	e.putReq(r)
+}
+
+// TestDerivedAndExplicitHexKeys: a 64-hex key bound to the hash its first 16 digits give
+// is derived (no hash stored; found through its block's chain, not the key index); the
+// same digits bound to another hash, or another hex key bound to that block, are
+// explicit (found through the key index). Each is found by its key alone, whichever
+// form holds it: a store under another hash conflicts and a remove under another hash
+// is a mismatch, even when the key's digits name a block that has a chain. Each is
+// charged for its form, and every byte comes back.
+func TestDerivedAndExplicitHexKeys(t *testing.T) {
+	s := Slot{"a", 0}
+	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: 1 << 30}, &testHooks{}, s)
+	const h1, h2 = 0x1111222233334444, 55
+	k1 := fmt.Sprintf("%016x%s", uint64(h1), strings.Repeat("ab", 24)) // derived: bound to h1
+	k2 := fmt.Sprintf("%016x%s", uint64(h1), strings.Repeat("cd", 24)) // its digits name h1, bound to h2: explicit
+	k3 := strings.Repeat("ef", 32)                                     // bound to h1: explicit
+	op := func(kind OpKind, obj string, h uint64) Op {
+		return Op{Kind: kind, Source: "tcp://mc:1", Backend: "pool", ObjectKey: obj, Component: "_0_k", SharedTier: SharedDisk, Hash: h}
+	}
+	hit := func(h uint64) bool { return rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0).Disk == 16 }
+	base := e.IndexBytes()
+	mustApply(t, e, ctxA, op(OpSharedStore, k1, h1))
+	withBlock := e.IndexBytes() - base
+	mustApply(t, e, ctxA, op(OpSharedStore, k3, h1))
+	if got, want := e.IndexBytes()-base-withBlock, int64(bindingBaseBytes+objSlotBytes+stringBytes+64); got != want {
+		t.Fatalf("explicit binding on an indexed block charged %d, want %d", got, want)
+	}
+	before := e.IndexBytes()
+	mustApply(t, e, ctxA, op(OpSharedStore, k2, h2))
+	if got, want := e.IndexBytes()-before, withBlock+objSlotBytes+stringBytes+64; got != want {
+		t.Fatalf("explicit binding of a new block charged %d, want %d (derived: %d)", got, want, withBlock)
+	}
+	onWriter(t, e, ctxA, func(c *context) {
+		for _, b := range []struct {
+			key      string
+			hash     uint64
+			explicit bool
+		}{{k1, h1, false}, {k2, h2, true}, {k3, h1, true}} {
+			i, ok := c.bs.find("tcp://mc:1", "pool", SharedDisk, b.key)
+			if !ok || c.bs.hash(i) != b.hash || entExplicit(c.bs.ent(i)) != b.explicit {
+				t.Errorf("%q: found %v, hash %x, explicit %v; want %x %v", b.key, ok, c.bs.hash(i), entExplicit(c.bs.ent(i)), b.hash, b.explicit)
+			}
+		}
+		if c.bs.obj.n != 2 || c.bs.blk.n != 2 {
+			t.Errorf("index counts: key %d, block %d; want 2, 2", c.bs.obj.n, c.bs.blk.n)
+		}
+	})
+	for _, o := range []Op{op(OpSharedStore, k1, h2), op(OpSharedStore, k2, h1), op(OpSharedStore, k3, 7)} {
+		ops := []Op{o}
+		if err := e.Apply(ctxA, ops); err != nil || !errors.Is(ops[0].Err, ErrBindingConflict) {
+			t.Fatalf("store of %q under %x: %v %v, want a conflict", o.ObjectKey, o.Hash, err, ops[0].Err)
+		}
+	}
+	for _, o := range []Op{op(OpSharedRemove, k1, h2), op(OpSharedRemove, k2, h1), op(OpSharedRemove, k3, h2)} {
+		ops := []Op{o}
+		if err := e.Apply(ctxA, ops); err != nil || !errors.Is(ops[0].Err, ErrBindingMismatch) {
+			t.Fatalf("remove of %q under %x: %v %v, want a mismatch", o.ObjectKey, o.Hash, err, ops[0].Err)
+		}
+	}
+	mustApply(t, e, ctxA, op(OpSharedRemove, k1, h1))
+	if !hit(h1) || !hit(h2) {
+		t.Fatal("removing the derived binding dropped another binding's hit")
+	}
+	mustApply(t, e, ctxA, op(OpSharedRemove, k3, h1))
+	if hit(h1) || !hit(h2) {
+		t.Fatalf("after removing both bindings of %x: hits %v %v", uint64(h1), hit(h1), hit(h2))
+	}
+	mustApply(t, e, ctxA, op(OpSharedRemove, k2, h2))
+	if hit(h2) || e.IndexBytes() != base {
+		t.Fatalf("all removed: hit %v, %d bytes charged, want %d", hit(h2), e.IndexBytes(), base)
+	}
+}
+
+// TestCompSetsInterning: component sets are shared by the bindings that hold them, with
+// one reference each; a set goes (its id reused) when its last holder moves on, and a
+// name when the last set holding it goes. Past the table's limit, or past setNames
+// names, a set is refused and nothing changes.
+func TestCompSetsInterning(t *testing.T) {
+	cs := newCompSets(3)
+	step := func(set uint16, add bool, comp string, wantChange, wantOK bool) uint16 {
+		t.Helper()
+		var n uint16
+		var changed, ok bool
+		if add {
+			n, changed, ok = cs.with(set, comp)
+		} else {
+			n, changed, ok = cs.without(set, comp)
+		}
+		if changed != wantChange || ok != wantOK || (!ok || !changed) && n != set {
+			t.Fatalf("set %d %v %q: %d %v %v", set, add, comp, n, changed, ok)
+		}
+		return n
+	}
+	names := func(set uint16) string {
+		return strings.Join(slices.Sorted(slices.Values(cs.appendNames(nil, set))), ",")
+	}
+	nameRefs := func(c string) uint32 {
+		if i, ok := cs.names.idx[c]; ok {
+			return cs.names.refs[i]
+		}
+		return 0
+	}
+	a := step(0, true, "a", true, true)                              // binding A: {a}
+	b := step(step(0, true, "a", true, true), true, "b", true, true) // binding B: {a} then {a,b}
+	if b == a || cs.refs[a] != 1 || cs.refs[b] != 1 || names(b) != "a,b" || nameRefs("a") != 2 || nameRefs("b") != 1 {
+		t.Fatalf("sets %d (%d refs) %d (%d refs) %q, name refs a %d b %d", a, cs.refs[a], b, cs.refs[b], names(b), nameRefs("a"), nameRefs("b"))
+	}
+	step(b, true, "b", false, true) // already there: nothing changes
+	step(b, false, "z", false, true)
+	c := step(0, true, "c", true, true) // binding C: {c}; the table is full (3 sets)
+	if len(cs.masks)-1 != 3 {
+		t.Fatalf("%d set ids", len(cs.masks)-1)
+	}
+	step(c, true, "d", true, false) // {c,d}: refused, C keeps {c}; "d" not kept
+	if nameRefs("d") != 0 || cs.refs[c] != 1 {
+		t.Fatalf("refused set left name d (%d refs) or changed {c} (%d refs)", nameRefs("d"), cs.refs[c])
+	}
+	// B drops b: {a} is shared (2 references); {a,b} goes and so does the name b.
+	if nb := step(b, false, "b", true, true); nb != a || cs.refs[a] != 2 || nameRefs("b") != 0 || cs.refs[b] != 0 {
+		t.Fatalf("{a,b} minus b: set %d (want %d), refs %d, name b %d", nb, a, cs.refs[a], nameRefs("b"))
+	}
+	cd := step(c, true, "d", true, true) // now there is room: {c,d} takes the freed id
+	if cd != b || names(cd) != "c,d" || nameRefs("c") != 1 || cs.refs[c] != 0 {
+		t.Fatalf("{c,d}: id %d (freed %d), names %q", cd, b, names(cd))
+	}
+	// Down to nothing: every set and name goes.
+	cs.release(a)
+	cs.release(a)
+	if step(step(cd, false, "c", true, true), false, "d", true, true) != 0 {
+		t.Fatal("emptied set is not the empty set")
+	}
+	if len(cs.idx) != 0 || len(cs.names.idx) != 0 || len(cs.free) != 3 {
+		t.Fatalf("released all: %d sets, %d names, %d free ids", len(cs.idx), len(cs.names.idx), len(cs.free))
+	}
+	// More names than a set can hold.
+	cs = newCompSets(maxSets)
+	set := uint16(0)
+	for i := 0; i < setNames; i++ {
+		set = step(set, true, fmt.Sprintf("n%d", i), true, true)
+	}
+	step(set, true, "one-more", true, false)
+}
+
+// TestBindingSetOverflow: when the set a binding needs cannot be interned, adding (or
+// removing: the set left need not be interned yet) a component puts the binding's
+// components in its own list, charged per string; the binding keeps working (add, remove,
+// duplicate adds) and every byte comes back when it goes.
+func TestBindingSetOverflow(t *testing.T) {
+	s := newBindStore()
+	defer s.release()
+	s.sets.limit = 2
+	hexOf := func(h uint64) string { return fmt.Sprintf("%016x%048x", h, h) }
+	var charged int64
+	bind := func(h uint64, comps ...string) uint32 {
+		i, c, err := s.add("src", "bk", SharedCPU, hexOf(h), h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		charged += c
+		for _, comp := range comps {
+			if added, c := s.addComp(i, comp); !added {
+				t.Fatalf("%q not added", comp)
+			} else {
+				charged += c
+			}
+		}
+		return i
+	}
+	p := bind(1, "_a", "_b")       // {a,b}
+	r := bind(2, "_a", "_b", "_c") // {a}, {a,b} shared, then {a,b,c}: the table is full
+	if entSet(s.ent(p)) == setOverflow || entSet(s.ent(r)) == setOverflow || charged != 2*bindingBaseBytes {
+		t.Fatalf("sets %d %d, charged %d", entSet(s.ent(p)), entSet(s.ent(r)), charged)
+	}
+	// R drops _b: {a,c} is not interned and cannot be: R's other two go to its list.
+	removed, c, left := s.removeComp(r, "_b")
+	if !removed || !left || c != -2*(stringBytes+2) || entSet(s.ent(r)) != setOverflow {
+		t.Fatalf("remove _b: %v %d %v, set %d", removed, c, left, entSet(s.ent(r)))
+	}
+	charged -= c
+	// A third binding needs a third set: its components go to its list as they come.
+	q := bind(3, "_a", "_d")
+	if entSet(s.ent(q)) != setOverflow || charged != 3*bindingBaseBytes+4*(stringBytes+2) {
+		t.Fatalf("third binding: set %d, charged %d", entSet(s.ent(q)), charged)
+	}
+	if added, _ := s.addComp(q, "_d"); added {
+		t.Fatal("duplicate component added to an overflow list")
+	}
+	for _, b := range []struct {
+		i     uint32
+		h     uint64
+		comps string
+	}{{p, 1, "_a,_b"}, {r, 2, "_a,_c"}, {q, 3, "_a,_d"}} {
+		var got []string
+		s.eachOf(b.h, func(_, _, key string, _ SharedTier, comps []string) {
+			if key != hexOf(b.h) {
+				t.Fatalf("key %q, want %q", key, hexOf(b.h))
+			}
+			got = append(got, comps...)
+		})
+		slices.Sort(got)
+		if strings.Join(got, ",") != b.comps {
+			t.Fatalf("binding of %d: components %q, want %s", b.h, got, b.comps)
+		}
+	}
+	if removed, c, left := s.removeComp(r, "_a"); !removed || !left || c != stringBytes+2 {
+		t.Fatalf("overflow remove: %v %d %v", removed, c, left)
+	} else {
+		charged -= c
+	}
+	for _, i := range []uint32{p, r, q} {
+		_, c := s.remove(i)
+		charged -= c
+	}
+	if charged != 0 || len(s.over) != 0 || len(s.sets.idx) != 0 || len(s.sets.names.idx) != 0 {
+		t.Fatalf("all removed: charged %d, %d lists, %d sets, %d names", charged, len(s.over), len(s.sets.idx), len(s.sets.names.idx))
+	}
 }

@@ -106,14 +106,14 @@ func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
 	if present(ctxA, 1) || !present(ctxA, 2) || !present(ctxB, 105) || e.IndexBytes() != limit {
 		t.Fatalf("B's new block did not evict A's oldest (charged %d)", e.IndexBytes())
 	}
-	// A binding (72 bytes: its entry and index slots, and 16 + 5 for its object key,
-	// which is not 64 hex digits and so is kept as a string; its one, empty, component
-	// is interned) costs more than a block: still over after one eviction, its store
-	// evicts a second.
+	// A binding (56 bytes: its entry and index slots, both indexes as its object key is
+	// not 64 hex digits, and 16 + 5 for that key, kept as a string; its one, empty,
+	// component is interned) costs more than a block: still over after one eviction, its
+	// store evicts a second.
 	bind := Op{Kind: OpSharedStore, Source: "tcp://mc:1", Backend: "pool", ObjectKey: "obj-1", SharedTier: SharedCPU, Hash: 2}
 	mustApply(t, e, ctxA, bind)
 	mustApply(t, e, ctxB)
-	if want := int64(limit + bindingBaseBytes + 16 + 5 - 2*48); e.IndexBytes() != want {
+	if want := int64(limit + bindingBaseBytes + objSlotBytes + 16 + 5 - 2*48); e.IndexBytes() != want {
 		t.Fatalf("charged %d after the binding, want %d", e.IndexBytes(), want)
 	}
 	mustApply(t, e, ctxA, store(a, TierDevice, 7))

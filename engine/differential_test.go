@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -33,7 +34,7 @@ type diffWorld struct {
 	lazy bool
 }
 
-func newDiffWorld(t *testing.T, seed uint64, maxBlocks int, lazy bool) *diffWorld {
+func newDiffWorld(t *testing.T, seed uint64, maxBlocks int, lazy bool, sets int) *diffWorld {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := Config{MaxBlocksPerContext: maxBlocks, Logger: quiet}
 	modelMax := maxBlocks
@@ -54,6 +55,9 @@ func newDiffWorld(t *testing.T, seed uint64, maxBlocks int, lazy bool) *diffWorl
 	}
 	if lazy {
 		w.e.hooks = &testHooks{noIdleMigration: true, sweepChunk: 3}
+	}
+	if sets > 0 {
+		w.e.hooks = &testHooks{bindSets: sets}
 	}
 	t.Cleanup(w.e.Close)
 	for i, k := range w.ctxs {
@@ -234,6 +238,44 @@ func (w *diffWorld) check(queries int) {
 		}
 	}
 	w.checkViews()
+	if w.step%32 == 0 {
+		w.checkBindings()
+	}
+}
+
+// checkBindings compares every context's shared bindings, decoded from the binding store
+// (key, origin, tier, hash, components), with the model's.
+func (w *diffWorld) checkBindings() {
+	for _, k := range w.ctxs {
+		got := map[bindingKey]string{}
+		if w.e.lookup(k) != nil {
+			onWriter(w.t, w.e, k, func(c *context) {
+				if c.bs == nil {
+					return
+				}
+				seen := map[uint64]bool{}
+				for i := uint32(0); i < c.bs.ents.HighWater(); i++ {
+					if c.bs.ent(i)[bwHead]&headLive == 0 || seen[c.bs.hash(i)] {
+						continue
+					}
+					h := c.bs.hash(i)
+					seen[h] = true
+					c.bs.eachOf(h, func(src, bk, key string, tier SharedTier, comps []string) {
+						got[bindingKey{src, bk, key, tier}] = fmt.Sprint(h, slices.Sorted(slices.Values(comps)))
+					})
+				}
+			})
+		}
+		want := map[bindingKey]string{}
+		if mc := w.m.ctxs[k]; mc != nil {
+			for bk, b := range mc.bindings {
+				want[bk] = fmt.Sprint(b.hash, slices.Sorted(maps.Keys(b.comps)))
+			}
+		}
+		if !maps.Equal(got, want) {
+			w.t.Fatalf("step %d: context %v bindings\nengine %v\nmodel  %v", w.step, k, got, want)
+		}
+	}
 }
 
 func (w *diffWorld) checkViews() {
@@ -261,7 +303,10 @@ func (w *diffWorld) checkViews() {
 
 // TestDifferentialAgainstModel applies thousands of random registrations, stores,
 // removes, clears, unregistrations, shared binding ops and retractions to the engine and
-// the naive model, comparing random queries and views after every step. Reproduce a
+// the naive model, comparing random queries and views after every step, and every
+// context's shared bindings (decoded, with their components) every 32 steps; the sets3
+// mode lets a context's bindings intern only 3 component sets, so most keep their own
+// component lists. Reproduce a
 // failure with: go test ./engine -run Differential -seed N [-steps M].
 func TestDifferentialAgainstModel(t *testing.T) {
 	seeds := []uint64{1, 2, 3, 4}
@@ -272,18 +317,22 @@ func TestDifferentialAgainstModel(t *testing.T) {
 		for _, mode := range []struct {
 			capacity int
 			lazy     bool
-		}{{-1, false}, {60, false}, {-1, true}} {
+			sets     int // interned component sets per context (0: maxSets)
+		}{{-1, false, 0}, {60, false, 0}, {-1, true, 0}, {-1, false, 3}} {
 			capacity := mode.capacity
 			name := fmt.Sprintf("seed%d/max%d", seed, capacity)
 			if mode.lazy {
 				name += "/lazy-sweep"
+			}
+			if mode.sets > 0 {
+				name += fmt.Sprintf("/sets%d", mode.sets) // most bindings past the set table
 			}
 			t.Run(name, func(t *testing.T) {
 				steps := *diffSteps
 				if testing.Short() {
 					steps /= 5
 				}
-				w := newDiffWorld(t, seed, capacity, mode.lazy)
+				w := newDiffWorld(t, seed, capacity, mode.lazy, mode.sets)
 				for i := 0; i < steps; i++ {
 					w.doStep()
 					w.check(4)

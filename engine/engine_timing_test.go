@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -229,6 +230,48 @@ func BenchmarkApply(b *testing.B) {
 		}
 		report(b)
 	})
+	// shared-store / shared-remove: Mooncake bindings (SGLang HiCache on a Mooncake store:
+	// the object key is the block's 64 hex digits, K and V components, one op each) of
+	// new blocks stored, then removed (the binding with its last component, and its
+	// block); 64K blocks stored and removed in turn, the other half untimed.
+	sharedOps := func(kind OpKind, n int) []Op {
+		ops := make([]Op, 0, 2*n)
+		for i := 0; i < n; i++ {
+			h := benchKey(i)
+			obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+			for _, comp := range []string{"_0_k", "_0_v"} {
+				ops = append(ops, Op{Kind: kind, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+					ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+			}
+		}
+		return ops
+	}
+	for _, kind := range []OpKind{OpSharedStore, OpSharedRemove} {
+		name := map[OpKind]string{OpSharedStore: "shared-store", OpSharedRemove: "shared-remove"}[kind]
+		b.Run(name, func(b *testing.B) {
+			e, _ := newEngine(b)
+			defer e.Close()
+			const blocks = 1 << 16
+			stores, removes := sharedOps(OpSharedStore, blocks), sharedOps(OpSharedRemove, blocks)
+			timed, other := stores, removes
+			if kind == OpSharedRemove {
+				timed, other = removes, stores
+				_ = e.Apply(ctxA, stores)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				off := (i * 2 * batch) % len(timed)
+				if i > 0 && off == 0 {
+					b.StopTimer()
+					_ = e.Apply(ctxA, other)
+					b.StartTimer()
+				}
+				_ = e.Apply(ctxA, timed[off:off+2*batch])
+			}
+			b.ReportMetric(float64(b.N*2*batch)/b.Elapsed().Seconds(), "binding-ops/s")
+		})
+	}
 }
 
 // BenchmarkClearSlot measures the whole work of an OpClear of a slot owning 1M blocks (a
@@ -266,7 +309,8 @@ func BenchmarkClearSlot(b *testing.B) {
 // BenchmarkResidentBytes fills one context and reports per block the Go heap it holds
 // (runtime.MemStats.HeapInuse after GC, minus the empty engine: "heap-bytes/block") and
 // the process's resident memory growth ("rss-bytes/block", which counts the tables and
-// record slabs mapped outside the heap; the whole test process, so indicative: the
+// record slabs mapped outside the heap; free heap pages are returned first, so that the
+// garbage the benchmark makes building its ops does not count; the whole test process, so indicative: the
 // product figure is the spawned binary's, see bench/). The 10M-block cases run only
 // with -bigmem.
 func BenchmarkResidentBytes(b *testing.B) {
@@ -291,8 +335,10 @@ func BenchmarkResidentBytes(b *testing.B) {
 		// Mooncake store), no engine slot.
 		// 100K of them at 1M unless -bigmem: a Mooncake block takes about five times an
 		// engine block's time to index (two ops, a binding look-up each) and, with its
-		// compact binding (bindings.go), about 2.2 times its memory (1M, -bigmem: 123
-		// RSS bytes per block against 57; 450 heap / 621 RSS bytes with Go-map bindings).
+		// compact binding (bindings.go: a 40-byte entry, the key's first 64 bits its block
+		// hash, and a block-index slot), about twice its memory (1M, -bigmem: 98.6 RSS
+		// bytes per block against 49.3; 123 with 56-byte entries and two indexes, 450 heap
+		// / 621 RSS bytes with Go-map bindings).
 		nm := n
 		if !*bigMem {
 			nm = n / 10
@@ -310,7 +356,7 @@ func BenchmarkResidentBytes(b *testing.B) {
 
 func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 	var before, after runtime.MemStats
-	runtime.GC()
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&before)
 	rss0 := processRSS(b)
 	e := New(Config{MaxBlocksPerContext: -1})
@@ -335,7 +381,8 @@ func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
-	runtime.GC()
+	settle(b, e, ctxA)   // the steady state: no table migration or slab release pending
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
 	runtime.KeepAlive(e)
@@ -359,7 +406,7 @@ func processRSS(b *testing.B) int64 {
 func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 	var before, after runtime.MemStats
 	buf := make([]uint64, 4096)
-	runtime.GC()
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&before)
 	rss0 := processRSS(b)
 	e := New(Config{MaxBlocksPerContext: -1})
@@ -386,7 +433,8 @@ func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
-	runtime.GC()
+	settle(b, e, ctxA)   // the steady state: no table migration or slab release pending
+	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
 	runtime.KeepAlive(e)

@@ -23,6 +23,9 @@ type testHooks struct {
 	sweepChunk int
 	// now replaces the clock of write epochs (microseconds since the engine started).
 	now func() uint64
+	// bindSets, when > 0, replaces maxSets (the component sets a context's bindings
+	// intern before the rest keep their own lists).
+	bindSets int
 }
 
 func (e *Engine) walkHook() func(int, int) {

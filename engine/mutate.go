@@ -371,10 +371,13 @@ func (c *context) sharedStore(op *Op) {
 	}
 	if c.bs == nil {
 		c.bs = newBindStore()
+		if h := c.eng.hooks; h != nil && h.bindSets > 0 {
+			c.bs.sets.limit = h.bindSets
+		}
 	}
 	bs := c.bs
 	i, found := bs.find(op.Source, op.Backend, op.SharedTier, op.ObjectKey)
-	if found && bs.ent(i)[bwHash] != op.Hash {
+	if found && bs.hash(i) != op.Hash {
 		op.Err = ErrBindingConflict
 		return
 	}
@@ -416,7 +419,7 @@ func (c *context) sharedRemove(op *Op) {
 	if !found {
 		return
 	}
-	if bs.ent(i)[bwHash] != op.Hash {
+	if bs.hash(i) != op.Hash {
 		op.Err = ErrBindingMismatch
 		return
 	}
@@ -487,8 +490,7 @@ func (c *context) dropStep() {
 	if bs := c.bs; bs != nil {
 		end := bs.ents.HighWater()
 		for visited, removed := 0, 0; c.dropPos < end && visited < dropVisit && removed < dropRemove; c.dropPos, visited = c.dropPos+1, visited+1 {
-			e := bs.ent(c.dropPos)
-			if e[bwFlags]&flagLive == 0 || !bs.doomed[uint16(e[bwNames])] {
+			if !bs.doomedAt(c.dropPos) {
 				continue
 			}
 			hash, charge := bs.remove(c.dropPos)
