@@ -231,6 +231,7 @@ func (t *Tracker) replayBatch(now time.Time, seq uint64, payload []byte) {
 	}
 	t.apply(seq, payload)
 	t.rec.progress = true
+	t.rec.replayed++
 	if bounded && t.next == until {
 		// Replies at or past the live boundary are not needed: closing the DEALER
 		// discards them, and the boundary is applied once, from the buffer.
@@ -281,9 +282,8 @@ func (t *Tracker) finishRecovery(now time.Time) {
 		t.rec.joinCheck = false
 		// Counted last: a reader that sees the check done sees its gap counts too.
 		defer t.st.joinChecks.Add(1)
-		if t.next > t.rec.from {
+		if missing := t.rec.replayed; missing > 0 {
 			// Never received live: count them as a gap, recovered.
-			missing := t.next - t.rec.from
 			t.st.gaps.Add(1)
 			t.st.dropped.Add(missing)
 			t.log(slog.LevelWarn, "join check recovered batches published while the subscription joined",

@@ -161,6 +161,7 @@ type recovery struct {
 	// is counted apart and, as long as no live batch showed a gap, given up without
 	// marking the source stale when the replay endpoint does not answer.
 	joinCheck bool
+	replayed  uint64 // batches applied from replay replies
 }
 
 // New returns the tracker of a stream that has not started.
@@ -295,6 +296,13 @@ func (t *Tracker) live(now time.Time, seq uint64, cost int, payload []byte) {
 	}
 	if seq >= t.hiNext {
 		t.hiNext = seq + 1
+	}
+	if t.rec.active && t.rec.joinCheck && seq == t.next && t.pend.len() == 0 {
+		// The join check looks for batches that may be missing before next; the live
+		// stream goes on meanwhile (a slow replay endpoint must not hold it up), and
+		// replayed batches it has already applied count as duplicates.
+		t.apply(seq, payload)
+		return
 	}
 	if t.rec.active {
 		if !t.rec.catchUp || t.base || t.fits(cost) {

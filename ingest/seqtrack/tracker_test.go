@@ -299,6 +299,12 @@ var trackerCases = []trackerCase{
 		op(0, "start", "open 0"), op(1, "end", "close"), op(2, "conn", ""),
 		op(202, "tick", "open 0"), replay(203, 4, "apply 4:r4"), op(203, "end", "close"),
 	}, want: Counters{CatchUps: 2}, next: 5},
+	{name: "join check lets the live stream flow", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		op(202, "tick", "open 1"), live(203, 1, "apply 1:p1"), live(203, 2, "apply 2:p2"),
+		replay(204, 1, ""), replay(204, 2, ""), replay(204, 3, "apply 3:r3"), op(204, "end", "close"),
+		live(205, 4, "apply 4:p4"),
+	}, want: Counters{CatchUps: 1, JoinChecks: 1, Duplicates: 2, Gaps: 1, Dropped: 1}, next: 5},
 	{name: "join check needs an answered catch-up", cfg: cfgJoin(), steps: []step{
 		op(0, "start", "open 0"), op(1, "fail", "close"), op(2, "conn", ""),
 		live(3, 7, "apply 7:p7"), op(300, "tick", ""),
