@@ -70,7 +70,13 @@ type request struct {
 	// dropped reports that the context was dropped (reqDropIfEmpty) before this request:
 	// nothing was done, and the caller looks the context up again.
 	dropped bool
-	done    chan struct{}
+	// closed: the engine closed while the request waited on its writer (a clear waiting
+	// for a stamp, a registration waiting for a widening): not (wholly) applied.
+	closed bool
+	// next is the first op of a reqApply not applied yet (a request stalled on a clear,
+	// see context.stalled).
+	next int
+	done chan struct{}
 }
 
 // context is one cache-sharing group with its writer goroutine.
@@ -131,6 +137,10 @@ type context struct {
 	clr      *clearSet
 	sweepPos uint32
 	swept    int // records visited by sweeps (tests)
+	// stalled are requests waiting for a clear stamp (every stamp is taken by a pending
+	// clear, see clear.go), oldest first: an Apply resumes at ops[r.next], an
+	// unregistration from the start, each once the sweep has completed a clear.
+	stalled []*request
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 	// snap, while a snapshot of this context is being copied, records every change
@@ -168,6 +178,9 @@ func (c *context) do(r *request) error {
 		return ErrClosed
 	}
 	<-r.done
+	if r.closed {
+		return ErrClosed
+	}
 	return nil
 }
 
@@ -187,7 +200,7 @@ func (c *context) run() {
 			case <-c.wake:
 				c.payDebt()
 			case <-c.quit:
-				c.endDrops()
+				c.endWaiters()
 				return
 			default:
 				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
@@ -195,6 +208,7 @@ func (c *context) run() {
 				}
 				c.releaseStep()
 				c.sweepStep()
+				c.resumeStalled()
 				c.dropStep()
 			}
 			continue
@@ -205,7 +219,7 @@ func (c *context) run() {
 		case <-c.wake:
 			c.payDebt()
 		case <-c.quit:
-			c.endDrops() // closing: nothing changes any more
+			c.endWaiters() // closing: nothing changes any more
 			return
 		}
 	}
@@ -229,6 +243,7 @@ func (c *context) serve(r *request) {
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.resumeStalled()
 		c.dropStep()
 		h.step(false)
 	} else {
@@ -237,6 +252,7 @@ func (c *context) serve(r *request) {
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.resumeStalled()
 		c.dropStep()
 	}
 	c.payDebt()
@@ -256,21 +272,26 @@ func (c *context) handle(r *request) {
 	}
 	switch r.kind {
 	case reqApply:
-		for i := range r.ops {
-			c.applyOp(&r.ops[i])
+		if !c.applyOps(r) {
+			c.stall(r)
 		}
+		return // journaled by applyOps
 	case reqRegister:
 		r.isNew = c.register(r.slot)
 	case reqUnregister:
-		c.unregister(r.slot)
+		if !c.unregister(r.slot) {
+			c.stall(r)
+			return // journaled (not at all, like any unregistration) when resumed
+		}
 	case reqClearShared:
 		r.deferred = c.dropShared(r, true)
 	case reqRetractSource:
 		r.deferred = c.dropShared(r, false)
 	case reqDropIfEmpty:
 		// Without slots and bindings no record holds a visible bit: whatever records
-		// remain hold only bits of unregistered slots that pending clears mask.
-		if len(c.slots) == 0 && c.bs == nil {
+		// remain hold only bits of unregistered slots that pending clears mask. A
+		// stalled request is not done yet: the context is not empty until it is.
+		if len(c.slots) == 0 && c.bs == nil && len(c.stalled) == 0 {
 			c.dropped = true
 			r.dropped = true
 			c.eng.total.Add(-int64(c.tab.ar.Len()))
@@ -371,10 +392,15 @@ func (c *context) register(s Slot) bool {
 	return true
 }
 
-func (c *context) unregister(s Slot) {
+// unregister removes s; it reports false, changing nothing, when the clear of its bits must
+// wait for a stamp (the caller stalls the request).
+func (c *context) unregister(s Slot) bool {
 	n, ok := c.slots[s]
 	if !ok {
-		return
+		return true
+	}
+	if !c.stampFor(n, MaskAllEngine) {
+		return false
 	}
 	delete(c.slots, s)
 	// The view that stops reporting the slot also masks its bits (clearSlot publishes).
@@ -386,4 +412,5 @@ func (c *context) unregister(s Slot) {
 	// slotReuse change (see settled).
 	c.slotUsed[n] = false
 	c.maybeShrink()
+	return true
 }

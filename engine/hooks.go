@@ -21,6 +21,8 @@ type testHooks struct {
 	dropDeferred func()
 	// sweepChunk, when > 0, replaces defaultSweepChunk (records a sweep step visits).
 	sweepChunk int
+	// stalled runs on the writer when a request stalls waiting for a clear stamp.
+	stalled func()
 	// now replaces the clock of write epochs (microseconds since the engine started).
 	now func() uint64
 }

@@ -13,7 +13,25 @@ import (
 // words with plain loads and publishes every change with atomic stores, because queries
 // read the same words concurrently.
 
-func (c *context) applyOp(op *Op) {
+// applyOps applies r's ops from r.next on, journals them for a running snapshot, and
+// reports whether all were applied: it stops before a clear that must wait for a stamp
+// (clear.go), leaving r.next at it.
+func (c *context) applyOps(r *request) bool {
+	from := r.next
+	for ; r.next < len(r.ops); r.next++ {
+		if !c.applyOp(&r.ops[r.next]) {
+			break
+		}
+	}
+	if c.snap != nil {
+		c.snap.recordOps(r.ops[from:r.next])
+	}
+	return r.next == len(r.ops)
+}
+
+// applyOp applies op; it reports false, changing nothing, for a clear that must wait for a
+// stamp.
+func (c *context) applyOp(op *Op) bool {
 	op.Err = nil
 	switch op.Kind {
 	case OpStore:
@@ -22,6 +40,9 @@ func (c *context) applyOp(op *Op) {
 		c.engineRemove(op)
 	case OpClear:
 		if n, ok := c.slots[op.Slot]; ok {
+			if !c.stampFor(n, op.ClearTiers&MaskAllEngine) {
+				return false
+			}
 			c.clearSlot(n, op.ClearTiers&MaskAllEngine)
 			c.maybeShrink()
 		}
@@ -32,6 +53,7 @@ func (c *context) applyOp(op *Op) {
 	default:
 		op.Err = ErrInvalidOp
 	}
+	return true
 }
 
 // findOrCreate returns the record of key, creating an empty one at the newest end of the
