@@ -148,6 +148,7 @@ func (c *context) resumeStalled() {
 // writer: shared drops (done: nothing changes any more) and stalled requests (ErrClosed).
 func (c *context) endWaiters() {
 	c.endDrops()
+	c.endWidening()
 	for _, r := range c.stalled {
 		r.closed = true
 		r.done <- struct{}{}
@@ -304,6 +305,7 @@ func (c *context) cleanRec(idx uint32, rec []uint64) bool {
 	}
 	// The stamp goes with a version change: the bits just dropped stay dropped for
 	// readers, which either see the new meta or mask them under the old stamp.
+	c.rec(idx) // marks it for a running widening
 	c.setMetaStamp(rec, m>>metaEpochShift, m&(metaFlags|metaFree), c.stamp)
 	return true
 }

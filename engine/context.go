@@ -76,7 +76,9 @@ type request struct {
 	// next is the first op of a reqApply not applied yet (a request stalled on a clear,
 	// see context.stalled).
 	next int
-	done chan struct{}
+	// slotNum is the slot number reserved by a registration waiting for a widening.
+	slotNum int
+	done    chan struct{}
 }
 
 // context is one cache-sharing group with its writer goroutine.
@@ -141,6 +143,11 @@ type context struct {
 	// clear, see clear.go), oldest first: an Apply resumes at ops[r.next], an
 	// unregistration from the start, each once the sweep has completed a clear.
 	stalled []*request
+	// wide is the running widening of the records (widen.go), nil when none; widenings
+	// counts those started and widenCopied the records they copied (tests).
+	wide        *widening
+	widenings   int
+	widenCopied int
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 	// snap, while a snapshot of this context is being copied, records every change
@@ -190,7 +197,7 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
-		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0 || c.wide != nil) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration or a sweep is running: between requests, move it on in
 			// bounded steps, so that an idle context soon holds one table (and its
 			// memory) again and its clears are applied to every record.
@@ -210,6 +217,7 @@ func (c *context) run() {
 				c.sweepStep()
 				c.resumeStalled()
 				c.dropStep()
+				c.widenStep()
 			}
 			continue
 		}
@@ -245,6 +253,7 @@ func (c *context) serve(r *request) {
 		c.sweepStep()
 		c.resumeStalled()
 		c.dropStep()
+		c.widenStep()
 		h.step(false)
 	} else {
 		c.handle(r)
@@ -254,6 +263,7 @@ func (c *context) serve(r *request) {
 		c.sweepStep()
 		c.resumeStalled()
 		c.dropStep()
+		c.widenStep()
 	}
 	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
@@ -277,7 +287,10 @@ func (c *context) handle(r *request) {
 		}
 		return // journaled by applyOps
 	case reqRegister:
-		r.isNew = c.register(r.slot)
+		if c.register(r) {
+			r.deferred = true // handed back at the widening's switch
+			return
+		}
 	case reqUnregister:
 		if !c.unregister(r.slot) {
 			c.stall(r)
@@ -291,7 +304,8 @@ func (c *context) handle(r *request) {
 		// Without slots and bindings no record holds a visible bit: whatever records
 		// remain hold only bits of unregistered slots that pending clears mask. A
 		// stalled request is not done yet: the context is not empty until it is.
-		if len(c.slots) == 0 && c.bs == nil && len(c.stalled) == 0 {
+		// Nor is it while a registration waits for a widening.
+		if len(c.slots) == 0 && c.bs == nil && len(c.stalled) == 0 && c.wide == nil {
 			c.dropped = true
 			r.dropped = true
 			c.eng.total.Add(-int64(c.tab.ar.Len()))
@@ -370,10 +384,21 @@ func (c *context) buildSlotTable() *slotTable {
 	return st
 }
 
-func (c *context) register(s Slot) bool {
-	if _, ok := c.slots[s]; ok {
+// register registers r.slot, setting r.isNew (false: it was registered already); it
+// reports whether r waits for a widening of the records (widen.go), to be handed back at
+// its switch.
+func (c *context) register(r *request) bool {
+	s := r.slot
+	if c.registered(s) {
+		r.isNew = false
 		return false
 	}
+	if c.wide != nil && c.wide.waitingFor(s) != nil {
+		r.isNew = false
+		c.wide.waiters = append(c.wide.waiters, r)
+		return true
+	}
+	r.isNew = true
 	n := slices.Index(c.slotUsed, false)
 	if n >= 0 {
 		// A query may still hold a slot table that maps n to its previous owner.
@@ -384,12 +409,15 @@ func (c *context) register(s Slot) bool {
 		c.slotCounts = append(c.slotCounts, [3]int{})
 	}
 	c.slotUsed[n] = true
-	c.slots[s] = n
 	if need := widthFor(n); need > c.tab.w {
-		c.rebuild(need, false)
+		if c.registerWide(r, n, need) {
+			return true
+		}
+	} else {
+		c.slots[s] = n
 	}
 	c.publish()
-	return true
+	return false
 }
 
 // unregister removes s; it reports false, changing nothing, when the clear of its bits must

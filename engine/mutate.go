@@ -61,14 +61,14 @@ func (c *context) applyOp(op *Op) bool {
 // (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
 	if idx, ok := c.tab.lookup(key); ok {
-		if rec := c.tab.ar.Record(idx); c.clr == nil || c.cleanRec(idx, rec) {
+		if rec := c.rec(idx); c.clr == nil || c.cleanRec(idx, rec) {
 			return idx, rec, false
 		}
 		// It held only cleared bits and was deleted: create it anew.
 	}
 	c.makeRoom()
 	idx = c.tab.ar.Alloc()
-	rec = c.tab.ar.Record(idx)
+	rec = c.rec(idx)
 	// A reused record may still be read by a query that found it under its old key: it
 	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
 	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
@@ -233,7 +233,7 @@ func linkNext(l uint64) uint32 { return uint32(l) }
 func (c *context) linkNewest(idx uint32, rec []uint64) {
 	rec[recLink] = uint64(c.newest) << 32
 	if c.newest != 0 {
-		p := c.tab.ar.Record(c.newest - 1)
+		p := c.rec(c.newest - 1)
 		p[recLink] = p[recLink]&^0xFFFFFFFF | uint64(idx+1)
 	} else {
 		c.oldest = idx + 1
@@ -245,13 +245,13 @@ func (c *context) unlink(rec []uint64) {
 	l := rec[recLink]
 	p, n := linkPrev(l), linkNext(l)
 	if p != 0 {
-		pr := c.tab.ar.Record(p - 1)
+		pr := c.rec(p - 1)
 		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
 	} else {
 		c.oldest = n
 	}
 	if n != 0 {
-		nr := c.tab.ar.Record(n - 1)
+		nr := c.rec(n - 1)
 		nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
 	} else {
 		c.newest = p
@@ -272,18 +272,17 @@ func (c *context) touch(idx uint32, rec []uint64) {
 // moveNewest moves rec (linked, not the newest) to the newest end of the write order:
 // unlink and linkNewest in one, with one look-up per neighbour.
 func (c *context) moveNewest(idx uint32, rec []uint64) {
-	ar := c.tab.ar
 	l := rec[recLink]
 	p, n := linkPrev(l), linkNext(l) // n != 0: rec is not the newest
-	nr := ar.Record(n - 1)
+	nr := c.rec(n - 1)
 	nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
 	if p != 0 {
-		pr := ar.Record(p - 1)
+		pr := c.rec(p - 1)
 		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
 	} else {
 		c.oldest = n
 	}
-	last := ar.Record(c.newest - 1) // may be nr: its prev half was just written
+	last := c.rec(c.newest - 1) // may be nr: its prev half was just written
 	last[recLink] = last[recLink]&^0xFFFFFFFF | uint64(idx+1)
 	rec[recLink] = uint64(c.newest) << 32
 	c.newest = idx + 1
@@ -337,7 +336,7 @@ func (c *context) engineRemove(op *Op) {
 		if !ok {
 			continue
 		}
-		rec := c.tab.ar.Record(idx)
+		rec := c.rec(idx)
 		if !c.cleanRec(idx, rec) {
 			continue // it held only cleared bits
 		}
@@ -472,7 +471,7 @@ func (c *context) reflag(hash uint64) {
 	if !found {
 		return // unreachable: a binding keeps its block's record alive
 	}
-	rec := c.tab.ar.Record(idx)
+	rec := c.rec(idx)
 	c.cleanRec(idx, rec) // it keeps its shared flags: not deleted
 	c.setMeta(rec, rec[recMeta]>>metaEpochShift, c.bs.flags(hash))
 	if recordEmpty(rec) {
@@ -662,7 +661,7 @@ func (c *context) countEvicted(evicted int, msg string) {
 // evictOldest drops the oldest-written block.
 func (c *context) evictOldest() {
 	idx := c.oldest - 1
-	rec := c.tab.ar.Record(idx)
+	rec := c.rec(idx)
 	w := c.tab.w
 	for t := 0; t < 3; t++ {
 		for j := 0; j < maskWords(w); j++ {
@@ -709,9 +708,9 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 // clears on the way (a cost in live records); otherwise it re-indexes the same arena after
 // completing the pending clears (a cost in the arena's high-water mark). The old table's
 // entries, and a replaced arena's slabs, go back to the kernel a chunk per writer step
-// (releaseLater). Only registration widening past a multiple of 64 slots and the
-// compaction of a context left with few blocks (maybeShrink) use it; growth and shrinking
-// are otherwise incremental (makeRoom, shrinkTable).
+// (releaseLater). Only the widening of a small context's records (registerWide) and the
+// compaction of a context left with few blocks (maybeShrink) use it; growth, shrinking and
+// the widening of larger contexts are incremental (makeRoom, shrinkTable, widen.go).
 func (c *context) rebuild(w int, compact bool) {
 	// Finish a running migration first, so that the walk below sees one table.
 	for c.tab.prev.Load() != nil && !c.tab.migrate() {
@@ -818,7 +817,7 @@ const compactMaxLive = 2048
 // table incrementally, like growth.
 func (c *context) maybeShrink() {
 	t := c.tab
-	if t.prev.Load() != nil || len(t.entries) <= minTableCap || t.live*8 >= len(t.entries) || sizeFor(t.live) >= len(t.entries) {
+	if c.wide != nil || t.prev.Load() != nil || len(t.entries) <= minTableCap || t.live*8 >= len(t.entries) || sizeFor(t.live) >= len(t.entries) {
 		return
 	}
 	if c.tab.ar.Len() <= compactMaxLive {
