@@ -127,6 +127,8 @@ type context struct {
 	// unpublished, its first nextFaulted entries' pages already written.
 	next        *table
 	nextFaulted int
+	faultDebt   int // prepareNext's pacing: pages owed, in units of 1/(inserts left)
+	unfaulted   int // pages of prepared tables not yet written when a migration took them (tests)
 	// toRelease is memory of retired tables still to give back, a chunk per step.
 	toRelease     [][]uint64
 	migrations    int // incremental table migrations started (tests)

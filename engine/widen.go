@@ -47,6 +47,11 @@ type widening struct {
 	// pos: records below it are copied; dirty lists copied records changed since.
 	pos   uint32
 	dirty []uint32
+	// tab is the table the switch publishes, mapped at the start and written ahead a few
+	// pages per step (faulted: entries below are paged in), so that its migration does
+	// not take page faults (hundreds per step when it moves entries into fresh pages).
+	tab     *table
+	faulted int
 	// waiters are the registrations waiting for the switch, in arrival order (a repeated
 	// registration of a waiting slot waits with it, isNew false).
 	waiters []*request
@@ -100,9 +105,13 @@ func (c *context) registerWide(r *request, n, need int) bool {
 
 // startWidening starts copying the records into an arena of width w (> c.tab.w).
 func (c *context) startWidening(w int) {
-	c.wide = &widening{w: w, ar: arena.New(arena.Config{RecordWords: recordWords(w)})}
+	ar := arena.New(arena.Config{RecordWords: recordWords(w)})
+	c.wide = &widening{w: w, ar: ar, tab: newTable(sizeFor(c.tab.ar.Len()), ar, w, &c.state)}
 	c.widenings++
 }
+
+// widenFaultPages bounds the pages of the widening's table a step writes ahead.
+const widenFaultPages = 16
 
 // waitingFor returns the waiting registration of s, if any.
 func (wd *widening) waitingFor(s Slot) *request {
@@ -132,7 +141,17 @@ func (c *context) widenStep() {
 	for ; wd.pos < end; wd.pos++ {
 		c.copyWide(wd.pos)
 	}
-	if wd.pos == hw && c.tab.prev.Load() == nil {
+	// The table's pages, in proportion to the records copied (one chunk ahead).
+	e := wd.tab.entries
+	want := len(e)
+	if wd.pos < hw {
+		want = int(uint64(len(e)) * uint64(wd.pos+uint32(c.widenChunk())) / uint64(hw))
+	}
+	for n := 0; wd.faulted < min(want, len(e)) && n < widenFaultPages; n++ {
+		e[wd.faulted] = 0 // a write: the kernel maps a page now
+		wd.faulted += pageWords
+	}
+	if wd.pos == hw && wd.faulted >= len(e) && c.tab.prev.Load() == nil {
 		c.switchWide()
 	}
 }
@@ -157,7 +176,11 @@ func (c *context) switchWide() {
 	wd.ar.Adopt(old.ar)
 	rehomed := &table{entries: old.entries, mask: old.mask, shift: old.shift, ar: wd.ar, w: wd.w, pub: &c.state,
 		live: old.live, tombs: old.tombs}
-	nt := newTable(sizeFor(old.live), wd.ar, wd.w, &c.state)
+	nt := wd.tab
+	if size := sizeFor(old.live); size > len(nt.entries) {
+		c.releaseLater(nt.entries) // grew meanwhile: its migration takes faults, rarely
+		nt = newTable(size, wd.ar, wd.w, &c.state)
+	}
 	nt.prev.Store(rehomed)
 	nt.quota = quotaFor(old.live, len(nt.entries))
 	if c.next != nil {
