@@ -276,6 +276,7 @@ func (c *context) cleanRec(idx uint32, rec []uint64) bool {
 	if c.clr == nil || stampOf(m) == c.stamp {
 		return true
 	}
+	c.rec(idx) // it changes below: marked for a running widening (widen.go)
 	if sup := c.clr.mask(m); sup != nil {
 		stale, left := false, m&metaFlags != 0
 		for j, sj := range sup {
@@ -305,7 +306,6 @@ func (c *context) cleanRec(idx uint32, rec []uint64) bool {
 	}
 	// The stamp goes with a version change: the bits just dropped stay dropped for
 	// readers, which either see the new meta or mask them under the old stamp.
-	c.rec(idx) // marks it for a running widening
 	c.setMetaStamp(rec, m>>metaEpochShift, m&(metaFlags|metaFree), c.stamp)
 	return true
 }

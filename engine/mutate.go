@@ -393,6 +393,7 @@ func (c *context) deleteRecord(idx uint32, rec []uint64) {
 // freeRecord marks rec free (ending any change in progress), takes it out of the write
 // order and returns it to the arena.
 func (c *context) freeRecord(idx uint32, rec []uint64) {
+	c.rec(idx) // callers may hold rec from a read-only look-up
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.unlink(rec)

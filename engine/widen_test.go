@@ -62,7 +62,11 @@ func TestWideningInBoundedSteps(t *testing.T) {
 			}
 			for done := 0; done < tc.n; done += 100 {
 				s := slots[rng.Intn(len(slots))]
-				both(store(s, EngineTier(rng.Intn(3)), keys[done:done+100]...), store(slots[0], TierDisk, keys[done:done+100]...))
+				ops := []Op{store(s, EngineTier(rng.Intn(3)), keys[done:done+100]...)}
+				if done < tc.n/2 { // long walks in the first half; the second half has one owner per block
+					ops = append(ops, store(slots[0], TierDisk, keys[done:done+100]...))
+				}
+				both(ops...)
 			}
 			c := e.lookup(ctxA)
 			maxCopied, last := 0, 0
@@ -107,9 +111,11 @@ func TestWideningInBoundedSteps(t *testing.T) {
 				}
 			}
 			// Mutations during the copy: 8 hashes per op, so a step copies at most
-			// chunk records plus those its request changed (a few per hash).
+			// chunk records plus those it changed (see perOpBound).
 			steps, acked, next := 0, false, tc.n
-			const perOpBound = 8 * 4 * 3
+			// Each record a step changes (8 per op, as many evicted, a sweep chunk of 32
+			// cleaned) is copied again, with its write-order neighbours: at most 4 each.
+			const perOpBound = 4 * (8 + 8 + 32)
 			for !acked {
 				select {
 				case err := <-registered:
@@ -135,10 +141,8 @@ func TestWideningInBoundedSteps(t *testing.T) {
 				case k < 9:
 					i := rng.Intn(tc.n - 8)
 					ops = append(ops, remove(s, EngineTier(rng.Intn(3)), keys[i:i+8]...))
-				default:
-					if s != slots[0] {
-						ops = append(ops, clearOp(s, TierMask(1+rng.Intn(7))))
-					}
+				default: // clears: the sweep deletes records left without owner
+					ops = append(ops, clearOp(s, TierMask(1+rng.Intn(7))))
 				}
 				if acked && rng.Intn(2) == 0 {
 					ops = append(ops, store(wide, TierDevice, keys[rng.Intn(tc.n-8):][:8]...))
