@@ -20,13 +20,14 @@ import (
 //     copied is marked (context.rec) and copied again in the next step, so when the
 //     copy reaches the old arena's high-water mark the new arena holds every record
 //     exactly as the old one.
-//   - The switch is one step of bounded work: the new arena adopts the old one's
-//     allocation state (same indices, same free list), the pending clears are rewritten
-//     at the new width, and a view is published whose table is a new empty one of the
-//     new width reading through to the old table's entries re-homed on the new arena
-//     (same entries, same indices: the table's incremental migration then moves them, a
-//     few per step, see table.go). The registrations waiting are then made and the
-//     view naming their slots published; their requests are handed back.
+//   - The switch is one step of bounded work, taken once every record is copied, the
+//     table it publishes is paged in (mapped at the start, a few pages written per step)
+//     and no table migration runs: the new arena adopts the old one's allocation state
+//     (same indices, same free list), the pending clears are rewritten at the new width,
+//     and a view is published whose table, empty, of the new width, reads through to the
+//     old table's entries re-homed on the new arena (same entries, same indices: the
+//     table's incremental migration then moves them, a few per step, see table.go). The
+//     registrations waiting are made in that view; their requests are handed back.
 //
 // Readers: a query that loaded a view before the switch keeps reading the old table and
 // the old arena, which the writer no longer changes after the switch (entries are only
