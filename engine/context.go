@@ -93,7 +93,9 @@ type context struct {
 
 	blocks                   atomic.Int64
 	evictions, evictedBlocks atomic.Uint64
-	// slotReuse counts registrations that took a slot number freed by an unregistration.
+	// slotReuse counts registrations that took a slot number freed by an unregistration,
+	// and widening switches (widen.go: a query that walked the old arena, which the
+	// writer stops updating and then releases, walks again with the new view).
 	// It is bumped before the slot table naming the new owner is published, hence before
 	// any bit of the new owner is stored.
 	slotReuse atomic.Uint64

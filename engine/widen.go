@@ -32,10 +32,11 @@ import (
 // Readers: a query that loaded a view before the switch keeps reading the old table and
 // the old arena, which the writer no longer changes after the switch (entries are only
 // tombstoned, then released; records are released a chunk per step, reading as zeros):
-// each block it reads is as it was at some moment of the query, like any walk, and
-// released memory reads as a miss. A miss in the old, dead table never retries in the
-// new one (widths differ, see retryMiss). A query that loaded the new view reads only the
-// new arena, complete at the switch. Versions (meta) are copied with the records, so the
+// never a bit that was not there, but possibly stale or cut short, so the switch bumps
+// slotReuse and such a query walks again with the new view (Result.settled), as after a
+// slot number's reuse. A miss in the old, dead table never retries in the new one
+// (widths differ, see retryMiss). A query that loaded the new view reads only the new
+// arena, complete at the switch. Versions (meta) are copied with the records, so the
 // seqlock rule holds within each arena.
 
 // defaultWidenChunk is how many records a widening step copies (a few tens of µs).
@@ -142,7 +143,13 @@ func (c *context) widenStep() {
 	for ; wd.pos < end; wd.pos++ {
 		c.copyWide(wd.pos)
 	}
-	// The table's pages, in proportion to the records copied (one chunk ahead).
+	// The table's pages, in proportion to the records copied (one chunk ahead). A
+	// context that grew past the table's size meanwhile gets a larger one, paged in
+	// from the start.
+	if size := sizeFor(c.tab.ar.Len()); size > len(wd.tab.entries) {
+		c.releaseLater(wd.tab.entries[:wd.faulted])
+		wd.tab, wd.faulted = newTable(size, wd.ar, wd.w, &c.state), 0
+	}
 	e := wd.tab.entries
 	want := len(e)
 	if wd.pos < hw {
@@ -177,11 +184,7 @@ func (c *context) switchWide() {
 	wd.ar.Adopt(old.ar)
 	rehomed := &table{entries: old.entries, mask: old.mask, shift: old.shift, ar: wd.ar, w: wd.w, pub: &c.state,
 		live: old.live, tombs: old.tombs}
-	nt := wd.tab
-	if size := sizeFor(old.live); size > len(nt.entries) {
-		c.releaseLater(nt.entries) // grew meanwhile: its migration takes faults, rarely
-		nt = newTable(size, wd.ar, wd.w, &c.state)
-	}
+	nt := wd.tab // sized for the records (widenStep)
 	nt.prev.Store(rehomed)
 	nt.quota = quotaFor(old.live, len(nt.entries))
 	if c.next != nil {
@@ -217,6 +220,9 @@ func (c *context) switchWide() {
 			later = append(later, r)
 		}
 	}
+	// Queries that loaded an older view walk again (settled): the old arena stops
+	// changing now and is released over the next steps.
+	c.slotReuse.Add(1)
 	c.publish()
 	old.dead.Store(true)
 	// The old table's entries are the re-homed table's: released when its migration

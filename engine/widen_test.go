@@ -170,3 +170,64 @@ func TestWideningInBoundedSteps(t *testing.T) {
 		})
 	}
 }
+
+// TestQueryAcrossWideningSwitch: a query stops inside its walk (before loading a record)
+// with the view of before a widening; meanwhile the widening switches, the old arena is
+// given back (it reads as zeros) and blocks change in the new one. The query must answer
+// exactly as the context is after those changes (it walks again with the new view), not
+// cut short at the released record nor with the old arena's stale bits.
+func TestQueryAcrossWideningSwitch(t *testing.T) {
+	a := Slot{"a", 0}
+	hooks := &testHooks{noIdleMigration: true, widenChunk: 16, widenSmall: 8}
+	e, _ := hookedEngineWith(t, Config{}, hooks, a)
+	p := vllmProfile(t)
+	for i := 1; i < packedSlots; i++ {
+		mustRegister(t, e, ctxA, p, Slot{"pad", i})
+	}
+	hs := seqKeys(3, 200)
+	mustApply(t, e, ctxA, store(a, TierDevice, hs...), store(a, TierDisk, hs...))
+	switched := false
+	hooks.widened = func(int) { switched = true }
+	c := e.lookup(ctxA)
+	st := &steps{at: []int{recMeta}, fn: []func(){func() {
+		registered := make(chan error, 1)
+		go func() {
+			_, err := e.RegisterSlot(ctxA, p, Slot{"wide", 0})
+			registered <- err
+		}()
+		for done := false; !done; {
+			select {
+			case err := <-registered:
+				if err != nil {
+					t.Error(err)
+				}
+				done = true
+			default:
+				mustApply(t, e, ctxA) // one writer step
+			}
+		}
+		// The old arena's slabs go back a chunk per step; then a change in the new one.
+		for i := 0; i < 8; i++ {
+			mustApply(t, e, ctxA)
+		}
+		mustApply(t, e, ctxA, remove(a, TierDevice, hs[120:]...))
+	}}, done: make([]bool, 1)}
+	var hookAt int
+	hooks.walkLoad = func(i, w int) {
+		if i == 100 || hookAt > 0 {
+			hookAt++
+			st.hook(i, w)
+		}
+	}
+	hits := qk(t, e, ctxA, hs, "a")
+	hooks.walkLoad = nil
+	if !st.allDone() || !switched {
+		t.Fatal("the widening did not switch during the walk")
+	}
+	if c.state.Load().tab.w != 1 {
+		t.Fatal("records not widened")
+	}
+	if got := rankTiers(t, hits, "a", 0); got != (Tiers{Device: 120 * 16, CPULocal: 120 * 16, CPUShare: 120 * 16, Disk: 200 * 16}) {
+		t.Fatalf("query across the switch: %+v, want device, cpu_local, cpu_share 120 blocks, disk 200", got)
+	}
+}
