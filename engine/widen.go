@@ -67,10 +67,17 @@ const widenSmall = compactMaxLive
 // runs, a record already copied is marked to be copied again before the switch. Writer
 // code that may change a record gets it from here (reads may use the arena directly).
 func (c *context) rec(idx uint32) []uint64 {
-	if wd := c.wide; wd != nil && idx < wd.pos {
-		wd.dirty = append(wd.dirty, idx)
+	if c.wide != nil { // inlined: the write paths pay a nil check
+		c.wide.mark(idx)
 	}
 	return c.tab.ar.Record(idx)
+}
+
+// mark notes that copied record idx changed.
+func (wd *widening) mark(idx uint32) {
+	if idx < wd.pos {
+		wd.dirty = append(wd.dirty, idx)
+	}
 }
 
 // widenChunk returns the records a widening step copies.
