@@ -40,7 +40,7 @@ import (
 // seqlock rule holds within each arena.
 
 // defaultWidenChunk is how many records a widening step copies (a few tens of µs).
-const defaultWidenChunk = 512
+const defaultWidenChunk = 256
 
 // widening is a running widening. Writer only.
 type widening struct {
@@ -120,7 +120,7 @@ func (c *context) startWidening(w int) {
 }
 
 // widenFaultPages bounds the pages of the widening's table a step writes ahead.
-const widenFaultPages = 16
+const widenFaultPages = 8
 
 // waitingFor returns the waiting registration of s, if any.
 func (wd *widening) waitingFor(s Slot) *request {
