@@ -141,6 +141,26 @@ func (a *Arena) grow(d [][]uint64) {
 	a.dir.Store(&nd)
 }
 
+// Reserve maps slabs until every record below n can be written: for a writer that fills
+// this arena as a copy of another, index for index (through Record), before Adopt makes
+// the copies its allocated records. Writer only.
+func (a *Arena) Reserve(n uint32) {
+	for d := *a.dir.Load(); len(d)<<a.chunkShift < int(n); d = *a.dir.Load() {
+		a.grow(d)
+	}
+}
+
+// Adopt takes over src's allocation state: the records of a below src's high-water mark
+// are the caller's copies of src's, index for index, and from now on a allocates exactly
+// as src would have (same high-water mark, same free records in the same order). src's
+// free list goes with it: the writer must not allocate from or free into src afterwards
+// (its slabs can be given back with Slabs and Release). Writer only.
+func (a *Arena) Adopt(src *Arena) {
+	a.Reserve(src.next)
+	a.next, a.free, a.nfree = src.next, src.free, src.nfree
+	src.free, src.nfree = nil, 0
+}
+
 // Release gives every slab back to the kernel; the arena must not be used by the writer
 // afterwards. Readers that still hold an index read zero words, never fault. Writer only.
 func (a *Arena) Release() {

@@ -214,3 +214,36 @@ func TestFreeStackSpansChunks(t *testing.T) {
 		t.Fatalf("after the free stack: %d, want %d", got, n)
 	}
 }
+
+// TestReserveAndAdopt: a wider arena filled index for index (Reserve, Record) takes over the
+// allocation state of the one it copies: same length and high-water mark, the same freed
+// records handed out in the same order, then fresh indices; the source's free list is gone.
+func TestReserveAndAdopt(t *testing.T) {
+	src := New(Config{RecordWords: 2, ChunkRecords: 4})
+	for i := 0; i < 11; i++ {
+		src.Alloc()
+	}
+	for _, idx := range []uint32{2, 9, 5} {
+		src.Free(idx)
+	}
+	dst := New(Config{RecordWords: 5, ChunkRecords: 4})
+	dst.Reserve(src.HighWater())
+	if dst.Cap() < 11 {
+		t.Fatalf("reserved cap %d", dst.Cap())
+	}
+	for idx := uint32(0); idx < src.HighWater(); idx++ {
+		dst.Record(idx)[4] = uint64(idx) + 100
+	}
+	dst.Adopt(src)
+	if dst.Len() != 8 || dst.HighWater() != 11 || src.Len() != 11 {
+		t.Fatalf("after adopt: dst len %d hw %d, src len %d", dst.Len(), dst.HighWater(), src.Len())
+	}
+	for _, want := range []uint32{5, 9, 2, 11, 12} {
+		if got := dst.Alloc(); got != want {
+			t.Fatalf("alloc = %d, want %d", got, want)
+		}
+	}
+	if got := dst.Record(9)[4]; got != 109 {
+		t.Fatalf("copied record 9 = %d", got)
+	}
+}

@@ -29,8 +29,11 @@ import (
 // anyway (clamped), which can only under-report, never invent a hit.
 
 // maxPendingClears bounds the pending clears of a context (stamps are 6 bits). A clear
-// beyond it first completes the oldest pending ones in one step (a whole-arena pass):
-// 62 clears issued within one sweep is far beyond any real deployment.
+// beyond it waits for a stamp: its request stalls (context.stalled; an Apply keeps the ops
+// before the clear applied and resumes at the clear) while the writer serves other
+// requests and sweeps on, a bounded chunk per step, and resumes once the oldest pending
+// clear is complete. The clear is acknowledged only once taken, and queries see its bits
+// until then, as for any clear not yet acknowledged.
 const maxPendingClears = metaStampMask - 1
 
 // defaultSweepChunk is how many records one writer step sweeps (a few tens of µs).
@@ -89,21 +92,80 @@ func clearBits(w, n int, mask TierMask) []uint64 {
 	return b
 }
 
-// clearSlot drops slot number n from the tiers in mask of every block: at once for
-// queries, lazily in the records (see above). A slot that owns nothing there costs
-// nothing.
-func (c *context) clearSlot(n int, mask TierMask) {
+// owned returns the bits of slot number n in the tiers of mask, per the writer's counts
+// (which still count bits of pending clears not yet swept).
+func (c *context) owned(n int, mask TierMask) int {
 	owned := 0
 	for t := 0; t < 3; t++ {
 		if mask&(1<<t) != 0 {
 			owned += c.slotCounts[n][t]
 		}
 	}
-	if owned == 0 {
+	return owned
+}
+
+// stampFor reports whether clearSlot(n, mask) can run now: it needs a stamp unless the
+// slot owns nothing there.
+func (c *context) stampFor(n int, mask TierMask) bool {
+	return len(c.clears) < maxPendingClears || c.owned(n, mask) == 0
+}
+
+// stall parks r until a stamp is free (resumeStalled hands it back).
+func (c *context) stall(r *request) {
+	r.deferred = true
+	c.stalled = append(c.stalled, r)
+	if h := c.eng.hooks; h != nil && h.stalled != nil {
+		h.stalled()
+	}
+}
+
+// resumeStalled goes on with the stalled requests, oldest first, while stamps are free;
+// each is handed back once wholly applied. Bounded: each request resumes at most once per
+// clear the sweep completed, and applies what its caller sent.
+func (c *context) resumeStalled() {
+	for len(c.stalled) > 0 && len(c.clears) < maxPendingClears {
+		r := c.stalled[0]
+		var done bool
+		switch r.kind {
+		case reqApply:
+			done = c.applyOps(r)
+		case reqUnregister:
+			done = c.unregister(r.slot)
+		}
+		if !done {
+			return
+		}
+		c.stalled[0] = nil
+		c.stalled = c.stalled[1:]
+		if len(c.stalled) == 0 {
+			c.stalled = nil
+		}
+		r.done <- struct{}{}
+	}
+}
+
+// endWaiters hands back, when the engine closes, every request still waiting on this
+// writer: shared drops (done: nothing changes any more) and stalled requests (ErrClosed).
+func (c *context) endWaiters() {
+	c.endDrops()
+	c.endWidening()
+	for _, r := range c.stalled {
+		r.closed = true
+		r.done <- struct{}{}
+	}
+	c.stalled = nil
+}
+
+// clearSlot drops slot number n from the tiers in mask of every block: at once for
+// queries, lazily in the records (see above). A slot that owns nothing there costs
+// nothing.
+// The caller has checked stampFor.
+func (c *context) clearSlot(n int, mask TierMask) {
+	if c.owned(n, mask) == 0 {
 		return
 	}
 	if len(c.clears) >= maxPendingClears {
-		c.finishClears()
+		panic("engine: clearSlot without a free stamp") // callers check stampFor
 	}
 	hw := c.tab.ar.HighWater()
 	c.stamp = (c.stamp + 1) & metaStampMask
@@ -145,7 +207,7 @@ func (c *context) buildClearSet() {
 }
 
 // finishClears completes every pending clear in this step (a pass over the arena): for
-// small contexts, the rare overflow of maxPendingClears and table rebuilds.
+// small contexts (at most a sweep chunk of records) and tests.
 func (c *context) finishClears() {
 	for len(c.clears) > 0 {
 		c.sweep(int(c.tab.ar.HighWater()) + 1)
@@ -214,6 +276,7 @@ func (c *context) cleanRec(idx uint32, rec []uint64) bool {
 	if c.clr == nil || stampOf(m) == c.stamp {
 		return true
 	}
+	c.rec(idx) // it changes below: marked for a running widening (widen.go)
 	if sup := c.clr.mask(m); sup != nil {
 		stale, left := false, m&metaFlags != 0
 		for j, sj := range sup {

@@ -236,3 +236,115 @@ func TestDropContextWithOnlyClearedRecords(t *testing.T) {
 		t.Fatalf("engine total after drop: %d", got)
 	}
 }
+
+// stalledCount reads, on the writer, how many requests wait for a clear stamp.
+func stalledCount(t testing.TB, e *Engine) (n int) {
+	t.Helper()
+	c := e.lookup(ctxA)
+	r := e.getReq()
+	r.kind = reqSync
+	r.fn = func(c *context) { n = len(c.stalled) }
+	if err := c.do(r); err != nil {
+		t.Fatal(err)
+	}
+	e.putReq(r)
+	return
+}
+
+// TestClearsPastStampsStallInBoundedSteps: with every clear stamp taken by a pending clear
+// (maxPendingClears), one more clear does not complete the pending ones in one writer step
+// (a pass over the whole arena): its request stalls, with the ops before the clear applied
+// and nothing after it, while the writer serves other requests and sweeps at most a chunk
+// per step; the clear is acknowledged once the oldest pending clear completed and it took
+// its stamp, and queries never see its bits from then on. An unregistration stalls the
+// same way. Stepped writer: the sweep advances only with requests.
+func TestClearsPastStampsStallInBoundedSteps(t *testing.T) {
+	const chunk, n = 16, 2000
+	a, b := Slot{"a", 0}, Slot{"b", 0}
+	hooks := &testHooks{noIdleMigration: true, sweepChunk: chunk}
+	e, _ := hookedEngineWith(t, Config{}, hooks, a, b)
+	c := e.lookup(ctxA)
+	hs := seqKeys(9, n)
+	mustApply(t, e, ctxA, store(a, TierDevice, hs...), store(b, TierDisk, hs...))
+	// Records swept per writer step, measured on the writer (noIdleMigration: there
+	// are no other steps).
+	maxSwept, last := 0, 0
+	hooks.step = func(begin bool) {
+		if begin {
+			last = c.swept
+		} else {
+			maxSwept = max(maxSwept, c.swept-last)
+		}
+	}
+	for i := 0; i < maxPendingClears; i++ {
+		mustApply(t, e, ctxA, clearOp(a, MaskDevice)) // a's counts stay until swept: each takes a stamp
+	}
+	if pending, _ := sweepState(t, e); pending != maxPendingClears {
+		t.Fatalf("pending clears %d, want %d", pending, maxPendingClears)
+	}
+	// The stalled batch: a store before the clear, a store after it. The test waits for
+	// each request to stall without stepping the writer (stalled hook).
+	stalls := make(chan struct{}, 2)
+	hooks.stalled = func() { stalls <- struct{}{} }
+	applied := make(chan error, 1)
+	go func() {
+		applied <- e.Apply(ctxA, []Op{store(a, TierDevice, hs[:10]...), clearOp(a, MaskDevice), store(a, TierCPULocal, hs[:5]...)})
+	}()
+	<-stalls
+	unreg := make(chan struct{})
+	go func() {
+		e.UnregisterSlot(ctxA, b)
+		close(unreg)
+	}()
+	<-stalls
+	if got := stalledCount(t, e); got != 2 {
+		t.Fatalf("stalled requests %d, want 2", got)
+	}
+	steps := 1
+	// While stalled: the store before the clear shows, the one after it does not, b is
+	// still registered, other requests are served.
+	hits := qk(t, e, ctxA, hs[:10], "")
+	if got := rankTiers(t, hits, "a", 0); got != (Tiers{160, 160, 160, 160}) {
+		t.Fatalf("while stalled: a = %+v, want the store before the clear", got)
+	}
+	if got := rankTiers(t, hits, "b", 0); got != (Tiers{0, 0, 0, 160}) {
+		t.Fatalf("while stalled: b = %+v", got)
+	}
+	mustApply(t, e, ctxA, store(b, TierDevice, hs[1000]))
+	for done := false; !done; steps++ {
+		select {
+		case err := <-applied:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+			sweepState(t, e) // one writer step
+		}
+		if steps > 2*n {
+			t.Fatal("stalled clear never applied")
+		}
+	}
+	if steps < 10 {
+		t.Fatalf("clear acknowledged after %d steps: the oldest pending clear cannot be complete", steps)
+	}
+	if got := rankTiers(t, qk(t, e, ctxA, hs[:10], "a"), "a", 0); got != (Tiers{0, 80, 80, 80}) {
+		t.Fatalf("after the stalled clear: a = %+v, want cpu_local on the first 5 blocks only", got)
+	}
+	for stalledCount(t, e) > 0 {
+		if steps++; steps > 4*n {
+			t.Fatal("unregistration never resumed")
+		}
+	}
+	<-unreg
+	if hits := qk(t, e, ctxA, hs[:10], ""); len(hits) != 1 || hits[0].InstanceID != "a" {
+		t.Fatalf("after the unregistration: %+v", hits)
+	}
+	if maxSwept > chunk {
+		t.Fatalf("a writer step swept %d records, chunk %d", maxSwept, chunk)
+	}
+	settle(t, e, ctxA)
+	if got := slotCountsOf(t, e, a); got != [3]int{0, 5, 0} {
+		t.Fatalf("counts of a: %v", got)
+	}
+}

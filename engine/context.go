@@ -70,6 +70,14 @@ type request struct {
 	// dropped reports that the context was dropped (reqDropIfEmpty) before this request:
 	// nothing was done, and the caller looks the context up again.
 	dropped bool
+	// closed: the engine closed while the request waited on its writer (a clear waiting
+	// for a stamp, a registration waiting for a widening): not (wholly) applied.
+	closed bool
+	// next is the first op of a reqApply not applied yet (a request stalled on a clear,
+	// see context.stalled).
+	next int
+	// slotNum is the slot number reserved by a registration waiting for a widening.
+	slotNum int
 	done    chan struct{}
 }
 
@@ -85,7 +93,9 @@ type context struct {
 
 	blocks                   atomic.Int64
 	evictions, evictedBlocks atomic.Uint64
-	// slotReuse counts registrations that took a slot number freed by an unregistration.
+	// slotReuse counts registrations that took a slot number freed by an unregistration,
+	// and widening switches (widen.go: a query that walked the old arena, which the
+	// writer stops updating and then releases, walks again with the new view).
 	// It is bumped before the slot table naming the new owner is published, hence before
 	// any bit of the new owner is stored.
 	slotReuse atomic.Uint64
@@ -119,6 +129,8 @@ type context struct {
 	// unpublished, its first nextFaulted entries' pages already written.
 	next        *table
 	nextFaulted int
+	faultDebt   int // prepareNext's pacing: pages owed, in units of 1/(inserts left)
+	unfaulted   int // pages of prepared tables not yet written when a migration took them (tests)
 	// toRelease is memory of retired tables still to give back, a chunk per step.
 	toRelease     [][]uint64
 	migrations    int // incremental table migrations started (tests)
@@ -131,6 +143,15 @@ type context struct {
 	clr      *clearSet
 	sweepPos uint32
 	swept    int // records visited by sweeps (tests)
+	// stalled are requests waiting for a clear stamp (every stamp is taken by a pending
+	// clear, see clear.go), oldest first: an Apply resumes at ops[r.next], an
+	// unregistration from the start, each once the sweep has completed a clear.
+	stalled []*request
+	// wide is the running widening of the records (widen.go), nil when none; widenings
+	// counts those started and widenCopied the records they copied (tests).
+	wide        *widening
+	widenings   int
+	widenCopied int
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
 	// snap, while a snapshot of this context is being copied, records every change
@@ -168,6 +189,9 @@ func (c *context) do(r *request) error {
 		return ErrClosed
 	}
 	<-r.done
+	if r.closed {
+		return ErrClosed
+	}
 	return nil
 }
 
@@ -177,7 +201,7 @@ var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
 	for {
-		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0 || c.wide != nil) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration or a sweep is running: between requests, move it on in
 			// bounded steps, so that an idle context soon holds one table (and its
 			// memory) again and its clears are applied to every record.
@@ -187,7 +211,7 @@ func (c *context) run() {
 			case <-c.wake:
 				c.payDebt()
 			case <-c.quit:
-				c.endDrops()
+				c.endWaiters()
 				return
 			default:
 				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
@@ -195,7 +219,9 @@ func (c *context) run() {
 				}
 				c.releaseStep()
 				c.sweepStep()
+				c.resumeStalled()
 				c.dropStep()
+				c.widenStep()
 			}
 			continue
 		}
@@ -205,7 +231,7 @@ func (c *context) run() {
 		case <-c.wake:
 			c.payDebt()
 		case <-c.quit:
-			c.endDrops() // closing: nothing changes any more
+			c.endWaiters() // closing: nothing changes any more
 			return
 		}
 	}
@@ -229,7 +255,9 @@ func (c *context) serve(r *request) {
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.resumeStalled()
 		c.dropStep()
+		c.widenStep()
 		h.step(false)
 	} else {
 		c.handle(r)
@@ -237,7 +265,9 @@ func (c *context) serve(r *request) {
 		c.migrateStep()
 		c.releaseStep()
 		c.sweepStep()
+		c.resumeStalled()
 		c.dropStep()
+		c.widenStep()
 	}
 	c.payDebt()
 	c.blocks.Store(int64(c.tab.ar.Len()))
@@ -256,21 +286,30 @@ func (c *context) handle(r *request) {
 	}
 	switch r.kind {
 	case reqApply:
-		for i := range r.ops {
-			c.applyOp(&r.ops[i])
+		if !c.applyOps(r) {
+			c.stall(r)
 		}
+		return // journaled by applyOps
 	case reqRegister:
-		r.isNew = c.register(r.slot)
+		if c.register(r) {
+			r.deferred = true // handed back at the widening's switch
+			return
+		}
 	case reqUnregister:
-		c.unregister(r.slot)
+		if !c.unregister(r.slot) {
+			c.stall(r)
+			return // journaled (not at all, like any unregistration) when resumed
+		}
 	case reqClearShared:
 		r.deferred = c.dropShared(r, true)
 	case reqRetractSource:
 		r.deferred = c.dropShared(r, false)
 	case reqDropIfEmpty:
 		// Without slots and bindings no record holds a visible bit: whatever records
-		// remain hold only bits of unregistered slots that pending clears mask.
-		if len(c.slots) == 0 && c.bs == nil {
+		// remain hold only bits of unregistered slots that pending clears mask. A
+		// stalled request is not done yet: the context is not empty until it is.
+		// Nor is it while a registration waits for a widening.
+		if len(c.slots) == 0 && c.bs == nil && len(c.stalled) == 0 && c.wide == nil {
 			c.dropped = true
 			r.dropped = true
 			c.eng.total.Add(-int64(c.tab.ar.Len()))
@@ -349,10 +388,21 @@ func (c *context) buildSlotTable() *slotTable {
 	return st
 }
 
-func (c *context) register(s Slot) bool {
-	if _, ok := c.slots[s]; ok {
+// register registers r.slot, setting r.isNew (false: it was registered already); it
+// reports whether r waits for a widening of the records (widen.go), to be handed back at
+// its switch.
+func (c *context) register(r *request) bool {
+	s := r.slot
+	if c.registered(s) {
+		r.isNew = false
 		return false
 	}
+	if c.wide != nil && c.wide.waitingFor(s) != nil {
+		r.isNew = false
+		c.wide.waiters = append(c.wide.waiters, r)
+		return true
+	}
+	r.isNew = true
 	n := slices.Index(c.slotUsed, false)
 	if n >= 0 {
 		// A query may still hold a slot table that maps n to its previous owner.
@@ -363,18 +413,26 @@ func (c *context) register(s Slot) bool {
 		c.slotCounts = append(c.slotCounts, [3]int{})
 	}
 	c.slotUsed[n] = true
-	c.slots[s] = n
 	if need := widthFor(n); need > c.tab.w {
-		c.rebuild(need, false)
+		if c.registerWide(r, n, need) {
+			return true
+		}
+	} else {
+		c.slots[s] = n
 	}
 	c.publish()
-	return true
+	return false
 }
 
-func (c *context) unregister(s Slot) {
+// unregister removes s; it reports false, changing nothing, when the clear of its bits must
+// wait for a stamp (the caller stalls the request).
+func (c *context) unregister(s Slot) bool {
 	n, ok := c.slots[s]
 	if !ok {
-		return
+		return true
+	}
+	if !c.stampFor(n, MaskAllEngine) {
+		return false
 	}
 	delete(c.slots, s)
 	// The view that stops reporting the slot also masks its bits (clearSlot publishes).
@@ -386,4 +444,5 @@ func (c *context) unregister(s Slot) {
 	// slotReuse change (see settled).
 	c.slotUsed[n] = false
 	c.maybeShrink()
+	return true
 }

@@ -448,6 +448,13 @@ func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
 // blocks, counting only the steps applied at capacity (each new block evicts the oldest),
 // "clear" the step of an OpClear of the slot owning every block (SGLang AllBlocksCleared,
 // a retraction) and the n/64 store steps of another slot that follow it (its sweep).
+// "widen" stores every block with one of 21 slots (packed records) and records the steps
+// from the registration of a 22nd slot (which widens every record) until it is
+// acknowledged, while 64-block store batches go on; "clears" issues 70 clears of a slot
+// owning every block, one Apply each (past 62 pending clears, a clear waits for the sweep),
+// driven by empty requests, and records every step until the last is acknowledged. Both
+// run without idle steps (the step hook times requests only), so that all the work is
+// timed.
 // Wall time (-wall-µs) includes the time other processes hold the CPU; thread CPU time
 // (-cpu-µs, the writer's thread, page faults included) does not. 256K blocks by default;
 // 10M with -bigmem.
@@ -456,16 +463,18 @@ func BenchmarkWriterSteps(b *testing.B) {
 	if *bigMem {
 		n = 10_000_000
 	}
-	for _, mode := range []string{"grow", "evict", "clear", "shared", "clear-shared"} {
+	for _, mode := range []string{"grow", "evict", "clear", "shared", "clear-shared", "widen", "clears"} {
 		n := n
 		if strings.HasSuffix(mode, "shared") {
 			n = min(n/4, 2_000_000) // Mooncake-bound blocks: 64K, 2M with -bigmem
 		}
 		b.Run(fmt.Sprintf("%s/blocks=%d", mode, n), func(b *testing.B) {
 			var wall, cpu []time.Duration
+			var faults int64
 			for i := 0; i < b.N; i++ {
-				wall, cpu = writerSteps(b, n, mode)
+				wall, cpu, faults = writerSteps(b, n, mode)
 			}
+			b.ReportMetric(float64(faults), "max-faults/step")
 			b.ReportMetric(float64(wall[len(wall)-1].Microseconds()), "max-wall-µs")
 			b.ReportMetric(float64(wall[len(wall)*99/100].Microseconds()), "p99-wall-µs")
 			b.ReportMetric(float64(cpu[len(cpu)-1].Microseconds()), "max-cpu-µs")
@@ -485,8 +494,19 @@ func threadCPU() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// writerSteps returns the sorted wall and thread-CPU durations of the recorded steps.
-func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
+// threadFaults returns the page faults (minor) of the calling thread.
+func threadFaults() int64 {
+	var ru syscall.Rusage
+	const rusageThread = 1
+	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+		return 0
+	}
+	return ru.Minflt
+}
+
+// writerSteps returns the sorted wall and thread-CPU durations of the recorded steps, and
+// the most page faults one of them took.
+func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, maxFaults int64) {
 	const batch = 64
 	evict := mode == "evict"
 	limit := -1
@@ -500,18 +520,20 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 	record, locked := false, false
 	var w0 time.Time
 	var c0 time.Duration
+	var f0 int64
 	e.hooks = &testHooks{step: func(begin bool) {
 		if !locked {
 			runtime.LockOSThread() // the writer goroutine keeps its thread: thread CPU time is its own
 			locked = true
 		}
 		if begin {
-			w0, c0 = time.Now(), threadCPU()
+			w0, c0, f0 = time.Now(), threadCPU(), threadFaults()
 			return
 		}
 		if record {
 			wall = append(wall, time.Since(w0))
 			cpu = append(cpu, threadCPU()-c0)
+			maxFaults = max(maxFaults, threadFaults()-f0)
 		}
 	}}
 	s := Slot{"a", 0}
@@ -565,7 +587,14 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 		}
 		slices.Sort(wall)
 		slices.Sort(cpu)
-		return wall, cpu
+		return wall, cpu, maxFaults
+	}
+	if mode == "widen" {
+		for i := 1; i < packedSlots; i++ {
+			if _, err := e.RegisterSlot(ctxA, benchProfile(b), Slot{"pad", i}); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	for done := 0; done < n; done += batch {
 		record = mode == "grow" || evict && done >= limit+batch // set between requests: the writer reads it after the hand-off
@@ -574,6 +603,55 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 		}
 		if err := e.Apply(ctxA, ops); err != nil {
 			b.Fatal(err)
+		}
+	}
+	switch mode {
+	case "widen":
+		// The writer goes on in bounded steps only with requests (no idle steps, which
+		// the hook does not time): store batches of new blocks until the registration
+		// that widens the records returns.
+		e.hooks.noIdleMigration = true
+		record = true
+		done := make(chan struct{})
+		go func() {
+			if _, err := e.RegisterSlot(ctxA, benchProfile(b), Slot{"pad", packedSlots}); err != nil {
+				panic(err)
+			}
+			close(done)
+		}()
+		next := n
+		for registered := false; !registered; next += batch {
+			select {
+			case <-done:
+				registered = true
+			default:
+			}
+			for j := range hs {
+				hs[j] = benchKey(next + j)
+			}
+			if err := e.Apply(ctxA, ops); err != nil {
+				b.Fatal(err)
+			}
+		}
+	case "clears":
+		e.hooks.noIdleMigration = true
+		record = true
+		for i := 0; i < 70; i++ {
+			done := make(chan struct{})
+			go func() {
+				_ = e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskDevice}})
+				close(done)
+			}()
+			for cleared := false; !cleared; {
+				select {
+				case <-done:
+					cleared = true
+				default:
+					if err := e.Apply(ctxA, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
 		}
 	}
 	if mode == "clear" {
@@ -597,7 +675,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration) {
 	}
 	slices.Sort(wall)
 	slices.Sort(cpu)
-	return wall, cpu
+	return wall, cpu, maxFaults
 }
 
 // BenchmarkQueryWhileGrowing reports query latency (a 512-block prompt that every one of

@@ -21,6 +21,17 @@ type testHooks struct {
 	dropDeferred func()
 	// sweepChunk, when > 0, replaces defaultSweepChunk (records a sweep step visits).
 	sweepChunk int
+	// stalled runs on the writer when a request stalls waiting for a clear stamp.
+	stalled func()
+	// widenChunk, when > 0, replaces defaultWidenChunk (records a widening step copies).
+	widenChunk int
+	// widenSmall, when > 0, replaces widenSmall (the most records widened at once).
+	widenSmall int
+	// widening runs on the writer when a registration starts waiting for a widening.
+	widening func()
+	// widened runs on the writer at a widening's switch with the number of records
+	// whose copy differs from the original (a full comparison: tests only).
+	widened func(mismatches int)
 	// now replaces the clock of write epochs (microseconds since the engine started).
 	now func() uint64
 	// bindSets, when > 0, replaces maxSets (the component sets a context's bindings

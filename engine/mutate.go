@@ -13,7 +13,25 @@ import (
 // words with plain loads and publishes every change with atomic stores, because queries
 // read the same words concurrently.
 
-func (c *context) applyOp(op *Op) {
+// applyOps applies r's ops from r.next on, journals them for a running snapshot, and
+// reports whether all were applied: it stops before a clear that must wait for a stamp
+// (clear.go), leaving r.next at it.
+func (c *context) applyOps(r *request) bool {
+	from := r.next
+	for ; r.next < len(r.ops); r.next++ {
+		if !c.applyOp(&r.ops[r.next]) {
+			break
+		}
+	}
+	if c.snap != nil {
+		c.snap.recordOps(r.ops[from:r.next])
+	}
+	return r.next == len(r.ops)
+}
+
+// applyOp applies op; it reports false, changing nothing, for a clear that must wait for a
+// stamp.
+func (c *context) applyOp(op *Op) bool {
 	op.Err = nil
 	switch op.Kind {
 	case OpStore:
@@ -22,6 +40,9 @@ func (c *context) applyOp(op *Op) {
 		c.engineRemove(op)
 	case OpClear:
 		if n, ok := c.slots[op.Slot]; ok {
+			if !c.stampFor(n, op.ClearTiers&MaskAllEngine) {
+				return false
+			}
 			c.clearSlot(n, op.ClearTiers&MaskAllEngine)
 			c.maybeShrink()
 		}
@@ -32,6 +53,7 @@ func (c *context) applyOp(op *Op) {
 	default:
 		op.Err = ErrInvalidOp
 	}
+	return true
 }
 
 // findOrCreate returns the record of key, creating an empty one at the newest end of the
@@ -39,14 +61,14 @@ func (c *context) applyOp(op *Op) {
 // (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
 	if idx, ok := c.tab.lookup(key); ok {
-		if rec := c.tab.ar.Record(idx); c.clr == nil || c.cleanRec(idx, rec) {
+		if rec := c.rec(idx); c.clr == nil || c.cleanRec(idx, rec) {
 			return idx, rec, false
 		}
 		// It held only cleared bits and was deleted: create it anew.
 	}
 	c.makeRoom()
 	idx = c.tab.ar.Alloc()
-	rec = c.tab.ar.Record(idx)
+	rec = c.rec(idx)
 	// A reused record may still be read by a query that found it under its old key: it
 	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
 	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
@@ -87,6 +109,9 @@ func (c *context) makeRoom() {
 		old := c.tab
 		size := max(sizeFor(old.live), len(old.entries)/4)
 		nt := c.next
+		if nt != nil {
+			c.unfaulted += max(len(nt.entries)-c.nextFaulted, 0) / pageWords // tests
+		}
 		c.next, c.nextFaulted = nil, 0
 		if nt == nil || len(nt.entries) < size || nt.w != old.w || nt.ar != old.ar {
 			if nt != nil {
@@ -103,9 +128,13 @@ func (c *context) makeRoom() {
 }
 
 // prepareNext readies the table the next migration will fill, while the current one
-// fills from 11/16 to 13/16: it maps it and writes one page of it per insert, so that the
-// page faults (each a zeroed page from the kernel) are paid a few at a time rather than
-// hundreds in one step once the migration writes entries all over the new table.
+// fills from 11/16 to 13/16: it maps it and writes its pages ahead, so that the page
+// faults (each a zeroed page from the kernel, 10-20 µs on a loaded VM) are paid a few at a
+// time rather than hundreds in one step once the migration writes entries all over the
+// new table. The pages are spread evenly over the inserts left before the current table
+// is full, at twice the rate that would just finish then (faultDebt carries the fraction
+// from insert to insert): one page per insert, as before, made a 64-block batch fault 64
+// pages (about 1.3 ms) in one step at 10M blocks, where about 4 suffice.
 func (c *context) prepareNext() {
 	t := c.tab
 	used := t.live + t.tombs
@@ -116,11 +145,20 @@ func (c *context) prepareNext() {
 		// Live entries can only grow by the inserts left before the table is full.
 		projected := t.live + len(t.entries)*13/16 - used + 1
 		c.next = newTable(max(sizeFor(projected), len(t.entries)/4), t.ar, t.w, &c.state)
-		c.nextFaulted = 0
+		c.nextFaulted, c.faultDebt = 0, 0
 	}
-	if e := c.next.entries; c.nextFaulted < len(e) {
+	e := c.next.entries
+	if c.nextFaulted >= len(e) {
+		return
+	}
+	// Pages left over inserts left (each insert calls prepareNext once), doubled.
+	left := max(len(t.entries)*13/16-used, 1)
+	pages := (len(e) - c.nextFaulted + pageWords - 1) / pageWords
+	c.faultDebt += 2 * pages
+	for c.faultDebt >= left && c.nextFaulted < len(e) {
 		e[c.nextFaulted] = 0 // a write: the kernel maps a page now
 		c.nextFaulted += pageWords
+		c.faultDebt -= left
 	}
 }
 
@@ -211,7 +249,7 @@ func linkNext(l uint64) uint32 { return uint32(l) }
 func (c *context) linkNewest(idx uint32, rec []uint64) {
 	rec[recLink] = uint64(c.newest) << 32
 	if c.newest != 0 {
-		p := c.tab.ar.Record(c.newest - 1)
+		p := c.rec(c.newest - 1)
 		p[recLink] = p[recLink]&^0xFFFFFFFF | uint64(idx+1)
 	} else {
 		c.oldest = idx + 1
@@ -223,13 +261,13 @@ func (c *context) unlink(rec []uint64) {
 	l := rec[recLink]
 	p, n := linkPrev(l), linkNext(l)
 	if p != 0 {
-		pr := c.tab.ar.Record(p - 1)
+		pr := c.rec(p - 1)
 		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
 	} else {
 		c.oldest = n
 	}
 	if n != 0 {
-		nr := c.tab.ar.Record(n - 1)
+		nr := c.rec(n - 1)
 		nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
 	} else {
 		c.newest = p
@@ -250,18 +288,17 @@ func (c *context) touch(idx uint32, rec []uint64) {
 // moveNewest moves rec (linked, not the newest) to the newest end of the write order:
 // unlink and linkNewest in one, with one look-up per neighbour.
 func (c *context) moveNewest(idx uint32, rec []uint64) {
-	ar := c.tab.ar
 	l := rec[recLink]
 	p, n := linkPrev(l), linkNext(l) // n != 0: rec is not the newest
-	nr := ar.Record(n - 1)
+	nr := c.rec(n - 1)
 	nr[recLink] = nr[recLink]&0xFFFFFFFF | uint64(p)<<32
 	if p != 0 {
-		pr := ar.Record(p - 1)
+		pr := c.rec(p - 1)
 		pr[recLink] = pr[recLink]&^0xFFFFFFFF | uint64(n)
 	} else {
 		c.oldest = n
 	}
-	last := ar.Record(c.newest - 1) // may be nr: its prev half was just written
+	last := c.rec(c.newest - 1) // may be nr: its prev half was just written
 	last[recLink] = last[recLink]&^0xFFFFFFFF | uint64(idx+1)
 	rec[recLink] = uint64(c.newest) << 32
 	c.newest = idx + 1
@@ -315,7 +352,7 @@ func (c *context) engineRemove(op *Op) {
 		if !ok {
 			continue
 		}
-		rec := c.tab.ar.Record(idx)
+		rec := c.rec(idx)
 		if !c.cleanRec(idx, rec) {
 			continue // it held only cleared bits
 		}
@@ -356,6 +393,7 @@ func (c *context) deleteRecord(idx uint32, rec []uint64) {
 // freeRecord marks rec free (ending any change in progress), takes it out of the write
 // order and returns it to the arena.
 func (c *context) freeRecord(idx uint32, rec []uint64) {
+	c.rec(idx) // callers may hold rec from a read-only look-up
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.unlink(rec)
@@ -453,7 +491,7 @@ func (c *context) reflag(hash uint64) {
 	if !found {
 		return // unreachable: a binding keeps its block's record alive
 	}
-	rec := c.tab.ar.Record(idx)
+	rec := c.rec(idx)
 	c.cleanRec(idx, rec) // it keeps its shared flags: not deleted
 	c.setMeta(rec, rec[recMeta]>>metaEpochShift, c.bs.flags(hash))
 	if recordEmpty(rec) {
@@ -642,7 +680,7 @@ func (c *context) countEvicted(evicted int, msg string) {
 // evictOldest drops the oldest-written block.
 func (c *context) evictOldest() {
 	idx := c.oldest - 1
-	rec := c.tab.ar.Record(idx)
+	rec := c.rec(idx)
 	w := c.tab.w
 	for t := 0; t < 3; t++ {
 		for j := 0; j < maskWords(w); j++ {
@@ -689,9 +727,9 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 // clears on the way (a cost in live records); otherwise it re-indexes the same arena after
 // completing the pending clears (a cost in the arena's high-water mark). The old table's
 // entries, and a replaced arena's slabs, go back to the kernel a chunk per writer step
-// (releaseLater). Only registration widening past a multiple of 64 slots and the
-// compaction of a context left with few blocks (maybeShrink) use it; growth and shrinking
-// are otherwise incremental (makeRoom, shrinkTable).
+// (releaseLater). Only the widening of a small context's records (registerWide) and the
+// compaction of a context left with few blocks (maybeShrink) use it; growth, shrinking and
+// the widening of larger contexts are incremental (makeRoom, shrinkTable, widen.go).
 func (c *context) rebuild(w int, compact bool) {
 	// Finish a running migration first, so that the walk below sees one table.
 	for c.tab.prev.Load() != nil && !c.tab.migrate() {
@@ -798,7 +836,7 @@ const compactMaxLive = 2048
 // table incrementally, like growth.
 func (c *context) maybeShrink() {
 	t := c.tab
-	if t.prev.Load() != nil || len(t.entries) <= minTableCap || t.live*8 >= len(t.entries) || sizeFor(t.live) >= len(t.entries) {
+	if c.wide != nil || t.prev.Load() != nil || len(t.entries) <= minTableCap || t.live*8 >= len(t.entries) || sizeFor(t.live) >= len(t.entries) {
 		return
 	}
 	if c.tab.ar.Len() <= compactMaxLive {

@@ -747,10 +747,15 @@ func settle(t testing.TB, e *Engine, k ContextKey) {
 	r := e.getReq()
 	r.kind = reqSync
 	r.fn = func(c *context) {
+		for c.wide != nil { // a widening switches once no migration runs
+			c.migrateStep()
+			c.widenStep()
+		}
 		if len(c.clears) > 0 {
 			c.finishClears()
 			c.maybeShrink()
 		}
+		c.resumeStalled()
 		for c.tab.prev.Load() != nil {
 			c.migrateStep()
 		}

@@ -71,19 +71,32 @@ type snapJournal struct {
 	full   bool
 }
 
+// recordOps records applied ops (a whole Apply, or the part of one applied before it
+// stalled on a clear, the rest being recorded when it resumes).
+func (j *snapJournal) recordOps(ops []Op) {
+	if j.full {
+		return
+	}
+	for i := range ops {
+		op := ops[i]
+		op.Err = nil
+		op.Hashes = append([]uint64(nil), op.Hashes...)
+		j.hashes += len(op.Hashes) + 1
+		j.ops = append(j.ops, SnapshotOp{Op: op})
+	}
+	if j.hashes > MaxSnapshotJournal {
+		j.full = true
+		j.ops = nil
+	}
+}
+
 func (j *snapJournal) record(r *request) {
 	if j.full {
 		return
 	}
 	switch r.kind {
 	case reqApply:
-		for i := range r.ops {
-			op := r.ops[i]
-			op.Err = nil
-			op.Hashes = append([]uint64(nil), op.Hashes...)
-			j.hashes += len(op.Hashes) + 1
-			j.ops = append(j.ops, SnapshotOp{Op: op})
-		}
+		j.recordOps(r.ops)
 	case reqClearShared:
 		j.ops = append(j.ops, SnapshotOp{Op: Op{Source: r.source, Backend: r.backend}, Retract: true, ClearShared: true})
 	case reqRetractSource:
