@@ -205,7 +205,19 @@ func (c *Chain) Next() (uint64, error) {
 
 // hashNext SHA-hashes block c.next from c.parent.
 func (c *Chain) hashNext() (uint64, error) {
-	i := c.next
+	d, err := c.hashBlock(c.next)
+	if err != nil {
+		return 0, err
+	}
+	c.parent = d
+	c.hasParent = true
+	c.next++
+	return c.proj.Apply(&d), nil
+}
+
+// hashBlock returns the digest of block i from c.parent, which must be block i-1's (the
+// chain seed for block 0); an error sticks in c.err.
+func (c *Chain) hashBlock(i int) ([32]byte, error) {
 	bs := c.blockSize
 	var d [32]byte
 	switch c.strategy {
@@ -234,7 +246,7 @@ func (c *Chain) hashNext() (uint64, error) {
 		toks := c.tokens[s:e]
 		if err := checkNonNegative(toks, s); err != nil {
 			c.err = err
-			return 0, err
+			return d, err
 		}
 		d = sum256(encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	case StrategySGLangBigram:
@@ -243,14 +255,11 @@ func (c *Chain) hashNext() (uint64, error) {
 		toks := c.tokens[s : e+1] // positions s..e-1 use tokens s..e
 		if err := checkNonNegative(toks, s); err != nil {
 			c.err = err
-			return 0, err
+			return d, err
 		}
 		d = sum256(encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	}
-	c.parent = d
-	c.hasParent = true
-	c.next++
-	return c.proj.Apply(&d), nil
+	return d, nil
 }
 
 // checkNonNegative returns a *TokenError for the first negative token; base is the prompt
