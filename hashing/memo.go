@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"encoding/binary"
+	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
@@ -18,13 +19,18 @@ const MemoEntryBytes = 64
 // cheap content chain of the prompt up to and including that block, so that a later query
 // sharing the prefix skips SHA-256 for it (see Chain.ResetMemo).
 //
-// The cheap chain is two independent 64-bit lanes over the block's token bytes, each
-// chained through its previous value and keyed by random per-Memo secrets: lane A is
-// xxhash64 seeded with the previous value, lane B a keyed multiply-fold (laneB), both
-// started from everything the digest depends on: strategy, algorithm, root digest, block
-// size, LoRA name and cache salt. An entry matches only if both 64-bit lanes equal the stored ones and
-// a keyed check over (lanes, digest) verifies, so a false match needs a 128-bit collision of
-// secretly seeded lanes; the 64-bit index keys themselves collide far more often.
+// The cheap chain is two independent 64-bit lanes, each keyed by its own random
+// per-Memo secrets: a lane's value after a block is memoFold(previous value, maphash of
+// the block's token bytes under the lane's maphash seed, the lane's odd fold key), a
+// 64x64->128 multiply of (previous ^ block hash) by the key, folded to 64 bits. Both lanes
+// start from a keyed xxhash64 of everything the digest depends on besides the tokens:
+// strategy, algorithm, root digest, block size, LoRA name and cache salt. The block hashes
+// do not depend on the chain, so consecutive blocks' hashes overlap and the chain is one
+// multiply per block and lane. An entry matches only if both 64-bit lanes equal the stored
+// ones and a keyed check over (lanes, digest) verifies, so a false match needs both
+// secretly seeded lanes to collide at once (maphash under two independent seeds, two
+// independent fold keys) plus the check word; the 64-bit index keys themselves collide far
+// more often.
 //
 // The table is a fixed array of 4-way sets (256 bytes, two pairs of cache lines) with a
 // reference bit per entry: an insert replaces an empty or unreferenced way, and when every
@@ -40,8 +46,11 @@ const MemoEntryBytes = 64
 type Memo struct {
 	ents    []memoEntry
 	setMask uint64 // sets - 1
-	// seedA and seedB seed the two chain lanes; seedC keys the check word. Random per Memo.
+	// seedA and seedB seed the two lanes' start values, hsA and hsB their block hashes,
+	// kA and kB (odd) their chain folds; seedC keys the check word. Random per Memo.
 	seedA, seedB, seedC uint64
+	hsA, hsB            maphash.Seed
+	kA, kB              uint64
 
 	stripe  atomic.Uint32
 	stripes [memoStripes]memoCounters
@@ -91,6 +100,10 @@ func NewMemo(entries int) *Memo {
 		seedA:   rand.Uint64(),
 		seedB:   rand.Uint64(),
 		seedC:   rand.Uint64() | 1,
+		hsA:     maphash.MakeSeed(),
+		hsB:     maphash.MakeSeed(),
+		kA:      rand.Uint64() | 1,
+		kB:      rand.Uint64() | 1,
 	}
 	m.ents = allocEntries(n, m)
 	return m

@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"encoding/binary"
+	"hash/maphash"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -113,31 +114,16 @@ func (c *Chain) advance() {
 	mc := &c.mc
 	toks := c.blockTokens(mc.cx)
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(toks))), 4*len(toks))
-	mc.la = xxh64(mc.la^mc.m.seedA, b)
-	mc.lb = mc.m.laneB(mc.lb, b)
+	m := mc.m
+	mc.la = memoFold(mc.la, maphash.Bytes(m.hsA, b), m.kA)
+	mc.lb = memoFold(mc.lb, maphash.Bytes(m.hsB, b), m.kB)
 	mc.cx++
 }
 
-// laneB is the second lane: a keyed multiply-fold over the block's bytes, chained through
-// the previous lane value. It is independent of lane A (another function under other
-// secrets, so a structural weakness of one does not carry over) and costs a fraction of
-// a second xxhash pass: four dependent 64x64->128 multiplies for a 16-token block.
-func (m *Memo) laneB(prev uint64, b []byte) uint64 {
-	k0, k1, k2 := m.seedB, m.seedB^0xa0761d6478bd642f, m.seedB^0xe7037ed1a0b428db
-	h := prev ^ k0
-	i := 0
-	for ; i+16 <= len(b); i += 16 {
-		h = memoMul(binary.LittleEndian.Uint64(b[i:])^k1, binary.LittleEndian.Uint64(b[i+8:])^h)
-	}
-	if i+8 <= len(b) {
-		h = memoMul(binary.LittleEndian.Uint64(b[i:])^k2, h^k1)
-		i += 8
-	}
-	if i < len(b) { // token bytes come in fours
-		h = memoMul(uint64(binary.LittleEndian.Uint32(b[i:]))^k1, h^k2)
-	}
-	return memoMul(h^k2, uint64(len(b))^k0)
-}
+// memoFold chains a lane: the previous value and the block's hash, combined and mixed by
+// a keyed 64x64->128 multiply. The block hashes do not depend on the chain, so those of
+// consecutive blocks run in parallel, and the chain itself is one multiply per block.
+func memoFold(prev, h, k uint64) uint64 { return memoMul(prev^h, k) }
 
 // fill computes the lanes of the next batch of blocks and looks them all up in the memo
 // (only called with the buffer empty, so cx == next). A lookup miss does not end the
