@@ -140,7 +140,7 @@ func (c *Chain) fill() {
 	}
 	var sink uint64
 	for j := 0; j < n; j++ {
-		sink += mc.m.touch(mc.aheadA[j])
+		sink += mc.m.touch(mc.aheadA[j], mc.aheadB[j])
 	}
 	mc.sink += sink
 	mc.aheadPos, mc.aheadLen = 0, n
@@ -236,7 +236,7 @@ func (c *Chain) nextMemo() (uint64, error) {
 func (mc *memoChain) flush() {
 	var sink uint64
 	for i := range mc.pend {
-		sink += mc.m.touch(mc.pend[i].a)
+		sink += mc.m.touchSet(mc.pend[i].a)
 	}
 	mc.sink += sink
 	for i := range mc.pend {
