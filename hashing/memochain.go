@@ -174,13 +174,12 @@ func (c *Chain) fill() {
 // chain's current digest, and queues its memo insert.
 func (c *Chain) resolve(j int) error {
 	mc := &c.mc
-	d, err := c.hashBlock(c.next)
-	if err != nil {
+	if err := c.hashBlock(c.next, &mc.aheadD[j]); err != nil {
 		return err
 	}
-	mc.aheadD[j], mc.aheadK[j] = d, c.proj.Apply(&d)
+	mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
 	mc.known[j], mc.hashed[j] = true, true
-	mc.queue(mc.aheadA[j], mc.aheadB[j], &d)
+	mc.queue(mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])
 	return nil
 }
 
