@@ -9,7 +9,8 @@ import (
 // a batch before it reads them: the table loads of a batch are independent of each other,
 // so their cache misses overlap instead of being paid one after the other inside the
 // walk's dependent loop. Keys ahead come from the key source when it has them without
-// work (precomputed keys, key-memo hits: hashing.Chain.KeysAhead); otherwise, once the
+// work (precomputed keys, key-memo hits: hashing.Chain.KeysAhead, which hashes the next
+// block itself when the memo lacks it, as the walk's Next would); otherwise, once the
 // walk has passed hashAfter blocks, the batch hashes a window of blocks ahead itself.
 //
 // A batch only moves the lookup (table.find1) earlier; the walk still reads every record

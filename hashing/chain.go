@@ -205,9 +205,19 @@ func (c *Chain) Next() (uint64, error) {
 
 // hashNext SHA-hashes block c.next from c.parent.
 func (c *Chain) hashNext() (uint64, error) {
-	i := c.next
+	if err := c.hashBlock(c.next, &c.parent); err != nil {
+		return 0, err
+	}
+	c.hasParent = true
+	c.next++
+	return c.proj.Apply(&c.parent), nil
+}
+
+// hashBlock writes the digest of block i into *d, hashed from c.parent, which must be
+// block i-1's (the chain seed for block 0); d may be &c.parent, which is read before *d
+// is written. An error sticks in c.err and leaves *d alone.
+func (c *Chain) hashBlock(i int, d *[32]byte) error {
 	bs := c.blockSize
-	var d [32]byte
 	switch c.strategy {
 	case StrategyVLLMV1:
 		toks := c.tokens[i*bs : (i+1)*bs]
@@ -217,16 +227,16 @@ func (c *Chain) hashNext() (uint64, error) {
 		}
 		switch {
 		case c.algo == AlgoSHA256CBOR:
-			d = sum256(encodeCBORBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
+			*d = sum256(encodeCBORBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
 		case c.pickleFast:
-			d = sum256(encodePickleBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
+			*d = sum256(encodePickleBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
 		default:
 			salt := ""
 			if i == 0 {
 				salt = c.salt
 			}
 			c.pk.vllmBlock(&c.parent, toks, c.lora, salt)
-			d = sum256(c.pk.b)
+			*d = sum256(c.pk.b)
 		}
 	case StrategySGLang:
 		s := i * bs
@@ -234,23 +244,20 @@ func (c *Chain) hashNext() (uint64, error) {
 		toks := c.tokens[s:e]
 		if err := checkNonNegative(toks, s); err != nil {
 			c.err = err
-			return 0, err
+			return err
 		}
-		d = sum256(encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
+		*d = sum256(encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	case StrategySGLangBigram:
 		s := i * bs
 		e := min(s+bs, c.positions)
 		toks := c.tokens[s : e+1] // positions s..e-1 use tokens s..e
 		if err := checkNonNegative(toks, s); err != nil {
 			c.err = err
-			return 0, err
+			return err
 		}
-		d = sum256(encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
+		*d = sum256(encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	}
-	c.parent = d
-	c.hasParent = true
-	c.next++
-	return c.proj.Apply(&d), nil
+	return nil
 }
 
 // checkNonNegative returns a *TokenError for the first negative token; base is the prompt

@@ -178,37 +178,53 @@ func TestMemoChainServesPrefix(t *testing.T) {
 	}
 }
 
-// TestMemoKeysAhead: keys known ahead are exactly the keys Next returns next, and a
-// prompt without memo hits has none.
+// TestMemoKeysAhead: keys known ahead are exactly the keys Next returns next; over the
+// memoised prefix they come in batches, past it only the next block (hashed, as Next would),
+// and the cold suffix costs a logarithmic number of lookups. A chain without a memo has none.
 func TestMemoKeysAhead(t *testing.T) {
 	p := allProfiles(t)["cbor"]
-	toks := make([]int32, 16*200)
+	toks := make([]int32, 16*2000)
 	for i := range toks {
 		toks[i] = int32(i * 7)
 	}
-	m := NewMemo(1 << 12)
+	m := NewMemo(1 << 14)
 	var ch Chain
-	want := runChain(&ch, m, &p, 16, "", "", toks[:16*150], -1)
+	want := runChain(&Chain{}, nil, &p, 16, "", "", toks, -1)
+	runChain(&ch, m, &p, 16, "", "", toks[:16*150], -1)
 	ch.ResetMemo(m, &p, 16, "", "", toks)
-	i := 0
-	for {
-		ahead := append([]uint64(nil), ch.KeysAhead()...)
+	var ahead []uint64
+	batches := 0
+	for i := range 2000 {
 		if len(ahead) == 0 {
-			break
-		}
-		for _, k := range ahead {
-			got, err := ch.Next()
-			if err != nil || got != k || k != want.keys[i] {
-				t.Fatalf("block %d: ahead %d, Next %d (%v), want %d", i, k, got, err, want.keys[i])
+			ahead = append(ahead[:0], ch.KeysAhead()...)
+			if i >= 150 && len(ahead) > 1 {
+				t.Fatalf("block %d: %d keys ahead past the memoised prefix", i, len(ahead))
 			}
-			i++
+			if i < 150 && len(ahead) < 2 {
+				t.Fatalf("block %d: %d keys ahead inside the memoised prefix", i, len(ahead))
+			}
+			if i < 150 {
+				batches++
+			}
+		}
+		got, err := ch.Next()
+		if err != nil || got != want.keys[i] {
+			t.Fatalf("block %d: Next %d (%v), want %d", i, got, err, want.keys[i])
+		}
+		if len(ahead) > 0 {
+			if ahead[0] != got {
+				t.Fatalf("block %d: ahead %d, Next %d", i, ahead[0], got)
+			}
+			ahead = ahead[1:]
 		}
 	}
-	if i != 150 {
-		t.Fatalf("%d keys known ahead, want the 150 memoised blocks", i)
+	if ch.MemoHits() != 150 || batches > 8 {
+		t.Fatalf("memo hits %d (want 150) in %d batches", ch.MemoHits(), batches)
 	}
-	if _, err := ch.Next(); err != nil || ch.MemoHits() != 150 {
-		t.Fatalf("block 150: %v, memo hits %d", err, ch.MemoHits())
+	// The prefix in doubling batches (4+8+...+64 lookups past it at most), then about
+	// log2(1850) re-probes.
+	if ch.mc.probes > 150+64+2*11 {
+		t.Fatalf("%d lookups for 150 memoised and 1850 new blocks", ch.mc.probes)
 	}
 	ch.Done()
 	var plain Chain
@@ -403,4 +419,97 @@ func FuzzMemoChain(f *testing.F) {
 			}
 		}
 	})
+}
+
+// lanesOf returns the lanes of every block of a prompt, as a memo chain computes them.
+func lanesOf(m *Memo, p *Profile, bs int, lora, salt string, toks []int32) (a, b []uint64) {
+	var ch Chain
+	ch.ResetMemo(m, p, bs, lora, salt, toks)
+	for ch.mc.cx < ch.NumBlocks() {
+		ch.advance()
+		a, b = append(a, ch.mc.la), append(b, ch.mc.lb)
+	}
+	return a, b
+}
+
+// TestMemoLostEntryCostsOneHash fills a memo to half its capacity (the load a server
+// with a million indexed blocks sees), so that 4-way sets overflow and evict, then asks
+// every prompt again. A block evicted from the middle of a memoised prompt costs that
+// block's SHA-256 only: every block still in the memo is taken from it, unless two
+// neighbours were both lost (the sign of a cold suffix, after which lookups back off),
+// and a prompt nobody asked before pays a handful of lookups.
+func TestMemoLostEntryCostsOneHash(t *testing.T) {
+	p := allProfiles(t)["cbor"]
+	const entries, blocks, bs = 1 << 15, 512, 16
+	m := NewMemo(entries)
+	r := rand.New(rand.NewPCG(15, 1))
+	prompt := func() []int32 {
+		toks := make([]int32, blocks*bs)
+		for i := range toks {
+			toks[i] = int32(r.IntN(151936))
+		}
+		return toks
+	}
+	prompts := make([][]int32, entries/2/blocks)
+	var ch Chain
+	for i := range prompts {
+		prompts[i] = prompt()
+		runChain(&ch, m, &p, bs, "", "s", prompts[i], -1)
+	}
+	st := m.Stats()
+	if st.Inserts != uint64(len(prompts)*blocks) || st.Evictions == 0 {
+		t.Fatalf("after the fill: %+v; want %d inserts and some evictions", st, len(prompts)*blocks)
+	}
+	present := 0
+	for _, toks := range prompts {
+		a, b := lanesOf(m, &p, bs, "", "s", toks)
+		for j := range a {
+			var d [32]byte
+			if m.lookup(a[j], b[j], &d) {
+				present++
+			}
+		}
+	}
+	if uint64(present) != st.Inserts-st.Evictions {
+		t.Fatalf("%d entries present, want inserts-evictions %d", present, st.Inserts-st.Evictions)
+	}
+	var there, taken, lost, isolated int
+	for i, toks := range prompts {
+		// What the memo holds of this prompt now (asking earlier prompts again re-inserted
+		// their lost blocks, which may have evicted some of this one's).
+		a, b := lanesOf(m, &p, bs, "", "s", toks)
+		have := make([]bool, len(a))
+		n, pairs := 0, 0
+		for j := range a {
+			var d [32]byte
+			if have[j] = m.lookup(a[j], b[j], &d); have[j] {
+				n++
+			} else if j > 0 && !have[j-1] {
+				pairs++
+			}
+		}
+		want := runChain(&Chain{}, nil, &p, bs, "", "s", toks, -1)
+		got := runChain(&ch, m, &p, bs, "", "s", toks, -1)
+		if !sameRun(want, got) {
+			t.Fatalf("prompt %d: keys differ with the memo", i)
+		}
+		hits := ch.MemoHits()
+		if hits > n || pairs == 0 && hits != n {
+			t.Fatalf("prompt %d: %d blocks from the memo, which held %d of %d (%d adjacent losses)", i, hits, n, blocks, pairs)
+		}
+		if pairs == 0 {
+			isolated++
+		}
+		there, taken, lost = there+n, taken+hits, lost+blocks-n
+	}
+	t.Logf("load %.0f%%: %d evictions in the fill; asked again: %d of %d blocks held, %d taken; %d of %d prompts lost no two neighbours",
+		100*float64(len(prompts)*blocks)/entries, st.Evictions, there, len(prompts)*blocks, taken, isolated, len(prompts))
+	if lost == 0 || float64(taken) < 0.99*float64(there) {
+		t.Fatalf("%d lost blocks; %d of the %d held were taken from the memo", lost, taken, there)
+	}
+	// A prompt never asked: two lookups find it cold, then re-probes at doubling gaps.
+	runChain(&ch, m, &p, bs, "", "s", prompt(), -1)
+	if ch.MemoHits() != 0 || ch.mc.probes > 2+12 {
+		t.Fatalf("cold prompt: %d memo hits, %d lookups for %d blocks", ch.MemoHits(), ch.mc.probes, blocks)
+	}
 }

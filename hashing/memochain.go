@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"encoding/binary"
+	"hash/maphash"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -23,40 +24,55 @@ type memoPend struct {
 	d    [32]byte
 }
 
-// memoChain is the memo side of a Chain: the cheap content chain, the keys found ahead,
-// the inserts not yet written and the per-prompt counters.
+// memoChain is the memo side of a Chain: the cheap content chain, the blocks looked up
+// ahead, the inserts not yet written and the per-prompt counters.
+//
+// A block the memo lacks costs one SHA-256, not the rest of the prompt: the chain hashes
+// it from the digest before it (the memo's or its own) and goes on looking up the blocks
+// after it, whose lanes do not depend on any digest. Only a batch of lookups ending in
+// missRun or more lacking blocks in a row, the sign of a suffix nobody asked before,
+// stops the lookups; the chain then re-probes single blocks at gaps doubling from 1, so
+// a cold suffix of n blocks pays about log2(n) lookups after the batch that found it,
+// and a re-probe that hits resumes the batched lookups.
 type memoChain struct {
 	m  *Memo
 	on bool
-	// probing is true until the memo lacks a block and then the block after it: from then
-	// on the chain only inserts, it does not look up (a miss must not pay a lookup per
-	// block). One lacking block (evicted from the middle of a memoised prefix) costs one
-	// SHA-256, not the rest of the prefix: retry marks the one-block probe after it.
-	probing, retry bool
+	// run counts the lacking blocks in a row that the last lookups found; gap is the
+	// distance from the last lookup to the next re-probe while a run stops the lookups;
+	// no batch is looked up before block probeAt.
+	run, gap, probeAt int
 	// la, lb are the lanes of block cx-1 (the start value when cx == 0).
 	la, lb uint64
 	cx     int
 	x      xxhash.Digest
 
+	// The buffer: slot j in [aheadPos, aheadLen) is block next+j-aheadPos, whose lanes are
+	// aheadA[j], aheadB[j]. known[j] says aheadD[j], aheadK[j] hold its digest and key:
+	// taken from the memo, or hashed (hashed[j]) by resolve once its parent was known.
 	batch              int
 	aheadLen, aheadPos int
 	aheadK             [aheadMax]uint64
 	aheadD             [aheadMax][32]byte
 	aheadA, aheadB     [aheadMax]uint64
+	known, hashed      [aheadMax]bool
 
 	pend []memoPend
 
 	sha                              int // blocks SHA-hashed since reset
+	probes                           int // memo lookups since reset (tests bound them)
 	hits, misses, inserts, evictions uint64
 	stripe                           int
 	sink                             uint64
 }
 
+// missRun is the number of lacking blocks in a row that stops a chain's memo lookups.
+const missRun = 2
+
 func (mc *memoChain) reset(m *Memo) {
 	mc.m = m
 	mc.on = m != nil
-	mc.probing, mc.retry = mc.on, mc.on
-	mc.cx, mc.sha = 0, 0
+	mc.run, mc.gap, mc.probeAt = 0, 1, 0
+	mc.cx, mc.sha, mc.probes = 0, 0, 0
 	mc.aheadLen, mc.aheadPos = 0, 0
 	mc.batch = aheadFirst
 }
@@ -98,38 +114,24 @@ func (c *Chain) advance() {
 	mc := &c.mc
 	toks := c.blockTokens(mc.cx)
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(toks))), 4*len(toks))
-	mc.la = xxh64(mc.la^mc.m.seedA, b)
-	mc.lb = mc.m.laneB(mc.lb, b)
+	m := mc.m
+	mc.la = memoFold(mc.la, maphash.Bytes(m.hsA, b), m.kA)
+	mc.lb = memoFold(mc.lb, maphash.Bytes(m.hsB, b), m.kB)
 	mc.cx++
 }
 
-// laneB is the second lane: a keyed multiply-fold over the block's bytes, chained through
-// the previous lane value. It is independent of lane A (another function under other
-// secrets, so a structural weakness of one does not carry over) and costs a fraction of
-// a second xxhash pass: four dependent 64x64->128 multiplies for a 16-token block.
-func (m *Memo) laneB(prev uint64, b []byte) uint64 {
-	k0, k1, k2 := m.seedB, m.seedB^0xa0761d6478bd642f, m.seedB^0xe7037ed1a0b428db
-	h := prev ^ k0
-	i := 0
-	for ; i+16 <= len(b); i += 16 {
-		h = memoMul(binary.LittleEndian.Uint64(b[i:])^k1, binary.LittleEndian.Uint64(b[i+8:])^h)
-	}
-	if i+8 <= len(b) {
-		h = memoMul(binary.LittleEndian.Uint64(b[i:])^k2, h^k1)
-		i += 8
-	}
-	if i < len(b) { // token bytes come in fours
-		h = memoMul(uint64(binary.LittleEndian.Uint32(b[i:]))^k1, h^k2)
-	}
-	return memoMul(h^k2, uint64(len(b))^k0)
-}
+// memoFold chains a lane: the previous value and the block's hash, combined and mixed by
+// a keyed 64x64->128 multiply. The block hashes do not depend on the chain, so those of
+// consecutive blocks run in parallel, and the chain itself is one multiply per block.
+func memoFold(prev, h, k uint64) uint64 { return memoMul(prev^h, k) }
 
-// fill looks up the next batch of blocks in the memo, stopping at the first it lacks
-// (which ends probing for this prompt). Only called with the ahead buffer empty.
+// fill computes the lanes of the next batch of blocks and looks them all up in the memo
+// (only called with the buffer empty, so cx == next). A lookup miss does not end the
+// batch: the block is hashed when its turn comes. Only a batch that ends with missRun or
+// more misses in a row stops the lookups, until a re-probe at a doubled gap.
 func (c *Chain) fill() {
 	mc := &c.mc
 	n := min(mc.batch, c.numBlocks-c.next)
-	mc.batch = min(2*mc.batch, aheadMax)
 	// Lanes first (pure arithmetic), then a pass that starts every set's cache misses,
 	// then the verified lookups, so that the misses of one batch overlap.
 	for j := 0; j < n; j++ {
@@ -138,62 +140,93 @@ func (c *Chain) fill() {
 	}
 	var sink uint64
 	for j := 0; j < n; j++ {
-		sink += mc.m.touch(mc.aheadA[j])
+		sink += mc.m.touch(mc.aheadA[j], mc.aheadB[j])
 	}
 	mc.sink += sink
-	mc.aheadPos, mc.aheadLen = 0, 0
+	mc.aheadPos, mc.aheadLen = 0, n
+	mc.probes += n
+	run := mc.run
 	for j := 0; j < n; j++ {
-		if !mc.m.lookup(mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j]) {
-			mc.probing = false
-			mc.batch = aheadFirst
-			// Lanes computed past the miss are dropped: rewind to the missed block.
-			mc.cx = c.next + j + 1
-			mc.la, mc.lb = mc.aheadA[j], mc.aheadB[j]
-			break
+		mc.hashed[j] = false
+		if mc.known[j] = mc.m.lookup(mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j]); mc.known[j] {
+			mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
+			run = 0
+		} else {
+			run++
 		}
-		mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
-		mc.aheadLen++
+	}
+	mc.run = run
+	switch {
+	case run >= missRun:
+		// Probably a cold suffix: the next lookup is one block, gap blocks on.
+		mc.probeAt = c.next + n + mc.gap - 1
+		mc.gap = min(2*mc.gap, c.numBlocks)
+		mc.batch = 1
+	case run == 0:
+		mc.gap = 1
+		mc.batch = min(2*mc.batch, aheadMax)
+	default:
+		mc.batch = min(2*mc.batch, aheadMax)
 	}
 }
 
-// nextMemo is Next with a memo attached.
-func (c *Chain) nextMemo() (uint64, error) {
+// resolve hashes buffered block j, which must be the next block (aheadPos), from the
+// chain's current digest, and queues its memo insert.
+func (c *Chain) resolve(j int) error {
 	mc := &c.mc
-	if mc.aheadPos == mc.aheadLen && mc.probing {
-		c.fill()
+	if err := c.hashBlock(c.next, &mc.aheadD[j]); err != nil {
+		return err
 	}
-	if mc.aheadPos < mc.aheadLen {
-		j := mc.aheadPos
-		mc.aheadPos++
-		c.parent = mc.aheadD[j]
-		c.hasParent = true
-		c.next++
-		mc.hits++
-		return mc.aheadK[j], nil
-	}
-	if mc.cx == c.next {
-		if mc.retry && c.next > 0 {
-			// The block after the first lacking one: probe it alone.
-			mc.retry = false
-			mc.probing = true
-			mc.batch = 1
-			return c.nextMemo()
-		}
-		c.advance()
-	}
-	key, err := c.hashNext()
-	if err != nil {
-		return 0, err
-	}
-	mc.misses++
-	mc.sha++
+	mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
+	mc.known[j], mc.hashed[j] = true, true
+	mc.queue(mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])
+	return nil
+}
+
+// queue buffers a memo insert, writing the buffer out when it is full.
+func (mc *memoChain) queue(a, b uint64, d *[32]byte) {
 	if len(mc.pend) == cap(mc.pend) && cap(mc.pend) > 0 {
 		mc.flush()
 	}
 	if mc.pend == nil {
 		mc.pend = make([]memoPend, 0, pendMax)
 	}
-	mc.pend = append(mc.pend, memoPend{a: mc.la, b: mc.lb, d: c.parent})
+	mc.pend = append(mc.pend, memoPend{a: a, b: b, d: *d})
+}
+
+// nextMemo is Next with a memo attached.
+func (c *Chain) nextMemo() (uint64, error) {
+	mc := &c.mc
+	if mc.aheadPos == mc.aheadLen && c.next >= mc.probeAt {
+		c.fill()
+	}
+	if j := mc.aheadPos; j < mc.aheadLen {
+		if !mc.known[j] {
+			if err := c.resolve(j); err != nil {
+				return 0, err
+			}
+		}
+		mc.aheadPos++
+		c.parent = mc.aheadD[j]
+		c.hasParent = true
+		c.next++
+		if mc.hashed[j] {
+			mc.misses++
+			mc.sha++
+		} else {
+			mc.hits++
+		}
+		return mc.aheadK[j], nil
+	}
+	// Between re-probes: the lanes (for the insert), then SHA-256.
+	c.advance()
+	key, err := c.hashNext()
+	if err != nil {
+		return 0, err
+	}
+	mc.misses++
+	mc.sha++
+	mc.queue(mc.la, mc.lb, &c.parent)
 	return key, nil
 }
 
@@ -202,7 +235,7 @@ func (c *Chain) nextMemo() (uint64, error) {
 func (mc *memoChain) flush() {
 	var sink uint64
 	for i := range mc.pend {
-		sink += mc.m.touch(mc.pend[i].a)
+		sink += mc.m.touchSet(mc.pend[i].a)
 	}
 	mc.sink += sink
 	for i := range mc.pend {
@@ -260,17 +293,26 @@ func (c *Chain) MemoHits() int {
 }
 
 // KeysAhead returns the projected keys of the blocks after the last one Next returned
-// that are already known without hashing (memo hits looked up ahead), filling the next
-// batch if none is buffered. The slice is valid until the next call on the chain; a
+// that are known without hashing any block Next would not reach first: memo hits looked
+// up ahead, led by the next block itself, which is hashed here if the memo lacked it
+// (Next would hash it anyway). The slice is valid until the next call on the chain; a
 // caller may probe the index for these keys before consuming them with Next. It is empty
-// without a memo, and once the prompt's memoised prefix is used up.
+// without a memo, after an error, and between re-probes of a suffix the memo lacks.
 func (c *Chain) KeysAhead() []uint64 {
 	mc := &c.mc
 	if !mc.on || c.err != nil || c.next >= c.numBlocks {
 		return nil
 	}
-	if mc.aheadPos == mc.aheadLen && mc.probing {
+	if mc.aheadPos == mc.aheadLen && c.next >= mc.probeAt {
 		c.fill()
 	}
-	return mc.aheadK[mc.aheadPos:mc.aheadLen]
+	p := mc.aheadPos
+	if p == mc.aheadLen || !mc.known[p] && c.resolve(p) != nil {
+		return nil
+	}
+	e := p + 1
+	for e < mc.aheadLen && mc.known[e] {
+		e++
+	}
+	return mc.aheadK[p:e]
 }
