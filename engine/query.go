@@ -566,8 +566,10 @@ func (r *Result) walkN(tab *table, clr *clearSet, hook func(int, int), src keySo
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	pb := &r.pb
 	pb.reset()
+	// As walk1: no probes in a table that stays in the caches.
+	probe := r.forceProbe || (!r.noProbe && len(tab.entries) > probeMinEntries)
 	for i := 0; i < nblocks; i++ {
-		if i >= pb.end && i != pb.stop && !r.noProbe {
+		if probe && i >= pb.end && i != pb.stop {
 			pb.next(tab, src, i, nblocks, 0)
 		}
 		var key uint64
