@@ -3,8 +3,12 @@ package replay
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/conductor-go/conductor/bench/report"
@@ -54,6 +58,7 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 	if err := l.fleet.Register(c.cl, 15*time.Second); err != nil {
 		return PolicyResult{}, nil, err
 	}
+	memoHits0, memoMisses0, memoErr := memoCounters(ctx, c.cl.Host())
 	// One marker round trip proves every stream is live before anything is measured.
 	if _, err := c.drain(); err != nil {
 		return PolicyResult{}, nil, fmt.Errorf("first events never reached the conductor: %w", err)
@@ -139,6 +144,12 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 	for i := 0; i < n; i++ {
 		for r := 0; r < d; r++ {
 			c.cr.Replays += l.fleet.Rank(i, r).Publisher().Replays()
+		}
+	}
+	if h, m, err := memoCounters(ctx, c.cl.Host()); err == nil && memoErr == nil && h >= memoHits0 && m >= memoMisses0 {
+		c.cr.MemoHits, c.cr.MemoMisses = h-memoHits0, m-memoMisses0
+		if n := c.cr.MemoHits + c.cr.MemoMisses; n > 0 {
+			c.cr.MemoHitRate = float64(c.cr.MemoHits) / float64(n)
 		}
 	}
 	if cfg.Sample != nil {
@@ -291,4 +302,52 @@ func (c *conductorRun) mismatch(s string) {
 	if c.cr.FirstMismatch == "" {
 		c.cr.FirstMismatch = s
 	}
+}
+
+// memoCounters reads the key memo's hit and miss counters from the conductor's /metrics
+// at host ("host:port").
+func memoCounters(ctx context.Context, host string) (hits, misses uint64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read memo counters: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return 0, 0, fmt.Errorf("read memo counters: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("read memo counters: /metrics answered %s", resp.Status)
+	}
+	return parseMemoCounters(body)
+}
+
+// parseMemoCounters finds conductor_query_memo_hits_total and _misses_total in a
+// Prometheus text exposition.
+func parseMemoCounters(body []byte) (hits, misses uint64, err error) {
+	found := 0
+	for _, line := range strings.Split(string(body), "\n") {
+		name, val, ok := strings.Cut(line, " ")
+		if !ok || (name != "conductor_query_memo_hits_total" && name != "conductor_query_memo_misses_total") {
+			continue
+		}
+		v, perr := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if perr != nil || v < 0 {
+			return 0, 0, fmt.Errorf("memo counter %s: bad value %q", name, val)
+		}
+		if name == "conductor_query_memo_hits_total" {
+			hits = uint64(v)
+		} else {
+			misses = uint64(v)
+		}
+		found++
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("memo counters: %d of 2 found in /metrics", found)
+	}
+	return hits, misses, nil
 }

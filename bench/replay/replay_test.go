@@ -180,6 +180,11 @@ func TestReplayMatchesEngines(t *testing.T) {
 			if cr == nil || cr.Checks < 100 || cr.Mismatches != 0 || cr.Queries != tc.reqs {
 				t.Fatalf("conductor result %+v", cr)
 			}
+			// Every query hashes its blocks through the key memo (on by default): the
+			// counters cover them, and conversations repeat prefixes, so some hit.
+			if cr.MemoHits == 0 || cr.MemoMisses == 0 || cr.MemoHitRate <= 0 || cr.MemoHitRate >= 1 {
+				t.Fatalf("memo hits %d misses %d rate %.3f", cr.MemoHits, cr.MemoMisses, cr.MemoHitRate)
+			}
 			if cr.PrefixCount == 0 || cr.PrefixCount != uint64(cr.FleetBlocks) || cr.RemovedBlocks == 0 {
 				t.Fatalf("prefix_count %d, fleet blocks %d, removed %d (evictions expected)", cr.PrefixCount, cr.FleetBlocks, cr.RemovedBlocks)
 			}
@@ -203,5 +208,21 @@ func TestReplayMatchesEngines(t *testing.T) {
 				kv, byPolicy[PolicyOracle].HitRate, byPolicy[PolicyRandom].HitRate, byPolicy[PolicyRoundRobin].HitRate,
 				res.InfiniteCacheHitRate, cr.Checks, cr.StaleAnswers)
 		})
+	}
+}
+
+func TestParseMemoCounters(t *testing.T) {
+	body := []byte("# HELP conductor_query_memo_hits_total x\n# TYPE conductor_query_memo_hits_total counter\n" +
+		"conductor_query_memo_hits_total 1.234567e+06\nconductor_query_memo_misses_total 42\n" +
+		"conductor_query_memo_evictions_total 7\n")
+	h, m, err := parseMemoCounters(body)
+	if err != nil || h != 1234567 || m != 42 {
+		t.Fatalf("got %d %d %v", h, m, err)
+	}
+	if _, _, err := parseMemoCounters([]byte("conductor_query_memo_hits_total 3\n")); err == nil {
+		t.Fatal("a missing counter was accepted")
+	}
+	if _, _, err := parseMemoCounters([]byte("conductor_query_memo_hits_total x\nconductor_query_memo_misses_total 1\n")); err == nil {
+		t.Fatal("a bad value was accepted")
 	}
 }

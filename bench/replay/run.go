@@ -137,6 +137,12 @@ type ConductorResult struct {
 	Mismatches    int    `json:"mismatches"`
 	FirstMismatch string `json:"first_mismatch,omitempty"`
 	Replays       uint64 `json:"replays_served"`
+	// MemoHits and MemoMisses are the blocks the conductor's queries took from its key
+	// memo, and those they hashed, during the replay (from its /metrics; both 0 when
+	// the memo is off or the metrics could not be read); MemoHitRate is hits over both.
+	MemoHits    uint64  `json:"memo_hits"`
+	MemoMisses  uint64  `json:"memo_misses"`
+	MemoHitRate float64 `json:"memo_hit_rate"`
 }
 
 // LatencyCDF is the query latency distribution of the prompts in one length bucket:

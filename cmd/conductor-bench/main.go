@@ -314,6 +314,9 @@ func printReplay(w io.Writer, trace string, r *replay.Result, cond *target.Condu
 		ct.Add("bytes per indexed block", fmt.Sprintf("%.0f (RSS growth / prefix_count)", c.BytesPerBlock))
 		ct.Add("CPU time "+what, fmt.Sprintf("%.1f s", c.CPUSeconds))
 	}
+	if c.MemoHits+c.MemoMisses > 0 {
+		ct.Add("key memo hit rate (query blocks)", fmt.Sprintf("%s (%d of %d blocks)", pct(c.MemoHitRate), c.MemoHits, c.MemoHits+c.MemoMisses))
+	}
 	ct.Add("stale answers (events in flight)", fmt.Sprintf("%d (%s)", c.StaleAnswers, pct(c.StaleRate)))
 	ct.Add("verified rank answers", fmt.Sprintf("%d checks, %d mismatches", c.Checks, c.Mismatches))
 	if c.Replays > 0 {
