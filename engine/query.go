@@ -315,18 +315,9 @@ func (r *Result) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 			v := &pb.vals[j]
 			meta, dev, loc, dsk = v[0], v[1], v[2], v[3]
 		case tab.w == 0:
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k := atomic.LoadUint64(&rec[recKey])
-			x := atomic.LoadUint64(&rec[recBits])
-			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
-			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+			meta, dev, loc, dsk, ok = readPacked1(rec, key)
 		default:
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k := atomic.LoadUint64(&rec[recKey])
-			dev = atomic.LoadUint64(&rec[recBits])
-			loc = atomic.LoadUint64(&rec[recBits+1])
-			dsk = atomic.LoadUint64(&rec[recBits+2])
-			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+			meta, dev, loc, dsk, ok = readWide1(rec, key)
 		}
 		if !ok {
 			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
@@ -334,20 +325,9 @@ func (r *Result) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 				break
 			}
 		}
-		local := dev | loc
-		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
-		if meta&metaSharedCPU == 0 {
-			n2 &= local
-			if meta&metaSharedDisk == 0 {
-				n3 &= local | dsk
-			}
-		}
+		n0, n1, n2, n3 := alive1(a0, a1, a2, a3, meta, dev, loc, dsk)
 		if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
-			pos := min(int64(i)*bs, positions)
-			r.drop(0, 0, a0&^n0, pos)
-			r.drop(1, 0, a1&^n1, pos)
-			r.drop(2, 0, a2&^n2, pos)
-			r.drop(3, 0, a3&^n3, pos)
+			r.drop1(a0&^n0, a1&^n1, a2&^n2, a3&^n3, min(int64(i)*bs, positions))
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
 				r.walked = i + 1
@@ -389,18 +369,9 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 		case r.slow:
 			ok = false
 		case tab.w == 0:
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k := atomic.LoadUint64(&rec[recKey])
-			x := atomic.LoadUint64(&rec[recBits])
-			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
-			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+			meta, dev, loc, dsk, ok = readPacked1(rec, key)
 		default:
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k := atomic.LoadUint64(&rec[recKey])
-			dev = atomic.LoadUint64(&rec[recBits])
-			loc = atomic.LoadUint64(&rec[recBits+1])
-			dsk = atomic.LoadUint64(&rec[recBits+2])
-			ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+			meta, dev, loc, dsk, ok = readWide1(rec, key)
 		}
 		if !ok {
 			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
@@ -408,20 +379,9 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 				break
 			}
 		}
-		local := dev | loc
-		n0, n1, n2, n3 := a0&dev, a1&local, a2, a3
-		if meta&metaSharedCPU == 0 {
-			n2 &= local
-			if meta&metaSharedDisk == 0 {
-				n3 &= local | dsk
-			}
-		}
+		n0, n1, n2, n3 := alive1(a0, a1, a2, a3, meta, dev, loc, dsk)
 		if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
-			pos := min(int64(i)*bs, positions)
-			r.drop(0, 0, a0&^n0, pos)
-			r.drop(1, 0, a1&^n1, pos)
-			r.drop(2, 0, a2&^n2, pos)
-			r.drop(3, 0, a3&^n3, pos)
+			r.drop1(a0&^n0, a1&^n1, a2&^n2, a3&^n3, min(int64(i)*bs, positions))
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
 				r.walked = i + 1
@@ -437,6 +397,48 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	}
 	r.finish1(w, end, nblocks, positions, bs)
 	return nil
+}
+
+// alive1 is walk1's tier rule for one record: the alive sets after it (see walk1).
+func alive1(a0, a1, a2, a3, meta, dev, loc, dsk uint64) (n0, n1, n2, n3 uint64) {
+	local := dev | loc
+	n0, n1, n2, n3 = a0&dev, a1&local, a2, a3
+	if meta&metaSharedCPU == 0 {
+		n2 &= local
+		if meta&metaSharedDisk == 0 {
+			n3 &= local | dsk
+		}
+	}
+	return n0, n1, n2, n3
+}
+
+// drop1 records pos as the count of the slots that left each tier's set (g0..g3).
+func (r *Result) drop1(g0, g1, g2, g3 uint64, pos int64) {
+	r.drop(0, 0, g0, pos)
+	r.drop(1, 0, g1, pos)
+	r.drop(2, 0, g2, pos)
+	r.drop(3, 0, g3, pos)
+}
+
+// readPacked1 and readWide1 are walk1's versioned read of rec (meta, key, bitsets, meta)
+// in packed and in wide records: ok is false when the read was torn or the record is
+// busy, free or another key's, and the caller goes to readSlow1.
+func readPacked1(rec []uint64, key uint64) (meta, dev, loc, dsk uint64, ok bool) {
+	meta = atomic.LoadUint64(&rec[recMeta])
+	k := atomic.LoadUint64(&rec[recKey])
+	x := atomic.LoadUint64(&rec[recBits])
+	ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+	return meta, x & packedMask, x >> packedSlots & packedMask, x >> (2 * packedSlots) & packedMask, ok
+}
+
+func readWide1(rec []uint64, key uint64) (meta, dev, loc, dsk uint64, ok bool) {
+	meta = atomic.LoadUint64(&rec[recMeta])
+	k := atomic.LoadUint64(&rec[recKey])
+	dev = atomic.LoadUint64(&rec[recBits])
+	loc = atomic.LoadUint64(&rec[recBits+1])
+	dsk = atomic.LoadUint64(&rec[recBits+2])
+	ok = atomic.LoadUint64(&rec[recMeta]) == meta && meta&(metaBusy|metaFree) == 0 && k == key
+	return meta, dev, loc, dsk, ok
 }
 
 // readSlow1 is walk1's read of rec (found for key) after a torn fast read, with the
