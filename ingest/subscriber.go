@@ -297,6 +297,9 @@ func (s *Subscriber) doneOrClosed() <-chan struct{} {
 	return c
 }
 
+// Config returns the subscriber's configuration with its defaults filled in.
+func (s *Subscriber) Config() SubscriberConfig { return s.cfg }
+
 // Stats returns the counters; each field is read atomically.
 func (s *Subscriber) Stats() SubscriberStats {
 	c := s.tr.Counters()

@@ -70,6 +70,10 @@ type AppConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
+	// ZMQJoinCheckDelay is how long after a subscription first connects its join check
+	// asks the replay endpoint for what the catch-up could not see (0: 1 s; negative:
+	// none; see ingest.SubscriberConfig.JoinCheckDelay).
+	ZMQJoinCheckDelay time.Duration
 	// IngestLogBurst and IngestLogInterval rate-limit each subscription's repeated log
 	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
 	IngestLogBurst    int
@@ -157,7 +161,7 @@ func Start(cfg AppConfig) (*App, error) {
 		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
 		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
-		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize, JoinCheckDelay: cfg.ZMQJoinCheckDelay,
 			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval, gates: gates})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,

@@ -4,35 +4,75 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conductor-go/conductor/ingest"
 )
 
 // The ingest limits of the config file reach the App configuration, and values out of
 // range are refused naming the key.
 func TestConfigIngestKeys(t *testing.T) {
 	cfg, err := LoadConfigFile(writeConfig(t, `{"zmq_max_message_size": 1048576, "zmq_io_threads": 2,
-		"ingest_log_burst": 3, "ingest_log_interval_seconds": 60}`))
+		"ingest_log_burst": 3, "ingest_log_interval_seconds": 60, "zmq_join_check_delay_ms": 250}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	app := cfg.AppConfig()
-	if app.ZMQMaxMessageSize != 1<<20 || app.ZMQIOThreads != 2 || app.IngestLogBurst != 3 || app.IngestLogInterval != time.Minute {
+	if app.ZMQMaxMessageSize != 1<<20 || app.ZMQIOThreads != 2 || app.IngestLogBurst != 3 || app.IngestLogInterval != time.Minute ||
+		app.ZMQJoinCheckDelay != 250*time.Millisecond {
 		t.Fatalf("AppConfig = %+v", app)
 	}
 	def, err := LoadConfigFile(writeConfig(t, `{}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := def.AppConfig(); a.ZMQMaxMessageSize != 0 || a.ZMQIOThreads != 0 || a.IngestLogBurst != 0 || a.IngestLogInterval != 0 {
+	if a := def.AppConfig(); a.ZMQMaxMessageSize != 0 || a.ZMQIOThreads != 0 || a.IngestLogBurst != 0 || a.IngestLogInterval != 0 ||
+		a.ZMQJoinCheckDelay != 0 {
 		t.Fatalf("defaults = %+v", a)
+	}
+	off, err := LoadConfigFile(writeConfig(t, `{"zmq_join_check_delay_ms": -1}`))
+	if err != nil || off.AppConfig().ZMQJoinCheckDelay >= 0 {
+		t.Fatalf("zmq_join_check_delay_ms -1: %+v %v", off, err)
 	}
 	for _, text := range []string{
 		`{"zmq_max_message_size": -2}`, `{"zmq_max_message_size": "64MiB"}`, `{"zmq_io_threads": 65}`,
 		`{"ingest_log_burst": -2}`, `{"ingest_log_interval_seconds": 1.5}`,
+		`{"zmq_join_check_delay_ms": -2}`, `{"zmq_join_check_delay_ms": "1s"}`, `{"zmq_join_check_delay_ms": 3600001}`,
 	} {
 		_, err := LoadConfigFile(writeConfig(t, text))
 		key := strings.Split(text, `"`)[1]
 		if err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("%s: err = %v", text, err)
+		}
+	}
+}
+
+// The join check delay reaches every subscriber the App starts: the default, a set
+// value, and off.
+func TestJoinCheckDelayReachesSubscribers(t *testing.T) {
+	for _, tc := range []struct {
+		set, want time.Duration
+	}{{0, ingest.DefaultJoinCheckDelay}, {30 * time.Millisecond, 30 * time.Millisecond}, {-time.Millisecond, -time.Millisecond}} {
+		app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1",
+			ZMQJoinCheckDelay: tc.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := newPublisher(t, true)
+		body := registerBody(pub.Endpoint(), "engine-j", 0, "replay_endpoint", pub.ReplayEndpoint())
+		if code, resp := msgpackPost(t, app, "/register", body); code != 200 {
+			t.Fatalf("register: %d %v", code, resp)
+		}
+		var got []time.Duration
+		app.Service.mu.Lock()
+		for _, r := range app.Service.services {
+			if z, ok := r.sub.(*zmqSubscription); ok {
+				got = append(got, z.sub.Config().JoinCheckDelay)
+			}
+		}
+		app.Service.mu.Unlock()
+		app.Stop()
+		if len(got) != 1 || got[0] != tc.want {
+			t.Fatalf("set %v: subscribers' join check delay %v, want %v", tc.set, got, tc.want)
 		}
 	}
 }

@@ -65,6 +65,9 @@ type FileConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context (0: 1).
 	ZMQIOThreads int
+	// ZMQJoinCheckDelayMS is "zmq_join_check_delay_ms": milliseconds after a subscription
+	// first connects before its join check (0: 1000; -1: no join check).
+	ZMQJoinCheckDelayMS int
 	// IngestLogBurst and IngestLogIntervalSeconds are "ingest_log_burst" and
 	// "ingest_log_interval_seconds": per subscription and kind of log line, how many
 	// lines pass per interval (0: defaults 10 and 10 s; burst -1: unlimited).
@@ -84,7 +87,7 @@ var configKeys = []string{
 	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
 	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
-	"access_log_flush_interval_ms", "max_blocks", "memory_limit_bytes", "zmq_max_message_size", "zmq_io_threads",
+	"access_log_flush_interval_ms", "max_blocks", "memory_limit_bytes", "zmq_max_message_size", "zmq_io_threads", "zmq_join_check_delay_ms",
 	"ingest_log_burst", "ingest_log_interval_seconds", "cluster",
 }
 
@@ -220,6 +223,7 @@ func LoadConfigFile(path string) (FileConfig, error) {
 	}{
 		{"zmq_max_message_size", -1, 1 << 40, func(v int64) { cfg.ZMQMaxMessageSize = v }},
 		{"zmq_io_threads", 0, 64, func(v int64) { cfg.ZMQIOThreads = int(v) }},
+		{"zmq_join_check_delay_ms", -1, 3_600_000, func(v int64) { cfg.ZMQJoinCheckDelayMS = int(v) }},
 		{"ingest_log_burst", -1, 1 << 20, func(v int64) { cfg.IngestLogBurst = int(v) }},
 		{"ingest_log_interval_seconds", 0, 86400, func(v int64) { cfg.IngestLogIntervalSeconds = int(v) }},
 	} {
@@ -426,6 +430,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
-		IngestLogBurst: f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
+		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
+		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
 		Cluster: f.Cluster}
 }

@@ -54,6 +54,9 @@ type ZMQOptions struct {
 	Transport *zmqtransport.Transport
 	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
 	MaxMessageSize int64
+	// JoinCheckDelay is ingest.SubscriberConfig.JoinCheckDelay (0: the default, 1 s;
+	// negative: no join check).
+	JoinCheckDelay time.Duration
 	// LogBurst and LogInterval rate-limit each subscription's log lines per kind
 	// (0: lograte.DefaultBurst, lograte.DefaultInterval; LogBurst -1: no limit).
 	LogBurst    int
@@ -100,6 +103,7 @@ func subscribeZMQ(cfg *ServiceConfig, eng *engine.Engine, log *slog.Logger, opts
 		// effort: an unanswered catch-up never marks the source stale.
 		CatchUpOnStart: replay != "",
 		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize,
+		JoinCheckDelay: opts.JoinCheckDelay,
 	}, handler)
 	if err != nil {
 		if g != nil {
