@@ -539,21 +539,20 @@ func tierFlag(t SharedTier) uint64 {
 // in another form.
 type compSets struct {
 	names nameTable[string] // refs: the live sets holding the name
-	idx   map[uint64]uint16 // mask → set id
-	masks []uint64          // per set id (masks[0] = 0, the empty set)
-	refs  []uint32
-	free  []uint16
+	// sets interns the masks: id 0 is the empty set, held for good and never looked up
+	// (it has no idx entry), so ids 1..limit are the interned sets.
+	sets  nameTable[uint64]
 	limit int
 }
 
 func newCompSets(limit int) compSets {
-	return compSets{idx: map[uint64]uint16{}, masks: []uint64{0}, refs: []uint32{0}, limit: limit}
+	return compSets{sets: nameTable[uint64]{idx: map[uint64]uint16{}, names: []uint64{0}, refs: []uint32{1}}, limit: limit}
 }
 
 // with takes a reference on set ∪ {comp} and drops one on set, when comp is not in set
 // (added); ok is false when that set cannot be interned (nothing changed then).
 func (cs *compSets) with(set uint16, comp string) (nset uint16, added, ok bool) {
-	m := cs.masks[set]
+	m := cs.sets.names[set]
 	c, known := cs.names.idx[comp]
 	if known && m&(1<<c) != 0 {
 		return set, false, true
@@ -575,7 +574,7 @@ func (cs *compSets) with(set uint16, comp string) (nset uint16, added, ok bool) 
 // without takes a reference on set \ {comp} and drops one on set, when comp is in set
 // (removed); ok is false when that set cannot be interned (nothing changed then).
 func (cs *compSets) without(set uint16, comp string) (nset uint16, removed, ok bool) {
-	m := cs.masks[set]
+	m := cs.sets.names[set]
 	c, known := cs.names.idx[comp]
 	if !known || m&(1<<c) == 0 {
 		return set, false, true
@@ -592,28 +591,13 @@ func (cs *compSets) intern(mask uint64) (uint16, bool) {
 	if mask == 0 {
 		return 0, true
 	}
-	if id, ok := cs.idx[mask]; ok {
-		cs.refs[id]++
-		return id, true
-	}
-	var id uint16
-	if n := len(cs.free); n > 0 {
-		id = cs.free[n-1]
-		cs.free = cs.free[:n-1]
-	} else {
-		if len(cs.masks)-1 >= cs.limit {
-			return 0, false
+	id, ok := cs.sets.ref(mask, cs.limit+1)
+	if ok && cs.sets.refs[id] == 1 { // newly interned: it holds a reference on each name
+		for m := mask; m != 0; m &= m - 1 {
+			cs.names.refs[bits.TrailingZeros64(m)]++
 		}
-		id = uint16(len(cs.masks))
-		cs.masks = append(cs.masks, 0)
-		cs.refs = append(cs.refs, 0)
 	}
-	cs.masks[id], cs.refs[id] = mask, 1
-	cs.idx[mask] = id
-	for m := mask; m != 0; m &= m - 1 {
-		cs.names.refs[bits.TrailingZeros64(m)]++
-	}
-	return id, true
+	return id, ok
 }
 
 // release drops a reference on set.
@@ -621,21 +605,17 @@ func (cs *compSets) release(set uint16) {
 	if set == 0 {
 		return
 	}
-	if cs.refs[set]--; cs.refs[set] != 0 {
-		return
+	mask := cs.sets.names[set]
+	if cs.sets.refs[set] == 1 { // its last reference: it lets go of its names
+		for m := mask; m != 0; m &= m - 1 {
+			cs.names.unref(uint16(bits.TrailingZeros64(m)))
+		}
 	}
-	mask := cs.masks[set]
-	delete(cs.idx, mask)
-	for m := mask; m != 0; m &= m - 1 {
-		cs.names.unref(uint16(bits.TrailingZeros64(m)))
-	}
-	cs.masks[set] = 0
-	cs.free = append(cs.free, set)
+	cs.sets.unref(set)
 }
 
-// appendNames appends the names of set to dst.
 func (cs *compSets) appendNames(dst []string, set uint16) []string {
-	for m := cs.masks[set]; m != 0; m &= m - 1 {
+	for m := cs.sets.names[set]; m != 0; m &= m - 1 {
 		dst = append(dst, cs.names.names[bits.TrailingZeros64(m)])
 	}
 	return dst

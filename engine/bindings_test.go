@@ -134,16 +134,16 @@ func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 		// Interned sets: one reference per binding holding one, and each name one per
 		// live set holding it.
 		nameRefs := map[uint16]uint32{}
-		for id := 1; id < len(s.sets.masks); id++ {
-			if s.sets.refs[id] != setRefs[uint16(id)] {
-				t.Fatalf("%s: set %d (%b) has %d references, %d bindings hold it", phase, id, s.sets.masks[id], s.sets.refs[id], setRefs[uint16(id)])
+		for id := 1; id < len(s.sets.sets.names); id++ {
+			if s.sets.sets.refs[id] != setRefs[uint16(id)] {
+				t.Fatalf("%s: set %d (%b) has %d references, %d bindings hold it", phase, id, s.sets.sets.names[id], s.sets.sets.refs[id], setRefs[uint16(id)])
 			}
-			for m := s.sets.masks[id]; m != 0; m &= m - 1 {
+			for m := s.sets.sets.names[id]; m != 0; m &= m - 1 {
 				nameRefs[uint16(bits.TrailingZeros64(m))]++
 			}
 		}
-		if len(s.sets.idx) != len(setRefs) || len(s.sets.masks)-1 > setLimit {
-			t.Fatalf("%s: %d sets interned (%d ids), %d held, limit %d", phase, len(s.sets.idx), len(s.sets.masks)-1, len(setRefs), setLimit)
+		if len(s.sets.sets.idx) != len(setRefs) || len(s.sets.sets.names)-1 > setLimit {
+			t.Fatalf("%s: %d sets interned (%d ids), %d held, limit %d", phase, len(s.sets.sets.idx), len(s.sets.sets.names)-1, len(setRefs), setLimit)
 		}
 		for c, n := range s.sets.names.refs {
 			if n != nameRefs[uint16(c)] {
@@ -250,8 +250,8 @@ func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 	if derivedSeen == 0 {
 		t.Fatal("no derived binding checked")
 	}
-	if charged != 0 || len(s.origins.idx) != 0 || len(s.sets.idx) != 0 || len(s.sets.names.idx) != 0 || len(s.over) != 0 {
-		t.Fatalf("emptied store: charge %d, names %d, sets %d, components %d, overflow %d", charged, len(s.origins.idx), len(s.sets.idx), len(s.sets.names.idx), len(s.over))
+	if charged != 0 || len(s.origins.idx) != 0 || len(s.sets.sets.idx) != 0 || len(s.sets.names.idx) != 0 || len(s.over) != 0 {
+		t.Fatalf("emptied store: charge %d, names %d, sets %d, components %d, overflow %d", charged, len(s.origins.idx), len(s.sets.sets.idx), len(s.sets.names.idx), len(s.over))
 	}
 	if s.obj.depth < 2 || s.blk.depth < 2 {
 		t.Fatalf("tables never split: depths %d %d", s.obj.depth, s.blk.depth)
@@ -597,25 +597,25 @@ func TestCompSetsInterning(t *testing.T) {
 	}
 	a := step(0, true, "a", true, true)                              // binding A: {a}
 	b := step(step(0, true, "a", true, true), true, "b", true, true) // binding B: {a} then {a,b}
-	if b == a || cs.refs[a] != 1 || cs.refs[b] != 1 || names(b) != "a,b" || nameRefs("a") != 2 || nameRefs("b") != 1 {
-		t.Fatalf("sets %d (%d refs) %d (%d refs) %q, name refs a %d b %d", a, cs.refs[a], b, cs.refs[b], names(b), nameRefs("a"), nameRefs("b"))
+	if b == a || cs.sets.refs[a] != 1 || cs.sets.refs[b] != 1 || names(b) != "a,b" || nameRefs("a") != 2 || nameRefs("b") != 1 {
+		t.Fatalf("sets %d (%d refs) %d (%d refs) %q, name refs a %d b %d", a, cs.sets.refs[a], b, cs.sets.refs[b], names(b), nameRefs("a"), nameRefs("b"))
 	}
 	step(b, true, "b", false, true) // already there: nothing changes
 	step(b, false, "z", false, true)
 	c := step(0, true, "c", true, true) // binding C: {c}; the table is full (3 sets)
-	if len(cs.masks)-1 != 3 {
-		t.Fatalf("%d set ids", len(cs.masks)-1)
+	if len(cs.sets.names)-1 != 3 {
+		t.Fatalf("%d set ids", len(cs.sets.names)-1)
 	}
 	step(c, true, "d", true, false) // {c,d}: refused, C keeps {c}; "d" not kept
-	if nameRefs("d") != 0 || cs.refs[c] != 1 {
-		t.Fatalf("refused set left name d (%d refs) or changed {c} (%d refs)", nameRefs("d"), cs.refs[c])
+	if nameRefs("d") != 0 || cs.sets.refs[c] != 1 {
+		t.Fatalf("refused set left name d (%d refs) or changed {c} (%d refs)", nameRefs("d"), cs.sets.refs[c])
 	}
 	// B drops b: {a} is shared (2 references); {a,b} goes and so does the name b.
-	if nb := step(b, false, "b", true, true); nb != a || cs.refs[a] != 2 || nameRefs("b") != 0 || cs.refs[b] != 0 {
-		t.Fatalf("{a,b} minus b: set %d (want %d), refs %d, name b %d", nb, a, cs.refs[a], nameRefs("b"))
+	if nb := step(b, false, "b", true, true); nb != a || cs.sets.refs[a] != 2 || nameRefs("b") != 0 || cs.sets.refs[b] != 0 {
+		t.Fatalf("{a,b} minus b: set %d (want %d), refs %d, name b %d", nb, a, cs.sets.refs[a], nameRefs("b"))
 	}
 	cd := step(c, true, "d", true, true) // now there is room: {c,d} takes the freed id
-	if cd != b || names(cd) != "c,d" || nameRefs("c") != 1 || cs.refs[c] != 0 {
+	if cd != b || names(cd) != "c,d" || nameRefs("c") != 1 || cs.sets.refs[c] != 0 {
 		t.Fatalf("{c,d}: id %d (freed %d), names %q", cd, b, names(cd))
 	}
 	// Down to nothing: every set and name goes.
@@ -624,8 +624,8 @@ func TestCompSetsInterning(t *testing.T) {
 	if step(step(cd, false, "c", true, true), false, "d", true, true) != 0 {
 		t.Fatal("emptied set is not the empty set")
 	}
-	if len(cs.idx) != 0 || len(cs.names.idx) != 0 || len(cs.free) != 3 {
-		t.Fatalf("released all: %d sets, %d names, %d free ids", len(cs.idx), len(cs.names.idx), len(cs.free))
+	if len(cs.sets.idx) != 0 || len(cs.names.idx) != 0 || len(cs.sets.free) != 3 {
+		t.Fatalf("released all: %d sets, %d names, %d free ids", len(cs.sets.idx), len(cs.names.idx), len(cs.sets.free))
 	}
 	// More names than a set can hold.
 	cs = newCompSets(maxSets)
@@ -706,7 +706,7 @@ func TestBindingSetOverflow(t *testing.T) {
 		_, c := s.remove(i)
 		charged -= c
 	}
-	if charged != 0 || len(s.over) != 0 || len(s.sets.idx) != 0 || len(s.sets.names.idx) != 0 {
-		t.Fatalf("all removed: charged %d, %d lists, %d sets, %d names", charged, len(s.over), len(s.sets.idx), len(s.sets.names.idx))
+	if charged != 0 || len(s.over) != 0 || len(s.sets.sets.idx) != 0 || len(s.sets.names.idx) != 0 {
+		t.Fatalf("all removed: charged %d, %d lists, %d sets, %d names", charged, len(s.over), len(s.sets.sets.idx), len(s.sets.names.idx))
 	}
 }

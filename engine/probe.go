@@ -138,24 +138,16 @@ func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
 		}
 		// walk1's read (see walk1), or, with a hook or pending clears, a read that only
 		// bounds the batch.
-		var meta, k2, m2, dev, loc, dsk uint64
+		var meta, dev, loc, dsk uint64
+		var good bool
 		if t.w == 0 {
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k2 = atomic.LoadUint64(&rec[recKey])
-			x := atomic.LoadUint64(&rec[recBits])
-			m2 = atomic.LoadUint64(&rec[recMeta])
-			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+			meta, dev, loc, dsk, good = readPacked1(rec, k)
 		} else {
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k2 = atomic.LoadUint64(&rec[recKey])
-			dev = atomic.LoadUint64(&rec[recBits])
-			loc = atomic.LoadUint64(&rec[recBits+1])
-			dsk = atomic.LoadUint64(&rec[recBits+2])
-			m2 = atomic.LoadUint64(&rec[recMeta])
+			meta, dev, loc, dsk, good = readWide1(rec, k)
 		}
 		if pb.read {
 			pb.vals[j] = [4]uint64{meta, dev, loc, dsk}
-			pb.good[j] = m2 == meta && meta&(metaBusy|metaFree) == 0 && k2 == k
+			pb.good[j] = good
 		}
 		if meta&metaFlags == 0 {
 			if alive &= dev | loc | dsk; alive == 0 {

@@ -446,13 +446,17 @@ func readWide1(rec []uint64, key uint64) (meta, dev, loc, dsk uint64, ok bool) {
 // is torn, then the mask of the pending clears (clear.go) that the record does not
 // reflect yet.
 func (r *Result) readSlow1(tab *table, rec []uint64, key uint64, i int) (meta, dev, loc, dsk uint64, ok bool) {
-	var k, m2 uint64
-	if r.hook != nil {
+	switch {
+	case r.hook != nil:
+		var k, m2 uint64
 		meta, k, m2, dev, loc, dsk = hookedRead1(rec, tab.w == 0, r.hook, i)
-	} else {
-		meta, k, m2, dev, loc, dsk = read1(rec, tab.w == 0)
+		ok = m2 == meta && meta&(metaBusy|metaFree) == 0 && k == key
+	case tab.w == 0:
+		meta, dev, loc, dsk, ok = readPacked1(rec, key)
+	default:
+		meta, dev, loc, dsk, ok = readWide1(rec, key)
 	}
-	if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+	if !ok {
 		var buf [3]uint64
 		if meta, ok = reread(tab, r.hook, i, key, buf[:bitWords(tab.w)]); !ok {
 			return 0, 0, 0, 0, false
@@ -467,22 +471,6 @@ func (r *Result) readSlow1(tab *table, rec []uint64, key uint64, i int) (meta, d
 		}
 	}
 	return meta, dev, loc, dsk, true
-}
-
-// read1 is walk1's record read: meta, key, bitsets, meta.
-func read1(rec []uint64, packed bool) (meta, k, m2, dev, loc, dsk uint64) {
-	meta = atomic.LoadUint64(&rec[recMeta])
-	k = atomic.LoadUint64(&rec[recKey])
-	if packed {
-		x := atomic.LoadUint64(&rec[recBits])
-		dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
-	} else {
-		dev = atomic.LoadUint64(&rec[recBits])
-		loc = atomic.LoadUint64(&rec[recBits+1])
-		dsk = atomic.LoadUint64(&rec[recBits+2])
-	}
-	m2 = atomic.LoadUint64(&rec[recMeta])
-	return
 }
 
 // hookedRead1 is walk1's record read with the test hook before every load.

@@ -76,7 +76,7 @@ func (t *Tracker) driveJoinCheck(now time.Time) {
 		return
 	}
 	t.join = false
-	if !t.caughtUp {
+	if t.st.catchUps.Load() == 0 { // no completed catch-up: the replay endpoint never answered
 		return
 	}
 	if !t.base {
@@ -301,7 +301,6 @@ func (t *Tracker) finishRecovery(now time.Time) {
 		return
 	}
 	t.rec.catchUp = false
-	t.caughtUp = true
 	t.st.catchUps.Add(1)
 	t.log(slog.LevelInfo, "catch-up complete", "from", t.rec.from, "next", t.next, "baseline", t.base)
 	if t.base {

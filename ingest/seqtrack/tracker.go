@@ -128,7 +128,6 @@ type Tracker struct {
 
 	connectedOnce bool // the SUB has connected at least once
 	reconnected   bool // it reconnected since the last batch was applied
-	caughtUp      bool // a catch-up has completed (the replay endpoint answers)
 	// join is the pending join check (Config.JoinCheck), due at joinAt.
 	join   bool
 	joinAt time.Time
