@@ -502,9 +502,7 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte, e *accessEntry
 	sc := h.pool.Get().(*queryScratch)
 	defer h.pool.Put(sc)
 	if rerr := httpapi.DecodeQueryRequest(body, &sc.req); rerr != nil {
-		if cap(sc.req.Tokens) > maxPooledTokens {
-			sc.req.Tokens = nil
-		}
+		sc.req.Release(maxPooledTokens)
 		h.requestError(ctx, rerr)
 		return 0
 	}
@@ -519,12 +517,10 @@ func (h *HTTPServer) query(ctx *fasthttp.RequestCtx, body []byte, e *accessEntry
 	}
 	h.writeQueryResult(ctx, sc, &sc.res)
 	e.fill(sc.req.Model, int64(len(sc.req.Tokens)), sc.res.BlocksHashed(), &sc.res)
-	// Drop references into the request body before the scratch goes back to the pool.
+	// Drop references into the request body (and an outlier prompt's buffer) before the
+	// scratch goes back to the pool.
 	sc.query = engine.Query{}
-	if cap(sc.req.Tokens) > maxPooledTokens {
-		sc.req.Tokens = nil // an outlier prompt must not stay pinned in the pool
-	}
-	sc.req.Model, sc.req.LoraName, sc.req.TenantID, sc.req.InstanceID, sc.req.CacheSalt = "", "", "", "", ""
+	sc.req.Release(maxPooledTokens)
 	return sc.res.BlocksHashed()
 }
 

@@ -47,9 +47,7 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, body []byte, e *acces
 	defer h.pool.Put(sc)
 	req := &sc.hreq
 	if rerr := httpapi.DecodeQueryByHashRequest(body, req); rerr != nil {
-		if cap(req.BlockHashes) > maxPooledTokens/2 {
-			req.BlockHashes = nil
-		}
+		req.Release(maxPooledTokens / 2)
 		h.requestError(ctx, rerr)
 		return 0
 	}
@@ -60,12 +58,10 @@ func (h *HTTPServer) queryByHash(ctx *fasthttp.RequestCtx, body []byte, e *acces
 	}
 	h.writeQueryResult(ctx, sc, &sc.res)
 	e.fill(req.Model, int64(len(req.BlockHashes))*req.BlockSize, 0, &sc.res)
-	// Drop references into the request body before the scratch goes back to the pool.
-	req.Model, req.LoraName, req.TenantID, req.InstanceID, req.CacheSalt = "", "", "", "", ""
+	// Drop references into the request body (and an outlier prompt's buffer) before the
+	// scratch goes back to the pool.
 	n := len(req.BlockHashes)
-	if cap(req.BlockHashes) > maxPooledTokens/2 {
-		req.BlockHashes = nil // an outlier prompt must not stay pinned in the pool
-	}
+	req.Release(maxPooledTokens / 2)
 	return n
 }
 

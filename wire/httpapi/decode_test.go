@@ -322,13 +322,20 @@ func TestDecodeQueryRequestIntWidths(t *testing.T) {
 }
 
 func TestDecodeQueryRequestTokensReuseAndDuplicates(t *testing.T) {
-	q := httpapi.QueryRequest{Tokens: make([]int32, 0, 64)}
-	buf := q.Tokens[:1]
+	var q httpapi.QueryRequest
 	if e := httpapi.DecodeQueryRequest(htEnc(htQueryBase().with("token_ids", []int32{9, 8, 7, 6})), &q); e != nil {
 		t.Fatal(e)
 	}
-	if &q.Tokens[0] != &buf[0] {
-		t.Error("tokens not decoded into the caller's buffer")
+	buf := q.Tokens
+	// An array is decoded into the request's own buffer, reused by the next array (also
+	// after a bin, which is read in place and leaves the buffer alone).
+	for _, v := range []any{htLE(1, 2), []int32{5, 4, 3}} {
+		if e := httpapi.DecodeQueryRequest(htEnc(htQueryBase().with("token_ids", v)), &q); e != nil {
+			t.Fatal(e)
+		}
+	}
+	if &q.Tokens[0] != &buf[0] || !slices.Equal(q.Tokens, []int32{5, 4, 3}) {
+		t.Error("array tokens not decoded into the request's reused buffer")
 	}
 	// Empty token lists are valid in both forms, and leave no stale tokens behind.
 	for _, v := range []any{[]any{}, []byte{}} {

@@ -9,13 +9,26 @@ import (
 
 // QueryByHashRequest is a decoded POST /query_by_hash body: the /query fields (with
 // Tokens left empty) and the prompt's block keys instead of its token ids. Like
-// QueryRequest it is decoded without allocation: strings alias the body and BlockHashes
-// is the caller's buffer, reused across requests.
+// QueryRequest it is decoded without allocation: strings alias the body, and so do
+// BlockHashes when they came as a bin (read in place, see binView); an array is decoded
+// into a buffer the request keeps. Release drops both kinds of reference.
 type QueryByHashRequest struct {
 	QueryRequest
 	// BlockHashes are the projected keys of the prompt's consecutive blocks, each of which
 	// stands for block_size tokens.
 	BlockHashes []uint64
+	// hashBuf is the decoded array's memory, kept across requests.
+	hashBuf []uint64
+}
+
+// Release is QueryRequest.Release for the block keys too (maxHashes bounds the buffer
+// kept).
+func (q *QueryByHashRequest) Release(maxHashes int) {
+	q.QueryRequest.Release(maxHashes)
+	q.BlockHashes = nil
+	if cap(q.hashBuf) > maxHashes {
+		q.hashBuf = nil
+	}
 }
 
 const (
@@ -31,19 +44,19 @@ const (
 // bin of little-endian uint64 values whose length is a multiple of 8.
 func DecodeQueryByHashRequest(body []byte, q *QueryByHashRequest) *RequestError {
 	q.Tokens = q.Tokens[:0]
-	q.BlockHashes = q.BlockHashes[:0]
+	q.BlockHashes = q.hashBuf[:0]
 	return decodeQueryBody(body, &q.QueryRequest, "block_hashes", func(b []byte) ([]byte, tokenErr, bool) {
 		var terr tokenErr
 		var ok bool
-		q.BlockHashes, b, terr, ok = decodeHashes(b, q.BlockHashes[:0])
+		q.BlockHashes, b, terr, ok = decodeHashes(b, &q.hashBuf)
 		return b, terr, ok
 	})
 }
 
 // decodeHashes decodes the block_hashes value at the start of b into dst, with the
 // error conventions of decodeTokens (and its one-copy bin path on little-endian hosts).
-func decodeHashes(b []byte, dst []uint64) (_ []uint64, _ []byte, terr tokenErr, ok bool) {
-	return decodeList(b, dst, decodeHashArray, msgHashesType, msgHashesBinLen)
+func decodeHashes(b []byte, buf *[]uint64) (_ []uint64, _ []byte, terr tokenErr, ok bool) {
+	return decodeList(b, buf, decodeHashArray, msgHashesType, msgHashesBinLen)
 }
 
 // decodeHashArray decodes an array of non-negative integers of any msgpack width.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -228,45 +229,191 @@ func TestElementEnds(t *testing.T) {
 	}
 }
 
-// TestListBinBothPaths: a bin prompt decodes the same through the one-copy path of
-// little-endian hosts and through the per-word loop of the others, for int32 tokens and
-// uint64 block keys.
-func TestListBinBothPaths(t *testing.T) {
-	defer func(v bool) { hostLittleEndian = v }(hostLittleEndian)
+// TestListBinAllPaths: a bin prompt decodes the same read in place (binView), through
+// the one-copy path of little-endian hosts that cannot read it in place, and through the
+// per-word loop of big-endian hosts, for int32 tokens and uint64 block keys, at every
+// alignment of the bin's bytes.
+func TestListBinAllPaths(t *testing.T) {
+	defer func(le, view bool) { hostLittleEndian, binInPlace = le, view }(hostLittleEndian, binInPlace)
 	r := rand.New(rand.NewPCG(9, 10))
 	raw := make([]byte, 8*33)
 	for i := range raw {
 		raw[i] = byte(r.Uint32())
 	}
-	body := msgp.AppendBytes(nil, raw)
-	var toks [2][]int32
-	var keys [2][]uint64
-	for k, le := range []bool{true, false} {
-		hostLittleEndian = le
-		var terr tokenErr
-		var ok bool
-		toks[k], _, terr, ok = decodeTokens(body, nil, new([]int32))
-		if !ok || terr.reason != "" || len(toks[k]) != 66 {
-			t.Fatalf("tokens (LE path %v): ok %v err %+v len %d", le, ok, terr, len(toks[k]))
+	for shift := 0; shift < 8; shift++ {
+		body := msgp.AppendBytes(make([]byte, shift, shift+len(raw)+8), raw)[shift:]
+		var toks [3][]int32
+		var keys [3][]uint64
+		for k, path := range []struct{ le, view bool }{{true, true}, {true, false}, {false, false}} {
+			hostLittleEndian, binInPlace = path.le, path.view
+			var terr tokenErr
+			var ok bool
+			var tbuf []int32
+			toks[k], _, terr, ok = decodeTokens(body, &tbuf, new([]int32))
+			if !ok || terr.reason != "" || len(toks[k]) != 66 {
+				t.Fatalf("tokens (path %+v): ok %v err %+v len %d", path, ok, terr, len(toks[k]))
+			}
+			var kbuf []uint64
+			keys[k], _, terr, ok = decodeHashes(body, &kbuf)
+			if !ok || terr.reason != "" || len(keys[k]) != 33 {
+				t.Fatalf("keys (path %+v): ok %v err %+v len %d", path, ok, terr, len(keys[k]))
+			}
+			// A view is never kept as the buffer; a copy always is.
+			inPlace := within(unsafe.Pointer(&toks[k][0]), body)
+			if want := path.view && (unalignedLoads || uintptr(unsafe.Pointer(&body[len(body)-len(raw)]))%4 == 0); inPlace != want {
+				t.Fatalf("tokens (path %+v, shift %d): in place %v, want %v", path, shift, inPlace, want)
+			}
+			if inPlace == (tbuf != nil) {
+				t.Fatalf("tokens (path %+v): in place %v but buffer kept %v", path, inPlace, tbuf != nil)
+			}
+			if within(unsafe.Pointer(&keys[k][0]), body) == (kbuf != nil) {
+				t.Fatalf("keys (path %+v): view and kept buffer disagree", path)
+			}
 		}
-		keys[k], _, terr, ok = decodeHashes(body, nil)
-		if !ok || terr.reason != "" || len(keys[k]) != 33 {
-			t.Fatalf("keys (LE path %v): ok %v err %+v len %d", le, ok, terr, len(keys[k]))
+		for i := range toks[2] {
+			if want := int32(binary.LittleEndian.Uint32(raw[4*i:])); toks[2][i] != want {
+				t.Fatalf("token %d: %d, want %d", i, toks[2][i], want)
+			}
+		}
+		for i := range keys[2] {
+			if want := binary.LittleEndian.Uint64(raw[8*i:]); keys[2][i] != want {
+				t.Fatalf("key %d: %d, want %d", i, keys[2][i], want)
+			}
+		}
+		for k := 0; k < 2; k++ {
+			if !slices.Equal(toks[k], toks[2]) || !slices.Equal(keys[k], keys[2]) {
+				t.Fatalf("path %d differs from the loop (shift %d)", k, shift)
+			}
 		}
 	}
-	for i := range toks[1] {
-		if want := int32(binary.LittleEndian.Uint32(raw[4*i:])); toks[1][i] != want {
-			t.Fatalf("token %d: %d, want %d", i, toks[1][i], want)
+}
+
+// within reports whether p points into b.
+func within(p unsafe.Pointer, b []byte) bool {
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return uintptr(p) >= lo && uintptr(p) < lo+uintptr(len(b))
+}
+
+// TestBinViewNeverWrittenThrough: a request decoded from a bin reads its body in place;
+// the next request, an array, is decoded into the request's own buffer and must leave
+// the first body as it was (a view kept as the reused buffer would be overwritten), and
+// Release drops the view. Both for /query and /query_by_hash.
+func TestBinViewNeverWrittenThrough(t *testing.T) {
+	if !hostLittleEndian {
+		t.Skip("big-endian host: bins are decoded, never viewed")
+	}
+	toks := make([]int32, 300)
+	for i := range toks {
+		toks[i] = int32(i*7 + 1)
+	}
+	bin := binQueryBody("m", 16, "token_ids", toks)
+	keep := slices.Clone(bin)
+	var q QueryRequest
+	for round := 0; round < 3; round++ {
+		if rerr := DecodeQueryRequest(bin, &q); rerr != nil {
+			t.Fatal(rerr)
+		}
+		if !slices.Equal(q.Tokens, toks) {
+			t.Fatal("bin tokens differ")
+		}
+		view := within(unsafe.Pointer(&q.Tokens[0]), bin)
+		other := make([]int32, 400)
+		for i := range other {
+			other[i] = int32(1000 - i)
+		}
+		if rerr := DecodeQueryRequest(arrayQueryBody("m", 16, "token_ids", other), &q); rerr != nil {
+			t.Fatal(rerr)
+		}
+		if !slices.Equal(q.Tokens, other) || within(unsafe.Pointer(&q.Tokens[0]), bin) {
+			t.Fatal("array tokens wrong, or decoded into the last body")
+		}
+		if !slices.Equal(bin, keep) {
+			t.Fatalf("round %d (bin viewed: %v): the array was decoded into the bin request's body", round, view)
+		}
+		q.Release(1 << 20)
+		if q.Tokens != nil || q.Model != "" {
+			t.Fatal("Release kept references into the body")
 		}
 	}
-	for i := range keys[1] {
-		if want := binary.LittleEndian.Uint64(raw[8*i:]); keys[1][i] != want {
-			t.Fatalf("key %d: %d, want %d", i, keys[1][i], want)
-		}
+	hashes := make([]uint64, 50)
+	for i := range hashes {
+		hashes[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
-	if !slices.Equal(toks[0], toks[1]) || !slices.Equal(keys[0], keys[1]) {
-		t.Fatal("the one-copy path and the loop differ")
+	hbin := binHashBody(hashes)
+	hkeep := slices.Clone(hbin)
+	var hq QueryByHashRequest
+	if rerr := DecodeQueryByHashRequest(hbin, &hq); rerr != nil || !slices.Equal(hq.BlockHashes, hashes) {
+		t.Fatal("bin hashes", rerr)
 	}
+	if rerr := DecodeQueryByHashRequest(arrayHashBody(hashes[:20]), &hq); rerr != nil || !slices.Equal(hq.BlockHashes, hashes[:20]) {
+		t.Fatal("array hashes", rerr)
+	}
+	if !slices.Equal(hbin, hkeep) {
+		t.Fatal("the array was decoded into the bin request's body")
+	}
+	hq.Release(1 << 20)
+	if hq.BlockHashes != nil {
+		t.Fatal("Release kept the block keys' view")
+	}
+}
+
+// binQueryBody and arrayQueryBody are /query bodies with the prompt as a bin of
+// little-endian int32 or as an array.
+func binQueryBody(model string, bs int64, key string, toks []int32) []byte {
+	raw := make([]byte, 4*len(toks))
+	for i, v := range toks {
+		binary.LittleEndian.PutUint32(raw[4*i:], uint32(v))
+	}
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "model")
+	b = msgp.AppendString(b, model)
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt64(b, bs)
+	b = msgp.AppendString(b, key)
+	return msgp.AppendBytes(b, raw)
+}
+
+func arrayQueryBody(model string, bs int64, key string, toks []int32) []byte {
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "model")
+	b = msgp.AppendString(b, model)
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt64(b, bs)
+	b = msgp.AppendString(b, key)
+	b = msgp.AppendArrayHeader(b, uint32(len(toks)))
+	for _, v := range toks {
+		b = msgp.AppendInt32(b, v)
+	}
+	return b
+}
+
+// binHashBody and arrayHashBody are /query_by_hash bodies.
+func binHashBody(hs []uint64) []byte {
+	raw := make([]byte, 8*len(hs))
+	for i, v := range hs {
+		binary.LittleEndian.PutUint64(raw[8*i:], v)
+	}
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "model")
+	b = msgp.AppendString(b, "m")
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt64(b, 16)
+	b = msgp.AppendString(b, "block_hashes")
+	return msgp.AppendBytes(b, raw)
+}
+
+func arrayHashBody(hs []uint64) []byte {
+	b := msgp.AppendMapHeader(nil, 3)
+	b = msgp.AppendString(b, "model")
+	b = msgp.AppendString(b, "m")
+	b = msgp.AppendString(b, "block_size")
+	b = msgp.AppendInt64(b, 16)
+	b = msgp.AppendString(b, "block_hashes")
+	b = msgp.AppendArrayHeader(b, uint32(len(hs)))
+	for _, v := range hs {
+		b = msgp.AppendUint64(b, v)
+	}
+	return b
 }
 
 // FuzzTokenArray: any bytes decode as the reference decodes them.
