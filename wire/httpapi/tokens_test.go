@@ -306,7 +306,7 @@ func TestBinViewNeverWrittenThrough(t *testing.T) {
 	for i := range toks {
 		toks[i] = int32(i*7 + 1)
 	}
-	bin := binQueryBody("m", 16, "token_ids", toks)
+	bin := listBody("token_ids", toks, true)
 	keep := slices.Clone(bin)
 	var q QueryRequest
 	for round := 0; round < 3; round++ {
@@ -321,7 +321,7 @@ func TestBinViewNeverWrittenThrough(t *testing.T) {
 		for i := range other {
 			other[i] = int32(1000 - i)
 		}
-		if rerr := DecodeQueryRequest(arrayQueryBody("m", 16, "token_ids", other), &q); rerr != nil {
+		if rerr := DecodeQueryRequest(listBody("token_ids", other, false), &q); rerr != nil {
 			t.Fatal(rerr)
 		}
 		if !slices.Equal(q.Tokens, other) || within(unsafe.Pointer(&q.Tokens[0]), bin) {
@@ -339,13 +339,13 @@ func TestBinViewNeverWrittenThrough(t *testing.T) {
 	for i := range hashes {
 		hashes[i] = uint64(i) * 0x9e3779b97f4a7c15
 	}
-	hbin := binHashBody(hashes)
+	hbin := listBody("block_hashes", hashes, true)
 	hkeep := slices.Clone(hbin)
 	var hq QueryByHashRequest
 	if rerr := DecodeQueryByHashRequest(hbin, &hq); rerr != nil || !slices.Equal(hq.BlockHashes, hashes) {
 		t.Fatal("bin hashes", rerr)
 	}
-	if rerr := DecodeQueryByHashRequest(arrayHashBody(hashes[:20]), &hq); rerr != nil || !slices.Equal(hq.BlockHashes, hashes[:20]) {
+	if rerr := DecodeQueryByHashRequest(listBody("block_hashes", hashes[:20], false), &hq); rerr != nil || !slices.Equal(hq.BlockHashes, hashes[:20]) {
 		t.Fatal("array hashes", rerr)
 	}
 	if !slices.Equal(hbin, hkeep) {
@@ -357,61 +357,38 @@ func TestBinViewNeverWrittenThrough(t *testing.T) {
 	}
 }
 
-// binQueryBody and arrayQueryBody are /query bodies with the prompt as a bin of
-// little-endian int32 or as an array.
-func binQueryBody(model string, bs int64, key string, toks []int32) []byte {
-	raw := make([]byte, 4*len(toks))
-	for i, v := range toks {
-		binary.LittleEndian.PutUint32(raw[4*i:], uint32(v))
-	}
-	b := msgp.AppendMapHeader(nil, 3)
-	b = msgp.AppendString(b, "model")
-	b = msgp.AppendString(b, model)
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt64(b, bs)
-	b = msgp.AppendString(b, key)
-	return msgp.AppendBytes(b, raw)
-}
-
-func arrayQueryBody(model string, bs int64, key string, toks []int32) []byte {
-	b := msgp.AppendMapHeader(nil, 3)
-	b = msgp.AppendString(b, "model")
-	b = msgp.AppendString(b, model)
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt64(b, bs)
-	b = msgp.AppendString(b, key)
-	b = msgp.AppendArrayHeader(b, uint32(len(toks)))
-	for _, v := range toks {
-		b = msgp.AppendInt32(b, v)
-	}
-	return b
-}
-
-// binHashBody and arrayHashBody are /query_by_hash bodies.
-func binHashBody(hs []uint64) []byte {
-	raw := make([]byte, 8*len(hs))
-	for i, v := range hs {
-		binary.LittleEndian.PutUint64(raw[8*i:], v)
-	}
+// listBody is a /query-shaped body (model "m", block size 16) whose prompt field key
+// holds vs as a bin of little-endian words (asBin) or as an array: token_ids of a
+// /query, block_hashes of a /query_by_hash.
+func listBody[T int32 | uint64](key string, vs []T, asBin bool) []byte {
 	b := msgp.AppendMapHeader(nil, 3)
 	b = msgp.AppendString(b, "model")
 	b = msgp.AppendString(b, "m")
 	b = msgp.AppendString(b, "block_size")
 	b = msgp.AppendInt64(b, 16)
-	b = msgp.AppendString(b, "block_hashes")
-	return msgp.AppendBytes(b, raw)
-}
-
-func arrayHashBody(hs []uint64) []byte {
-	b := msgp.AppendMapHeader(nil, 3)
-	b = msgp.AppendString(b, "model")
-	b = msgp.AppendString(b, "m")
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt64(b, 16)
-	b = msgp.AppendString(b, "block_hashes")
-	b = msgp.AppendArrayHeader(b, uint32(len(hs)))
-	for _, v := range hs {
-		b = msgp.AppendUint64(b, v)
+	b = msgp.AppendString(b, key)
+	var raw []byte
+	if !asBin {
+		b = msgp.AppendArrayHeader(b, uint32(len(vs)))
+	}
+	for _, v := range vs {
+		switch x := any(v).(type) {
+		case int32:
+			if asBin {
+				raw = binary.LittleEndian.AppendUint32(raw, uint32(x))
+			} else {
+				b = msgp.AppendInt32(b, x)
+			}
+		case uint64:
+			if asBin {
+				raw = binary.LittleEndian.AppendUint64(raw, x)
+			} else {
+				b = msgp.AppendUint64(b, x)
+			}
+		}
+	}
+	if asBin {
+		b = msgp.AppendBytes(b, raw)
 	}
 	return b
 }
