@@ -513,3 +513,100 @@ func TestMemoLostEntryCostsOneHash(t *testing.T) {
 		t.Fatalf("cold prompt: %d memo hits, %d lookups for %d blocks", ch.MemoHits(), ch.mc.probes, blocks)
 	}
 }
+
+// fullScanInsert is Memo.insert without its preferred-way shortcut: every way read, the
+// policy as documented on Memo (a duplicate is not written; the victim is an empty way,
+// else an unreferenced one, the preferred way first in both cases; else the preferred
+// way after clearing the others' reference bits).
+func fullScanInsert(m *Memo, a, b uint64, d *[32]byte) (wrote, evicted bool) {
+	s := m.set(a)
+	p := s + pref(b)
+	var w [4]uint64
+	for i := range w {
+		w[i] = uint64(d[8*i]) | uint64(d[8*i+1])<<8 | uint64(d[8*i+2])<<16 | uint64(d[8*i+3])<<24 |
+			uint64(d[8*i+4])<<32 | uint64(d[8*i+5])<<40 | uint64(d[8*i+6])<<48 | uint64(d[8*i+7])<<56
+	}
+	ck := m.checkOf(a, b, w[0], w[1], w[2], w[3])
+	empty, unref := -1, -1
+	for i := s; i < s+memoWays; i++ {
+		e := &m.ents[i]
+		if e.check == ck && e.a == a && e.b == b {
+			return false, false
+		}
+		if e.check == 0 && (empty < 0 || i == p) {
+			empty = i
+		}
+		if e.ref == 0 && (unref < 0 || i == p) {
+			unref = i
+		}
+	}
+	v := empty
+	if v < 0 {
+		v = unref
+	}
+	if v < 0 {
+		v = p
+		for i := s; i < s+memoWays; i++ {
+			if i != v {
+				m.ents[i].ref = 0
+			}
+		}
+	}
+	evicted = m.ents[v].check != 0
+	m.ents[v] = memoEntry{a: a, b: b, d: w, ref: 1, check: ck}
+	return true, evicted
+}
+
+// TestMemoInsertMatchesFullScan: inserts through a chain's flush (preferred line first,
+// the whole set only when the preferred way is taken) leave the memo exactly as the
+// full-scan policy does, entry for entry, over random inserts (repeats included) and
+// lookups (which set reference bits) into a few sets: the shortcut changes which lines
+// are read, never which way an entry goes to.
+func TestMemoInsertMatchesFullScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	m := NewMemo(32) // 8 sets
+	ref := &Memo{ents: make([]memoEntry, len(m.ents)), setMask: m.setMask, seedA: m.seedA, seedB: m.seedB,
+		seedC: m.seedC, hsA: m.hsA, hsB: m.hsB, kA: m.kA, kB: m.kB}
+	type kv struct {
+		a, b uint64
+		d    [32]byte
+	}
+	pool := make([]kv, 120)
+	for i := range pool {
+		pool[i].a, pool[i].b = r.Uint64(), r.Uint64()
+		for j := range pool[i].d {
+			pool[i].d[j] = byte(r.Uint32())
+		}
+	}
+	var mc memoChain
+	mc.reset(m)
+	shortcuts := 0
+	for step := 0; step < 4000; step++ {
+		k := &pool[r.IntN(len(pool))]
+		if r.IntN(3) == 0 {
+			var d1, d2 [32]byte
+			if m.lookup(k.a, k.b, &d1) != ref.lookup(k.a, k.b, &d2) || d1 != d2 {
+				t.Fatalf("step %d: lookups differ", step)
+			}
+			continue
+		}
+		if m.preferredEmpty(k.a, k.b) {
+			shortcuts++
+		}
+		before := mc.inserts
+		mc.queue(k.a, k.b, &k.d)
+		mc.flush()
+		wrote, _ := fullScanInsert(ref, k.a, k.b, &k.d)
+		if (mc.inserts != before) != wrote {
+			t.Fatalf("step %d: flush wrote %v, full scan %v", step, mc.inserts != before, wrote)
+		}
+		for i := range m.ents {
+			if m.ents[i] != ref.ents[i] {
+				t.Fatalf("step %d: entry %d is %+v, full scan %+v", step, i, m.ents[i], ref.ents[i])
+			}
+		}
+	}
+	if shortcuts < 8 || mc.evictions == 0 {
+		t.Fatalf("workload too easy: %d shortcut inserts, %d evictions", shortcuts, mc.evictions)
+	}
+}

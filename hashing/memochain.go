@@ -230,12 +230,21 @@ func (c *Chain) nextMemo() (uint64, error) {
 	return key, nil
 }
 
-// flush writes the buffered inserts: one pass that loads every set (independent loads,
-// so their cache misses overlap), then the writes, which find the lines cached.
+// flush writes the buffered inserts: a pass that loads every insert's preferred line,
+// a pass that loads the other lines of the sets whose preferred way is taken (an insert
+// into an empty preferred way reads and writes that line alone, see Memo.insert), each
+// pass independent loads whose cache misses overlap, then the writes, which find their
+// lines cached.
 func (mc *memoChain) flush() {
+	m := mc.m
 	var sink uint64
 	for i := range mc.pend {
-		sink += mc.m.touchSet(mc.pend[i].a)
+		sink += m.touch(mc.pend[i].a, mc.pend[i].b)
+	}
+	for i := range mc.pend {
+		if p := &mc.pend[i]; !m.preferredEmpty(p.a, p.b) {
+			sink += m.touchSet(p.a)
+		}
 	}
 	mc.sink += sink
 	for i := range mc.pend {
