@@ -15,15 +15,23 @@ import (
 // A binding is one fixed-size entry of bindWords words in an arena (outside the Go heap,
 // addressed by uint32 index, no pointers):
 //
-//	w0  origin, the interned (source, backend) (bits 0..15) | next binding of the same
-//	    block, index+1 (bits 16..47) | tier (bit 48) | live (bit 49) | explicit (bit 50) |
-//	    component set (bits 51..63: an interned set of component names, see compSets;
-//	    0 the empty set, setOverflow: the binding's own list in over)
-//	w1..w4  a derived binding: its object key, 64 lowercase hex digits as 32 binary bytes
-//	    (big-endian words), whose first 64 bits are the block hash (w1), the SGLang
-//	    projection of a HiCache key; an explicit binding (any other key, or a 64-hex key
-//	    bound to another hash): the key's index in strs (w1) and the block hash (w2)
+//	w0  origin, the interned (source, backend) (bits 0..15) | link (bits 16..48: the next
+//	    binding of the same block, index+1, or, with bit 48 (linkTail) set, the index of
+//	    the block's engine record, for the last binding of the chain; 0 for a free entry)
+//	    | tier (bit 49) | explicit (bit 50) | component set (bits 51..63: an interned set
+//	    of component names, see compSets; 0 the empty set, setOverflow: the binding's own
+//	    list in over)
+//	w1..w3  a derived binding: its object key, 64 lowercase hex digits as 32 binary bytes
+//	    (big-endian words), whose first 64 bits are the block hash, the SGLang projection
+//	    of a HiCache key: the block hash is not stored (it is the key of the block's
+//	    engine record, which the chain's last binding names), the other 192 bits are
+//	    w1..w3; an explicit binding (any other key, or a 64-hex key bound to another
+//	    hash): the key's index in strs (w1) and the block hash (w2)
 //
+// A binding's block always has an engine record (the binding keeps it alive, see
+// reflag), whose index changes only when a compaction copies the records into a new
+// arena (context.rebuild), which retargets the chains (retarget, retargeted).
+
 // Origins (source, backend) and component names are interned per context in small tables
 // with reference counts (a name goes when its last binding does), and so are the sets of
 // component names bindings hold (most bindings hold one of a few sets: K, V, K and V).
@@ -37,6 +45,12 @@ import (
 type bindStore struct {
 	ents *arena.Arena
 	n    int // live bindings
+
+	// keyOf returns the key (block hash) of engine record idx: the context's current
+	// arena (context.recordKey).
+	keyOf func(idx uint32) uint64
+	// moves are the chain ends a compaction retargets (retarget): entry, new record index.
+	moves [][2]uint32
 
 	obj, blk bindTable
 
@@ -57,16 +71,19 @@ type bindStore struct {
 }
 
 const (
-	bindWords = 5
+	bindWords = 4
 
 	bwHead = 0
 	bwKey  = 1
 
-	headNextShift = 16
-	headTier      = 1 << 48
-	headLive      = 1 << 49
+	headLinkShift = 16
+	headTierShift = 49
 	headExplicit  = 1 << 50
 	headSetShift  = 51
+
+	// linkTail marks a link that names the block's engine record (the chain's end).
+	linkTail = 1 << 32
+	linkMask = 1<<33 - 1
 
 	// setOverflow is the set id of a binding whose components are in over.
 	setOverflow = 1<<(64-headSetShift) - 1
@@ -95,13 +112,16 @@ const (
 	stringBytes      = 16
 )
 
-func newBindStore() *bindStore {
+// newBindStore returns an empty store whose bindings' engine records have the keys
+// keyOf gives.
+func newBindStore(keyOf func(idx uint32) uint64) *bindStore {
 	s := &bindStore{
-		ents: arena.New(arena.Config{RecordWords: bindWords, ChunkRecords: 1 << 12}),
-		seed: maphash.MakeSeed(),
-		obj:  newBindTable(),
-		blk:  newBindTable(),
-		sets: newCompSets(maxSets),
+		keyOf: keyOf,
+		ents:  arena.New(arena.Config{RecordWords: bindWords, ChunkRecords: 1 << 12}),
+		seed:  maphash.MakeSeed(),
+		obj:   newBindTable(),
+		blk:   newBindTable(),
+		sets:  newCompSets(maxSets),
 	}
 	s.blkSeed = maphash.Comparable(s.seed, uint64(0x9e3779b97f4a7c15))
 	return s
@@ -156,32 +176,52 @@ func (s *bindStore) ent(i uint32) []uint64 { return s.ents.Record(i) }
 
 // Entry head fields.
 func entOrigin(e []uint64) uint16 { return uint16(e[bwHead]) }
-func entNext(e []uint64) uint32   { return uint32(e[bwHead] >> headNextShift) }
-func entTier(e []uint64) uint64   { return (e[bwHead] >> 48) & 1 }
+func entLink(e []uint64) uint64   { return (e[bwHead] >> headLinkShift) & linkMask }
+func entTier(e []uint64) uint64   { return (e[bwHead] >> headTierShift) & 1 }
 func entSet(e []uint64) uint16    { return uint16(e[bwHead] >> headSetShift) }
 func entExplicit(e []uint64) bool { return e[bwHead]&headExplicit != 0 }
-func setNext(e []uint64, n uint32) {
-	e[bwHead] = e[bwHead]&^(0xffffffff<<headNextShift) | uint64(n)<<headNextShift
+
+// entLive reports whether e is a live binding (linked into its block's chain).
+func entLive(e []uint64) bool { return entLink(e) != 0 }
+func setLink(e []uint64, l uint64) {
+	e[bwHead] = e[bwHead]&^(linkMask<<headLinkShift) | l<<headLinkShift
 }
 func setSet(e []uint64, set uint16) {
 	e[bwHead] = e[bwHead]&(1<<headSetShift-1) | uint64(set)<<headSetShift
 }
 
-// entHash returns the block hash of entry e.
-func entHash(e []uint64) uint64 {
-	if entExplicit(e) {
-		return e[bwKey+1]
+// hash returns the block hash binding i binds: an explicit binding's own, otherwise the
+// key of the engine record its chain ends at (or the hash of an explicit binding met on
+// the way).
+func (s *bindStore) hash(i uint32) uint64 {
+	for {
+		e := s.ent(i)
+		if entExplicit(e) {
+			return e[bwKey+1]
+		}
+		l := entLink(e)
+		if l&linkTail != 0 {
+			return s.keyOf(uint32(l))
+		}
+		i = uint32(l) - 1
 	}
-	return e[bwKey]
 }
 
-// hash returns the block hash binding i binds.
-func (s *bindStore) hash(i uint32) uint64 { return entHash(s.ent(i)) }
+// tail returns the last binding of the chain binding i is in.
+func (s *bindStore) tail(i uint32) uint32 {
+	for {
+		l := entLink(s.ent(i))
+		if l&linkTail != 0 {
+			return i
+		}
+		i = uint32(l) - 1
+	}
+}
 
 // doomedAt reports whether entry i is a live binding of a doomed origin (detach).
 func (s *bindStore) doomedAt(i uint32) bool {
 	e := s.ent(i)
-	return e[bwHead]&headLive != 0 && s.doomed[entOrigin(e)]
+	return entLive(e) && s.doomed[entOrigin(e)]
 }
 
 // entObjHash recomputes the key-index hash of explicit entry e.
@@ -199,13 +239,17 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 	if w, ok := hexKey(key); ok {
 		// A derived binding of this key is in the chain of the block its key names.
 		if slot, found := s.blkSlot(s.blkHash(w[0]), w[0]); found {
-			for v := s.blk.get(slot); v != 0; {
+			for v := s.blk.get(slot); ; {
 				e := s.ent(v - 1)
-				if entOrigin(e) == o && entTier(e) == t && !entExplicit(e) && e[bwKey] == w[0] &&
-					e[bwKey+1] == w[1] && e[bwKey+2] == w[2] && e[bwKey+3] == w[3] {
+				if entOrigin(e) == o && entTier(e) == t && !entExplicit(e) &&
+					e[bwKey] == w[1] && e[bwKey+1] == w[2] && e[bwKey+2] == w[3] {
 					return v - 1, true
 				}
-				v = entNext(e)
+				l := entLink(e)
+				if l&linkTail != 0 {
+					break
+				}
+				v = uint32(l)
 			}
 		}
 	}
@@ -223,7 +267,8 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 }
 
 // add creates the binding (source, backend, tier, object key) of block hash, without
-// components, first of its block's chain. It returns its memory charge.
+// components and not yet in its block's chain: the caller links it (link) once the
+// block's engine record exists, before any other call. It returns its memory charge.
 func (s *bindStore) add(source, backend string, tier SharedTier, key string, hash uint64) (uint32, int64, error) {
 	o, ok := s.origins.ref(origin{source, backend}, 1<<16)
 	if !ok {
@@ -236,10 +281,10 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	derived = derived && w[0] == hash
 	i := s.ents.Alloc()
 	e := s.ent(i)
-	head := uint64(o) | uint64(tier)<<48 | headLive
+	head := uint64(o) | uint64(tier)<<headTierShift
 	charge := int64(bindingBaseBytes)
 	if derived {
-		copy(e[bwKey:bwKey+4], w[:])
+		copy(e[bwKey:bwKey+3], w[1:])
 	} else {
 		var si uint32
 		if n := len(s.strFree); n > 0 {
@@ -251,21 +296,10 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 			s.strs = append(s.strs, key)
 		}
 		head |= headExplicit
-		e[bwKey], e[bwKey+1], e[bwKey+2], e[bwKey+3] = uint64(si), hash, 0, 0
+		e[bwKey], e[bwKey+1], e[bwKey+2] = uint64(si), hash, 0
 		charge += objSlotBytes + stringBytes + int64(len(key))
 	}
-	// First of its block's chain.
-	var next uint32
-	hb := s.blkHash(hash)
-	slot, found := s.blkSlot(hb, hash)
-	if found {
-		next = s.blk.get(slot)
-		s.blk.set(slot, i+1)
-	}
-	e[bwHead] = head | uint64(next)<<headNextShift
-	if !found {
-		s.blk.insert(s, hb, i+1, true)
-	}
+	e[bwHead] = head
 	if !derived {
 		s.obj.insert(s, s.objHash(o, uint64(tier), key), i+1, false)
 	}
@@ -273,9 +307,42 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	return i, charge, nil
 }
 
+// link puts binding i (just added) first in the chain of its block, whose engine record
+// is rec (its key the block hash the binding was added with).
+func (s *bindStore) link(i, rec uint32) {
+	hash := s.keyOf(rec)
+	hb := s.blkHash(hash)
+	e := s.ent(i)
+	if slot, found := s.blkSlot(hb, hash); found {
+		setLink(e, uint64(s.blk.get(slot)))
+		s.blk.set(slot, i+1)
+		return
+	}
+	setLink(e, linkTail|uint64(rec))
+	s.blk.insert(s, hb, i+1, true)
+}
+
+// retarget notes, during a compaction that copies engine records into a new arena, that
+// the record of block hash (read through keyOf: the old arena until retargeted) gets
+// index rec: its chain's end is rewritten by retargeted, after every record is copied
+// and keyOf reads the new arena. Writer only.
+func (s *bindStore) retarget(hash uint64, rec uint32) {
+	if slot, found := s.blkSlot(s.blkHash(hash), hash); found {
+		s.moves = append(s.moves, [2]uint32{s.tail(s.blk.get(slot) - 1), rec})
+	}
+}
+
+// retargeted rewrites the chain ends retarget noted.
+func (s *bindStore) retargeted() {
+	for _, m := range s.moves {
+		setLink(s.ent(m[0]), linkTail|uint64(m[1]))
+	}
+	s.moves = s.moves[:0]
+}
+
 // blkSlot returns the block table slot of hash's chain, if any.
 func (s *bindStore) blkSlot(hb, hash uint64) (slotRef, bool) {
-	return s.blk.probe(hb, func(v uint32) bool { return entHash(s.ent(v-1)) == hash })
+	return s.blk.probe(hb, func(v uint32) bool { return s.hash(v-1) == hash })
 }
 
 // addComp adds component comp to binding i; it reports whether it was new and the change
@@ -365,23 +432,24 @@ func (s *bindStore) removeComp(i uint32, comp string) (removed bool, charge int6
 // the binding's whole charge.
 func (s *bindStore) remove(i uint32) (uint64, int64) {
 	e := s.ent(i)
-	hash := entHash(e)
-	// Out of its block's chain.
+	hash := s.hash(i)
+	// Out of its block's chain (the binding before it takes its link: the next one, or
+	// the record when it was the last).
 	hb := s.blkHash(hash)
 	slot, _ := s.blkSlot(hb, hash)
-	next := entNext(e)
+	l := entLink(e)
 	if s.blk.get(slot) == i+1 {
-		if next != 0 {
-			s.blk.set(slot, next)
+		if l&linkTail == 0 {
+			s.blk.set(slot, uint32(l))
 		} else {
 			s.blk.delete(s, slot, true)
 		}
 	} else {
 		p := s.ent(s.blk.get(slot) - 1)
-		for entNext(p) != i+1 {
-			p = s.ent(entNext(p) - 1)
+		for entLink(p) != uint64(i+1) {
+			p = s.ent(uint32(entLink(p)) - 1)
 		}
-		setNext(p, next)
+		setLink(p, l)
 	}
 	if entExplicit(e) {
 		s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), i+1), false)
@@ -423,17 +491,19 @@ func (s *bindStore) dropBlock(hash uint64) (int, int64) {
 	head := s.blk.get(slot)
 	s.blk.delete(s, slot, true)
 	n, charge := 0, int64(0)
-	for v := head; v != 0; {
+	for v := head; ; {
 		e := s.ent(v - 1)
-		next := entNext(e)
+		l := entLink(e)
 		if entExplicit(e) {
 			s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), v), false)
 		}
 		charge += s.free(v - 1)
 		n++
-		v = next
+		if l&linkTail != 0 {
+			return n, charge
+		}
+		v = uint32(l)
 	}
-	return n, charge
 }
 
 // detach starts dropping every binding whose origin matches: those origins leave the
@@ -471,16 +541,19 @@ func (s *bindStore) flags(hash uint64) uint64 {
 		return 0
 	}
 	var f uint64
-	for v := s.blk.get(slot); v != 0; {
+	for v := s.blk.get(slot); ; {
 		e := s.ent(v - 1)
 		if SharedTier(entTier(e)) == SharedCPU {
 			f |= metaSharedCPU
 		} else {
 			f |= metaSharedDisk
 		}
-		v = entNext(e)
+		l := entLink(e)
+		if l&linkTail != 0 {
+			return f
+		}
+		v = uint32(l)
 	}
-	return f
 }
 
 // eachOf calls fn with every live binding of block hash, decoded (source, backend,
@@ -495,7 +568,10 @@ func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tie
 	var comps []string
 	for v := s.blk.get(slot); v != 0; {
 		e := s.ent(v - 1)
-		next := entNext(e)
+		next := uint32(0) // the chain's end
+		if l := entLink(e); l&linkTail == 0 {
+			next = uint32(l)
+		}
 		o := entOrigin(e)
 		if int(o) < len(s.doomed) && s.doomed[o] {
 			v = next
@@ -505,10 +581,11 @@ func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tie
 		if entExplicit(e) {
 			key = s.strs[uint32(e[bwKey])]
 		} else {
+			w := [4]uint64{hash, e[bwKey], e[bwKey+1], e[bwKey+2]}
 			var hex [64]byte
 			const digits = "0123456789abcdef"
 			for i := range hex {
-				hex[i] = digits[(e[bwKey+i/16]>>(60-4*uint(i%16)))&0xf]
+				hex[i] = digits[(w[i/16]>>(60-4*uint(i%16)))&0xf]
 			}
 			key = string(hex[:])
 		}
@@ -702,11 +779,10 @@ func (t *bindTable) slotOf(h uint64, v uint32) slotRef {
 
 // hashOf recomputes the hash under which slot value v was inserted.
 func (s *bindStore) hashOf(v uint32, blk bool) uint64 {
-	e := s.ent(v - 1)
 	if blk {
-		return s.blkHash(entHash(e))
+		return s.blkHash(s.hash(v - 1))
 	}
-	return s.entObjHash(e)
+	return s.entObjHash(s.ent(v - 1))
 }
 
 func (t *bindTable) insert(s *bindStore, h uint64, v uint32, blk bool) {
@@ -836,3 +912,7 @@ func (t *nameTable[K]) unref(i uint16) {
 		t.free = append(t.free, i)
 	}
 }
+
+// recordKey returns the key of engine record idx in the context's current arena (the
+// binding store's keyOf). Writer only.
+func (c *context) recordKey(idx uint32) uint64 { return c.tab.ar.Record(idx)[recKey] }
