@@ -325,7 +325,8 @@ func (s *bindStore) link(i, rec uint32) {
 // retarget notes, during a compaction that copies engine records into a new arena, that
 // the record of block hash (read through keyOf: the old arena until retargeted) gets
 // index rec: its chain's end is rewritten by retargeted, after every record is copied
-// and keyOf reads the new arena. Writer only.
+// and keyOf reads the new arena. The caller may skip records without shared flags (a
+// block with bindings always has them). Writer only.
 func (s *bindStore) retarget(hash uint64, rec uint32) {
 	if slot, found := s.blkSlot(s.blkHash(hash), hash); found {
 		s.moves = append(s.moves, [2]uint32{s.tail(s.blk.get(slot) - 1), rec})

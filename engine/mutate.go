@@ -780,7 +780,7 @@ func (c *context) rebuild(w int, compact bool) {
 			prev = nidx + 1
 			convertBits(nrec[recBits:], w, rec[recBits:], old.w)
 			nt.insertNew(nrec[recKey], nidx)
-			if c.bs != nil {
+			if c.bs != nil && rec[recMeta]&metaFlags != 0 {
 				c.bs.retarget(rec[recKey], nidx) // its bindings' chain ends at nidx
 			}
 			i = next
