@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"hash/maphash"
 	"math/bits"
@@ -134,25 +135,42 @@ func (s *bindStore) release() {
 	s.blk.release()
 }
 
-// hexKey decodes a key of 64 lowercase hex digits; ok is false for any other key.
+// hexKey decodes a key of 64 lowercase hex digits; ok is false for any other key. Eight
+// digits at a time (hex8), without a branch per digit.
 func hexKey(k string) (w [4]uint64, ok bool) {
 	if len(k) != 64 {
 		return w, false
 	}
-	for i := 0; i < 64; i++ {
-		ch := k[i]
-		var v uint64
-		switch {
-		case ch >= '0' && ch <= '9':
-			v = uint64(ch - '0')
-		case ch >= 'a' && ch <= 'f':
-			v = uint64(ch-'a') + 10
-		default:
-			return w, false
-		}
-		w[i/16] |= v << (60 - 4*uint(i%16))
+	b := unsafe.Slice(unsafe.StringData(k), 64)
+	valid := true
+	for i := range w {
+		hi, ok1 := hex8(binary.BigEndian.Uint64(b[16*i:]))
+		lo, ok2 := hex8(binary.BigEndian.Uint64(b[16*i+8:]))
+		valid = valid && ok1 && ok2
+		w[i] = hi<<32 | lo
+	}
+	if !valid {
+		return [4]uint64{}, false
 	}
 	return w, true
+}
+
+// hex8 decodes 8 lowercase hex digits (the bytes of x, first digit in the top byte) into
+// 32 bits; ok is false when a byte is not one of 0-9, a-f. Each byte is range-checked
+// in parallel: a byte c < 0x80 plus 0x80-lo has its top bit set iff c >= lo, plus
+// 0x7f-hi iff c > hi, and no sum carries into the next byte (bytes of 0x80 or more are
+// refused first, their sums unused).
+func hex8(x uint64) (uint64, bool) {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	digit := (x + (0x80-'0')*ones) &^ (x + (0x7f-'9')*ones)
+	letter := (x + (0x80-'a')*ones) &^ (x + (0x7f-'f')*ones)
+	ok := x&tops == 0 && (digit|letter)&tops == tops
+	// The digit's value: its low nibble, plus 9 for a letter (a is 0x61).
+	v := x&(0x0f*ones) + ((letter&tops)>>7)*9
+	v = (v | v>>4) & 0x00ff00ff00ff00ff
+	v = (v | v>>8) & 0x0000ffff0000ffff
+	v = (v | v>>16) & 0x00000000ffffffff
+	return v, ok
 }
 
 func fmix(h uint64) uint64 {

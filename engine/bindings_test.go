@@ -885,3 +885,55 @@ func TestBindingChainsFollowCompaction(t *testing.T) {
 		})
 	}
 }
+
+// TestHexKeyDecode: hexKey against a decoder written plainly (encoding/hex, lowercase
+// only), on random keys of lowercase digits with one byte replaced at every position by
+// every byte value (so every byte class at every lane of its 8-byte group: digits,
+// letters, the bytes around 0-9 and a-f, upper case, bytes of 0x80 and more), and on
+// keys of other lengths.
+func TestHexKeyDecode(t *testing.T) {
+	want := func(k string) ([4]uint64, bool) {
+		var w [4]uint64
+		if len(k) != 64 || strings.ToLower(k) != k {
+			return w, false
+		}
+		b, err := hex.DecodeString(k)
+		if err != nil {
+			return w, false
+		}
+		for i := range w {
+			for _, c := range b[8*i : 8*i+8] {
+				w[i] = w[i]<<8 | uint64(c)
+			}
+		}
+		return w, true
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	const digits = "0123456789abcdef"
+	check := func(k string) {
+		t.Helper()
+		gw, gok := hexKey(k)
+		ww, wok := want(k)
+		if gok != wok || gw != ww {
+			t.Fatalf("hexKey(%q) = %x %v, want %x %v", k, gw, gok, ww, wok)
+		}
+	}
+	for round := 0; round < 4; round++ {
+		key := make([]byte, 64)
+		for i := range key {
+			key[i] = digits[r.IntN(16)]
+		}
+		check(string(key))
+		for pos := 0; pos < 64; pos++ {
+			orig := key[pos]
+			for c := 0; c < 256; c++ {
+				key[pos] = byte(c)
+				check(string(key))
+			}
+			key[pos] = orig
+		}
+	}
+	for _, k := range []string{"", "0", strings.Repeat("f", 63), strings.Repeat("0", 65), strings.Repeat("0", 128)} {
+		check(k)
+	}
+}
