@@ -37,7 +37,9 @@ import (
 // with reference counts (a name goes when its last binding does), and so are the sets of
 // component names bindings hold (most bindings hold one of a few sets: K, V, K and V).
 // One hash index of uint32 slots (bindTable), also outside the heap, finds the first
-// binding of a block by block hash; the bindings of one block are chained through w0. A
+// binding of a block by block hash (the chains met on the way told apart by the engine
+// record they end at: the block's record is looked up first, see chainOf); the bindings
+// of one block are chained through w0. A
 // derived binding is found by its key through the chain of the hash its key gives; only
 // explicit bindings are also in a second index, by (origin, tier, key text), which holds
 // nothing when every key is a derived one.
@@ -47,9 +49,8 @@ type bindStore struct {
 	ents *arena.Arena
 	n    int // live bindings
 
-	// keyOf returns the key (block hash) of engine record idx: the context's current
-	// arena (context.recordKey).
-	keyOf func(idx uint32) uint64
+	// recs reads the context's engine records (the context itself).
+	recs records
 	// moves are the chain ends a compaction retargets (retarget): entry, new record index.
 	moves [][2]uint32
 
@@ -113,16 +114,24 @@ const (
 	stringBytes      = 16
 )
 
-// newBindStore returns an empty store whose bindings' engine records have the keys
-// keyOf gives.
-func newBindStore(keyOf func(idx uint32) uint64) *bindStore {
+// records is what a binding store reads of its context's engine records (context
+// implements it; tests that drive a store alone, fakeRecords).
+type records interface {
+	// recordKey returns the key (block hash) of record idx.
+	recordKey(idx uint32) uint64
+	// recordOf returns the record of block hash, if any.
+	recordOf(hash uint64) (uint32, bool)
+}
+
+// newBindStore returns an empty store whose bindings' engine records recs reads.
+func newBindStore(recs records) *bindStore {
 	s := &bindStore{
-		keyOf: keyOf,
-		ents:  arena.New(arena.Config{RecordWords: bindWords, ChunkRecords: 1 << 12}),
-		seed:  maphash.MakeSeed(),
-		obj:   newBindTable(),
-		blk:   newBindTable(),
-		sets:  newCompSets(maxSets),
+		recs: recs,
+		ents: arena.New(arena.Config{RecordWords: bindWords, ChunkRecords: 1 << 12}),
+		seed: maphash.MakeSeed(),
+		obj:  newBindTable(),
+		blk:  newBindTable(),
+		sets: newCompSets(maxSets),
 	}
 	s.blkSeed = maphash.Comparable(s.seed, uint64(0x9e3779b97f4a7c15))
 	return s
@@ -219,7 +228,18 @@ func (s *bindStore) hash(i uint32) uint64 {
 		}
 		l := entLink(e)
 		if l&linkTail != 0 {
-			return s.keyOf(uint32(l))
+			return s.recs.recordKey(uint32(l))
+		}
+		i = uint32(l) - 1
+	}
+}
+
+// tailRec returns the engine record the chain of binding i ends at.
+func (s *bindStore) tailRec(i uint32) uint32 {
+	for {
+		l := entLink(s.ent(i))
+		if l&linkTail != 0 {
+			return uint32(l)
 		}
 		i = uint32(l) - 1
 	}
@@ -256,7 +276,7 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 	t := uint64(tier)
 	if w, ok := hexKey(key); ok {
 		// A derived binding of this key is in the chain of the block its key names.
-		if slot, found := s.blkSlot(s.blkHash(w[0]), w[0]); found {
+		if slot, found := s.chainOf(w[0]); found {
 			for v := s.blk.get(slot); ; {
 				e := s.ent(v - 1)
 				if entOrigin(e) == o && entTier(e) == t && !entExplicit(e) &&
@@ -328,10 +348,9 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 // link puts binding i (just added) first in the chain of its block, whose engine record
 // is rec (its key the block hash the binding was added with).
 func (s *bindStore) link(i, rec uint32) {
-	hash := s.keyOf(rec)
-	hb := s.blkHash(hash)
+	hb := s.blkHash(s.recs.recordKey(rec))
 	e := s.ent(i)
-	if slot, found := s.blkSlot(hb, hash); found {
+	if slot, found := s.chainAt(hb, rec); found {
 		setLink(e, uint64(s.blk.get(slot)))
 		s.blk.set(slot, i+1)
 		return
@@ -341,12 +360,12 @@ func (s *bindStore) link(i, rec uint32) {
 }
 
 // retarget notes, during a compaction that copies engine records into a new arena, that
-// the record of block hash (read through keyOf: the old arena until retargeted) gets
-// index rec: its chain's end is rewritten by retargeted, after every record is copied
-// and keyOf reads the new arena. The caller may skip records without shared flags (a
+// the record of block hash (found and read through recs: the old table and arena until
+// retargeted) gets index rec: its chain's end is rewritten by retargeted, after every
+// record is copied and recs reads the new ones. The caller may skip records without shared flags (a
 // block with bindings always has them). Writer only.
 func (s *bindStore) retarget(hash uint64, rec uint32) {
-	if slot, found := s.blkSlot(s.blkHash(hash), hash); found {
+	if slot, found := s.chainOf(hash); found {
 		s.moves = append(s.moves, [2]uint32{s.tail(s.blk.get(slot) - 1), rec})
 	}
 }
@@ -359,9 +378,21 @@ func (s *bindStore) retargeted() {
 	s.moves = s.moves[:0]
 }
 
-// blkSlot returns the block table slot of hash's chain, if any.
-func (s *bindStore) blkSlot(hb, hash uint64) (slotRef, bool) {
-	return s.blk.probe(hb, func(v uint32) bool { return s.hash(v-1) == hash })
+// chainOf returns the block table slot of block hash's chain, if any: a block with
+// bindings has an engine record, and its chain is the one ending there.
+func (s *bindStore) chainOf(hash uint64) (slotRef, bool) {
+	rec, ok := s.recs.recordOf(hash)
+	if !ok {
+		return slotRef{}, false
+	}
+	return s.chainAt(s.blkHash(hash), rec)
+}
+
+// chainAt returns the block table slot (hb the block hash's blkHash) of the chain that
+// ends at engine record rec, if any: the chains are told apart by their records, not
+// their hashes (no record read per chain passed on the way).
+func (s *bindStore) chainAt(hb uint64, rec uint32) (slotRef, bool) {
+	return s.blk.probe(hb, func(v uint32) bool { return s.tailRec(v-1) == rec })
 }
 
 // addComp adds component comp to binding i; it reports whether it was new and the change
@@ -451,11 +482,11 @@ func (s *bindStore) removeComp(i uint32, comp string) (removed bool, charge int6
 // the binding's whole charge.
 func (s *bindStore) remove(i uint32) (uint64, int64) {
 	e := s.ent(i)
-	hash := s.hash(i)
+	rec := s.tailRec(i)
+	hash := s.recs.recordKey(rec)
 	// Out of its block's chain (the binding before it takes its link: the next one, or
 	// the record when it was the last).
-	hb := s.blkHash(hash)
-	slot, _ := s.blkSlot(hb, hash)
+	slot, _ := s.chainAt(s.blkHash(hash), rec)
 	l := entLink(e)
 	if s.blk.get(slot) == i+1 {
 		if l&linkTail == 0 {
@@ -503,7 +534,7 @@ func (s *bindStore) free(i uint32) int64 {
 
 // dropBlock drops every binding of block hash; it returns how many and their charge.
 func (s *bindStore) dropBlock(hash uint64) (int, int64) {
-	slot, found := s.blkSlot(s.blkHash(hash), hash)
+	slot, found := s.chainOf(hash)
 	if !found {
 		return 0, 0
 	}
@@ -555,7 +586,7 @@ func (s *bindStore) undoom() {
 
 // flags returns the shared meta flags of block hash: which tiers its bindings are in.
 func (s *bindStore) flags(hash uint64) uint64 {
-	slot, found := s.blkSlot(s.blkHash(hash), hash)
+	slot, found := s.chainOf(hash)
 	if !found {
 		return 0
 	}
@@ -580,7 +611,7 @@ func (s *bindStore) flags(hash uint64) uint64 {
 // RetractSource is dropping are skipped (they are gone once it is acknowledged). For
 // snapshots; writer only.
 func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tier SharedTier, comps []string)) {
-	slot, found := s.blkSlot(s.blkHash(hash), hash)
+	slot, found := s.chainOf(hash)
 	if !found {
 		return
 	}
@@ -932,6 +963,10 @@ func (t *nameTable[K]) unref(i uint16) {
 	}
 }
 
-// recordKey returns the key of engine record idx in the context's current arena (the
-// binding store's keyOf). Writer only.
+// recordKey returns the key of engine record idx in the context's current arena (for
+// its binding store, records). Writer only.
 func (c *context) recordKey(idx uint32) uint64 { return c.tab.ar.Record(idx)[recKey] }
+
+// recordOf returns the engine record of block hash in the context's current table, if
+// any (for its binding store, records). Writer only.
+func (c *context) recordOf(hash uint64) (uint32, bool) { return c.tab.lookup(hash) }

@@ -32,7 +32,12 @@ type fakeRecords struct {
 	idx  map[uint64]uint32
 }
 
-func (f *fakeRecords) key(i uint32) uint64 { return f.keys[i] }
+func (f *fakeRecords) recordKey(i uint32) uint64 { return f.keys[i] }
+
+func (f *fakeRecords) recordOf(h uint64) (uint32, bool) {
+	i, ok := f.idx[h]
+	return i, ok
+}
 
 // of returns the record of block hash h, created on first use.
 func (f *fakeRecords) of(h uint64) uint32 {
@@ -72,7 +77,7 @@ func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	var recs fakeRecords
-	s := newBindStore(recs.key)
+	s := newBindStore(&recs)
 	s.sets.limit = setLimit
 	defer s.release()
 	model := map[key]*val{}
@@ -666,7 +671,7 @@ func TestCompSetsInterning(t *testing.T) {
 // duplicate adds) and every byte comes back when it goes.
 func TestBindingSetOverflow(t *testing.T) {
 	var recs fakeRecords
-	s := newBindStore(recs.key)
+	s := newBindStore(&recs)
 	defer s.release()
 	s.sets.limit = 2
 	hexOf := func(h uint64) string { return fmt.Sprintf("%016x%048x", h, h) }

@@ -408,7 +408,7 @@ func (c *context) sharedStore(op *Op) {
 		return
 	}
 	if c.bs == nil {
-		c.bs = newBindStore(c.recordKey)
+		c.bs = newBindStore(c)
 		if h := c.eng.hooks; h != nil && h.bindSets > 0 {
 			c.bs.sets.limit = h.bindSets
 		}
