@@ -362,8 +362,8 @@ func (s *bindStore) link(i, rec uint32) {
 // retarget notes, during a compaction that copies engine records into a new arena, that
 // the record of block hash (found and read through recs: the old table and arena until
 // retargeted) gets index rec: its chain's end is rewritten by retargeted, after every
-// record is copied and recs reads the new ones. The caller may skip records without shared flags (a
-// block with bindings always has them). Writer only.
+// record is copied and recs reads the new ones. The caller may skip records without
+// shared flags (a block with bindings always has them). Writer only.
 func (s *bindStore) retarget(hash uint64, rec uint32) {
 	if slot, found := s.chainOf(hash); found {
 		s.moves = append(s.moves, [2]uint32{s.tail(s.blk.get(slot) - 1), rec})
