@@ -37,9 +37,10 @@ import (
 // with reference counts (a name goes when its last binding does), and so are the sets of
 // component names bindings hold (most bindings hold one of a few sets: K, V, K and V).
 // One hash index of uint32 slots (bindTable), also outside the heap, finds the first
-// binding of a block by block hash (the chains met on the way told apart by the engine
-// record they end at: the block's record is looked up first, see chainOf); the bindings
-// of one block are chained through w0. A
+// binding of a block by the index of the block's engine record (looked up first by block
+// hash in the context's table, see chainOf; hashed and compared through the record
+// index a chain ends at, so that no record is read to place or find a chain); the
+// bindings of one block are chained through w0. A
 // derived binding is found by its key through the chain of the hash its key gives; only
 // explicit bindings are also in a second index, by (origin, tier, key text), which holds
 // nothing when every key is a derived one.
@@ -51,8 +52,8 @@ type bindStore struct {
 
 	// recs reads the context's engine records (the context itself).
 	recs records
-	// moves are the chain ends a compaction retargets (retarget): entry, new record index.
-	moves [][2]uint32
+	// moves are the chains a compaction retargets (retarget).
+	moves []chainMove
 
 	obj, blk bindTable
 
@@ -195,8 +196,9 @@ func (s *bindStore) objHash(o uint16, tier uint64, key string) uint64 {
 	return fmix(maphash.String(s.seed, key) ^ uint64(o) ^ tier<<32)
 }
 
-func (s *bindStore) blkHash(hash uint64) uint64 {
-	return fmix(hash ^ s.blkSeed)
+// blkHash is the block index hash of the chain ending at engine record rec.
+func (s *bindStore) blkHash(rec uint32) uint64 {
+	return fmix(uint64(rec) ^ s.blkSeed)
 }
 
 func (s *bindStore) ent(i uint32) []uint64 { return s.ents.Record(i) }
@@ -348,32 +350,47 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 // link puts binding i (just added) first in the chain of its block, whose engine record
 // is rec (its key the block hash the binding was added with).
 func (s *bindStore) link(i, rec uint32) {
-	hb := s.blkHash(s.recs.recordKey(rec))
 	e := s.ent(i)
-	if slot, found := s.chainAt(hb, rec); found {
+	if slot, found := s.chainAt(rec); found {
 		setLink(e, uint64(s.blk.get(slot)))
 		s.blk.set(slot, i+1)
 		return
 	}
 	setLink(e, linkTail|uint64(rec))
-	s.blk.insert(s, hb, i+1, true)
+	s.blk.insert(s, s.blkHash(rec), i+1, true)
 }
 
+// chainMove is a chain (its first binding) whose block's record a compaction moves.
+type chainMove struct{ head, from, to uint32 }
+
 // retarget notes, during a compaction that copies engine records into a new arena, that
-// the record of block hash (found and read through recs: the old table and arena until
-// retargeted) gets index rec: its chain's end is rewritten by retargeted, after every
-// record is copied and recs reads the new ones. The caller may skip records without
-// shared flags (a block with bindings always has them). Writer only.
+// the record of block hash (found through recs: the old table until retargeted) gets
+// index rec; retargeted moves its chain, after every record is copied and recs reads
+// the new ones. The caller may skip records without shared flags (a block with bindings
+// always has them). Writer only.
 func (s *bindStore) retarget(hash uint64, rec uint32) {
-	if slot, found := s.chainOf(hash); found {
-		s.moves = append(s.moves, [2]uint32{s.tail(s.blk.get(slot) - 1), rec})
+	from, ok := s.recs.recordOf(hash)
+	if !ok {
+		return
+	}
+	if slot, found := s.chainAt(from); found {
+		s.moves = append(s.moves, chainMove{s.blk.get(slot) - 1, from, rec})
 	}
 }
 
-// retargeted rewrites the chain ends retarget noted.
+// retargeted moves the chains retarget noted to their new records: all out of the block
+// index (found and rehashed under the old record indices, as every chain still ends
+// there), then each ends at its new record and goes back in under it.
 func (s *bindStore) retargeted() {
 	for _, m := range s.moves {
-		setLink(s.ent(m[0]), linkTail|uint64(m[1]))
+		slot, _ := s.chainAt(m.from)
+		s.blk.delete(s, slot, true)
+	}
+	for _, m := range s.moves {
+		setLink(s.ent(s.tail(m.head)), linkTail|uint64(m.to))
+	}
+	for _, m := range s.moves {
+		s.blk.insert(s, s.blkHash(m.to), m.head+1, true)
 	}
 	s.moves = s.moves[:0]
 }
@@ -385,14 +402,13 @@ func (s *bindStore) chainOf(hash uint64) (slotRef, bool) {
 	if !ok {
 		return slotRef{}, false
 	}
-	return s.chainAt(s.blkHash(hash), rec)
+	return s.chainAt(rec)
 }
 
-// chainAt returns the block table slot (hb the block hash's blkHash) of the chain that
-// ends at engine record rec, if any: the chains are told apart by their records, not
-// their hashes (no record read per chain passed on the way).
-func (s *bindStore) chainAt(hb uint64, rec uint32) (slotRef, bool) {
-	return s.blk.probe(hb, func(v uint32) bool { return s.tailRec(v-1) == rec })
+// chainAt returns the block table slot of the chain that ends at engine record rec, if
+// any.
+func (s *bindStore) chainAt(rec uint32) (slotRef, bool) {
+	return s.blk.probe(s.blkHash(rec), func(v uint32) bool { return s.tailRec(v-1) == rec })
 }
 
 // addComp adds component comp to binding i; it reports whether it was new and the change
@@ -486,7 +502,7 @@ func (s *bindStore) remove(i uint32) (uint64, int64) {
 	hash := s.recs.recordKey(rec)
 	// Out of its block's chain (the binding before it takes its link: the next one, or
 	// the record when it was the last).
-	slot, _ := s.chainAt(s.blkHash(hash), rec)
+	slot, _ := s.chainAt(rec)
 	l := entLink(e)
 	if s.blk.get(slot) == i+1 {
 		if l&linkTail == 0 {
@@ -830,7 +846,7 @@ func (t *bindTable) slotOf(h uint64, v uint32) slotRef {
 // hashOf recomputes the hash under which slot value v was inserted.
 func (s *bindStore) hashOf(v uint32, blk bool) uint64 {
 	if blk {
-		return s.blkHash(s.hash(v - 1))
+		return s.blkHash(s.tailRec(v - 1))
 	}
 	return s.entObjHash(s.ent(v - 1))
 }
