@@ -749,7 +749,8 @@ func TestBindingSetOverflow(t *testing.T) {
 // bindings (derived and explicit, two tiers), on blocks also held by an engine slot and
 // on blocks held by bindings alone, must be found by their keys afterwards, name their
 // block's new record, give its hits, take new bindings and go with their last component,
-// leaving nothing charged.
+// leaving nothing charged. 1,000 bound blocks: the block index has several tables, and
+// the chains moved to their new records are spread over them.
 func TestBindingChainsFollowCompaction(t *testing.T) {
 	for _, how := range []string{"shrink", "widen"} {
 		t.Run(how, func(t *testing.T) {
@@ -773,7 +774,7 @@ func TestBindingChainsFollowCompaction(t *testing.T) {
 			}
 			var binds []binding
 			var bound []uint64
-			for j := 0; j < 40; j++ {
+			for j := 0; j < 1000; j++ { // a block index of several tables
 				h := uint64(0xb000+j) << 40 // held by its bindings alone
 				if j < 20 {
 					h = hs[n-1-j*37] // also an engine block
@@ -820,6 +821,9 @@ func TestBindingChainsFollowCompaction(t *testing.T) {
 			settle(t, e, ctxA)
 			moved := 0
 			onWriter(t, e, ctxA, func(c *context) {
+				if c.bs.blk.depth == 0 {
+					t.Error("the block index is one table")
+				}
 				if how == "widen" && c.tab.w != 1 {
 					t.Errorf("records not widened: width %d", c.tab.w)
 				}
