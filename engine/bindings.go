@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"hash/maphash"
 	"math/bits"
@@ -15,20 +16,31 @@ import (
 // A binding is one fixed-size entry of bindWords words in an arena (outside the Go heap,
 // addressed by uint32 index, no pointers):
 //
-//	w0  origin, the interned (source, backend) (bits 0..15) | next binding of the same
-//	    block, index+1 (bits 16..47) | tier (bit 48) | live (bit 49) | explicit (bit 50) |
-//	    component set (bits 51..63: an interned set of component names, see compSets;
-//	    0 the empty set, setOverflow: the binding's own list in over)
-//	w1..w4  a derived binding: its object key, 64 lowercase hex digits as 32 binary bytes
-//	    (big-endian words), whose first 64 bits are the block hash (w1), the SGLang
-//	    projection of a HiCache key; an explicit binding (any other key, or a 64-hex key
-//	    bound to another hash): the key's index in strs (w1) and the block hash (w2)
+//	w0  origin, the interned (source, backend) (bits 0..15) | link (bits 16..48: the next
+//	    binding of the same block, index+1, or, with bit 48 (linkTail) set, the index of
+//	    the block's engine record, for the last binding of the chain; 0 for a free entry)
+//	    | tier (bit 49) | explicit (bit 50) | component set (bits 51..63: an interned set
+//	    of component names, see compSets; 0 the empty set, setOverflow: the binding's own
+//	    list in over)
+//	w1..w3  a derived binding: its object key, 64 lowercase hex digits as 32 binary bytes
+//	    (big-endian words), whose first 64 bits are the block hash, the SGLang projection
+//	    of a HiCache key: the block hash is not stored (it is the key of the block's
+//	    engine record, which the chain's last binding names), the other 192 bits are
+//	    w1..w3; an explicit binding (any other key, or a 64-hex key bound to another
+//	    hash): the key's index in strs (w1) and the block hash (w2)
 //
+// A binding's block always has an engine record (the binding keeps it alive, see
+// reflag), whose index changes only when a compaction copies the records into a new
+// arena (context.rebuild), which retargets the chains (retarget, retargeted).
+
 // Origins (source, backend) and component names are interned per context in small tables
 // with reference counts (a name goes when its last binding does), and so are the sets of
 // component names bindings hold (most bindings hold one of a few sets: K, V, K and V).
 // One hash index of uint32 slots (bindTable), also outside the heap, finds the first
-// binding of a block by block hash; the bindings of one block are chained through w0. A
+// binding of a block by the index of the block's engine record (looked up first by block
+// hash in the context's table, see chainOf; hashed and compared through the record
+// index a chain ends at, so that no record is read to place or find a chain); the
+// bindings of one block are chained through w0. A
 // derived binding is found by its key through the chain of the hash its key gives; only
 // explicit bindings are also in a second index, by (origin, tier, key text), which holds
 // nothing when every key is a derived one.
@@ -37,6 +49,11 @@ import (
 type bindStore struct {
 	ents *arena.Arena
 	n    int // live bindings
+
+	// recs reads the context's engine records (the context itself).
+	recs records
+	// moves are the chains a compaction retargets (retarget).
+	moves []chainMove
 
 	obj, blk bindTable
 
@@ -57,16 +74,19 @@ type bindStore struct {
 }
 
 const (
-	bindWords = 5
+	bindWords = 4
 
 	bwHead = 0
 	bwKey  = 1
 
-	headNextShift = 16
-	headTier      = 1 << 48
-	headLive      = 1 << 49
+	headLinkShift = 16
+	headTierShift = 49
 	headExplicit  = 1 << 50
 	headSetShift  = 51
+
+	// linkTail marks a link that names the block's engine record (the chain's end).
+	linkTail = 1 << 32
+	linkMask = 1<<33 - 1
 
 	// setOverflow is the set id of a binding whose components are in over.
 	setOverflow = 1<<(64-headSetShift) - 1
@@ -95,8 +115,19 @@ const (
 	stringBytes      = 16
 )
 
-func newBindStore() *bindStore {
+// records is what a binding store reads of its context's engine records (context
+// implements it; tests that drive a store alone, fakeRecords).
+type records interface {
+	// recordKey returns the key (block hash) of record idx.
+	recordKey(idx uint32) uint64
+	// recordOf returns the record of block hash, if any.
+	recordOf(hash uint64) (uint32, bool)
+}
+
+// newBindStore returns an empty store whose bindings' engine records recs reads.
+func newBindStore(recs records) *bindStore {
 	s := &bindStore{
+		recs: recs,
 		ents: arena.New(arena.Config{RecordWords: bindWords, ChunkRecords: 1 << 12}),
 		seed: maphash.MakeSeed(),
 		obj:  newBindTable(),
@@ -114,25 +145,42 @@ func (s *bindStore) release() {
 	s.blk.release()
 }
 
-// hexKey decodes a key of 64 lowercase hex digits; ok is false for any other key.
+// hexKey decodes a key of 64 lowercase hex digits; ok is false for any other key. Eight
+// digits at a time (hex8), without a branch per digit.
 func hexKey(k string) (w [4]uint64, ok bool) {
 	if len(k) != 64 {
 		return w, false
 	}
-	for i := 0; i < 64; i++ {
-		ch := k[i]
-		var v uint64
-		switch {
-		case ch >= '0' && ch <= '9':
-			v = uint64(ch - '0')
-		case ch >= 'a' && ch <= 'f':
-			v = uint64(ch-'a') + 10
-		default:
-			return w, false
-		}
-		w[i/16] |= v << (60 - 4*uint(i%16))
+	b := unsafe.Slice(unsafe.StringData(k), 64)
+	valid := true
+	for i := range w {
+		hi, ok1 := hex8(binary.BigEndian.Uint64(b[16*i:]))
+		lo, ok2 := hex8(binary.BigEndian.Uint64(b[16*i+8:]))
+		valid = valid && ok1 && ok2
+		w[i] = hi<<32 | lo
+	}
+	if !valid {
+		return [4]uint64{}, false
 	}
 	return w, true
+}
+
+// hex8 decodes 8 lowercase hex digits (the bytes of x, first digit in the top byte) into
+// 32 bits; ok is false when a byte is not one of 0-9, a-f. Each byte is range-checked
+// in parallel: a byte c < 0x80 plus 0x80-lo has its top bit set iff c >= lo, plus
+// 0x7f-hi iff c > hi, and no sum carries into the next byte (bytes of 0x80 or more are
+// refused first, their sums unused).
+func hex8(x uint64) (uint64, bool) {
+	const ones, tops = 0x0101010101010101, 0x8080808080808080
+	digit := (x + (0x80-'0')*ones) &^ (x + (0x7f-'9')*ones)
+	letter := (x + (0x80-'a')*ones) &^ (x + (0x7f-'f')*ones)
+	ok := x&tops == 0 && (digit|letter)&tops == tops
+	// The digit's value: its low nibble, plus 9 for a letter (a is 0x61).
+	v := x&(0x0f*ones) + ((letter&tops)>>7)*9
+	v = (v | v>>4) & 0x00ff00ff00ff00ff
+	v = (v | v>>8) & 0x0000ffff0000ffff
+	v = (v | v>>16) & 0x00000000ffffffff
+	return v, ok
 }
 
 func fmix(h uint64) uint64 {
@@ -148,40 +196,72 @@ func (s *bindStore) objHash(o uint16, tier uint64, key string) uint64 {
 	return fmix(maphash.String(s.seed, key) ^ uint64(o) ^ tier<<32)
 }
 
-func (s *bindStore) blkHash(hash uint64) uint64 {
-	return fmix(hash ^ s.blkSeed)
+// blkHash is the block index hash of the chain ending at engine record rec.
+func (s *bindStore) blkHash(rec uint32) uint64 {
+	return fmix(uint64(rec) ^ s.blkSeed)
 }
 
 func (s *bindStore) ent(i uint32) []uint64 { return s.ents.Record(i) }
 
 // Entry head fields.
 func entOrigin(e []uint64) uint16 { return uint16(e[bwHead]) }
-func entNext(e []uint64) uint32   { return uint32(e[bwHead] >> headNextShift) }
-func entTier(e []uint64) uint64   { return (e[bwHead] >> 48) & 1 }
+func entLink(e []uint64) uint64   { return (e[bwHead] >> headLinkShift) & linkMask }
+func entTier(e []uint64) uint64   { return (e[bwHead] >> headTierShift) & 1 }
 func entSet(e []uint64) uint16    { return uint16(e[bwHead] >> headSetShift) }
 func entExplicit(e []uint64) bool { return e[bwHead]&headExplicit != 0 }
-func setNext(e []uint64, n uint32) {
-	e[bwHead] = e[bwHead]&^(0xffffffff<<headNextShift) | uint64(n)<<headNextShift
+
+// entLive reports whether e is a live binding (linked into its block's chain).
+func entLive(e []uint64) bool { return entLink(e) != 0 }
+func setLink(e []uint64, l uint64) {
+	e[bwHead] = e[bwHead]&^(linkMask<<headLinkShift) | l<<headLinkShift
 }
 func setSet(e []uint64, set uint16) {
 	e[bwHead] = e[bwHead]&(1<<headSetShift-1) | uint64(set)<<headSetShift
 }
 
-// entHash returns the block hash of entry e.
-func entHash(e []uint64) uint64 {
-	if entExplicit(e) {
-		return e[bwKey+1]
+// hash returns the block hash binding i binds: an explicit binding's own, otherwise the
+// key of the engine record its chain ends at (or the hash of an explicit binding met on
+// the way).
+func (s *bindStore) hash(i uint32) uint64 {
+	for {
+		e := s.ent(i)
+		if entExplicit(e) {
+			return e[bwKey+1]
+		}
+		l := entLink(e)
+		if l&linkTail != 0 {
+			return s.recs.recordKey(uint32(l))
+		}
+		i = uint32(l) - 1
 	}
-	return e[bwKey]
 }
 
-// hash returns the block hash binding i binds.
-func (s *bindStore) hash(i uint32) uint64 { return entHash(s.ent(i)) }
+// tailRec returns the engine record the chain of binding i ends at.
+func (s *bindStore) tailRec(i uint32) uint32 {
+	for {
+		l := entLink(s.ent(i))
+		if l&linkTail != 0 {
+			return uint32(l)
+		}
+		i = uint32(l) - 1
+	}
+}
+
+// tail returns the last binding of the chain binding i is in.
+func (s *bindStore) tail(i uint32) uint32 {
+	for {
+		l := entLink(s.ent(i))
+		if l&linkTail != 0 {
+			return i
+		}
+		i = uint32(l) - 1
+	}
+}
 
 // doomedAt reports whether entry i is a live binding of a doomed origin (detach).
 func (s *bindStore) doomedAt(i uint32) bool {
 	e := s.ent(i)
-	return e[bwHead]&headLive != 0 && s.doomed[entOrigin(e)]
+	return entLive(e) && s.doomed[entOrigin(e)]
 }
 
 // entObjHash recomputes the key-index hash of explicit entry e.
@@ -198,14 +278,18 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 	t := uint64(tier)
 	if w, ok := hexKey(key); ok {
 		// A derived binding of this key is in the chain of the block its key names.
-		if slot, found := s.blkSlot(s.blkHash(w[0]), w[0]); found {
-			for v := s.blk.get(slot); v != 0; {
+		if slot, found := s.chainOf(w[0]); found {
+			for v := s.blk.get(slot); ; {
 				e := s.ent(v - 1)
-				if entOrigin(e) == o && entTier(e) == t && !entExplicit(e) && e[bwKey] == w[0] &&
-					e[bwKey+1] == w[1] && e[bwKey+2] == w[2] && e[bwKey+3] == w[3] {
+				if entOrigin(e) == o && entTier(e) == t && !entExplicit(e) &&
+					e[bwKey] == w[1] && e[bwKey+1] == w[2] && e[bwKey+2] == w[3] {
 					return v - 1, true
 				}
-				v = entNext(e)
+				l := entLink(e)
+				if l&linkTail != 0 {
+					break
+				}
+				v = uint32(l)
 			}
 		}
 	}
@@ -223,7 +307,8 @@ func (s *bindStore) find(source, backend string, tier SharedTier, key string) (u
 }
 
 // add creates the binding (source, backend, tier, object key) of block hash, without
-// components, first of its block's chain. It returns its memory charge.
+// components and not yet in its block's chain: the caller links it (link) once the
+// block's engine record exists, before any other call. It returns its memory charge.
 func (s *bindStore) add(source, backend string, tier SharedTier, key string, hash uint64) (uint32, int64, error) {
 	o, ok := s.origins.ref(origin{source, backend}, 1<<16)
 	if !ok {
@@ -236,10 +321,10 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	derived = derived && w[0] == hash
 	i := s.ents.Alloc()
 	e := s.ent(i)
-	head := uint64(o) | uint64(tier)<<48 | headLive
+	head := uint64(o) | uint64(tier)<<headTierShift
 	charge := int64(bindingBaseBytes)
 	if derived {
-		copy(e[bwKey:bwKey+4], w[:])
+		copy(e[bwKey:bwKey+3], w[1:])
 	} else {
 		var si uint32
 		if n := len(s.strFree); n > 0 {
@@ -251,21 +336,10 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 			s.strs = append(s.strs, key)
 		}
 		head |= headExplicit
-		e[bwKey], e[bwKey+1], e[bwKey+2], e[bwKey+3] = uint64(si), hash, 0, 0
+		e[bwKey], e[bwKey+1], e[bwKey+2] = uint64(si), hash, 0
 		charge += objSlotBytes + stringBytes + int64(len(key))
 	}
-	// First of its block's chain.
-	var next uint32
-	hb := s.blkHash(hash)
-	slot, found := s.blkSlot(hb, hash)
-	if found {
-		next = s.blk.get(slot)
-		s.blk.set(slot, i+1)
-	}
-	e[bwHead] = head | uint64(next)<<headNextShift
-	if !found {
-		s.blk.insert(s, hb, i+1, true)
-	}
+	e[bwHead] = head
 	if !derived {
 		s.obj.insert(s, s.objHash(o, uint64(tier), key), i+1, false)
 	}
@@ -273,9 +347,68 @@ func (s *bindStore) add(source, backend string, tier SharedTier, key string, has
 	return i, charge, nil
 }
 
-// blkSlot returns the block table slot of hash's chain, if any.
-func (s *bindStore) blkSlot(hb, hash uint64) (slotRef, bool) {
-	return s.blk.probe(hb, func(v uint32) bool { return entHash(s.ent(v-1)) == hash })
+// link puts binding i (just added) first in the chain of its block, whose engine record
+// is rec (its key the block hash the binding was added with).
+func (s *bindStore) link(i, rec uint32) {
+	e := s.ent(i)
+	if slot, found := s.chainAt(rec); found {
+		setLink(e, uint64(s.blk.get(slot)))
+		s.blk.set(slot, i+1)
+		return
+	}
+	setLink(e, linkTail|uint64(rec))
+	s.blk.insert(s, s.blkHash(rec), i+1, true)
+}
+
+// chainMove is a chain (its first binding) whose block's record a compaction moves.
+type chainMove struct{ head, from, to uint32 }
+
+// retarget notes, during a compaction that copies engine records into a new arena, that
+// the record of block hash (found through recs: the old table until retargeted) gets
+// index rec; retargeted moves its chain, after every record is copied and recs reads
+// the new ones. The caller may skip records without shared flags (a block with bindings
+// always has them). Writer only.
+func (s *bindStore) retarget(hash uint64, rec uint32) {
+	from, ok := s.recs.recordOf(hash)
+	if !ok {
+		return
+	}
+	if slot, found := s.chainAt(from); found {
+		s.moves = append(s.moves, chainMove{s.blk.get(slot) - 1, from, rec})
+	}
+}
+
+// retargeted moves the chains retarget noted to their new records: all out of the block
+// index (found and rehashed under the old record indices, as every chain still ends
+// there), then each ends at its new record and goes back in under it.
+func (s *bindStore) retargeted() {
+	for _, m := range s.moves {
+		slot, _ := s.chainAt(m.from)
+		s.blk.delete(s, slot, true)
+	}
+	for _, m := range s.moves {
+		setLink(s.ent(s.tail(m.head)), linkTail|uint64(m.to))
+	}
+	for _, m := range s.moves {
+		s.blk.insert(s, s.blkHash(m.to), m.head+1, true)
+	}
+	s.moves = s.moves[:0]
+}
+
+// chainOf returns the block table slot of block hash's chain, if any: a block with
+// bindings has an engine record, and its chain is the one ending there.
+func (s *bindStore) chainOf(hash uint64) (slotRef, bool) {
+	rec, ok := s.recs.recordOf(hash)
+	if !ok {
+		return slotRef{}, false
+	}
+	return s.chainAt(rec)
+}
+
+// chainAt returns the block table slot of the chain that ends at engine record rec, if
+// any.
+func (s *bindStore) chainAt(rec uint32) (slotRef, bool) {
+	return s.blk.probe(s.blkHash(rec), func(v uint32) bool { return s.tailRec(v-1) == rec })
 }
 
 // addComp adds component comp to binding i; it reports whether it was new and the change
@@ -365,23 +498,24 @@ func (s *bindStore) removeComp(i uint32, comp string) (removed bool, charge int6
 // the binding's whole charge.
 func (s *bindStore) remove(i uint32) (uint64, int64) {
 	e := s.ent(i)
-	hash := entHash(e)
-	// Out of its block's chain.
-	hb := s.blkHash(hash)
-	slot, _ := s.blkSlot(hb, hash)
-	next := entNext(e)
+	rec := s.tailRec(i)
+	hash := s.recs.recordKey(rec)
+	// Out of its block's chain (the binding before it takes its link: the next one, or
+	// the record when it was the last).
+	slot, _ := s.chainAt(rec)
+	l := entLink(e)
 	if s.blk.get(slot) == i+1 {
-		if next != 0 {
-			s.blk.set(slot, next)
+		if l&linkTail == 0 {
+			s.blk.set(slot, uint32(l))
 		} else {
 			s.blk.delete(s, slot, true)
 		}
 	} else {
 		p := s.ent(s.blk.get(slot) - 1)
-		for entNext(p) != i+1 {
-			p = s.ent(entNext(p) - 1)
+		for entLink(p) != uint64(i+1) {
+			p = s.ent(uint32(entLink(p)) - 1)
 		}
-		setNext(p, next)
+		setLink(p, l)
 	}
 	if entExplicit(e) {
 		s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), i+1), false)
@@ -416,24 +550,26 @@ func (s *bindStore) free(i uint32) int64 {
 
 // dropBlock drops every binding of block hash; it returns how many and their charge.
 func (s *bindStore) dropBlock(hash uint64) (int, int64) {
-	slot, found := s.blkSlot(s.blkHash(hash), hash)
+	slot, found := s.chainOf(hash)
 	if !found {
 		return 0, 0
 	}
 	head := s.blk.get(slot)
 	s.blk.delete(s, slot, true)
 	n, charge := 0, int64(0)
-	for v := head; v != 0; {
+	for v := head; ; {
 		e := s.ent(v - 1)
-		next := entNext(e)
+		l := entLink(e)
 		if entExplicit(e) {
 			s.obj.delete(s, s.obj.slotOf(s.entObjHash(e), v), false)
 		}
 		charge += s.free(v - 1)
 		n++
-		v = next
+		if l&linkTail != 0 {
+			return n, charge
+		}
+		v = uint32(l)
 	}
-	return n, charge
 }
 
 // detach starts dropping every binding whose origin matches: those origins leave the
@@ -466,21 +602,24 @@ func (s *bindStore) undoom() {
 
 // flags returns the shared meta flags of block hash: which tiers its bindings are in.
 func (s *bindStore) flags(hash uint64) uint64 {
-	slot, found := s.blkSlot(s.blkHash(hash), hash)
+	slot, found := s.chainOf(hash)
 	if !found {
 		return 0
 	}
 	var f uint64
-	for v := s.blk.get(slot); v != 0; {
+	for v := s.blk.get(slot); ; {
 		e := s.ent(v - 1)
 		if SharedTier(entTier(e)) == SharedCPU {
 			f |= metaSharedCPU
 		} else {
 			f |= metaSharedDisk
 		}
-		v = entNext(e)
+		l := entLink(e)
+		if l&linkTail != 0 {
+			return f
+		}
+		v = uint32(l)
 	}
-	return f
 }
 
 // eachOf calls fn with every live binding of block hash, decoded (source, backend,
@@ -488,14 +627,17 @@ func (s *bindStore) flags(hash uint64) uint64 {
 // RetractSource is dropping are skipped (they are gone once it is acknowledged). For
 // snapshots; writer only.
 func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tier SharedTier, comps []string)) {
-	slot, found := s.blkSlot(s.blkHash(hash), hash)
+	slot, found := s.chainOf(hash)
 	if !found {
 		return
 	}
 	var comps []string
 	for v := s.blk.get(slot); v != 0; {
 		e := s.ent(v - 1)
-		next := entNext(e)
+		next := uint32(0) // the chain's end
+		if l := entLink(e); l&linkTail == 0 {
+			next = uint32(l)
+		}
 		o := entOrigin(e)
 		if int(o) < len(s.doomed) && s.doomed[o] {
 			v = next
@@ -505,10 +647,11 @@ func (s *bindStore) eachOf(hash uint64, fn func(source, backend, key string, tie
 		if entExplicit(e) {
 			key = s.strs[uint32(e[bwKey])]
 		} else {
+			w := [4]uint64{hash, e[bwKey], e[bwKey+1], e[bwKey+2]}
 			var hex [64]byte
 			const digits = "0123456789abcdef"
 			for i := range hex {
-				hex[i] = digits[(e[bwKey+i/16]>>(60-4*uint(i%16)))&0xf]
+				hex[i] = digits[(w[i/16]>>(60-4*uint(i%16)))&0xf]
 			}
 			key = string(hex[:])
 		}
@@ -702,11 +845,10 @@ func (t *bindTable) slotOf(h uint64, v uint32) slotRef {
 
 // hashOf recomputes the hash under which slot value v was inserted.
 func (s *bindStore) hashOf(v uint32, blk bool) uint64 {
-	e := s.ent(v - 1)
 	if blk {
-		return s.blkHash(entHash(e))
+		return s.blkHash(s.tailRec(v - 1))
 	}
-	return s.entObjHash(e)
+	return s.entObjHash(s.ent(v - 1))
 }
 
 func (t *bindTable) insert(s *bindStore, h uint64, v uint32, blk bool) {
@@ -836,3 +978,11 @@ func (t *nameTable[K]) unref(i uint16) {
 		t.free = append(t.free, i)
 	}
 }
+
+// recordKey returns the key of engine record idx in the context's current arena (for
+// its binding store, records). Writer only.
+func (c *context) recordKey(idx uint32) uint64 { return c.tab.ar.Record(idx)[recKey] }
+
+// recordOf returns the engine record of block hash in the context's current table, if
+// any (for its binding store, records). Writer only.
+func (c *context) recordOf(hash uint64) (uint32, bool) { return c.tab.lookup(hash) }

@@ -25,6 +25,33 @@ func derivedKey(key string, hash uint64) bool {
 	return err == nil && first == hash
 }
 
+// fakeRecords stands in for a context's engine records in tests that drive a binding
+// store directly: one record per block hash, its index handed to link.
+type fakeRecords struct {
+	keys []uint64
+	idx  map[uint64]uint32
+}
+
+func (f *fakeRecords) recordKey(i uint32) uint64 { return f.keys[i] }
+
+func (f *fakeRecords) recordOf(h uint64) (uint32, bool) {
+	i, ok := f.idx[h]
+	return i, ok
+}
+
+// of returns the record of block hash h, created on first use.
+func (f *fakeRecords) of(h uint64) uint32 {
+	if i, ok := f.idx[h]; ok {
+		return i
+	}
+	if f.idx == nil {
+		f.idx = map[uint64]uint32{}
+	}
+	f.idx[h] = uint32(len(f.keys))
+	f.keys = append(f.keys, h)
+	return f.idx[h]
+}
+
 // TestBindStoreAgainstMap drives the compact binding store directly with random adds,
 // component changes, removals and block drops, many thousands of bindings (so its index
 // tables split and deletions shift probe runs), and checks every binding (found by its
@@ -49,7 +76,8 @@ func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 		comps map[string]bool
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	s := newBindStore()
+	var recs fakeRecords
+	s := newBindStore(&recs)
 	s.sets.limit = setLimit
 	defer s.release()
 	model := map[key]*val{}
@@ -165,6 +193,7 @@ func testBindStoreAgainstMap(t *testing.T, setLimit int) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		s.link(i, recs.of(h))
 		charged += c
 		_, c = s.addComp(i, comp)
 		charged += c
@@ -641,7 +670,8 @@ func TestCompSetsInterning(t *testing.T) {
 // components in its own list, charged per string; the binding keeps working (add, remove,
 // duplicate adds) and every byte comes back when it goes.
 func TestBindingSetOverflow(t *testing.T) {
-	s := newBindStore()
+	var recs fakeRecords
+	s := newBindStore(&recs)
 	defer s.release()
 	s.sets.limit = 2
 	hexOf := func(h uint64) string { return fmt.Sprintf("%016x%048x", h, h) }
@@ -651,6 +681,7 @@ func TestBindingSetOverflow(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		s.link(i, recs.of(h))
 		charged += c
 		for _, comp := range comps {
 			if added, c := s.addComp(i, comp); !added {
@@ -708,5 +739,210 @@ func TestBindingSetOverflow(t *testing.T) {
 	}
 	if charged != 0 || len(s.over) != 0 || len(s.sets.sets.idx) != 0 || len(s.sets.names.idx) != 0 {
 		t.Fatalf("all removed: charged %d, %d lists, %d sets, %d names", charged, len(s.over), len(s.sets.sets.idx), len(s.sets.names.idx))
+	}
+}
+
+// TestBindingChainsFollowCompaction: a block's chain of bindings ends at the block's
+// engine record (its hash is that record's key), and a compaction copies the records into
+// a new arena under new indices: after a clear leaves a context few blocks (maybeShrink)
+// and when a small context widens its records (registerWide). Chains of one to three
+// bindings (derived and explicit, two tiers), on blocks also held by an engine slot and
+// on blocks held by bindings alone, must be found by their keys afterwards, name their
+// block's new record, give its hits, take new bindings and go with their last component,
+// leaving nothing charged. 1,000 bound blocks: the block index has several tables, and
+// the chains moved to their new records are spread over them.
+func TestBindingChainsFollowCompaction(t *testing.T) {
+	for _, how := range []string{"shrink", "widen"} {
+		t.Run(how, func(t *testing.T) {
+			a := Slot{"a", 0}
+			e := setup(t, Config{MemoryLimitBytes: 1 << 30}, a)
+			p := vllmProfile(t)
+			n := 5000
+			if how == "widen" {
+				n = 1500 // a small context: widened in one step, by a compaction
+				for i := 1; i < packedSlots; i++ {
+					mustRegister(t, e, ctxA, p, Slot{"pad", i})
+				}
+			}
+			base := e.IndexBytes()
+			hs := seqKeys(7, n)
+			mustApply(t, e, ctxA, store(a, TierDevice, hs...))
+			type binding struct {
+				src, key string
+				tier     SharedTier
+				hash     uint64
+			}
+			var binds []binding
+			var bound []uint64
+			for j := 0; j < 1000; j++ { // a block index of several tables
+				h := uint64(0xb000+j) << 40 // held by its bindings alone
+				if j < 20 {
+					h = hs[n-1-j*37] // also an engine block
+				}
+				bound = append(bound, h)
+				binds = append(binds,
+					binding{"tcp://mc:1", fmt.Sprintf("%016x%048x", h, j), SharedCPU, h},
+					binding{"tcp://mc:2", fmt.Sprintf("%016x%048x", h, 1000+j), SharedDisk, h})
+				if j%3 == 0 {
+					binds = append(binds, binding{"tcp://mc:1", fmt.Sprintf("obj-%d", j), SharedCPU, h})
+				}
+			}
+			shared := func(kind OpKind, b binding, comp string) Op {
+				return Op{Kind: kind, Source: b.src, Backend: "pool", ObjectKey: b.key, Component: comp, SharedTier: b.tier, Hash: b.hash}
+			}
+			for _, b := range binds {
+				mustApply(t, e, ctxA, shared(OpSharedStore, b, "_0_k"), shared(OpSharedStore, b, "_0_v"))
+			}
+			boundSet := map[uint64]bool{}
+			for _, h := range bound {
+				boundSet[h] = true
+			}
+			var gone, left []uint64 // engine blocks removed (widen) and kept
+			for _, h := range hs {
+				if how == "widen" && !boundSet[h] && h%2 == 0 {
+					gone = append(gone, h)
+				} else if how == "widen" && !boundSet[h] {
+					left = append(left, h)
+				}
+			}
+			var recsBefore []uint32
+			onWriter(t, e, ctxA, func(c *context) {
+				for _, h := range bound {
+					idx, _ := c.tab.lookup(h)
+					recsBefore = append(recsBefore, idx)
+				}
+			})
+			if how == "shrink" {
+				mustApply(t, e, ctxA, Op{Kind: OpClear, Slot: a, ClearTiers: MaskDevice})
+			} else {
+				mustApply(t, e, ctxA, remove(a, TierDevice, gone...))
+				mustRegister(t, e, ctxA, p, Slot{"wide", 0})
+			}
+			settle(t, e, ctxA)
+			moved := 0
+			onWriter(t, e, ctxA, func(c *context) {
+				if c.bs.blk.depth == 0 {
+					t.Error("the block index is one table")
+				}
+				if how == "widen" && c.tab.w != 1 {
+					t.Errorf("records not widened: width %d", c.tab.w)
+				}
+				for j, h := range bound {
+					idx, ok := c.tab.lookup(h)
+					if !ok {
+						t.Errorf("block %x lost its record", h)
+						continue
+					}
+					if idx != recsBefore[j] {
+						moved++
+					}
+					if got, want := c.bs.flags(h), uint64(metaSharedCPU|metaSharedDisk); got != want {
+						t.Errorf("block %x: flags %b, want %b", h, got, want)
+					}
+				}
+				for _, b := range binds {
+					i, ok := c.bs.find(b.src, "pool", b.tier, b.key)
+					if !ok {
+						t.Errorf("%q not found after the compaction", b.key)
+						continue
+					}
+					idx, _ := c.tab.lookup(b.hash)
+					if c.bs.hash(i) != b.hash || entLink(c.bs.ent(c.bs.tail(i))) != linkTail|uint64(idx) {
+						t.Errorf("%q: hash %x (want %x), chain ends at %x (record %d)", b.key, c.bs.hash(i), b.hash, entLink(c.bs.ent(c.bs.tail(i))), idx)
+					}
+				}
+			})
+			if moved == 0 {
+				t.Fatal("no bound block changed record: nothing compacted")
+			}
+			for _, h := range bound {
+				if got := rankTiers(t, qk(t, e, ctxA, []uint64{h}, ""), "a", 0); got.CPUShare != 16 || got.Disk != 16 {
+					t.Fatalf("bound block %x after the compaction: %+v", h, got)
+				}
+			}
+			// A new binding on a bound block, and one on a new block, after it.
+			extra := []binding{{"tcp://mc:3", fmt.Sprintf("%016x%048x", bound[25], 7), SharedCPU, bound[25]},
+				{"tcp://mc:3", fmt.Sprintf("%016x%048x", uint64(0xc0ffee), 7), SharedDisk, 0xc0ffee}}
+			for _, b := range extra {
+				mustApply(t, e, ctxA, shared(OpSharedStore, b, "_0_k"))
+			}
+			binds = append(binds, extra...)
+			bound = append(bound, 0xc0ffee)
+			if got := rankTiers(t, qk(t, e, ctxA, []uint64{0xc0ffee}, ""), "a", 0); got.Disk != 16 {
+				t.Fatalf("new binding after the compaction: %+v", got)
+			}
+			// Every binding goes with its last component: a block held by bindings alone
+			// goes, one also held by the engine slot keeps that hit alone.
+			for _, b := range binds {
+				mustApply(t, e, ctxA, shared(OpSharedRemove, b, "_0_k"), shared(OpSharedRemove, b, "_0_v"))
+			}
+			for j, h := range bound {
+				want := Tiers{}
+				if how == "widen" && j < 20 {
+					want = Tiers{Device: 16, CPULocal: 16, CPUShare: 16, Disk: 16}
+				}
+				if hits := qk(t, e, ctxA, []uint64{h}, ""); len(hits) != 0 && rankTiers(t, hits, "a", 0) != want {
+					t.Fatalf("block %x after its bindings went: %s, want %+v", h, formatHits(hits), want)
+				}
+			}
+			if how == "widen" {
+				mustApply(t, e, ctxA, remove(a, TierDevice, left...), remove(a, TierDevice, bound[:20]...))
+			}
+			if st, _ := e.Stats(ctxA); st.Blocks != 0 || e.IndexBytes() != base {
+				t.Fatalf("emptied: %d blocks, %d bytes charged, want 0, %d", st.Blocks, e.IndexBytes(), base)
+			}
+		})
+	}
+}
+
+// TestHexKeyDecode: hexKey against a decoder written plainly (encoding/hex, lowercase
+// only), on random keys of lowercase digits with one byte replaced at every position by
+// every byte value (so every byte class at every lane of its 8-byte group: digits,
+// letters, the bytes around 0-9 and a-f, upper case, bytes of 0x80 and more), and on
+// keys of other lengths.
+func TestHexKeyDecode(t *testing.T) {
+	want := func(k string) ([4]uint64, bool) {
+		var w [4]uint64
+		if len(k) != 64 || strings.ToLower(k) != k {
+			return w, false
+		}
+		b, err := hex.DecodeString(k)
+		if err != nil {
+			return w, false
+		}
+		for i := range w {
+			for _, c := range b[8*i : 8*i+8] {
+				w[i] = w[i]<<8 | uint64(c)
+			}
+		}
+		return w, true
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	const digits = "0123456789abcdef"
+	check := func(k string) {
+		t.Helper()
+		gw, gok := hexKey(k)
+		ww, wok := want(k)
+		if gok != wok || gw != ww {
+			t.Fatalf("hexKey(%q) = %x %v, want %x %v", k, gw, gok, ww, wok)
+		}
+	}
+	for round := 0; round < 4; round++ {
+		key := make([]byte, 64)
+		for i := range key {
+			key[i] = digits[r.IntN(16)]
+		}
+		check(string(key))
+		for pos := 0; pos < 64; pos++ {
+			orig := key[pos]
+			for c := 0; c < 256; c++ {
+				key[pos] = byte(c)
+				check(string(key))
+			}
+			key[pos] = orig
+		}
+	}
+	for _, k := range []string{"", "0", strings.Repeat("f", 63), strings.Repeat("0", 65), strings.Repeat("0", 128)} {
+		check(k)
 	}
 }

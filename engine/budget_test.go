@@ -72,7 +72,7 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 }
 
 // TestMemoryLimitEvictsOldestAcrossContexts: with Config.MemoryLimitBytes, blocks and
-// shared bindings are charged (48 bytes a packed block, 72 bytes plus the strings it
+// shared bindings are charged (48 bytes a packed block, 64 bytes plus the strings it
 // holds alone a binding); past the limit each new one evicts the engine's oldest-written block,
 // whichever context holds it, and the charge comes back down with evictions, removals
 // and drops.

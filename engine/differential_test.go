@@ -255,7 +255,7 @@ func (w *diffWorld) checkBindings() {
 				}
 				seen := map[uint64]bool{}
 				for i := uint32(0); i < c.bs.ents.HighWater(); i++ {
-					if c.bs.ent(i)[bwHead]&headLive == 0 || seen[c.bs.hash(i)] {
+					if !entLive(c.bs.ent(i)) || seen[c.bs.hash(i)] {
 						continue
 					}
 					h := c.bs.hash(i)

@@ -335,10 +335,11 @@ func BenchmarkResidentBytes(b *testing.B) {
 		// Mooncake store), no engine slot.
 		// 100K of them at 1M unless -bigmem: a Mooncake block takes about five times an
 		// engine block's time to index (two ops, a binding look-up each) and, with its
-		// compact binding (bindings.go: a 40-byte entry, the key's first 64 bits its block
-		// hash, and a block-index slot), about twice its memory (1M, -bigmem: 98.6 RSS
-		// bytes per block against 49.3; 123 with 56-byte entries and two indexes, 450 heap
-		// / 621 RSS bytes with Go-map bindings).
+		// compact binding (bindings.go: a 32-byte entry, the key's first 64 bits its block
+		// hash, read from the block's engine record, and a block-index slot), about 1.85
+		// times its memory (-bigmem, RSS bytes per block: 1M 90.0 against 49.2, 10M 84.3
+		// against 45.5; 98.1 and 92.3 with 40-byte entries, 123 at 1M with 56-byte entries
+		// and two indexes, 450 heap / 621 RSS bytes with Go-map bindings).
 		nm := n
 		if !*bigMem {
 			nm = n / 10

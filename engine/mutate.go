@@ -408,7 +408,7 @@ func (c *context) sharedStore(op *Op) {
 		return
 	}
 	if c.bs == nil {
-		c.bs = newBindStore()
+		c.bs = newBindStore(c)
 		if h := c.eng.hooks; h != nil && h.bindSets > 0 {
 			c.bs.sets.limit = h.bindSets
 		}
@@ -434,6 +434,9 @@ func (c *context) sharedStore(op *Op) {
 		c.eng.bytes.Add(charge)
 	}
 	idx, rec, created := c.findOrCreate(op.Hash)
+	if !found {
+		bs.link(i, idx) // the chain ends at the record (bindings.go)
+	}
 	c.epoch = max(c.epoch, c.now)
 	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags|tierFlag(op.SharedTier))
 	if c.newest != idx+1 {
@@ -777,6 +780,9 @@ func (c *context) rebuild(w int, compact bool) {
 			prev = nidx + 1
 			convertBits(nrec[recBits:], w, rec[recBits:], old.w)
 			nt.insertNew(nrec[recKey], nidx)
+			if c.bs != nil && rec[recMeta]&metaFlags != 0 {
+				c.bs.retarget(rec[recKey], nidx) // its bindings' chain ends at nidx
+			}
 			i = next
 		}
 		if prev == 0 {
@@ -799,6 +805,9 @@ func (c *context) rebuild(w int, compact bool) {
 		c.eng.bytes.Add(int64(ar.Len()) * (blockBytes(w) - blockBytes(old.w)))
 	}
 	c.tab = nt
+	if c.bs != nil {
+		c.bs.retargeted()
+	}
 	c.publishTable()
 	old.dead.Store(true)
 	c.releaseLater(old.entries)
