@@ -87,7 +87,10 @@ func tierBits(bw []uint64, w, t, j int) uint64 {
 }
 
 // Table entries: fingerprint<<32 | (record index + 1). 0 is empty; tombEntry marks a
-// deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords).
+// deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords). The
+// fingerprint is the high half of the key's mix, the bits the entry's position comes from
+// (mix(key) >> shift): a migration places an entry in the new table from the entry alone
+// (entryPos), without loading its record's key (a cache miss per entry at scale).
 const (
 	tombEntry   = uint64(0xFFFFFFFF)
 	hashMul     = 0x9E3779B97F4A7C15 // Fibonacci hashing: the high bits pick the slot
@@ -218,7 +221,7 @@ func (t *table) retryMiss(key uint64) (*table, []uint64, bool) {
 // find1 looks key up in t alone (a leaf function: the walk's fast path).
 func (t *table) find1(key uint64) ([]uint64, bool) {
 	h := mix(key)
-	fp := uint64(uint32(h)) << 32
+	fp := h &^ 0xFFFFFFFF
 	pos := h >> t.shift
 	for {
 		e := atomic.LoadUint64(&t.entries[pos])
@@ -248,7 +251,7 @@ func (t *table) lookup(key uint64) (idx uint32, ok bool) {
 // slotOf returns the entry position and record index of key in this table alone. Writer only.
 func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
 	h := mix(key)
-	fp := uint64(uint32(h)) << 32
+	fp := h &^ 0xFFFFFFFF
 	pos = h >> t.shift
 	for {
 		e := t.entries[pos]
@@ -298,8 +301,12 @@ func (t *table) prefetch(keys []uint64) {
 // false). Writer only.
 func (t *table) insertNew(key uint64, idx uint32) {
 	h := mix(key)
-	e := uint64(uint32(h))<<32 | uint64(idx+1)
-	pos := h >> t.shift
+	t.insertAt(h>>t.shift, h&^0xFFFFFFFF|uint64(idx+1))
+}
+
+// insertAt stores entry e at the first empty or tombstoned position from pos on (its
+// probe path). Writer only.
+func (t *table) insertAt(pos, e uint64) {
 	for {
 		cur := t.entries[pos]
 		if cur == 0 || cur == tombEntry {
@@ -325,8 +332,12 @@ func (t *table) migrate() bool {
 		if e == 0 || e == tombEntry {
 			continue
 		}
-		idx := uint32(e) - 1
-		t.insertNew(t.ar.Record(idx)[recKey], idx)
+		if t.shift >= 32 {
+			t.insertAt(e>>t.shift, e) // the fingerprint holds the position's bits
+		} else {
+			idx := uint32(e) - 1 // a table of over 2^32 entries: from the key
+			t.insertNew(t.ar.Record(idx)[recKey], idx)
+		}
 		moves--
 	}
 	return t.moved == len(p.entries)
