@@ -348,7 +348,7 @@ func (c *context) engineRemove(op *Op) {
 	word := recBits + wo
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		idx, ok := c.tab.lookup(h)
+		pos, inPrev, idx, ok := c.tab.locate(h)
 		if !ok {
 			continue
 		}
@@ -364,7 +364,10 @@ func (c *context) engineRemove(op *Op) {
 		atomic.StoreUint64(&rec[word], old&^bit)
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {
-			c.deleteRecord(idx, rec)
+			// Where the look-up found it: cleanRec deleted nothing (the record is
+			// here), and nothing else changed the tables since.
+			c.tab.removeAt(h, pos, inPrev)
+			c.freeRecord(idx, rec)
 		} else {
 			c.keepMeta(rec)
 		}

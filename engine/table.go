@@ -240,12 +240,19 @@ func (t *table) find1(key uint64) ([]uint64, bool) {
 
 // lookup returns the record index of key. Writer only.
 func (t *table) lookup(key uint64) (idx uint32, ok bool) {
-	p := t.prev.Load()
-	if _, idx, ok = t.slotOf(key); ok || p == nil {
-		return idx, ok
-	}
-	_, idx, ok = p.slotOf(key)
+	_, _, idx, ok = t.locate(key)
 	return idx, ok
+}
+
+// locate returns the record index of key and where its entry was found: at pos of this
+// table, or (inPrev) at pos of prev, where it is not in this table. Writer only.
+func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, ok bool) {
+	p := t.prev.Load()
+	if pos, idx, ok = t.slotOf(key); ok || p == nil {
+		return pos, false, idx, ok
+	}
+	pos, idx, ok = p.slotOf(key)
+	return pos, true, idx, ok
 }
 
 // slotOf returns the entry position and record index of key in this table alone. Writer only.
@@ -271,11 +278,29 @@ func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
 // remove tombstones the entries of key, in this table and in prev. Writer only.
 func (t *table) remove(key uint64) {
 	if pos, _, ok := t.slotOf(key); ok {
-		atomic.StoreUint64(&t.entries[pos], tombEntry)
-		t.live--
-		t.tombs++
+		t.removeAt(key, pos, false)
+		return
 	}
 	if p := t.prev.Load(); p != nil {
+		if pos, _, ok := p.slotOf(key); ok {
+			atomic.StoreUint64(&p.entries[pos], tombEntry)
+		}
+	}
+}
+
+// removeAt tombstones the entries of key, found by locate at (pos, inPrev). An entry
+// found in this table may also be in prev (migrated there from): prev is probed too. One
+// found in prev only is not in this table. Writer only.
+func (t *table) removeAt(key, pos uint64, inPrev bool) {
+	p := t.prev.Load()
+	if inPrev {
+		atomic.StoreUint64(&p.entries[pos], tombEntry)
+		return
+	}
+	atomic.StoreUint64(&t.entries[pos], tombEntry)
+	t.live--
+	t.tombs++
+	if p != nil {
 		if pos, _, ok := p.slotOf(key); ok {
 			atomic.StoreUint64(&p.entries[pos], tombEntry)
 		}
