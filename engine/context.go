@@ -157,6 +157,11 @@ type context struct {
 	// snap, while a snapshot of this context is being copied, records every change
 	// applied between its steps (see snapshot.go).
 	snap *snapJournal
+	// budgeted: the engine has a budget (Config.MaxBlocks, MemoryLimitBytes) that reads
+	// the engine-wide counts on the event path; otherwise pendTotal and pendBytes are
+	// changes to them not yet published (charge, flushCharges).
+	budgeted             bool
+	pendTotal, pendBytes int64
 }
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
@@ -168,6 +173,8 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 		quit:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		slots:   map[Slot]int{},
+		// Immutable engine settings.
+		budgeted: e.maxTotal > 0 || e.memLimit > 0,
 	}
 	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
@@ -221,7 +228,9 @@ func (c *context) run() {
 				c.sweepStep()
 				c.resumeStalled()
 				c.dropStep()
+				c.flushCharges() // before a widening's switch hands registrations back
 				c.widenStep()
+				c.flushCharges()
 			}
 			continue
 		}
@@ -257,6 +266,7 @@ func (c *context) serve(r *request) {
 		c.sweepStep()
 		c.resumeStalled()
 		c.dropStep()
+		c.flushCharges() // before a widening's switch hands registrations back
 		c.widenStep()
 		h.step(false)
 	} else {
@@ -267,6 +277,7 @@ func (c *context) serve(r *request) {
 		c.sweepStep()
 		c.resumeStalled()
 		c.dropStep()
+		c.flushCharges() // before a widening's switch hands registrations back
 		c.widenStep()
 	}
 	c.payDebt()
@@ -274,6 +285,7 @@ func (c *context) serve(r *request) {
 	if h := c.eng.hooks; h != nil && h.dropDeferred != nil && deferred && len(c.dropWaiters) > 0 {
 		h.dropDeferred()
 	}
+	c.flushCharges()
 	if !deferred {
 		r.done <- struct{}{}
 	}

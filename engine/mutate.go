@@ -82,8 +82,7 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	}
 	c.tab.insertNew(key, idx)
 	c.linkNewest(idx, rec)
-	c.eng.total.Add(1)
-	c.eng.bytes.Add(blockBytes(c.tab.w))
+	c.charge(1, blockBytes(c.tab.w))
 	return idx, rec, true
 }
 
@@ -401,8 +400,7 @@ func (c *context) freeRecord(idx uint32, rec []uint64) {
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
-	c.eng.total.Add(-1)
-	c.eng.bytes.Add(-blockBytes(c.tab.w))
+	c.charge(-1, -blockBytes(c.tab.w))
 }
 
 func (c *context) sharedStore(op *Op) {
@@ -430,11 +428,10 @@ func (c *context) sharedStore(op *Op) {
 			c.dropEmptyStore()
 			return
 		}
-		c.eng.total.Add(1)
-		c.eng.bytes.Add(charge)
+		c.charge(1, charge)
 	}
 	if added, charge := bs.addComp(i, op.Component); added {
-		c.eng.bytes.Add(charge)
+		c.charge(0, charge)
 	}
 	idx, rec, created := c.findOrCreate(op.Hash)
 	c.epoch = max(c.epoch, c.now)
@@ -468,13 +465,12 @@ func (c *context) sharedRemove(op *Op) {
 	if !removed {
 		return
 	}
-	c.eng.bytes.Add(-charge)
+	c.charge(0, -charge)
 	if left {
 		return
 	}
 	hash, charge := bs.remove(i)
-	c.eng.total.Add(-1)
-	c.eng.bytes.Add(-charge)
+	c.charge(-1, -charge)
 	c.reflag(hash)
 	c.dropEmptyStore()
 }
@@ -535,8 +531,7 @@ func (c *context) dropStep() {
 				continue
 			}
 			hash, charge := bs.remove(c.dropPos)
-			c.eng.total.Add(-1)
-			c.eng.bytes.Add(-charge)
+			c.charge(-1, -charge)
 			c.reflag(hash)
 			removed++
 		}
@@ -553,11 +548,41 @@ func (c *context) dropStep() {
 
 // endDrops hands back the requests waiting for drops.
 func (c *context) endDrops() {
+	c.flushCharges()
 	for i, r := range c.dropWaiters {
 		r.done <- struct{}{}
 		c.dropWaiters[i] = nil
 	}
 	c.dropWaiters = c.dropWaiters[:0]
+}
+
+// charge adds n blocks or bindings and b bytes to the engine-wide counts (Engine.total,
+// Engine.bytes). With an engine budget (Config.MaxBlocks, MemoryLimitBytes), which
+// maybeEvict checks against those counts after every new block, at once, as other
+// contexts' writers read them too; otherwise the counts are only reported
+// (TotalBlocks, IndexBytes), and the writer adds them up and publishes them once per
+// step (flushCharges, before it hands a request back) instead of two atomic additions,
+// contended across writers, per block.
+func (c *context) charge(n, b int64) {
+	if c.budgeted {
+		c.eng.total.Add(n)
+		c.eng.bytes.Add(b)
+		return
+	}
+	c.pendTotal += n
+	c.pendBytes += b
+}
+
+// flushCharges publishes the counts charge added up (see there).
+func (c *context) flushCharges() {
+	if c.pendTotal != 0 {
+		c.eng.total.Add(c.pendTotal)
+		c.pendTotal = 0
+	}
+	if c.pendBytes != 0 {
+		c.eng.bytes.Add(c.pendBytes)
+		c.pendBytes = 0
+	}
 }
 
 // Memory charges (Config.MemoryLimitBytes): what the index's own structures hold per
@@ -695,8 +720,7 @@ func (c *context) evictOldest() {
 	// The block's shared bindings go with it (they count against the capacity too).
 	if c.bs != nil {
 		n, charge := c.bs.dropBlock(rec[recKey])
-		c.eng.total.Add(-int64(n))
-		c.eng.bytes.Add(-charge)
+		c.charge(-int64(n), -charge)
 		c.dropEmptyStore()
 	}
 	c.deleteRecord(idx, rec)
@@ -715,6 +739,7 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 		return
 	}
 	c.evictLogged = now
+	c.flushCharges()
 	c.eng.log.Warn(msg,
 		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
 		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),
