@@ -208,12 +208,6 @@ func (c *context) releaseStep() {
 	}
 }
 
-// lockRec marks rec busy before the writer changes its key or a bitset; setMeta ends the
-// change.
-func lockRec(rec []uint64) {
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaBusy)
-}
-
 // setMeta ends a change of rec: it stores meta with epoch and flags (shared flags, free
 // bit), seq bumped and busy clear. Epochs only grow, and within one epoch seq only grows,
 // so the record never holds the same meta twice and a reader's before/after comparison
@@ -320,9 +314,7 @@ func (c *context) engineStore(op *Op) {
 		wo, bit := bitAt(c.tab.w, t, n) // after findOrCreate: the table cannot widen here
 		word := recBits + wo
 		if old := rec[word]; old&bit == 0 {
-			if !created {
-				lockRec(rec)
-			}
+			// One word, one bit: no busy (see the record layout); touch ends the change.
 			atomic.StoreUint64(&rec[word], old|bit)
 			c.slotCounts[n][t]++
 		}
@@ -359,7 +351,8 @@ func (c *context) engineRemove(op *Op) {
 		if old&bit == 0 {
 			continue
 		}
-		lockRec(rec)
+		// One word, one bit: no busy (see the record layout); keepMeta or freeRecord
+		// ends the change.
 		atomic.StoreUint64(&rec[word], old&^bit)
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {

@@ -13,12 +13,18 @@ import (
 // sharedCPU | sharedDisk.
 // The epoch is the write order (eviction drops the oldest first); the free bit marks a
 // record on the arena free list. meta is also the record's version word (a seqlock): the
-// writer sets busy before it changes the key or a bitset and ends every change with a meta
-// value the record never held before (a fresh epoch, or the same epoch with seq bumped).
-// A reader loads meta, then the key and bitsets, then meta again, and accepts what it read
-// only when both meta loads are equal and neither is busy or free: then nothing changed in
-// between, so what it read was one block at one moment, even if the record was freed and
-// reused meanwhile (K → K2 → K).
+// writer sets busy before it changes the key or more than one word of a record, and ends
+// every change with a meta value the record never held before (a fresh epoch, or the same
+// epoch with seq bumped). A reader loads meta, then the key and bitsets, then meta again,
+// and accepts what it read only when both meta loads are equal and neither is busy or
+// free: then nothing changed in between, so what it read was one block at one moment, even
+// if the record was freed and reused meanwhile (K → K2 → K).
+// A change of one bitset word alone (a store or a remove of one slot's bit in one tier)
+// goes without busy: each load of that word returns it from before or after the store,
+// both states of the same block, and the meta store that follows ends the change before
+// the writer changes the record again, so a reader never combines two changes under one
+// meta value. (A reader that sees the new word under the old meta on both sides saw the
+// record between the word's store and the meta store: after the change, exactly.)
 //
 // The stamp says which slot clears the record's bitsets already reflect (see clearSet):
 // a clear (OpClear, unregistration) takes the next stamp and is applied to records lazily,
