@@ -313,9 +313,9 @@ func (t *table) removeAt(key, pos uint64, inPrev bool) {
 	}
 }
 
-// prefetch touches the first probe entry of every key before a batch is applied: the
-// loads are independent, so their cache misses overlap instead of being paid one by one
-// inside the dependent probe loop. Writer only.
+// prefetch touches the first probe entry of every key, in this table and in prev, before
+// a batch is applied: the loads are independent, so their cache misses overlap instead of
+// being paid one by one inside the dependent probe loop. Writer only.
 func (t *table) prefetch(keys []uint64) {
 	if len(keys) < 4 {
 		return
@@ -323,6 +323,12 @@ func (t *table) prefetch(keys []uint64) {
 	var sink uint64
 	for _, k := range keys {
 		sink += t.entries[mix(k)>>t.shift]
+	}
+	// During a migration a key not moved yet (or absent) is probed in prev too.
+	if p := t.prev.Load(); p != nil {
+		for _, k := range keys {
+			sink += p.entries[mix(k)>>p.shift]
+		}
 	}
 	t.sink = sink
 }
