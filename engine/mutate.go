@@ -60,8 +60,9 @@ func (c *context) applyOp(op *Op) bool {
 // write order when absent; a created record is left busy for the caller's final meta store
 // (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
-	if idx, ok := c.tab.lookup(key); ok {
-		if rec := c.rec(idx); c.clr == nil || c.cleanRec(idx, rec) {
+	if _, _, idx, rec, ok := c.tab.locate(key); ok {
+		c.mark(idx)
+		if c.clr == nil || c.cleanRec(idx, rec) {
 			return idx, rec, false
 		}
 		// It held only cleared bits and was deleted: create it anew.
@@ -84,6 +85,14 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	c.linkNewest(idx, rec)
 	c.charge(1, blockBytes(c.tab.w))
 	return idx, rec, true
+}
+
+// mark notes that the writer changes record idx, found by a table look-up: while a
+// widening runs, a record already copied is copied again (see context.rec).
+func (c *context) mark(idx uint32) {
+	if c.wide != nil {
+		c.wide.mark(idx)
+	}
 }
 
 // makeRoom ensures one more entry fits the table, in bounded work: it advances a running
@@ -339,11 +348,11 @@ func (c *context) engineRemove(op *Op) {
 	word := recBits + wo
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		pos, inPrev, idx, ok := c.tab.locate(h)
+		pos, inPrev, idx, rec, ok := c.tab.locate(h)
 		if !ok {
 			continue
 		}
-		rec := c.rec(idx)
+		c.mark(idx)
 		if !c.cleanRec(idx, rec) {
 			continue // it held only cleared bits
 		}

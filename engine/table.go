@@ -246,35 +246,38 @@ func (t *table) find1(key uint64) ([]uint64, bool) {
 
 // lookup returns the record index of key. Writer only.
 func (t *table) lookup(key uint64) (idx uint32, ok bool) {
-	_, _, idx, ok = t.locate(key)
+	_, _, idx, _, ok = t.locate(key)
 	return idx, ok
 }
 
-// locate returns the record index of key and where its entry was found: at pos of this
-// table, or (inPrev) at pos of prev, where it is not in this table. Writer only.
-func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, ok bool) {
+// locate returns the record index and the record of key, and where its entry was found:
+// at pos of this table, or (inPrev) at pos of prev, where it is not in this table. The
+// record is for reading: a writer that changes it marks it first (context.mark). Writer
+// only.
+func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, rec []uint64, ok bool) {
 	p := t.prev.Load()
-	if pos, idx, ok = t.slotOf(key); ok || p == nil {
-		return pos, false, idx, ok
+	if pos, idx, rec, ok = t.slotOf(key); ok || p == nil {
+		return pos, false, idx, rec, ok
 	}
-	pos, idx, ok = p.slotOf(key)
-	return pos, true, idx, ok
+	pos, idx, rec, ok = p.slotOf(key)
+	return pos, true, idx, rec, ok
 }
 
-// slotOf returns the entry position and record index of key in this table alone. Writer only.
-func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
+// slotOf returns the entry position, record index and record of key in this table
+// alone. Writer only.
+func (t *table) slotOf(key uint64) (pos uint64, idx uint32, rec []uint64, ok bool) {
 	h := mix(key)
 	fp := h &^ 0xFFFFFFFF
 	pos = h >> t.shift
 	for {
 		e := t.entries[pos]
 		if e == 0 {
-			return 0, 0, false
+			return 0, 0, nil, false
 		}
 		if e&^0xFFFFFFFF == fp && e != tombEntry {
 			idx = uint32(e) - 1
-			if t.ar.Record(idx)[recKey] == key {
-				return pos, idx, true
+			if rec = t.ar.Record(idx); rec[recKey] == key {
+				return pos, idx, rec, true
 			}
 		}
 		pos = (pos + 1) & t.mask
@@ -283,12 +286,12 @@ func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
 
 // remove tombstones the entries of key, in this table and in prev. Writer only.
 func (t *table) remove(key uint64) {
-	if pos, _, ok := t.slotOf(key); ok {
+	if pos, _, _, ok := t.slotOf(key); ok {
 		t.removeAt(key, pos, false)
 		return
 	}
 	if p := t.prev.Load(); p != nil {
-		if pos, _, ok := p.slotOf(key); ok {
+		if pos, _, _, ok := p.slotOf(key); ok {
 			atomic.StoreUint64(&p.entries[pos], tombEntry)
 		}
 	}
@@ -307,7 +310,7 @@ func (t *table) removeAt(key, pos uint64, inPrev bool) {
 	t.live--
 	t.tombs++
 	if p != nil {
-		if pos, _, ok := p.slotOf(key); ok {
+		if pos, _, _, ok := p.slotOf(key); ok {
 			atomic.StoreUint64(&p.entries[pos], tombEntry)
 		}
 	}
