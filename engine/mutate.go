@@ -353,7 +353,7 @@ func (c *context) engineRemove(op *Op) {
 			continue
 		}
 		c.mark(idx)
-		if !c.cleanRec(idx, rec) {
+		if c.clr != nil && !c.cleanRec(idx, rec) {
 			continue // it held only cleared bits
 		}
 		old := rec[word]
@@ -397,7 +397,7 @@ func (c *context) deleteRecord(idx uint32, rec []uint64) {
 // freeRecord marks rec free (ending any change in progress), takes it out of the write
 // order and returns it to the arena.
 func (c *context) freeRecord(idx uint32, rec []uint64) {
-	c.rec(idx) // callers may hold rec from a read-only look-up
+	c.mark(idx) // callers may hold rec from a read-only look-up
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.unlink(rec)
