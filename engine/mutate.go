@@ -58,7 +58,7 @@ func (c *context) applyOp(op *Op) bool {
 
 // findOrCreate returns the record of key, creating an empty one at the newest end of the
 // write order when absent; a created record is left busy for the caller's final meta store
-// (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
+// (setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
 	if _, _, idx, rec, ok := c.tab.locate(key); ok {
 		c.mark(idx)
@@ -67,6 +67,12 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 		}
 		// It held only cleared bits and was deleted: create it anew.
 	}
+	idx, rec = c.create(key)
+	return idx, rec, true
+}
+
+// create makes the record of key, absent (findOrCreate).
+func (c *context) create(key uint64) (idx uint32, rec []uint64) {
 	c.makeRoom()
 	idx = c.tab.ar.Alloc()
 	rec = c.rec(idx)
@@ -84,7 +90,7 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	c.tab.insertNew(key, idx)
 	c.linkNewest(idx, rec)
 	c.charge(1, blockBytes(c.tab.w))
-	return idx, rec, true
+	return idx, rec
 }
 
 // mark notes that the writer changes record idx, found by a table look-up: while a
@@ -277,16 +283,6 @@ func (c *context) unlink(rec []uint64) {
 	rec[recLink] = 0
 }
 
-// touch stamps rec with a new write epoch and moves it to the newest end of the write
-// order: every store makes its block the last to be evicted.
-func (c *context) touch(idx uint32, rec []uint64) {
-	c.epoch = max(c.epoch, c.now)
-	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
-	if c.newest != idx+1 {
-		c.moveNewest(idx, rec)
-	}
-}
-
 // moveNewest moves rec (linked, not the newest) to the newest end of the write order:
 // unlink and linkNewest in one, with one look-up per neighbour.
 func (c *context) moveNewest(idx uint32, rec []uint64) {
@@ -319,16 +315,32 @@ func (c *context) engineStore(op *Op) {
 	t := int(op.Tier)
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		idx, rec, created := c.findOrCreate(h)
-		wo, bit := bitAt(c.tab.w, t, n) // after findOrCreate: the table cannot widen here
+		// findOrCreate, with the path of a stored block inline (one call level fewer
+		// for the most common event).
+		_, _, idx, rec, found := c.tab.locate(h)
+		if found {
+			c.mark(idx)
+			found = c.clr == nil || c.cleanRec(idx, rec)
+		}
+		if !found {
+			idx, rec = c.create(h)
+		}
+		wo, bit := bitAt(c.tab.w, t, n) // after create: the table cannot widen here
 		word := recBits + wo
 		if old := rec[word]; old&bit == 0 {
-			// One word, one bit: no busy (see the record layout); touch ends the change.
+			// One word, one bit: no busy (see the record layout); the meta store
+			// below ends the change.
 			atomic.StoreUint64(&rec[word], old|bit)
 			c.slotCounts[n][t]++
 		}
-		c.touch(idx, rec)
-		if created {
+		// A new write epoch, and the newest end of the write order: every store
+		// makes its block the last to be evicted.
+		c.epoch = max(c.epoch, c.now)
+		c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
+		if c.newest != idx+1 {
+			c.moveNewest(idx, rec)
+		}
+		if !found {
 			c.maybeEvict()
 		}
 	}
