@@ -96,7 +96,9 @@ func tierBits(bw []uint64, w, t, j int) uint64 {
 // deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords). The
 // fingerprint is the high half of the key's mix, the bits the entry's position comes from
 // (mix(key) >> shift): a migration places an entry in the new table from the entry alone
-// (entryPos), without loading its record's key (a cache miss per entry at scale).
+// (e >> shift, see migrate), without loading its record's key (a cache miss per entry at
+// scale). Entries of one home position share the fingerprint's top bits, so it tells them
+// apart by the rest (32 - log2 capacity bits), ample at the table's load.
 const (
 	tombEntry   = uint64(0xFFFFFFFF)
 	hashMul     = 0x9E3779B97F4A7C15 // Fibonacci hashing: the high bits pick the slot
@@ -298,8 +300,8 @@ func (t *table) remove(key uint64) {
 }
 
 // removeAt tombstones the entries of key, found by locate at (pos, inPrev). An entry
-// found in this table may also be in prev (migrated there from): prev is probed too. One
-// found in prev only is not in this table. Writer only.
+// found in this table may also be in prev (when it was migrated from there): prev is
+// probed too. One found in prev only is not in this table. Writer only.
 func (t *table) removeAt(key, pos uint64, inPrev bool) {
 	p := t.prev.Load()
 	if inPrev {
