@@ -149,3 +149,84 @@ func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
 		t.Fatalf("after dropping everything: %d bytes, %d blocks", e.IndexBytes(), e.TotalBlocks())
 	}
 }
+
+// TestEngineCountsPublishedPerStep: without an engine budget the writer publishes the
+// engine-wide counts (TotalBlocks, IndexBytes) once per step (charge, flushCharges), with
+// one the counts move with every block; both are exact whenever a call returns. Two
+// engines, one without a budget and one with budgets too large to evict, take the same
+// calls: stores, removes, bindings, a clear, a widening, a shared clear, a retraction,
+// unregistrations, the context's drop.
+func TestEngineCountsPublishedPerStep(t *testing.T) {
+	a, b := Slot{"a", 0}, Slot{"b", 0}
+	// Sweeps and migrations advance only with requests: both engines take the same steps.
+	plain, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, &testHooks{noIdleMigration: true}, a, b)
+	budget, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1, MaxBlocks: 1 << 40, MemoryLimitBytes: 1 << 50},
+		&testHooks{noIdleMigration: true}, a, b)
+	engines := []*Engine{plain, budget}
+	check := func(step string, wantBlocks int64) {
+		t.Helper()
+		if plain.TotalBlocks() != budget.TotalBlocks() || plain.IndexBytes() != budget.IndexBytes() {
+			t.Fatalf("%s: %d units, %d bytes without a budget; %d, %d with one", step,
+				plain.TotalBlocks(), plain.IndexBytes(), budget.TotalBlocks(), budget.IndexBytes())
+		}
+		if wantBlocks >= 0 && plain.TotalBlocks() != wantBlocks {
+			t.Fatalf("%s: %d units, want %d", step, plain.TotalBlocks(), wantBlocks)
+		}
+	}
+	keys := func(from, to uint64) []uint64 {
+		var ks []uint64
+		for k := from; k < to; k++ {
+			ks = append(ks, k)
+		}
+		return ks
+	}
+	apply := func(step string, want int64, ops ...Op) {
+		t.Helper()
+		for _, e := range engines {
+			mustApply(t, e, ctxA, ops...)
+		}
+		check(step, want)
+	}
+	apply("stores", 300, store(a, TierDevice, keys(0, 200)...), store(b, TierDisk, keys(100, 300)...))
+	apply("removes", 190, remove(a, TierDevice, keys(0, 60)...), remove(b, TierDisk, keys(250, 400)...))
+	apply("bindings", 194, sharedOp(OpSharedStore, "o1", SharedCPU, 10), sharedOp(OpSharedStore, "o2", SharedDisk, 1000),
+		sharedOp(OpSharedStore, "o3", SharedCPU, 150), sharedOp(OpSharedRemove, "o3", SharedCPU, 150))
+	apply("clear", -1, Op{Kind: OpClear, Slot: a, ClearTiers: MaskAllEngine})
+	for i := 1; i <= packedSlots; i++ { // past 21 slots: records widen
+		for _, e := range engines {
+			mustRegister(t, e, ctxA, vllmProfile(t), Slot{"w", i})
+		}
+	}
+	check("widening", -1)
+	apply("stores after widening", -1, store(Slot{"w", packedSlots}, TierDevice, keys(0, 500)...))
+	for _, e := range engines {
+		e.ClearShared("tcp://mc:1", "pool", ctxA.TenantID)
+	}
+	check("shared clear", -1)
+	apply("binding again", -1, sharedOp(OpSharedStore, "o4", SharedCPU, 2000))
+	for _, e := range engines {
+		e.RetractSource("tcp://mc:1")
+	}
+	check("retraction", -1)
+	for _, e := range engines {
+		e.UnregisterSlot(ctxA, a)
+		e.UnregisterSlot(ctxA, b)
+		for i := 1; i <= packedSlots; i++ {
+			e.UnregisterSlot(ctxA, Slot{"w", i})
+		}
+	}
+	check("unregistrations", -1)
+	for _, e := range engines {
+		settle(t, e, ctxA) // the unregistrations' clears complete
+	}
+	check("settled", 0)
+	for _, e := range engines {
+		if !e.DropEmptyContext(ctxA) {
+			t.Fatal("context not dropped")
+		}
+	}
+	check("drop", 0)
+	if plain.IndexBytes() != 0 {
+		t.Fatalf("%d bytes left charged", plain.IndexBytes())
+	}
+}

@@ -140,6 +140,7 @@ func (c *context) resumeStalled() {
 		if len(c.stalled) == 0 {
 			c.stalled = nil
 		}
+		c.flushCharges()
 		r.done <- struct{}{}
 	}
 }
@@ -147,6 +148,7 @@ func (c *context) resumeStalled() {
 // endWaiters hands back, when the engine closes, every request still waiting on this
 // writer: shared drops (done: nothing changes any more) and stalled requests (ErrClosed).
 func (c *context) endWaiters() {
+	c.flushCharges()
 	c.endDrops()
 	c.endWidening()
 	for _, r := range c.stalled {

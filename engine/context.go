@@ -102,10 +102,10 @@ type context struct {
 	// gone is set by DropEmptyContext before it closes quit, so that do tells a dropped
 	// context (the caller looks the context up again) from a closed engine.
 	gone atomic.Bool
-	// Engine-wide budget (Config.MaxBlocks): oldestAt is the write epoch of this
-	// context's oldest block (MaxUint64 when empty), published after every step; debt is
-	// how many of its oldest blocks other contexts asked it to evict, and wake tells its
-	// writer so.
+	// Engine-wide budget (Config.MaxBlocks, MemoryLimitBytes; unused without one):
+	// oldestAt is the write epoch of this context's oldest block (MaxUint64 when empty),
+	// published after every step; debt is how many of its oldest blocks other contexts
+	// asked it to evict, and wake tells its writer so.
 	oldestAt atomic.Uint64
 	debt     atomic.Int64
 	wake     chan struct{}
@@ -157,6 +157,11 @@ type context struct {
 	// snap, while a snapshot of this context is being copied, records every change
 	// applied between its steps (see snapshot.go).
 	snap *snapJournal
+	// budgeted: the engine has a budget (Config.MaxBlocks, MemoryLimitBytes) that reads
+	// the engine-wide counts on the event path; otherwise pendTotal and pendBytes are
+	// changes to them not yet published (charge, flushCharges).
+	budgeted             bool
+	pendTotal, pendBytes int64
 }
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
@@ -168,6 +173,8 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 		quit:    make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 		slots:   map[Slot]int{},
+		// Immutable engine settings.
+		budgeted: e.maxTotal > 0 || e.memLimit > 0,
 	}
 	c.tab = newTable(minTableCap, arena.New(arena.Config{RecordWords: recordWords(0)}), 0, &c.state)
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
@@ -200,6 +207,12 @@ func (c *context) do(r *request) error {
 var errDropped = errors.New("context was dropped")
 
 func (c *context) run() {
+	// Only an engine budget asks a writer to evict for another context (evictForBudget):
+	// without one the writer does not wait on wake (a nil channel, left out of select).
+	wake := c.wake
+	if !c.budgeted {
+		wake = nil
+	}
 	for {
 		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0 || c.wide != nil) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration or a sweep is running: between requests, move it on in
@@ -208,7 +221,7 @@ func (c *context) run() {
 			select {
 			case r := <-c.reqs:
 				c.serve(r)
-			case <-c.wake:
+			case <-wake:
 				c.payDebt()
 			case <-c.quit:
 				c.endWaiters()
@@ -221,14 +234,16 @@ func (c *context) run() {
 				c.sweepStep()
 				c.resumeStalled()
 				c.dropStep()
+				c.flushCharges() // before a widening's switch hands registrations back
 				c.widenStep()
+				c.flushCharges()
 			}
 			continue
 		}
 		select {
 		case r := <-c.reqs:
 			c.serve(r)
-		case <-c.wake:
+		case <-wake:
 			c.payDebt()
 		case <-c.quit:
 			c.endWaiters() // closing: nothing changes any more
@@ -257,6 +272,7 @@ func (c *context) serve(r *request) {
 		c.sweepStep()
 		c.resumeStalled()
 		c.dropStep()
+		c.flushCharges() // before a widening's switch hands registrations back
 		c.widenStep()
 		h.step(false)
 	} else {
@@ -267,13 +283,17 @@ func (c *context) serve(r *request) {
 		c.sweepStep()
 		c.resumeStalled()
 		c.dropStep()
+		c.flushCharges() // before a widening's switch hands registrations back
 		c.widenStep()
 	}
-	c.payDebt()
+	if c.budgeted {
+		c.payDebt() // debts and oldestAt serve the engine budget alone
+	}
 	c.blocks.Store(int64(c.tab.ar.Len()))
 	if h := c.eng.hooks; h != nil && h.dropDeferred != nil && deferred && len(c.dropWaiters) > 0 {
 		h.dropDeferred()
 	}
+	c.flushCharges()
 	if !deferred {
 		r.done <- struct{}{}
 	}

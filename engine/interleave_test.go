@@ -98,6 +98,47 @@ func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
 	}
 }
 
+// TestWalkRejectsBitsOfTwoChanges: block K is on device for a and in cpu_local for c.
+// While a query reads K's record, one batch removes a's device bit and stores K on disk
+// for b: two changes of one bitset word each, which the writer makes without marking the
+// record busy (the record layout in table.go). A reader that loaded the device word
+// before the batch and the disk word after it holds a's device bit and b's disk bit,
+// which K never had at once; the meta stores that end each change make it read again.
+func TestWalkRejectsBitsOfTwoChanges(t *testing.T) {
+	for _, nslots := range []int{30, 65} { // one word per tier (walk1), two (walkN)
+		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
+			a, b, c := Slot{"a", 0}, Slot{"b", 0}, Slot{"c", 0}
+			e, hooks := hookedEngine(t, Config{}, a, b, c)
+			for i := 3; i < nslots; i++ {
+				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+			}
+			const k = uint64(0xAAAA0001)
+			mustApply(t, e, ctxA, store(a, TierDevice, k), store(c, TierCPULocal, k))
+			w := widthFor(nslots - 1)
+			st := &steps{
+				at: []int{recBits + 2*w}, // after the device word, before the disk word
+				fn: []func(){func() {
+					mustApply(t, e, ctxA, remove(a, TierDevice, k), store(b, TierDisk, k))
+				}},
+				done: make([]bool, 1),
+			}
+			hooks.walkLoad = st.hook
+			hits := qk(t, e, ctxA, []uint64{k}, "")
+			hooks.walkLoad = nil
+			if !st.allDone() {
+				t.Fatal("interleaving did not happen")
+			}
+			ta, tb := rankTiers(t, hits, "a", 0), rankTiers(t, hits, "b", 0)
+			if ta.Device != 0 && tb.Disk != 0 {
+				t.Fatalf("accepted a's device bit with b's disk bit: a %+v, b %+v", ta, tb)
+			}
+			if ta != (Tiers{}) || tb != (Tiers{0, 0, 0, 16}) {
+				t.Fatalf("not the state after the batch: a %+v, b %+v", ta, tb)
+			}
+		})
+	}
+}
+
 // TestQueryNeverCreditsReusedSlotNumber: a query holds the slot table in which slot number
 // 0 is instance a. Before it reads the record, a is unregistered, b registers (taking the
 // freed number 0) and stores the block on device. The old mapping would credit b's device

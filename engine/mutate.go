@@ -58,14 +58,21 @@ func (c *context) applyOp(op *Op) bool {
 
 // findOrCreate returns the record of key, creating an empty one at the newest end of the
 // write order when absent; a created record is left busy for the caller's final meta store
-// (touch or setMeta with a fresh epoch). A found record is cleaned of pending clears.
+// (setMeta with a fresh epoch). A found record is cleaned of pending clears.
 func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
-	if idx, ok := c.tab.lookup(key); ok {
-		if rec := c.rec(idx); c.clr == nil || c.cleanRec(idx, rec) {
+	if _, _, idx, rec, ok := c.tab.locate(key); ok {
+		c.mark(idx)
+		if c.clr == nil || c.cleanRec(idx, rec) {
 			return idx, rec, false
 		}
 		// It held only cleared bits and was deleted: create it anew.
 	}
+	idx, rec = c.create(key)
+	return idx, rec, true
+}
+
+// create makes the record of key, absent (findOrCreate).
+func (c *context) create(key uint64) (idx uint32, rec []uint64) {
 	c.makeRoom()
 	idx = c.tab.ar.Alloc()
 	rec = c.rec(idx)
@@ -82,9 +89,16 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 	}
 	c.tab.insertNew(key, idx)
 	c.linkNewest(idx, rec)
-	c.eng.total.Add(1)
-	c.eng.bytes.Add(blockBytes(c.tab.w))
-	return idx, rec, true
+	c.charge(1, blockBytes(c.tab.w))
+	return idx, rec
+}
+
+// mark notes that the writer changes record idx, found by a table look-up: while a
+// widening runs, a record already copied is copied again (see context.rec).
+func (c *context) mark(idx uint32) {
+	if c.wide != nil {
+		c.wide.mark(idx)
+	}
 }
 
 // makeRoom ensures one more entry fits the table, in bounded work: it advances a running
@@ -209,12 +223,6 @@ func (c *context) releaseStep() {
 	}
 }
 
-// lockRec marks rec busy before the writer changes its key or a bitset; setMeta ends the
-// change.
-func lockRec(rec []uint64) {
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]|metaBusy)
-}
-
 // setMeta ends a change of rec: it stores meta with epoch and flags (shared flags, free
 // bit), seq bumped and busy clear. Epochs only grow, and within one epoch seq only grows,
 // so the record never holds the same meta twice and a reader's before/after comparison
@@ -275,16 +283,6 @@ func (c *context) unlink(rec []uint64) {
 	rec[recLink] = 0
 }
 
-// touch stamps rec with a new write epoch and moves it to the newest end of the write
-// order: every store makes its block the last to be evicted.
-func (c *context) touch(idx uint32, rec []uint64) {
-	c.epoch = max(c.epoch, c.now)
-	c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
-	if c.newest != idx+1 {
-		c.moveNewest(idx, rec)
-	}
-}
-
 // moveNewest moves rec (linked, not the newest) to the newest end of the write order:
 // unlink and linkNewest in one, with one look-up per neighbour.
 func (c *context) moveNewest(idx uint32, rec []uint64) {
@@ -317,18 +315,32 @@ func (c *context) engineStore(op *Op) {
 	t := int(op.Tier)
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		idx, rec, created := c.findOrCreate(h)
-		wo, bit := bitAt(c.tab.w, t, n) // after findOrCreate: the table cannot widen here
+		// findOrCreate, with the path of a stored block inline (one call level fewer
+		// for the most common event).
+		_, _, idx, rec, found := c.tab.locate(h)
+		if found {
+			c.mark(idx)
+			found = c.clr == nil || c.cleanRec(idx, rec)
+		}
+		if !found {
+			idx, rec = c.create(h)
+		}
+		wo, bit := bitAt(c.tab.w, t, n) // after create: the table cannot widen here
 		word := recBits + wo
 		if old := rec[word]; old&bit == 0 {
-			if !created {
-				lockRec(rec)
-			}
+			// One word, one bit: no busy (see the record layout); the meta store
+			// below ends the change.
 			atomic.StoreUint64(&rec[word], old|bit)
 			c.slotCounts[n][t]++
 		}
-		c.touch(idx, rec)
-		if created {
+		// A new write epoch, and the newest end of the write order: every store
+		// makes its block the last to be evicted.
+		c.epoch = max(c.epoch, c.now)
+		c.setMeta(rec, c.epoch, rec[recMeta]&metaFlags)
+		if c.newest != idx+1 {
+			c.moveNewest(idx, rec)
+		}
+		if !found {
 			c.maybeEvict()
 		}
 	}
@@ -348,23 +360,27 @@ func (c *context) engineRemove(op *Op) {
 	word := recBits + wo
 	c.tab.prefetch(op.Hashes)
 	for _, h := range op.Hashes {
-		idx, ok := c.tab.lookup(h)
+		pos, inPrev, idx, rec, ok := c.tab.locate(h)
 		if !ok {
 			continue
 		}
-		rec := c.rec(idx)
-		if !c.cleanRec(idx, rec) {
+		c.mark(idx)
+		if c.clr != nil && !c.cleanRec(idx, rec) {
 			continue // it held only cleared bits
 		}
 		old := rec[word]
 		if old&bit == 0 {
 			continue
 		}
-		lockRec(rec)
+		// One word, one bit: no busy (see the record layout); keepMeta or freeRecord
+		// ends the change.
 		atomic.StoreUint64(&rec[word], old&^bit)
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {
-			c.deleteRecord(idx, rec)
+			// Where the look-up found it: cleanRec deleted nothing (the record is
+			// here), and nothing else changed the tables since.
+			c.tab.removeAt(h, pos, inPrev)
+			c.freeRecord(idx, rec)
 		} else {
 			c.keepMeta(rec)
 		}
@@ -393,13 +409,12 @@ func (c *context) deleteRecord(idx uint32, rec []uint64) {
 // freeRecord marks rec free (ending any change in progress), takes it out of the write
 // order and returns it to the arena.
 func (c *context) freeRecord(idx uint32, rec []uint64) {
-	c.rec(idx) // callers may hold rec from a read-only look-up
+	c.mark(idx) // callers may hold rec from a read-only look-up
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
-	c.eng.total.Add(-1)
-	c.eng.bytes.Add(-blockBytes(c.tab.w))
+	c.charge(-1, -blockBytes(c.tab.w))
 }
 
 func (c *context) sharedStore(op *Op) {
@@ -427,11 +442,10 @@ func (c *context) sharedStore(op *Op) {
 			c.dropEmptyStore()
 			return
 		}
-		c.eng.total.Add(1)
-		c.eng.bytes.Add(charge)
+		c.charge(1, charge)
 	}
 	if added, charge := bs.addComp(i, op.Component); added {
-		c.eng.bytes.Add(charge)
+		c.charge(0, charge)
 	}
 	idx, rec, created := c.findOrCreate(op.Hash)
 	if !found {
@@ -468,13 +482,12 @@ func (c *context) sharedRemove(op *Op) {
 	if !removed {
 		return
 	}
-	c.eng.bytes.Add(-charge)
+	c.charge(0, -charge)
 	if left {
 		return
 	}
 	hash, charge := bs.remove(i)
-	c.eng.total.Add(-1)
-	c.eng.bytes.Add(-charge)
+	c.charge(-1, -charge)
 	c.reflag(hash)
 	c.dropEmptyStore()
 }
@@ -535,8 +548,7 @@ func (c *context) dropStep() {
 				continue
 			}
 			hash, charge := bs.remove(c.dropPos)
-			c.eng.total.Add(-1)
-			c.eng.bytes.Add(-charge)
+			c.charge(-1, -charge)
 			c.reflag(hash)
 			removed++
 		}
@@ -553,11 +565,41 @@ func (c *context) dropStep() {
 
 // endDrops hands back the requests waiting for drops.
 func (c *context) endDrops() {
+	c.flushCharges()
 	for i, r := range c.dropWaiters {
 		r.done <- struct{}{}
 		c.dropWaiters[i] = nil
 	}
 	c.dropWaiters = c.dropWaiters[:0]
+}
+
+// charge adds n blocks or bindings and b bytes to the engine-wide counts (Engine.total,
+// Engine.bytes). With an engine budget (Config.MaxBlocks, MemoryLimitBytes), which
+// maybeEvict checks against those counts after every new block, at once, as other
+// contexts' writers read them too; otherwise the counts are only reported
+// (TotalBlocks, IndexBytes), and the writer adds them up and publishes them once per
+// step (flushCharges, before it hands a request back) instead of two atomic additions,
+// contended across writers, per block.
+func (c *context) charge(n, b int64) {
+	if c.budgeted {
+		c.eng.total.Add(n)
+		c.eng.bytes.Add(b)
+		return
+	}
+	c.pendTotal += n
+	c.pendBytes += b
+}
+
+// flushCharges publishes the counts charge added up (see there).
+func (c *context) flushCharges() {
+	if c.pendTotal != 0 {
+		c.eng.total.Add(c.pendTotal)
+		c.pendTotal = 0
+	}
+	if c.pendBytes != 0 {
+		c.eng.bytes.Add(c.pendBytes)
+		c.pendBytes = 0
+	}
 }
 
 // Memory charges (Config.MemoryLimitBytes): what the index's own structures hold per
@@ -695,8 +737,7 @@ func (c *context) evictOldest() {
 	// The block's shared bindings go with it (they count against the capacity too).
 	if c.bs != nil {
 		n, charge := c.bs.dropBlock(rec[recKey])
-		c.eng.total.Add(-int64(n))
-		c.eng.bytes.Add(-charge)
+		c.charge(-int64(n), -charge)
 		c.dropEmptyStore()
 	}
 	c.deleteRecord(idx, rec)
@@ -715,6 +756,7 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 		return
 	}
 	c.evictLogged = now
+	c.flushCharges()
 	c.eng.log.Warn(msg,
 		"tenant_id", c.key.TenantID, "model_name", c.key.ModelName, "lora_name", c.key.LoraName,
 		"block_size", c.key.BlockSize, "evicted", c.evictUnlogged, "remaining", c.tab.ar.Len(),

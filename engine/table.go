@@ -13,12 +13,18 @@ import (
 // sharedCPU | sharedDisk.
 // The epoch is the write order (eviction drops the oldest first); the free bit marks a
 // record on the arena free list. meta is also the record's version word (a seqlock): the
-// writer sets busy before it changes the key or a bitset and ends every change with a meta
-// value the record never held before (a fresh epoch, or the same epoch with seq bumped).
-// A reader loads meta, then the key and bitsets, then meta again, and accepts what it read
-// only when both meta loads are equal and neither is busy or free: then nothing changed in
-// between, so what it read was one block at one moment, even if the record was freed and
-// reused meanwhile (K → K2 → K).
+// writer sets busy before it changes the key or more than one word of a record, and ends
+// every change with a meta value the record never held before (a fresh epoch, or the same
+// epoch with seq bumped). A reader loads meta, then the key and bitsets, then meta again,
+// and accepts what it read only when both meta loads are equal and neither is busy or
+// free: then nothing changed in between, so what it read was one block at one moment, even
+// if the record was freed and reused meanwhile (K → K2 → K).
+// A change of one bitset word alone (a store or a remove of one slot's bit in one tier)
+// goes without busy: each load of that word returns it from before or after the store,
+// both states of the same block, and the meta store that follows ends the change before
+// the writer changes the record again, so a reader never combines two changes under one
+// meta value. (A reader that sees the new word under the old meta on both sides saw the
+// record between the word's store and the meta store: after the change, exactly.)
 //
 // The stamp says which slot clears the record's bitsets already reflect (see clearSet):
 // a clear (OpClear, unregistration) takes the next stamp and is applied to records lazily,
@@ -87,7 +93,12 @@ func tierBits(bw []uint64, w, t, j int) uint64 {
 }
 
 // Table entries: fingerprint<<32 | (record index + 1). 0 is empty; tombEntry marks a
-// deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords).
+// deleted entry (its low half cannot be a real index + 1, see arena.MaxRecords). The
+// fingerprint is the high half of the key's mix, the bits the entry's position comes from
+// (mix(key) >> shift): a migration places an entry in the new table from the entry alone
+// (e >> shift, see migrate), without loading its record's key (a cache miss per entry at
+// scale). Entries of one home position share the fingerprint's top bits, so it tells them
+// apart by the rest (32 - log2 capacity bits), ample at the table's load.
 const (
 	tombEntry   = uint64(0xFFFFFFFF)
 	hashMul     = 0x9E3779B97F4A7C15 // Fibonacci hashing: the high bits pick the slot
@@ -218,7 +229,7 @@ func (t *table) retryMiss(key uint64) (*table, []uint64, bool) {
 // find1 looks key up in t alone (a leaf function: the walk's fast path).
 func (t *table) find1(key uint64) ([]uint64, bool) {
 	h := mix(key)
-	fp := uint64(uint32(h)) << 32
+	fp := h &^ 0xFFFFFFFF
 	pos := h >> t.shift
 	for {
 		e := atomic.LoadUint64(&t.entries[pos])
@@ -237,28 +248,38 @@ func (t *table) find1(key uint64) ([]uint64, bool) {
 
 // lookup returns the record index of key. Writer only.
 func (t *table) lookup(key uint64) (idx uint32, ok bool) {
-	p := t.prev.Load()
-	if _, idx, ok = t.slotOf(key); ok || p == nil {
-		return idx, ok
-	}
-	_, idx, ok = p.slotOf(key)
+	_, _, idx, _, ok = t.locate(key)
 	return idx, ok
 }
 
-// slotOf returns the entry position and record index of key in this table alone. Writer only.
-func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
+// locate returns the record index and the record of key, and where its entry was found:
+// at pos of this table, or (inPrev) at pos of prev, where it is not in this table. The
+// record is for reading: a writer that changes it marks it first (context.mark). Writer
+// only.
+func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, rec []uint64, ok bool) {
+	p := t.prev.Load()
+	if pos, idx, rec, ok = t.slotOf(key); ok || p == nil {
+		return pos, false, idx, rec, ok
+	}
+	pos, idx, rec, ok = p.slotOf(key)
+	return pos, true, idx, rec, ok
+}
+
+// slotOf returns the entry position, record index and record of key in this table
+// alone. Writer only.
+func (t *table) slotOf(key uint64) (pos uint64, idx uint32, rec []uint64, ok bool) {
 	h := mix(key)
-	fp := uint64(uint32(h)) << 32
+	fp := h &^ 0xFFFFFFFF
 	pos = h >> t.shift
 	for {
 		e := t.entries[pos]
 		if e == 0 {
-			return 0, 0, false
+			return 0, 0, nil, false
 		}
 		if e&^0xFFFFFFFF == fp && e != tombEntry {
 			idx = uint32(e) - 1
-			if t.ar.Record(idx)[recKey] == key {
-				return pos, idx, true
+			if rec = t.ar.Record(idx); rec[recKey] == key {
+				return pos, idx, rec, true
 			}
 		}
 		pos = (pos + 1) & t.mask
@@ -267,21 +288,39 @@ func (t *table) slotOf(key uint64) (pos uint64, idx uint32, ok bool) {
 
 // remove tombstones the entries of key, in this table and in prev. Writer only.
 func (t *table) remove(key uint64) {
-	if pos, _, ok := t.slotOf(key); ok {
-		atomic.StoreUint64(&t.entries[pos], tombEntry)
-		t.live--
-		t.tombs++
+	if pos, _, _, ok := t.slotOf(key); ok {
+		t.removeAt(key, pos, false)
+		return
 	}
 	if p := t.prev.Load(); p != nil {
-		if pos, _, ok := p.slotOf(key); ok {
+		if pos, _, _, ok := p.slotOf(key); ok {
 			atomic.StoreUint64(&p.entries[pos], tombEntry)
 		}
 	}
 }
 
-// prefetch touches the first probe entry of every key before a batch is applied: the
-// loads are independent, so their cache misses overlap instead of being paid one by one
-// inside the dependent probe loop. Writer only.
+// removeAt tombstones the entries of key, found by locate at (pos, inPrev). An entry
+// found in this table may also be in prev (when it was migrated from there): prev is
+// probed too. One found in prev only is not in this table. Writer only.
+func (t *table) removeAt(key, pos uint64, inPrev bool) {
+	p := t.prev.Load()
+	if inPrev {
+		atomic.StoreUint64(&p.entries[pos], tombEntry)
+		return
+	}
+	atomic.StoreUint64(&t.entries[pos], tombEntry)
+	t.live--
+	t.tombs++
+	if p != nil {
+		if pos, _, _, ok := p.slotOf(key); ok {
+			atomic.StoreUint64(&p.entries[pos], tombEntry)
+		}
+	}
+}
+
+// prefetch touches the first probe entry of every key, in this table and in prev, before
+// a batch is applied: the loads are independent, so their cache misses overlap instead of
+// being paid one by one inside the dependent probe loop. Writer only.
 func (t *table) prefetch(keys []uint64) {
 	if len(keys) < 4 {
 		return
@@ -289,6 +328,12 @@ func (t *table) prefetch(keys []uint64) {
 	var sink uint64
 	for _, k := range keys {
 		sink += t.entries[mix(k)>>t.shift]
+	}
+	// During a migration a key not moved yet (or absent) is probed in prev too.
+	if p := t.prev.Load(); p != nil {
+		for _, k := range keys {
+			sink += p.entries[mix(k)>>p.shift]
+		}
 	}
 	t.sink = sink
 }
@@ -298,8 +343,12 @@ func (t *table) prefetch(keys []uint64) {
 // false). Writer only.
 func (t *table) insertNew(key uint64, idx uint32) {
 	h := mix(key)
-	e := uint64(uint32(h))<<32 | uint64(idx+1)
-	pos := h >> t.shift
+	t.insertAt(h>>t.shift, h&^0xFFFFFFFF|uint64(idx+1))
+}
+
+// insertAt stores entry e at the first empty or tombstoned position from pos on (its
+// probe path). Writer only.
+func (t *table) insertAt(pos, e uint64) {
 	for {
 		cur := t.entries[pos]
 		if cur == 0 || cur == tombEntry {
@@ -325,8 +374,12 @@ func (t *table) migrate() bool {
 		if e == 0 || e == tombEntry {
 			continue
 		}
-		idx := uint32(e) - 1
-		t.insertNew(t.ar.Record(idx)[recKey], idx)
+		if t.shift >= 32 {
+			t.insertAt(e>>t.shift, e) // the fingerprint holds the position's bits
+		} else {
+			idx := uint32(e) - 1 // a table of over 2^32 entries: from the key
+			t.insertNew(t.ar.Record(idx)[recKey], idx)
+		}
 		moves--
 	}
 	return t.moved == len(p.entries)
