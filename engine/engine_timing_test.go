@@ -518,6 +518,15 @@ func BenchmarkWriterSteps(b *testing.B) {
 	}
 }
 
+// releasePending is the number of retired table words c has still to give back.
+func releasePending(c *context) int {
+	n := 0
+	for _, w := range c.toRelease {
+		n += len(w)
+	}
+	return n
+}
+
 // threadCPU returns the CPU time of the calling thread.
 func threadCPU() time.Duration {
 	var ts syscall.Timespec
@@ -553,19 +562,32 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 	var w0 time.Time
 	var c0 time.Duration
 	var f0 int64
+	var rel0, migr0 int
+	c := func() *context { return e.lookup(ctxA) }
 	e.hooks = &testHooks{step: func(begin bool) {
 		if !locked {
 			runtime.LockOSThread() // the writer goroutine keeps its thread: thread CPU time is its own
 			locked = true
 		}
 		if begin {
+			if x := c(); x != nil {
+				rel0, migr0 = releasePending(x), x.migrations
+			}
 			w0, c0, f0 = time.Now(), threadCPU(), threadFaults()
 			return
 		}
 		if record {
 			wall = append(wall, time.Since(w0))
 			cpu = append(cpu, threadCPU()-c0)
-			maxFaults = max(maxFaults, threadFaults()-f0)
+			faults := threadFaults() - f0
+			maxFaults = max(maxFaults, faults)
+			if d := cpu[len(cpu)-1]; d > time.Millisecond && c() != nil {
+				// What the step did, to tell work from time the thread was charged
+				// for something else (interrupts, the hypervisor).
+				x := c()
+				b.Logf("%s: step %d took %v CPU (%v wall): %d page faults, %d table words released, migration running %v (started this step: %v)",
+					mode, len(cpu), d, wall[len(wall)-1], faults, rel0-releasePending(x), x.tab.prev.Load() != nil, x.migrations != migr0)
+			}
 		}
 	}}
 	s := Slot{"a", 0}
