@@ -124,6 +124,15 @@ func TestWideningInBoundedSteps(t *testing.T) {
 					}
 					acked = true
 				default:
+					// switched is read after the last request (both): the writer has
+					// answered the registration at the switch, and only its goroutine may
+					// not have run yet (GOMAXPROCS=1, a loaded machine).
+					if switched {
+						if err := awaitAnswer(t, registered); err != nil {
+							t.Fatal(err)
+						}
+						acked = true
+					}
 				}
 				steps++
 				if steps > 4*tc.n/chunk+100 {
