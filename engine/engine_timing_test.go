@@ -518,6 +518,20 @@ func BenchmarkWriterSteps(b *testing.B) {
 	}
 }
 
+// stepUntil drives ctxA's writer with empty requests (one step each) until done closes.
+func stepUntil(b *testing.B, e *Engine, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		default:
+			if err := e.Apply(ctxA, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
 // releasePending is the number of retired table words c has still to give back.
 func releasePending(c *context) int {
 	n := 0
@@ -625,16 +639,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 				e.ClearShared("tcp://10.0.0.1:50001", "mooncake", ctxA.TenantID)
 				close(done)
 			}()
-			for cleared := false; !cleared; {
-				select {
-				case <-done:
-					cleared = true
-				default:
-					if err := e.Apply(ctxA, nil); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
+			stepUntil(b, e, done)
 			if e.TotalBlocks() != 0 {
 				b.Fatalf("%d blocks after ClearShared", e.TotalBlocks())
 			}
@@ -696,16 +701,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 				_ = e.Apply(ctxA, []Op{{Kind: OpClear, Slot: s, ClearTiers: MaskDevice}})
 				close(done)
 			}()
-			for cleared := false; !cleared; {
-				select {
-				case <-done:
-					cleared = true
-				default:
-					if err := e.Apply(ctxA, nil); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
+			stepUntil(b, e, done)
 		}
 	}
 	if mode == "clear" {

@@ -1,6 +1,7 @@
 package hashing
 
 import (
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -523,8 +524,7 @@ func fullScanInsert(m *Memo, a, b uint64, d *[32]byte) (wrote, evicted bool) {
 	p := s + pref(b)
 	var w [4]uint64
 	for i := range w {
-		w[i] = uint64(d[8*i]) | uint64(d[8*i+1])<<8 | uint64(d[8*i+2])<<16 | uint64(d[8*i+3])<<24 |
-			uint64(d[8*i+4])<<32 | uint64(d[8*i+5])<<40 | uint64(d[8*i+6])<<48 | uint64(d[8*i+7])<<56
+		w[i] = binary.LittleEndian.Uint64(d[8*i:])
 	}
 	ck := m.checkOf(a, b, w[0], w[1], w[2], w[3])
 	empty, unref := -1, -1
