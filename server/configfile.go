@@ -83,7 +83,7 @@ type FileConfig struct {
 var configKeys = []string{
 	"http_server_port", "rpc_server_port", "kvevent_instance", "state_file", "services",
 	"http_bind_address", "rpc_bind_address", "admin_token",
-	"max_query_body_bytes", "max_admin_body_bytes", "max_inflight_body_bytes", "http_max_connections",
+	"max_query_body_bytes", "max_admin_body_bytes", "max_inflight_body_bytes", "http_max_connections", "http_read_buffer_bytes",
 	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
 	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
@@ -162,6 +162,7 @@ func LoadConfigFile(path string) (FileConfig, error) {
 		{"max_admin_body_bytes", func(v int64) { cfg.Limits.MaxAdminBodyBytes = int(v) }},
 		{"max_inflight_body_bytes", func(v int64) { cfg.Limits.MaxInflightBodyBytes = v }},
 		{"http_max_connections", func(v int64) { cfg.Limits.HTTPMaxConnections = int(v) }},
+		{"http_read_buffer_bytes", func(v int64) { cfg.Limits.HTTPReadBufferBytes = int(v) }},
 		{"http_read_timeout_ms", func(v int64) { cfg.Limits.HTTPReadTimeout = time.Duration(v) * time.Millisecond }},
 		{"http_idle_timeout_ms", func(v int64) { cfg.Limits.HTTPIdleTimeout = time.Duration(v) * time.Millisecond }},
 		{"rpc_max_connections", func(v int64) { cfg.Limits.RPCMaxConnections = int(v) }},

@@ -145,6 +145,26 @@ func TestHTTPBodyTooLarge(t *testing.T) {
 	}
 }
 
+// TestHTTPReadBufferBytes: http_read_buffer_bytes reaches the server (its read buffer
+// also bounds a request's header): a 12 KiB header is served with the 64 KiB default and
+// refused with a 4 KiB buffer, and a query still works there.
+func TestHTTPReadBufferBytes(t *testing.T) {
+	head := func() string {
+		return "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", 12<<10) + "\r\n\r\n"
+	}
+	def := startLimited(t, Limits{}, "")
+	if resp, _ := rawHTTP(t, def.HTTPAddr, head(), nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("12 KiB header, default buffer: %d", resp.StatusCode)
+	}
+	small := startLimited(t, Limits{HTTPReadBufferBytes: 4 << 10}, "")
+	if resp, _ := rawHTTP(t, small.HTTPAddr, head(), nil); resp.StatusCode == http.StatusOK {
+		t.Fatalf("12 KiB header, 4 KiB buffer: %d", resp.StatusCode)
+	}
+	if code, _ := msgpackPost(t, small, "/query", queryBody("m", 16, seqTokens(4096, 1))); code != http.StatusOK {
+		t.Fatalf("16 KiB query, 4 KiB buffer: %d", code)
+	}
+}
+
 // TestHTTPInflightBodyBudget: while big bodies hold the in-flight budget, another big
 // body is answered 503 with Retry-After before being read, small queries still pass
 // (big bodies cannot take the last eighth), and the budget is returned afterwards.

@@ -109,6 +109,7 @@ func NewHTTPServer(opts HTTPOptions) *HTTPServer {
 		DisablePreParseMultipartForm: true,
 		MaxRequestBodySize:           h.limits.MaxQueryBodyBytes,
 		Concurrency:                  h.limits.HTTPMaxConnections,
+		ReadBufferSize:               h.limits.HTTPReadBufferBytes,
 		ReadTimeout:                  h.limits.HTTPReadTimeout,
 		WriteTimeout:                 h.limits.HTTPReadTimeout,
 		IdleTimeout:                  h.limits.HTTPIdleTimeout,
