@@ -12,8 +12,9 @@ import (
 )
 
 var (
-	coldBlocks = flag.Int("coldblocks", 1<<20, "blocks in the index of the cold-walk benchmarks")
-	noProbe    = flag.Bool("noprobe", false, "walk without overlapped probes (A/B of BenchmarkQueryWalkCold)")
+	coldBlocks  = flag.Int("coldblocks", 1<<20, "blocks in the index of the cold-walk benchmarks")
+	noProbe     = flag.Bool("noprobe", false, "walk without overlapped probes (A/B of BenchmarkQueryWalkCold)")
+	warmPrompts = flag.Int("warmprompts", 16, "prompts BenchmarkQueryWarm asks in turn")
 )
 
 // coldContext stores nprompts prompts of blocks keys each (key of block j of prompt p:
@@ -163,5 +164,87 @@ func BenchmarkQueryCold(b *testing.B) {
 					res.Instances[0].Disk, res.fromMemo, blocks, e.MemoStats().Evictions)
 			}
 		})
+	}
+}
+
+// BenchmarkQueryWarm is the memo-warm full hit a router sees most: 16 prompts of 512
+// blocks (vllm_v1 sha256_cbor) asked in turn, each held by one of 8 single-rank
+// instances on every tier, in an index of -coldblocks blocks (the rest filler keys). Every
+// block key comes from the key memo and the prompts' memo entries, table entries and
+// records stay in the caches between turns: what is left is the per-block work.
+func BenchmarkQueryWarm(b *testing.B) {
+	const blocks = 512
+	prompts := *warmPrompts
+	p := benchProfile(b)
+	toks := make([]int32, prompts*blocks*16)
+	for i := range toks {
+		toks[i] = int32(i*7 + 1)
+	}
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer e.Close()
+	slots := make([]Slot, 8)
+	for i := range slots {
+		slots[i] = Slot{fmt.Sprintf("inst-%03d", i), 0}
+		if _, err := e.RegisterSlot(ctxA, p, slots[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	keys := make([]uint64, blocks)
+	var ch hashing.Chain
+	for pr := 0; pr < prompts; pr++ {
+		ch.Reset(&p, 16, "", "", toks[pr*blocks*16:(pr+1)*blocks*16])
+		for j := range keys {
+			k, err := ch.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys[j] = k
+		}
+		s := slots[pr%len(slots)]
+		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys},
+			{Kind: OpStore, Slot: s, Tier: TierCPULocal, Hashes: keys},
+			{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: keys}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	filler := make([]uint64, 4096)
+	for n := prompts * blocks; n < *coldBlocks; n += len(filler) {
+		for j := range filler {
+			filler[j] = benchKey(n + j)
+		}
+		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: slots[n/len(filler)%len(slots)], Tier: TierDevice, Hashes: filler}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
+		runtime.Gosched()
+	}
+	var res Result
+	res.noProbe = *noProbe
+	q := &Query{Key: ctxA}
+	ask := func(i int) {
+		pr := i % prompts
+		q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
+		if err := e.Query(q, &res); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; i < 2*prompts; i++ { // fills the memo, then warms the caches
+		ask(i)
+	}
+	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ResetTimer()
+	c0 := threadCPU()
+	for i := 0; i < b.N; i++ {
+		ask(i)
+	}
+	b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
+	b.StopTimer()
+	hit := res.Instances[(b.N-1)%prompts%len(slots)]
+	if hit.Device != blocks*16 || res.fromMemo != blocks {
+		b.Fatalf("not a memo-warm full hit: device %d, %d of %d blocks from the memo", hit.Device, res.fromMemo, blocks)
 	}
 }
