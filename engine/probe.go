@@ -88,9 +88,13 @@ func (pb *probeBuf) rec(i int) ([]uint64, bool) {
 func (pb *probeBuf) next(t *table, src keySource, i, nblocks int, alive uint64) {
 	pb.base, pb.n, pb.kn, pb.end = i, 0, 0, i
 	if ahead := src.KeysAhead(); len(ahead) >= 2 {
-		n := min(len(ahead), pb.batch)
+		n := copy(pb.keys[:min(len(ahead), pb.batch)], ahead)
 		pb.batch = min(2*pb.batch, probeMax)
-		pb.n = pb.probe(t, ahead[:n], alive)
+		pb.n = pb.probe(t, pb.keys[:n], alive)
+		// The walk takes the keys of the blocks found from the batch (no call of Next
+		// per block); the block after them, if the batch ended early, from src.
+		pb.kn = pb.n
+		src.Advance(pb.n)
 		pb.end = i + pb.n
 		if pb.n < n {
 			pb.stop = pb.end

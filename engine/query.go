@@ -73,10 +73,12 @@ type Query struct {
 // keySource yields the projected keys of consecutive blocks, computed lazily: the walk
 // asks for block i only once it has reached it. KeysAhead returns keys of the blocks after
 // the last one Next returned that are known without further work (hashing.Chain: memo
-// hits), for the walk to probe the table ahead (probe.go); it may be empty.
+// hits), for the walk to take in a batch (and probe the table ahead, probe.go); it may be
+// empty. Advance(n) consumes the first n of them as n calls of Next would.
 type keySource interface {
 	Next() (uint64, error)
 	KeysAhead() []uint64
+	Advance(n int)
 }
 
 // sliceKeys serves precomputed keys (tests, benchmarks, callers that already hashed).
@@ -92,6 +94,8 @@ func (s *sliceKeys) Next() (uint64, error) {
 }
 
 func (s *sliceKeys) KeysAhead() []uint64 { return s.keys[s.i:] }
+
+func (s *sliceKeys) Advance(n int) { s.i += n }
 
 // Query answers q into res. An unknown context, a context without engine slots, or a filter
 // naming no registered instance give empty Instances and a nil error, and create nothing.
@@ -351,11 +355,25 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	a0, a1, a2, a3 := w.a[0], w.a[1], w.a[2], w.a[3]
 	tab, prev := w.tab, w.prev
 	end := nblocks
+	// Keys come in batches of what src knows ahead (memo hits: no call per block); ks[:kp]
+	// are used and passed to src.Advance when the batch runs out and when the loop ends.
+	var ks []uint64
+	kp := 0
 	for i := from; i < limit; i++ {
-		key, err := src.Next()
-		if err != nil {
-			r.Instances = r.Instances[:0]
-			return fmt.Errorf("hash query block %d: %w", i, err)
+		if kp == len(ks) {
+			src.Advance(kp)
+			ks, kp = src.KeysAhead(), 0
+		}
+		var key uint64
+		if kp < len(ks) {
+			key = ks[kp]
+			kp++
+		} else {
+			var err error
+			if key, err = src.Next(); err != nil {
+				r.Instances = r.Instances[:0]
+				return fmt.Errorf("hash query block %d: %w", i, err)
+			}
 		}
 		rec, ok := tab.find1(key)
 		if !ok {
@@ -384,12 +402,14 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 			r.drop1(a0&^n0, a1&^n1, a2&^n2, a3&^n3, min(int64(i)*bs, positions))
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
+				src.Advance(kp)
 				r.walked = i + 1
 				w.done = true
 				return nil
 			}
 		}
 	}
+	src.Advance(kp)
 	w.a = [4]uint64{a0, a1, a2, a3}
 	w.tab, w.prev = tab, prev
 	if end == nblocks && limit < nblocks {

@@ -1,23 +1,39 @@
 package hashing
 
 import (
-	"hash/maphash"
 	"math/big"
 	"math/rand/v2"
 	"testing"
 	"unsafe"
 )
 
-// laneRef is a memo lane step computed the slow way: the block hash through maphash's
-// streaming Hash, the fold's 128-bit product through math/big.
-func laneRef(prev uint64, seed maphash.Seed, k uint64, b []byte) uint64 {
-	var h maphash.Hash
-	h.SetSeed(seed)
-	_, _ = h.Write(b)
-	x := new(big.Int).SetUint64(prev ^ h.Sum64())
-	x.Mul(x, new(big.Int).SetUint64(k))
-	lo := new(big.Int).And(x, new(big.Int).SetUint64(^uint64(0))).Uint64()
-	return x.Rsh(x, 64).Uint64() ^ lo
+// laneRef is a memo lane step computed the slow way from its definition (blockLanes):
+// the block's bytes in 64-byte groups, the last zero-padded, each group's words read byte
+// by byte, every 64x64->128 product through math/big.
+func laneRef(prev uint64, k *laneKeys, b []byte) uint64 {
+	mul := func(x, y uint64) uint64 {
+		p := new(big.Int).Mul(new(big.Int).SetUint64(x), new(big.Int).SetUint64(y))
+		lo := new(big.Int).And(p, new(big.Int).SetUint64(^uint64(0))).Uint64()
+		return p.Rsh(p, 64).Uint64() ^ lo
+	}
+	word := func(g []byte, i int) uint64 {
+		var w uint64
+		for j := 7; j >= 0; j-- {
+			w = w<<8 | uint64(g[8*i+j])
+		}
+		return w
+	}
+	var sum uint64
+	for off := 0; off < len(b); off += 64 {
+		g := make([]byte, 64)
+		copy(g, b[off:])
+		var h uint64
+		for i := 0; i < 8; i += 2 {
+			h += mul(word(g, i)^k.w[i], word(g, i+1)^k.w[i+1])
+		}
+		sum = mul(sum, k.group) + h
+	}
+	return mul(prev^sum^uint64(len(b)), k.fold)
 }
 
 // checkLanes runs a memo chain's lanes over a prompt and checks every block's lanes
@@ -30,7 +46,7 @@ func checkLanes(t *testing.T, m *Memo, p *Profile, bs int, toks []int32) {
 	for i := 0; i < ch.NumBlocks(); i++ {
 		blk := ch.blockTokens(i)
 		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(blk))), 4*len(blk))
-		la, lb = laneRef(la, m.hsA, m.kA, b), laneRef(lb, m.hsB, m.kB, b)
+		la, lb = laneRef(la, &m.laneA, b), laneRef(lb, &m.laneB, b)
 		ch.advance()
 		if ch.mc.la != la || ch.mc.lb != lb {
 			t.Fatalf("block %d: lanes %#x %#x, want %#x %#x", i, ch.mc.la, ch.mc.lb, la, lb)
@@ -42,8 +58,8 @@ func checkLanes(t *testing.T, m *Memo, p *Profile, bs int, toks []int32) {
 }
 
 // TestMemoLanes: the lanes of every block of prompts of every length and block size
-// are the documented chain (maphash of the block's token bytes under the lane's seed,
-// folded with the previous value by the keyed multiply), in every profile.
+// are the documented chain (blockLanes, computed from its definition by laneRef), in
+// every profile, with blocks of one group, several groups and a padded last group.
 func TestMemoLanes(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	m := NewMemo(64)
@@ -53,7 +69,7 @@ func TestMemoLanes(t *testing.T) {
 			for i := range toks {
 				toks[i] = int32(r.Uint32())
 			}
-			for _, bs := range []int{1, 3, 16} {
+			for _, bs := range []int{1, 3, 16, 17, 40} {
 				checkLanes(t, m, &p, bs, toks)
 			}
 		}
@@ -88,4 +104,35 @@ func FuzzMemoLanes(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestMemoFillLanes: the lanes fill computes for a batch (a loop of its own for vLLM
+// blocks of 16 tokens, advance otherwise) are those advance computes block by block, in
+// batches of every size, for block sizes on and off the fast path.
+func TestMemoFillLanes(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	m := NewMemo(64)
+	toks := make([]int32, 16*300+5)
+	for i := range toks {
+		toks[i] = int32(r.Uint32())
+	}
+	for name, p := range allProfiles(t) {
+		for _, bs := range []int{16, 15, 1} {
+			wantA, wantB := lanesOf(m, &p, bs, "", "", toks)
+			var ch Chain
+			ch.ResetMemo(m, &p, bs, "", "", toks)
+			for ch.next < ch.NumBlocks() {
+				ch.mc.batch = 1 + r.IntN(aheadMax)
+				ch.fill()
+				for j := 0; j < ch.mc.aheadLen; j++ {
+					if i := ch.next + j; ch.mc.aheadA[j] != wantA[i] || ch.mc.aheadB[j] != wantB[i] {
+						t.Fatalf("%s bs %d block %d: fill lanes %#x %#x, advance %#x %#x", name, bs, i,
+							ch.mc.aheadA[j], ch.mc.aheadB[j], wantA[i], wantB[i])
+					}
+				}
+				ch.next += ch.mc.aheadLen // stand in for the walk consuming the batch
+				ch.mc.aheadLen, ch.mc.aheadPos = 0, 0
+			}
+		}
+	}
 }

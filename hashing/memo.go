@@ -2,7 +2,6 @@ package hashing
 
 import (
 	"encoding/binary"
-	"hash/maphash"
 	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
@@ -20,17 +19,16 @@ const MemoEntryBytes = 64
 // sharing the prefix skips SHA-256 for it (see Chain.ResetMemo).
 //
 // The cheap chain is two independent 64-bit lanes, each keyed by its own random
-// per-Memo secrets: a lane's value after a block is memoFold(previous value, maphash of
-// the block's token bytes under the lane's maphash seed, the lane's odd fold key), a
-// 64x64->128 multiply of (previous ^ block hash) by the key, folded to 64 bits. Both lanes
-// start from a keyed xxhash64 of everything the digest depends on besides the tokens:
-// strategy, algorithm, root digest, block size, LoRA name and cache salt. The block hashes
-// do not depend on the chain, so consecutive blocks' hashes overlap and the chain is one
-// multiply per block and lane. An entry matches only if both 64-bit lanes equal the stored
-// ones and a keyed check over (lanes, digest) verifies, so a false match needs both
-// secretly seeded lanes to collide at once (maphash under two independent seeds, two
-// independent fold keys) plus the check word; the 64-bit index keys themselves collide far
-// more often.
+// per-Memo secrets: a lane's value after a block is a keyed multiply hash of the block's
+// token bytes, its length and the lane's previous value (blockLanes: 64x64->128 multiplies
+// of key-masked word pairs, folded and summed, then one multiply with the lane's fold
+// key). Both lanes start from a keyed xxhash64 of everything the digest depends on
+// besides the tokens: strategy, algorithm, root digest, block size, LoRA name and cache
+// salt. The block hashes do not depend on the chain, so consecutive blocks' hashes
+// overlap and the chain is one multiply per block and lane. An entry matches only if both
+// 64-bit lanes equal the stored ones and a keyed check over (lanes, digest) verifies, so
+// a false match needs both lanes, under independent secret keys, to collide at once plus
+// the check word; the 64-bit index keys themselves collide far more often.
 //
 // The table is a fixed array of 4-way sets (256 bytes, one entry a cache line) with a
 // reference bit per entry: an insert replaces an empty or unreferenced way, and when every
@@ -48,11 +46,10 @@ const MemoEntryBytes = 64
 type Memo struct {
 	ents    []memoEntry
 	setMask uint64 // sets - 1
-	// seedA and seedB seed the two lanes' start values, hsA and hsB their block hashes,
-	// kA and kB (odd) their chain folds; seedC keys the check word. Random per Memo.
+	// seedA and seedB seed the two lanes' start values, laneA and laneB key their block
+	// hashes and chain folds (blockLanes); seedC keys the check word. Random per Memo.
 	seedA, seedB, seedC uint64
-	hsA, hsB            maphash.Seed
-	kA, kB              uint64
+	laneA, laneB        laneKeys
 
 	stripe  atomic.Uint32
 	stripes [memoStripes]memoCounters
@@ -102,10 +99,8 @@ func NewMemo(entries int) *Memo {
 		seedA:   rand.Uint64(),
 		seedB:   rand.Uint64(),
 		seedC:   rand.Uint64() | 1,
-		hsA:     maphash.MakeSeed(),
-		hsB:     maphash.MakeSeed(),
-		kA:      rand.Uint64() | 1,
-		kB:      rand.Uint64() | 1,
+		laneA:   newLaneKeys(),
+		laneB:   newLaneKeys(),
 	}
 	m.ents = allocEntries(n, m)
 	return m

@@ -32,6 +32,50 @@ func runChain(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []
 	return r
 }
 
+// runChainAdvance is runChain consuming keys in random mixes of Next and KeysAhead
+// batches taken by Advance (all, part or none of each); a block's digest is recorded
+// where the chain exposes it (after Next, after the last block of an Advance) and the
+// other digests are copied from want, so that sameRun compares keys, the exposed digests
+// and the error.
+func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []int32, limit int, r *rand.Rand, want chainRun) chainRun {
+	ch.ResetMemo(m, p, bs, lora, salt, toks)
+	var got chainRun
+	for limit < 0 || len(got.keys) < limit {
+		if r.IntN(2) == 0 {
+			ahead := ch.KeysAhead()
+			n := min(len(ahead), r.IntN(len(ahead)+2))
+			if limit >= 0 {
+				n = min(n, limit-len(got.keys))
+			}
+			if n > 0 {
+				got.keys = append(got.keys, ahead[:n]...)
+				ch.Advance(n)
+				for len(got.digests) < len(got.keys)-1 {
+					if i := len(got.digests); i < len(want.digests) {
+						got.digests = append(got.digests, want.digests[i])
+					} else {
+						got.digests = append(got.digests, [32]byte{})
+					}
+				}
+				got.digests = append(got.digests, ch.Digest())
+				if ch.Hashed() != len(got.keys) {
+					return chainRun{err: errors.New("Hashed after Advance")}
+				}
+				continue
+			}
+		}
+		k, err := ch.Next()
+		if err != nil {
+			got.err = err
+			break
+		}
+		got.keys = append(got.keys, k)
+		got.digests = append(got.digests, ch.Digest())
+	}
+	ch.Done()
+	return got
+}
+
 func sameRun(a, b chainRun) bool {
 	if len(a.keys) != len(b.keys) {
 		return false
@@ -99,7 +143,7 @@ func TestMemoChainDifferential(t *testing.T) {
 	for name, p := range allProfiles(t) {
 		for _, entries := range []int{1 << 12, 4} {
 			m := NewMemo(entries)
-			var plain, memo Chain
+			var plain, memo, adv Chain
 			prompts := memoWorkload(r, 400, true)
 			for i, toks := range prompts {
 				bs := []int{1, 3, 16}[i%3]
@@ -121,6 +165,14 @@ func TestMemoChainDifferential(t *testing.T) {
 				}
 				if memo.Hashed() != len(want.keys) || memo.MemoHits() > memo.Hashed() {
 					t.Fatalf("%s: Hashed %d MemoHits %d for %d keys", name, memo.Hashed(), memo.MemoHits(), len(want.keys))
+				}
+				// The same prompt again, keys taken ahead in batches (Advance).
+				if got := runChainAdvance(&adv, m, &p, bs, lora, salt, toks, limit, r, want); !sameRun(want, got) {
+					t.Fatalf("%s memo %d prompt %d (bs %d, %d tokens): Advance run differs: %d keys %v vs %d keys %v",
+						name, entries, i, bs, len(toks), len(got.keys), got.err, len(want.keys), want.err)
+				}
+				if adv.Hashed() != len(want.keys) || adv.MemoHits() > adv.Hashed() {
+					t.Fatalf("%s: after Advance, Hashed %d MemoHits %d for %d keys", name, adv.Hashed(), adv.MemoHits(), len(want.keys))
 				}
 			}
 			st := m.Stats()
@@ -566,7 +618,7 @@ func TestMemoInsertMatchesFullScan(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
 	m := NewMemo(32) // 8 sets
 	ref := &Memo{ents: make([]memoEntry, len(m.ents)), setMask: m.setMask, seedA: m.seedA, seedB: m.seedB,
-		seedC: m.seedC, hsA: m.hsA, hsB: m.hsB, kA: m.kA, kB: m.kB}
+		seedC: m.seedC, laneA: m.laneA, laneB: m.laneB}
 	type kv struct {
 		a, b uint64
 		d    [32]byte

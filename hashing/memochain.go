@@ -2,7 +2,6 @@ package hashing
 
 import (
 	"encoding/binary"
-	"hash/maphash"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -114,16 +113,9 @@ func (c *Chain) advance() {
 	mc := &c.mc
 	toks := c.blockTokens(mc.cx)
 	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(toks))), 4*len(toks))
-	m := mc.m
-	mc.la = memoFold(mc.la, maphash.Bytes(m.hsA, b), m.kA)
-	mc.lb = memoFold(mc.lb, maphash.Bytes(m.hsB, b), m.kB)
+	mc.la, mc.lb = mc.m.blockLanes(mc.la, mc.lb, b)
 	mc.cx++
 }
-
-// memoFold chains a lane: the previous value and the block's hash, combined and mixed by
-// a keyed 64x64->128 multiply. The block hashes do not depend on the chain, so those of
-// consecutive blocks run in parallel, and the chain itself is one multiply per block.
-func memoFold(prev, h, k uint64) uint64 { return memoMul(prev^h, k) }
 
 // fill computes the lanes of the next batch of blocks and looks them all up in the memo
 // (only called with the buffer empty, so cx == next). A lookup miss does not end the
@@ -134,9 +126,24 @@ func (c *Chain) fill() {
 	n := min(mc.batch, c.numBlocks-c.next)
 	// Lanes first (pure arithmetic), then a pass that starts every set's cache misses,
 	// then the verified lookups, so that the misses of one batch overlap.
-	for j := 0; j < n; j++ {
-		c.advance()
-		mc.aheadA[j], mc.aheadB[j] = mc.la, mc.lb
+	if c.strategy == StrategyVLLMV1 && c.blockSize == 16 {
+		// Every block is 16 whole tokens, one 64-byte lane group: the lanes in one loop.
+		m := mc.m
+		g := unsafe.Pointer(unsafe.SliceData(c.tokens[mc.cx*16 : (mc.cx+n)*16]))
+		la, lb := mc.la, mc.lb
+		for j := 0; j < n; j++ {
+			b := (*[64]byte)(unsafe.Add(g, 64*j))
+			la = memoMul(la^laneSum(b, &m.laneA)^64, m.laneA.fold)
+			lb = memoMul(lb^laneSum(b, &m.laneB)^64, m.laneB.fold)
+			mc.aheadA[j], mc.aheadB[j] = la, lb
+		}
+		mc.la, mc.lb = la, lb
+		mc.cx += n
+	} else {
+		for j := 0; j < n; j++ {
+			c.advance()
+			mc.aheadA[j], mc.aheadB[j] = mc.la, mc.lb
+		}
 	}
 	var sink uint64
 	for j := 0; j < n; j++ {
@@ -299,6 +306,35 @@ func (c *Chain) MemoHits() int {
 		return 0
 	}
 	return c.next - c.mc.sha
+}
+
+// Advance moves the chain past the first n keys of the slice the last KeysAhead returned,
+// as n calls of Next returning them would: the keys, the digest the chain resumes from and
+// the counters are the same. It is how a walk consumes keys it took ahead without a call
+// per block. Nothing may be called on the chain between that KeysAhead and Advance, and n
+// may not exceed the slice's length (it panics: a caller's bug, not a prompt's).
+func (c *Chain) Advance(n int) {
+	if n <= 0 {
+		return
+	}
+	mc := &c.mc
+	p, e := mc.aheadPos, mc.aheadPos+n
+	if !mc.on || e > mc.aheadLen || !mc.known[e-1] {
+		panic("hashing: Chain.Advance past the keys KeysAhead returned")
+	}
+	sha := 0
+	for _, h := range mc.hashed[p:e] {
+		if h {
+			sha++
+		}
+	}
+	mc.sha += sha
+	mc.misses += uint64(sha)
+	mc.hits += uint64(n - sha)
+	c.parent = mc.aheadD[e-1]
+	c.hasParent = true
+	c.next += n
+	mc.aheadPos = e
 }
 
 // KeysAhead returns the projected keys of the blocks after the last one Next returned
