@@ -31,7 +31,7 @@ func newLaneKeys() laneKeys {
 // one pass serves both, and nothing before the last multiply depends on the chain: the
 // blocks of a prompt hash in parallel and the chain costs one multiply per block and lane.
 // A block of vLLM's 16 tokens is one group: 8 multiplies and 2 chain multiplies for both
-// lanes, about a third of the instructions of two maphash calls.
+// lanes (two maphash calls, the lanes before, took more instructions and a call each).
 func (m *Memo) blockLanes(pa, pb uint64, b []byte) (uint64, uint64) {
 	ka, kb := &m.laneA, &m.laneB
 	if len(b) == 64 { // one group, unpadded: the common block (16 tokens; see also fill)
