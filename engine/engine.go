@@ -62,7 +62,7 @@ type Config struct {
 	// Logger receives eviction warnings. nil means slog.Default().
 	Logger *slog.Logger
 	// MemoEntries sizes the query key memo shared by every context (hashing.Memo): blocks
-	// whose digest queries remember, so that a repeated prefix skips SHA-256. 0 or less
+	// whose keys queries remember (in runs), so that a repeated prefix skips SHA-256. 0 or less
 	// disables it; servers default to hashing.DefaultMemoEntries.
 	MemoEntries int
 }

@@ -184,7 +184,10 @@ func (c *Chain) Hashed() int { return c.next }
 
 // Digest returns the full 32-byte digest of the last block Next hashed (the parent of the
 // next block). Before the first Next it is the chain seed: the vLLM root, the SGLang salt
-// seed, or zeros. Simulators use it to publish vLLM bytes-mode or SGLang hex hashes.
+// seed, or zeros. Simulators use it to publish vLLM bytes-mode or SGLang hex hashes. With
+// a memo (ResetMemo) it is only kept up to date after a block that was hashed or that ends
+// a run the memo remembered (the memo keeps the keys of a run's blocks, and the digest of
+// its last one only).
 func (c *Chain) Digest() [32]byte { return c.parent }
 
 // Next hashes the next block (0, 1, 2, ...) and returns its projected 64-bit key. It

@@ -122,7 +122,7 @@ func TestMemoFillLanes(t *testing.T) {
 			var ch Chain
 			ch.ResetMemo(m, &p, bs, "", "", toks)
 			for ch.next < ch.NumBlocks() {
-				ch.mc.batch = 1 + r.IntN(aheadMax)
+				ch.mc.batch = 1 + r.IntN(aheadRuns)
 				ch.fill()
 				for j := 0; j < ch.mc.aheadLen; j++ {
 					if i := ch.next + j; ch.mc.aheadA[j] != wantA[i] || ch.mc.aheadB[j] != wantB[i] {

@@ -1,40 +1,50 @@
 package hashing
 
 import (
-	"encoding/binary"
 	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
 )
 
-// DefaultMemoEntries is the memo capacity servers use when none is configured: 2,097,152
-// blocks (32M tokens at block size 16), 128 MiB once every entry has been written.
-const DefaultMemoEntries = 1 << 21
+// DefaultMemoEntries is the memo capacity, in blocks, that servers use when none is
+// configured: 8,388,608 blocks (128M tokens at block size 16) in 1,048,576 runs of
+// memoRun blocks, 128 MiB once every entry has been written.
+const DefaultMemoEntries = 1 << 23
 
-// MemoEntryBytes is the memory one memo entry takes (one cache line).
-const MemoEntryBytes = 64
+// MemoEntryBytes is the memory one memo entry takes: two cache lines, for a run of
+// memoRun blocks (16 bytes a block).
+const MemoEntryBytes = 128
 
-// Memo remembers, for blocks that queries hashed, the block's full SHA-256 digest under a
+// memoRun is the number of consecutive blocks one memo entry remembers: the blocks
+// r*memoRun .. r*memoRun+memoRun-1 of a prompt (runs are aligned to the prompt's start).
+const memoRun = 8
+
+// Memo remembers, for runs of memoRun consecutive blocks that queries hashed, the
+// blocks' projected keys and the full SHA-256 digest of the run's last block, under a
 // cheap content chain of the prompt up to and including that block, so that a later query
-// sharing the prefix skips SHA-256 for it (see Chain.ResetMemo).
+// sharing the prefix skips SHA-256 for the run and the key projection for each of its
+// blocks, and resumes the SHA chain from the remembered digest (see Chain.ResetMemo). One
+// entry serves memoRun blocks: a lookup, its cache lines and its check word are paid once
+// per run, not once per block. A run that is not whole (the prompt's last blocks, or a
+// walk that stopped inside it) is not remembered: those blocks are hashed each time.
 //
 // The cheap chain is two independent 64-bit lanes, each keyed by its own random
 // per-Memo secrets: a lane's value after a block is a keyed multiply hash of the block's
 // token bytes, its length and the lane's previous value (blockLanes: 64x64->128 multiplies
 // of key-masked word pairs, folded and summed, then one multiply with the lane's fold
-// key). Both lanes start from a keyed xxhash64 of everything the digest depends on
-// besides the tokens: strategy, algorithm, root digest, block size, LoRA name and cache
-// salt. The block hashes do not depend on the chain, so consecutive blocks' hashes
+// key). Both lanes start from a keyed xxhash64 of everything the entry depends on
+// besides the tokens: strategy, algorithm, key projection, root digest, block size, LoRA
+// name and cache salt. The block hashes do not depend on the chain, so consecutive blocks' hashes
 // overlap and the chain is one multiply per block and lane. An entry matches only if both
-// 64-bit lanes equal the stored ones and a keyed check over (lanes, digest) verifies, so
+// 64-bit lanes equal the stored ones and a keyed check over (lanes, keys, digest) verifies, so
 // a false match needs both lanes, under independent secret keys, to collide at once plus
 // the check word; the 64-bit index keys themselves collide far more often.
 //
-// The table is a fixed array of 4-way sets (256 bytes, one entry a cache line) with a
-// reference bit per entry: an insert replaces an empty or unreferenced way, and when every
+// The table is a fixed array of 4-way sets (512 bytes, one entry two adjacent cache
+// lines, 128-byte aligned) with a reference bit per entry: an insert replaces an empty or unreferenced way, and when every
 // way was used since the set was last passed over it clears their bits and takes one (a
 // clock per set). Each entry has a preferred way (two bits of lane B, pref) that inserts
-// take when they can and lookups try first, so a lookup usually loads one line, not four
+// take when they can and lookups try first, so a lookup usually loads one entry, not four
 // (nearly every entry at low load, 79% at half load, 75% at three quarters). Nothing locks: words are read and written whole (ldw, stw), a torn
 // read (a writer replacing the entry meanwhile) fails the check word and counts as a miss,
 // and two writers racing on one entry can leave it inconsistent, which the check word also
@@ -47,9 +57,10 @@ type Memo struct {
 	ents    []memoEntry
 	setMask uint64 // sets - 1
 	// seedA and seedB seed the two lanes' start values, laneA and laneB key their block
-	// hashes and chain folds (blockLanes); seedC keys the check word. Random per Memo.
-	seedA, seedB, seedC uint64
-	laneA, laneB        laneKeys
+	// hashes and chain folds (blockLanes); ck keys the check word. Random per Memo.
+	seedA, seedB uint64
+	laneA, laneB laneKeys
+	ck           [memoEntryWords]uint64
 
 	stripe  atomic.Uint32
 	stripes [memoStripes]memoCounters
@@ -64,43 +75,60 @@ type memoCounters struct {
 	_                                [32]byte
 }
 
-// memoEntry is one cache line: both chain lanes, the digest, a check word over all of them
-// (0 = empty) and the reference bit.
+// memoEntry is one run: both chain lanes after its last block, the projected keys of its
+// blocks, the digest of its last block, a check word over all of them (0 = empty) and
+// the reference bit. Two cache lines.
 type memoEntry struct {
 	a, b  uint64
+	k     [memoRun]uint64
 	d     [4]uint64
 	check uint64
 	ref   uint64
 }
 
+// memoEntryWords is the number of words an entry's check covers plus the check itself
+// (a, b, keys, digest, check): the ref bit is not covered.
+const memoEntryWords = 2 + memoRun + 4 + 1
+
+// memoRunVal is what an entry holds besides its check and ref, in store order.
+type memoRunVal struct {
+	a, b uint64
+	k    [memoRun]uint64
+	d    [4]uint64
+}
+
 // MemoStats are a Memo's cumulative counters.
 type MemoStats struct {
-	// Capacity is the number of entries (a power of two).
+	// Capacity is the number of blocks the memo can hold (runs times memoRun, a power of
+	// two).
 	Capacity int
-	// Hits counts blocks whose digest a query took from the memo; Misses counts blocks a
+	// Hits counts blocks whose key a query took from the memo; Misses counts blocks a
 	// query had to SHA-hash while a memo was attached.
 	Hits, Misses uint64
-	// Inserts counts entries written; Evictions counts inserts that replaced a valid entry.
+	// Inserts counts entries (runs of memoRun blocks) written; Evictions counts inserts
+	// that replaced a valid entry.
 	Inserts, Evictions uint64
 }
 
-// NewMemo returns a memo of at least entries entries (rounded up to a power of two, at
-// least 4), or nil when entries <= 0: a nil *Memo disables memoisation.
-func NewMemo(entries int) *Memo {
-	if entries <= 0 {
+// NewMemo returns a memo of at least blocks blocks (rounded up to a power of two, at
+// least 4 runs of memoRun), or nil when blocks <= 0: a nil *Memo disables memoisation.
+func NewMemo(blocks int) *Memo {
+	if blocks <= 0 {
 		return nil
 	}
 	n := memoWays
-	for n < entries {
+	for n*memoRun < blocks {
 		n <<= 1
 	}
 	m := &Memo{
 		setMask: uint64(n/memoWays - 1),
 		seedA:   rand.Uint64(),
 		seedB:   rand.Uint64(),
-		seedC:   rand.Uint64() | 1,
 		laneA:   newLaneKeys(),
 		laneB:   newLaneKeys(),
+	}
+	for i := range m.ck {
+		m.ck[i] = rand.Uint64()
 	}
 	m.ents = allocEntries(n, m)
 	return m
@@ -111,7 +139,7 @@ func (m *Memo) Stats() MemoStats {
 	if m == nil {
 		return MemoStats{}
 	}
-	s := MemoStats{Capacity: len(m.ents)}
+	s := MemoStats{Capacity: len(m.ents) * memoRun}
 	for i := range m.stripes {
 		st := &m.stripes[i]
 		s.Hits += st.hits.Load()
@@ -122,55 +150,63 @@ func (m *Memo) Stats() MemoStats {
 	return s
 }
 
-// memoMul folds the 128-bit product of x and y: the mixing step of the check word.
+// memoMul folds the 128-bit product of x and y: the mixing step of the lanes and the
+// check word.
 func memoMul(x, y uint64) uint64 {
 	hi, lo := bits.Mul64(x, y)
 	return hi ^ lo
 }
 
-// checkOf is the keyed check word of an entry; never 0, so 0 marks an empty entry.
-func (m *Memo) checkOf(a, b, d0, d1, d2, d3 uint64) uint64 {
-	const k0, k1, k2 = 0x9e3779b97f4a7c15, 0xbf58476d1ce4e5b9, 0x94d049bb133111eb
-	h := memoMul(a^m.seedC, b^k0)
-	h = memoMul(h^d0, d1^k1)
-	h = memoMul(h^d2, d3^k2^m.seedC)
-	return h | 1
+// checkOf is the keyed check word of an entry holding v; never 0, so 0 marks an empty
+// entry. Independent products of key-masked word pairs, summed and mixed once more:
+// any mix of two entries' words (a torn read) gives another value but with probability
+// about 2^-64.
+func (m *Memo) checkOf(v *memoRunVal) uint64 {
+	k := &m.ck
+	h := memoMul(v.a^k[0], v.b^k[1]) +
+		memoMul(v.k[0]^k[2], v.k[1]^k[3]) + memoMul(v.k[2]^k[4], v.k[3]^k[5]) +
+		memoMul(v.k[4]^k[6], v.k[5]^k[7]) + memoMul(v.k[6]^k[8], v.k[7]^k[9]) +
+		memoMul(v.d[0]^k[10], v.d[1]^k[11]) + memoMul(v.d[2]^k[12], v.d[3]^k[13])
+	return memoMul(h, k[14]|1) | 1
 }
 
-// memoWays is the associativity: a set is four entries, 256 bytes, two pairs of lines.
+// memoWays is the associativity: a set is four entries, 512 bytes.
 const memoWays = 4
 
 // set returns the first entry of the set of lane a.
 func (m *Memo) set(a uint64) int { return int(a&m.setMask) * memoWays }
 
 // pref is the way an entry of lane b goes to when it can: lookups try it first, and
-// touch loads only its line, so a set's other lines are fetched only for entries that
+// touch loads only its lines, so a set's other entries are fetched only for inserts that
 // found their way taken.
 func pref(b uint64) int { return int(b >> 62) }
 
-// touch loads a word of the line of (a, b)'s preferred way so that it is on its way before
-// the real lookup or insert; the result only feeds a sink.
+// touch loads a word of each line of (a, b)'s preferred way so that both are on their
+// way before the real lookup or insert; the result only feeds a sink.
 func (m *Memo) touch(a, b uint64) uint64 {
-	return ldw(&m.ents[m.set(a)+pref(b)].a)
+	e := &m.ents[m.set(a)+pref(b)]
+	return ldw(&e.a) + ldw(&e.d[0])
 }
 
 // touchSet loads a word of each line of the set of lane a, for an insert whose preferred
-// way is taken, which reads every way.
+// way is taken, which reads every way's first line (a, b, check are there and in the
+// second line; see insert).
 func (m *Memo) touchSet(a uint64) uint64 {
 	s := m.set(a)
 	e := m.ents[s : s+memoWays : s+memoWays]
-	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a)
+	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a) +
+		ldw(&e[0].check) + ldw(&e[1].check) + ldw(&e[2].check) + ldw(&e[3].check)
 }
 
 // preferredEmpty reports whether the preferred way of (a, b) is empty, so that an insert
-// of (a, b) writes only that line (see insert).
+// of (a, b) writes only that entry (see insert).
 func (m *Memo) preferredEmpty(a, b uint64) bool {
 	return ldw(&m.ents[m.set(a)+pref(b)].check) == 0
 }
 
-// lookup copies the digest stored under (a, b) into d and reports whether it was there:
-// the preferred way first, then the others.
-func (m *Memo) lookup(a, b uint64, d *[32]byte) bool {
+// lookup copies the run stored under (a, b) into v and reports whether it was there: the
+// preferred way first, then the others.
+func (m *Memo) lookup(a, b uint64, v *memoRunVal) bool {
 	s := m.set(a)
 	p := pref(b)
 	for i := 0; i < memoWays; i++ {
@@ -178,41 +214,40 @@ func (m *Memo) lookup(a, b uint64, d *[32]byte) bool {
 		if ldw(&e.a) != a || ldw(&e.b) != b {
 			continue
 		}
-		d0, d1, d2, d3 := ldw(&e.d[0]), ldw(&e.d[1]), ldw(&e.d[2]), ldw(&e.d[3])
-		if ldw(&e.check) != m.checkOf(a, b, d0, d1, d2, d3) {
+		v.a, v.b = a, b
+		for j := range v.k {
+			v.k[j] = ldw(&e.k[j])
+		}
+		for j := range v.d {
+			v.d[j] = ldw(&e.d[j])
+		}
+		if ldw(&e.check) != m.checkOf(v) {
 			return false // torn or half-written: treat as absent
 		}
 		if ldw(&e.ref) == 0 {
 			stw(&e.ref, 1)
 		}
-		binary.LittleEndian.PutUint64(d[0:], d0)
-		binary.LittleEndian.PutUint64(d[8:], d1)
-		binary.LittleEndian.PutUint64(d[16:], d2)
-		binary.LittleEndian.PutUint64(d[24:], d3)
 		return true
 	}
 	return false
 }
 
-// insert stores d under (a, b) unless it is already there, and reports whether it wrote
-// and whether it replaced a valid entry. The victim is an empty way, else one not
+// insert stores v under (v.a, v.b) unless it is already there, and reports whether it
+// wrote and whether it replaced a valid entry. The victim is an empty way, else one not
 // referenced since the set was last passed over, the preferred way first in both cases;
 // when every way was referenced, their bits are cleared and the preferred way is taken (a
 // clock per set).
-func (m *Memo) insert(a, b uint64, d *[32]byte) (wrote, evicted bool) {
+func (m *Memo) insert(v *memoRunVal) (wrote, evicted bool) {
+	a, b := v.a, v.b
 	s := m.set(a)
 	p := s + pref(b)
-	d0 := binary.LittleEndian.Uint64(d[0:])
-	d1 := binary.LittleEndian.Uint64(d[8:])
-	d2 := binary.LittleEndian.Uint64(d[16:])
-	d3 := binary.LittleEndian.Uint64(d[24:])
-	ck := m.checkOf(a, b, d0, d1, d2, d3)
+	ck := m.checkOf(v)
 	if ldw(&m.ents[p].check) == 0 {
 		// The preferred way is empty, which is what the scan below would take (an empty
 		// preferred way comes first), and the set cannot hold (a, b) elsewhere: entries
 		// are never removed, so the way was empty whenever an entry of this preference
-		// was inserted, and that entry took it. One line read instead of four.
-		return true, m.write(&m.ents[p], a, b, d0, d1, d2, d3, ck)
+		// was inserted, and that entry took it. One entry read instead of four.
+		return true, m.write(&m.ents[p], v, ck)
 	}
 	empty, unref := -1, -1
 	for w := s; w < s+memoWays; w++ {
@@ -228,24 +263,24 @@ func (m *Memo) insert(a, b uint64, d *[32]byte) (wrote, evicted bool) {
 			unref = w
 		}
 	}
-	v := empty
-	if v < 0 {
-		v = unref
+	victim := empty
+	if victim < 0 {
+		victim = unref
 	}
-	if v < 0 {
-		v = p
+	if victim < 0 {
+		victim = p
 		for w := s; w < s+memoWays; w++ {
-			if w != v {
+			if w != victim {
 				stw(&m.ents[w].ref, 0)
 			}
 		}
 	}
-	return true, m.write(&m.ents[v], a, b, d0, d1, d2, d3, ck)
+	return true, m.write(&m.ents[victim], v, ck)
 }
 
 // write fills e and reports whether it held a valid-looking entry before.
-func (m *Memo) write(e *memoEntry, a, b, d0, d1, d2, d3, ck uint64) bool {
-	w := memoWriter{e: e, v: [8]uint64{a, b, d0, d1, d2, d3, 1, ck}}
+func (m *Memo) write(e *memoEntry, v *memoRunVal, ck uint64) bool {
+	w := memoWriter{e: e, v: v, check: ck}
 	var old uint64
 	for k := 0; k < memoWriteSteps; k++ {
 		old |= w.step(k)
@@ -253,43 +288,43 @@ func (m *Memo) write(e *memoEntry, a, b, d0, d1, d2, d3, ck uint64) bool {
 	return old != 0
 }
 
-// memoWriteSteps is the number of word stores of one entry write.
-const memoWriteSteps = 9
+// memoWriteSteps is the number of word stores of one entry write: the check (as 0), the
+// lanes, the keys, the digest, the ref bit and the check.
+const memoWriteSteps = memoEntryWords + 2
 
 // memoWriter is one entry write as separate word stores, so that tests can interleave
 // writers store by store. The check word goes first (as 0: readers see the entry absent
 // while it changes) and last.
 type memoWriter struct {
-	e *memoEntry
-	v [8]uint64 // a, b, d0..d3, ref, check
+	e     *memoEntry
+	v     *memoRunVal
+	check uint64
 }
 
-func (m *Memo) newWriter(e *memoEntry, a, b uint64, d *[32]byte) memoWriter {
-	d0 := binary.LittleEndian.Uint64(d[0:])
-	d1 := binary.LittleEndian.Uint64(d[8:])
-	d2 := binary.LittleEndian.Uint64(d[16:])
-	d3 := binary.LittleEndian.Uint64(d[24:])
-	return memoWriter{e: e, v: [8]uint64{a, b, d0, d1, d2, d3, 1, m.checkOf(a, b, d0, d1, d2, d3)}}
+func (m *Memo) newWriter(e *memoEntry, v *memoRunVal) memoWriter {
+	return memoWriter{e: e, v: v, check: m.checkOf(v)}
 }
 
 // step performs store k (0..memoWriteSteps-1); step 0 returns the old check word.
 func (w *memoWriter) step(k int) uint64 {
-	e := w.e
-	switch k {
-	case 0:
+	e, v := w.e, w.v
+	switch {
+	case k == 0:
 		old := ldw(&e.check)
 		stw(&e.check, 0)
 		return old
-	case 1:
-		stw(&e.a, w.v[0])
-	case 2:
-		stw(&e.b, w.v[1])
-	case 3, 4, 5, 6:
-		stw(&e.d[k-3], w.v[k-1])
-	case 7:
-		stw(&e.ref, w.v[6])
-	case 8:
-		stw(&e.check, w.v[7])
+	case k == 1:
+		stw(&e.a, v.a)
+	case k == 2:
+		stw(&e.b, v.b)
+	case k < 3+memoRun:
+		stw(&e.k[k-3], v.k[k-3])
+	case k < 3+memoRun+4:
+		stw(&e.d[k-3-memoRun], v.d[k-3-memoRun])
+	case k == 3+memoRun+4:
+		stw(&e.ref, 1)
+	default:
+		stw(&e.check, w.check)
 	}
 	return 0
 }

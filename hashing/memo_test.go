@@ -1,7 +1,6 @@
 package hashing
 
 import (
-	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -12,6 +11,7 @@ import (
 type chainRun struct {
 	keys    []uint64
 	digests [][32]byte
+	known   []bool // digests[i] is block i's (a memo chain knows it at hashed blocks and run ends)
 	err     error
 }
 
@@ -27,6 +27,7 @@ func runChain(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []
 		}
 		r.keys = append(r.keys, k)
 		r.digests = append(r.digests, ch.Digest())
+		r.known = append(r.known, ch.digestKnown())
 	}
 	ch.Done()
 	return r
@@ -34,10 +35,9 @@ func runChain(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []
 
 // runChainAdvance is runChain consuming keys in random mixes of Next and KeysAhead
 // batches taken by Advance (all, part or none of each); a block's digest is recorded
-// where the chain exposes it (after Next, after the last block of an Advance) and the
-// other digests are copied from want, so that sameRun compares keys, the exposed digests
-// and the error.
-func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []int32, limit int, r *rand.Rand, want chainRun) chainRun {
+// where the chain exposes it (after Next, after the last block of an Advance), so that
+// sameRun compares keys, the exposed digests and the error.
+func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []int32, limit int, r *rand.Rand) chainRun {
 	ch.ResetMemo(m, p, bs, lora, salt, toks)
 	var got chainRun
 	for limit < 0 || len(got.keys) < limit {
@@ -51,13 +51,11 @@ func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, 
 				got.keys = append(got.keys, ahead[:n]...)
 				ch.Advance(n)
 				for len(got.digests) < len(got.keys)-1 {
-					if i := len(got.digests); i < len(want.digests) {
-						got.digests = append(got.digests, want.digests[i])
-					} else {
-						got.digests = append(got.digests, [32]byte{})
-					}
+					got.digests = append(got.digests, [32]byte{})
+					got.known = append(got.known, false)
 				}
 				got.digests = append(got.digests, ch.Digest())
+				got.known = append(got.known, ch.digestKnown())
 				if ch.Hashed() != len(got.keys) {
 					return chainRun{err: errors.New("Hashed after Advance")}
 				}
@@ -71,6 +69,7 @@ func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, 
 		}
 		got.keys = append(got.keys, k)
 		got.digests = append(got.digests, ch.Digest())
+		got.known = append(got.known, ch.digestKnown())
 	}
 	ch.Done()
 	return got
@@ -81,7 +80,7 @@ func sameRun(a, b chainRun) bool {
 		return false
 	}
 	for i := range a.keys {
-		if a.keys[i] != b.keys[i] || a.digests[i] != b.digests[i] {
+		if a.keys[i] != b.keys[i] || a.known[i] && b.known[i] && a.digests[i] != b.digests[i] {
 			return false
 		}
 	}
@@ -167,7 +166,7 @@ func TestMemoChainDifferential(t *testing.T) {
 					t.Fatalf("%s: Hashed %d MemoHits %d for %d keys", name, memo.Hashed(), memo.MemoHits(), len(want.keys))
 				}
 				// The same prompt again, keys taken ahead in batches (Advance).
-				if got := runChainAdvance(&adv, m, &p, bs, lora, salt, toks, limit, r, want); !sameRun(want, got) {
+				if got := runChainAdvance(&adv, m, &p, bs, lora, salt, toks, limit, r); !sameRun(want, got) {
 					t.Fatalf("%s memo %d prompt %d (bs %d, %d tokens): Advance run differs: %d keys %v vs %d keys %v",
 						name, entries, i, bs, len(toks), len(got.keys), got.err, len(want.keys), want.err)
 				}
@@ -186,9 +185,10 @@ func TestMemoChainDifferential(t *testing.T) {
 	}
 }
 
-// TestMemoChainServesPrefix: a repeated prompt is served wholly from the memo, an
-// extension hashes only its new blocks, and a different salt, LoRA, block size or
-// profile shares nothing.
+// TestMemoChainServesPrefix: a repeated prompt is served from the memo but for its last,
+// partial run (runs of memoRun blocks are what the memo keeps), an extension hashes only
+// its new blocks and that run, and a different salt, LoRA, block size or profile shares
+// nothing.
 func TestMemoChainServesPrefix(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	toks := make([]int32, 16*40)
@@ -203,15 +203,17 @@ func TestMemoChainServesPrefix(t *testing.T) {
 		if ch.MemoHits() != 0 {
 			t.Fatalf("%s: cold prompt had %d memo hits", name, ch.MemoHits())
 		}
+		const wantHits = 30 / memoRun * memoRun // whole runs
 		again := runChain(&ch, m, &p, 16, "l", "s", toks[:16*30], -1)
-		if !sameRun(first, again) || ch.MemoHits() != ch.Hashed() {
-			t.Fatalf("%s: repeat: %d of %d blocks from the memo", name, ch.MemoHits(), ch.Hashed())
+		if !sameRun(first, again) || ch.MemoHits() != wantHits {
+			t.Fatalf("%s: repeat: %d of %d blocks from the memo, want %d", name, ch.MemoHits(), ch.Hashed(), wantHits)
+		}
+		for i, k := range again.known {
+			if (i%memoRun == memoRun-1 || i >= wantHits) && !k {
+				t.Fatalf("%s: repeat: no digest after block %d, a run end or a hashed block", name, i)
+			}
 		}
 		ext := runChain(&ch, m, &p, 16, "l", "s", toks, -1)
-		wantHits := 30
-		if p.Strategy == StrategySGLangBigram {
-			wantHits = 29 // the 30th block was partial (15 bigrams)
-		}
 		if ch.MemoHits() != wantHits || len(ext.keys) != ch.NumBlocks() {
 			t.Fatalf("%s: extension: %d memo hits, want %d", name, ch.MemoHits(), wantHits)
 		}
@@ -245,18 +247,19 @@ func TestMemoKeysAhead(t *testing.T) {
 	want := runChain(&Chain{}, nil, &p, 16, "", "", toks, -1)
 	runChain(&ch, m, &p, 16, "", "", toks[:16*150], -1)
 	ch.ResetMemo(m, &p, 16, "", "", toks)
+	const held = 150 / memoRun * memoRun // the prefix's whole runs
 	var ahead []uint64
 	batches := 0
 	for i := range 2000 {
 		if len(ahead) == 0 {
 			ahead = append(ahead[:0], ch.KeysAhead()...)
-			if i >= 150 && len(ahead) > 1 {
+			if i >= held && len(ahead) > 1 {
 				t.Fatalf("block %d: %d keys ahead past the memoised prefix", i, len(ahead))
 			}
-			if i < 150 && len(ahead) < 2 {
+			if i < held && len(ahead) < 2 {
 				t.Fatalf("block %d: %d keys ahead inside the memoised prefix", i, len(ahead))
 			}
-			if i < 150 {
+			if i < held {
 				batches++
 			}
 		}
@@ -271,13 +274,13 @@ func TestMemoKeysAhead(t *testing.T) {
 			ahead = ahead[1:]
 		}
 	}
-	if ch.MemoHits() != 150 || batches > 8 {
-		t.Fatalf("memo hits %d (want 150) in %d batches", ch.MemoHits(), batches)
+	if ch.MemoHits() != held || batches > 8 {
+		t.Fatalf("memo hits %d (want %d) in %d batches", ch.MemoHits(), held, batches)
 	}
-	// The prefix in doubling batches (4+8+...+64 lookups past it at most), then about
-	// log2(1850) re-probes.
-	if ch.mc.probes > 150+64+2*11 {
-		t.Fatalf("%d lookups for 150 memoised and 1850 new blocks", ch.mc.probes)
+	// The prefix's runs in doubling batches (1+2+...+8 runs, 8 lookups past it at most),
+	// then about log2(1850/memoRun) re-probes.
+	if ch.mc.probes > held/memoRun+aheadRuns+2*8 {
+		t.Fatalf("%d lookups for %d memoised and %d new blocks", ch.mc.probes, held, 2000-held)
 	}
 	ch.Done()
 	var plain Chain
@@ -287,71 +290,99 @@ func TestMemoKeysAhead(t *testing.T) {
 	}
 }
 
-// TestMemoWriteInterleavings steps two writers through every interleaving of their word
-// stores on one entry (the entry first holds key A; writer 1 stores B, writer 2 stores C)
-// and checks after every step that a lookup of A, B or C either misses or returns that
-// key's own digest: a reader never gets another key's digest, whatever it races with.
+// memoVal returns a run value whose every word derives from seed.
+func memoVal(seed uint64) memoRunVal {
+	v := memoRunVal{a: seed << 1, b: seed * 0x1234567}
+	for i := range v.k {
+		v.k[i] = seed*1000 + uint64(i)
+	}
+	for i := range v.d {
+		v.d[i] = seed*2000 + uint64(i)
+	}
+	return v
+}
+
+// TestMemoWriteInterleavings steps two writers through interleavings of their word stores
+// on one entry (the entry first holds run A; writer 1 stores B, writer 2 stores C) and
+// checks after every step that a lookup of A, B or C either misses or returns that run's
+// own keys and digest: a reader never gets another run's words, whatever it races with.
+// Every interleaving of 17 stores each is C(34,17), too many: the test takes every
+// interleaving of the writers' stores in groups (check, lanes, keys, digest, ref, check:
+// C(12,6)) and 20,000 random interleavings store by store.
 func TestMemoWriteInterleavings(t *testing.T) {
 	m := NewMemo(1) // one set
-	type kv struct {
-		a, b uint64
-		d    [32]byte
-	}
-	mk := func(seed byte) kv {
-		var v kv
-		v.a, v.b = uint64(seed)<<1, uint64(seed)*0x1234567
-		for i := range v.d {
-			v.d[i] = seed + byte(i)
-		}
-		return v
-	}
-	keys := []kv{mk(1), mk(2), mk(3)}
-	const steps = 9
+	vals := []memoRunVal{memoVal(1), memoVal(2), memoVal(3)}
 	check := func(where string) {
-		for _, k := range keys {
-			var d [32]byte
-			if m.lookup(k.a, k.b, &d) && d != k.d {
-				t.Fatalf("%s: lookup of key %d returned another digest", where, k.a)
+		for _, v := range vals {
+			var got memoRunVal
+			if m.lookup(v.a, v.b, &got) && got != v {
+				t.Fatalf("%s: lookup of run %d returned another run's words", where, v.a)
 			}
 		}
 	}
-	var walk func(i, j int, order []int)
+	run := func(order []int, groups [][2]int) {
+		for w := range m.ents {
+			m.ents[w] = memoEntry{}
+		}
+		if wrote, _ := m.insert(&vals[0]); !wrote {
+			t.Fatal("insert into an empty set did not write")
+		}
+		w := [2]memoWriter{m.newWriter(&m.ents[0], &vals[1]), m.newWriter(&m.ents[0], &vals[2])}
+		var n [2]int
+		for _, who := range order {
+			g := groups[n[who]]
+			for k := g[0]; k < g[1]; k++ {
+				w[who].step(k)
+			}
+			n[who]++
+			check("interleaving")
+		}
+	}
+	// Groups of stores: check=0; a, b; keys; digest; ref; check.
+	groups := [][2]int{{0, 1}, {1, 3}, {3, 3 + memoRun}, {3 + memoRun, 7 + memoRun}, {7 + memoRun, 8 + memoRun}, {8 + memoRun, memoWriteSteps}}
 	count := 0
+	var walk func(i, j int, order []int)
 	walk = func(i, j int, order []int) {
-		if i == steps && j == steps {
+		if i == len(groups) && j == len(groups) {
 			count++
-			for w := range m.ents {
-				m.ents[w] = memoEntry{}
-			}
-			if wrote, _ := m.insert(keys[0].a, keys[0].b, &keys[0].d); !wrote {
-				t.Fatal("insert into an empty set did not write")
-			}
-			w := [2]memoWriter{m.newWriter(&m.ents[0], keys[1].a, keys[1].b, &keys[1].d),
-				m.newWriter(&m.ents[0], keys[2].a, keys[2].b, &keys[2].d)}
-			var n [2]int
-			for _, who := range order {
-				w[who].step(n[who])
-				n[who]++
-				check("interleaving")
-			}
+			run(order, groups)
 			return
 		}
-		if i < steps {
+		if i < len(groups) {
 			walk(i+1, j, append(order, 0))
 		}
-		if j < steps {
+		if j < len(groups) {
 			walk(i, j+1, append(order, 1))
 		}
 	}
 	walk(0, 0, nil)
-	if count != 48620 {
-		t.Fatalf("%d interleavings, want C(18,9)", count)
+	if count != 924 {
+		t.Fatalf("%d grouped interleavings, want C(12,6)", count)
+	}
+	single := make([][2]int, memoWriteSteps)
+	for k := range single {
+		single[k] = [2]int{k, k + 1}
+	}
+	r := rand.New(rand.NewPCG(4, 4))
+	for range 20000 {
+		order := make([]int, 0, 2*memoWriteSteps)
+		var left [2]int
+		left[0], left[1] = memoWriteSteps, memoWriteSteps
+		for left[0]+left[1] > 0 {
+			who := r.IntN(2)
+			if left[who] == 0 {
+				who = 1 - who
+			}
+			order = append(order, who)
+			left[who]--
+		}
+		run(order, single)
 	}
 	// A complete write by one writer is found.
 	m.ents[0] = memoEntry{}
-	m.insert(keys[1].a, keys[1].b, &keys[1].d)
-	var d [32]byte
-	if !m.lookup(keys[1].a, keys[1].b, &d) || d != keys[1].d {
+	m.insert(&vals[1])
+	var got memoRunVal
+	if !m.lookup(vals[1].a, vals[1].b, &got) || got != vals[1] {
 		t.Fatal("complete write not found")
 	}
 }
@@ -438,7 +469,7 @@ func TestNewMemoSizes(t *testing.T) {
 	if NewMemo(0) != nil || NewMemo(-1) != nil {
 		t.Fatal("a non-positive size must disable the memo")
 	}
-	for _, c := range []struct{ in, want int }{{1, 4}, {4, 4}, {5, 8}, {1000, 1024}} {
+	for _, c := range []struct{ in, want int }{{1, 4 * memoRun}, {4 * memoRun, 4 * memoRun}, {4*memoRun + 1, 8 * memoRun}, {1000, 1024}} {
 		if got := NewMemo(c.in).Stats().Capacity; got != c.want {
 			t.Errorf("NewMemo(%d) capacity %d, want %d", c.in, got, c.want)
 		}
@@ -485,13 +516,13 @@ func lanesOf(m *Memo, p *Profile, bs int, lora, salt string, toks []int32) (a, b
 	return a, b
 }
 
-// TestMemoLostEntryCostsOneHash fills a memo to half its capacity (the load a server
+// TestMemoLostRunCostsItsBlocks fills a memo to half its capacity (the load a server
 // with a million indexed blocks sees), so that 4-way sets overflow and evict, then asks
 // every prompt again. A block evicted from the middle of a memoised prompt costs that
 // block's SHA-256 only: every block still in the memo is taken from it, unless two
 // neighbours were both lost (the sign of a cold suffix, after which lookups back off),
 // and a prompt nobody asked before pays a handful of lookups.
-func TestMemoLostEntryCostsOneHash(t *testing.T) {
+func TestMemoLostRunCostsItsBlocks(t *testing.T) {
 	p := allProfiles(t)["cbor"]
 	const entries, blocks, bs = 1 << 15, 512, 16
 	m := NewMemo(entries)
@@ -509,16 +540,17 @@ func TestMemoLostEntryCostsOneHash(t *testing.T) {
 		prompts[i] = prompt()
 		runChain(&ch, m, &p, bs, "", "s", prompts[i], -1)
 	}
+	const runs = blocks / memoRun
 	st := m.Stats()
-	if st.Inserts != uint64(len(prompts)*blocks) || st.Evictions == 0 {
-		t.Fatalf("after the fill: %+v; want %d inserts and some evictions", st, len(prompts)*blocks)
+	if st.Inserts != uint64(len(prompts)*runs) || st.Evictions == 0 {
+		t.Fatalf("after the fill: %+v; want %d inserts and some evictions", st, len(prompts)*runs)
 	}
 	present := 0
 	for _, toks := range prompts {
 		a, b := lanesOf(m, &p, bs, "", "s", toks)
-		for j := range a {
-			var d [32]byte
-			if m.lookup(a[j], b[j], &d) {
+		for j := memoRun - 1; j < len(a); j += memoRun {
+			var v memoRunVal
+			if m.lookup(a[j], b[j], &v) {
 				present++
 			}
 		}
@@ -531,13 +563,14 @@ func TestMemoLostEntryCostsOneHash(t *testing.T) {
 		// What the memo holds of this prompt now (asking earlier prompts again re-inserted
 		// their lost blocks, which may have evicted some of this one's).
 		a, b := lanesOf(m, &p, bs, "", "s", toks)
-		have := make([]bool, len(a))
+		have := make([]bool, runs)
 		n, pairs := 0, 0
-		for j := range a {
-			var d [32]byte
-			if have[j] = m.lookup(a[j], b[j], &d); have[j] {
-				n++
-			} else if j > 0 && !have[j-1] {
+		for r := range have {
+			j := r*memoRun + memoRun - 1
+			var v memoRunVal
+			if have[r] = m.lookup(a[j], b[j], &v); have[r] {
+				n += memoRun
+			} else if r > 0 && !have[r-1] {
 				pairs++
 			}
 		}
@@ -548,19 +581,19 @@ func TestMemoLostEntryCostsOneHash(t *testing.T) {
 		}
 		hits := ch.MemoHits()
 		if hits > n || pairs == 0 && hits != n {
-			t.Fatalf("prompt %d: %d blocks from the memo, which held %d of %d (%d adjacent losses)", i, hits, n, blocks, pairs)
+			t.Fatalf("prompt %d: %d blocks from the memo, which held %d of %d (%d adjacent lost runs)", i, hits, n, blocks, pairs)
 		}
 		if pairs == 0 {
 			isolated++
 		}
 		there, taken, lost = there+n, taken+hits, lost+blocks-n
 	}
-	t.Logf("load %.0f%%: %d evictions in the fill; asked again: %d of %d blocks held, %d taken; %d of %d prompts lost no two neighbours",
+	t.Logf("load %.0f%%: %d evictions in the fill; asked again: %d of %d blocks held, %d taken; %d of %d prompts lost no two neighbouring runs",
 		100*float64(len(prompts)*blocks)/entries, st.Evictions, there, len(prompts)*blocks, taken, isolated, len(prompts))
 	if lost == 0 || float64(taken) < 0.99*float64(there) {
 		t.Fatalf("%d lost blocks; %d of the %d held were taken from the memo", lost, taken, there)
 	}
-	// A prompt never asked: two lookups find it cold, then re-probes at doubling gaps.
+	// A prompt never asked: three lookups find it cold, then re-probes at doubling gaps.
 	runChain(&ch, m, &p, bs, "", "s", prompt(), -1)
 	if ch.MemoHits() != 0 || ch.mc.probes > 2+12 {
 		t.Fatalf("cold prompt: %d memo hits, %d lookups for %d blocks", ch.MemoHits(), ch.mc.probes, blocks)
@@ -571,18 +604,14 @@ func TestMemoLostEntryCostsOneHash(t *testing.T) {
 // policy as documented on Memo (a duplicate is not written; the victim is an empty way,
 // else an unreferenced one, the preferred way first in both cases; else the preferred
 // way after clearing the others' reference bits).
-func fullScanInsert(m *Memo, a, b uint64, d *[32]byte) (wrote, evicted bool) {
-	s := m.set(a)
-	p := s + pref(b)
-	var w [4]uint64
-	for i := range w {
-		w[i] = binary.LittleEndian.Uint64(d[8*i:])
-	}
-	ck := m.checkOf(a, b, w[0], w[1], w[2], w[3])
+func fullScanInsert(m *Memo, v *memoRunVal) (wrote, evicted bool) {
+	s := m.set(v.a)
+	p := s + pref(v.b)
+	ck := m.checkOf(v)
 	empty, unref := -1, -1
 	for i := s; i < s+memoWays; i++ {
 		e := &m.ents[i]
-		if e.check == ck && e.a == a && e.b == b {
+		if e.check == ck && e.a == v.a && e.b == v.b {
 			return false, false
 		}
 		if e.check == 0 && (empty < 0 || i == p) {
@@ -592,20 +621,20 @@ func fullScanInsert(m *Memo, a, b uint64, d *[32]byte) (wrote, evicted bool) {
 			unref = i
 		}
 	}
-	v := empty
-	if v < 0 {
-		v = unref
+	victim := empty
+	if victim < 0 {
+		victim = unref
 	}
-	if v < 0 {
-		v = p
+	if victim < 0 {
+		victim = p
 		for i := s; i < s+memoWays; i++ {
-			if i != v {
+			if i != victim {
 				m.ents[i].ref = 0
 			}
 		}
 	}
-	evicted = m.ents[v].check != 0
-	m.ents[v] = memoEntry{a: a, b: b, d: w, ref: 1, check: ck}
+	evicted = m.ents[victim].check != 0
+	m.ents[victim] = memoEntry{a: v.a, b: v.b, k: v.k, d: v.d, ref: 1, check: ck}
 	return true, evicted
 }
 
@@ -616,19 +645,13 @@ func fullScanInsert(m *Memo, a, b uint64, d *[32]byte) (wrote, evicted bool) {
 // are read, never which way an entry goes to.
 func TestMemoInsertMatchesFullScan(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
-	m := NewMemo(32) // 8 sets
+	m := NewMemo(32 * memoRun) // 8 sets
 	ref := &Memo{ents: make([]memoEntry, len(m.ents)), setMask: m.setMask, seedA: m.seedA, seedB: m.seedB,
-		seedC: m.seedC, laneA: m.laneA, laneB: m.laneB}
-	type kv struct {
-		a, b uint64
-		d    [32]byte
-	}
-	pool := make([]kv, 120)
+		ck: m.ck, laneA: m.laneA, laneB: m.laneB}
+	pool := make([]memoRunVal, 120)
 	for i := range pool {
+		pool[i] = memoVal(r.Uint64())
 		pool[i].a, pool[i].b = r.Uint64(), r.Uint64()
-		for j := range pool[i].d {
-			pool[i].d[j] = byte(r.Uint32())
-		}
 	}
 	var mc memoChain
 	mc.reset(m)
@@ -636,8 +659,8 @@ func TestMemoInsertMatchesFullScan(t *testing.T) {
 	for step := 0; step < 4000; step++ {
 		k := &pool[r.IntN(len(pool))]
 		if r.IntN(3) == 0 {
-			var d1, d2 [32]byte
-			if m.lookup(k.a, k.b, &d1) != ref.lookup(k.a, k.b, &d2) || d1 != d2 {
+			var v1, v2 memoRunVal
+			if m.lookup(k.a, k.b, &v1) != ref.lookup(k.a, k.b, &v2) || v1 != v2 {
 				t.Fatalf("step %d: lookups differ", step)
 			}
 			continue
@@ -646,9 +669,9 @@ func TestMemoInsertMatchesFullScan(t *testing.T) {
 			shortcuts++
 		}
 		before := mc.inserts
-		mc.queue(k.a, k.b, &k.d)
+		mc.pend = append(mc.pend, *k)
 		mc.flush()
-		wrote, _ := fullScanInsert(ref, k.a, k.b, &k.d)
+		wrote, _ := fullScanInsert(ref, k)
 		if (mc.inserts != before) != wrote {
 			t.Fatalf("step %d: flush wrote %v, full scan %v", step, mc.inserts != before, wrote)
 		}

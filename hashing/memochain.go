@@ -2,43 +2,50 @@ package hashing
 
 import (
 	"encoding/binary"
+	"errors"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 )
 
-// aheadMax bounds the keys a chain looks up in its memo ahead of the walk: the lookups of
-// one batch are independent, so their cache misses overlap.
+// aheadMax bounds the blocks a chain looks up in its memo ahead of the walk (whole runs):
+// the lookups of one batch are independent, so their cache misses overlap.
 const aheadMax = 64
 
-// aheadFirst is the first batch; batches double up to aheadMax, so a query that stops
-// early (a miss) looks up at most about twice the blocks it uses.
-const aheadFirst = 4
+// aheadRuns is aheadMax in runs; batches start at one run and double up to it, so a
+// query that stops early (a miss) looks up at most about twice the runs it uses.
+const aheadRuns = aheadMax / memoRun
 
-// pendMax is how many memo inserts a chain buffers before writing them in one pass.
-const pendMax = 64
+// pendMax is how many memo inserts (runs) a chain buffers before writing them in one pass.
+const pendMax = aheadRuns
 
-type memoPend struct {
-	a, b uint64
-	d    [32]byte
-}
+// errMemoDigest is the error of a chain asked to hash a block whose parent digest it does
+// not have; the chain's invariant (below) rules it out, and it is an error rather than a
+// wrong key should a bug ever break it.
+var errMemoDigest = errors.New("hashing: memo chain lost the digest it resumes from")
 
 // memoChain is the memo side of a Chain: the cheap content chain, the blocks looked up
 // ahead, the inserts not yet written and the per-prompt counters.
 //
-// A block the memo lacks costs one SHA-256, not the rest of the prompt: the chain hashes
-// it from the digest before it (the memo's or its own) and goes on looking up the blocks
-// after it, whose lanes do not depend on any digest. Only a batch of lookups ending in
-// missRun or more lacking blocks in a row, the sign of a suffix nobody asked before,
-// stops the lookups; the chain then re-probes single blocks at gaps doubling from 1, so
-// a cold suffix of n blocks pays about log2(n) lookups after the batch that found it,
-// and a re-probe that hits resumes the batched lookups.
+// Blocks are remembered in runs (Memo). A batch computes the lanes of its blocks and
+// looks up the runs that end in it: a run found gives the keys of its blocks and the
+// digest of its last one; a run the memo lacks leaves its blocks to be hashed, each from
+// the digest before it. The chain's invariant: the block before one it must hash is
+// either hashed itself or the last block of a run from the memo, so its digest is known
+// (parentOK). Batches end at run ends, a lacking run lacks all its blocks, and a block
+// inside a run from the memo is never hashed. A run whose blocks were all hashed in this
+// prompt is inserted once its last block is.
+//
+// Only a batch ending in missRun or more lacking runs in a row, the sign of a suffix
+// nobody asked before, stops the lookups; the chain then re-probes single runs at gaps
+// doubling from 1 run, so a cold suffix of n runs pays about log2(n) lookups after the
+// batch that found it, and a re-probe that hits resumes the batched lookups.
 type memoChain struct {
 	m  *Memo
 	on bool
-	// run counts the lacking blocks in a row that the last lookups found; gap is the
-	// distance from the last lookup to the next re-probe while a run stops the lookups;
-	// no batch is looked up before block probeAt.
+	// run counts the lacking runs in a row that the last lookups found; gap is the
+	// distance in runs from the last lookup to the next re-probe while a run stops the
+	// lookups; no batch is looked up before block probeAt.
 	run, gap, probeAt int
 	// la, lb are the lanes of block cx-1 (the start value when cx == 0).
 	la, lb uint64
@@ -46,16 +53,25 @@ type memoChain struct {
 	x      xxhash.Digest
 
 	// The buffer: slot j in [aheadPos, aheadLen) is block next+j-aheadPos, whose lanes are
-	// aheadA[j], aheadB[j]. known[j] says aheadD[j], aheadK[j] hold its digest and key:
-	// taken from the memo, or hashed (hashed[j]) by resolve once its parent was known.
-	batch              int
+	// aheadA[j], aheadB[j]. known[j] says aheadK[j] holds its key: from the memo, or hashed
+	// (hashed[j]) by resolve once its parent was known. dv[j] says aheadD[j] holds its
+	// digest (a hashed block, or the last block of a run from the memo).
+	batch              int // runs
 	aheadLen, aheadPos int
 	aheadK             [aheadMax]uint64
 	aheadD             [aheadMax][32]byte
 	aheadA, aheadB     [aheadMax]uint64
-	known, hashed      [aheadMax]bool
+	known, hashed, dv  [aheadMax]bool
+	val                memoRunVal // a lookup's result
 
-	pend []memoPend
+	// parentOK: the chain's parent digest is block next-1's (or the seed at block 0).
+	parentOK bool
+	// The blocks hashed in a row end at streakEnd and began at streakFrom; runK holds the
+	// keys of the current run's hashed blocks.
+	streakFrom, streakEnd int
+	runK                  [memoRun]uint64
+
+	pend []memoRunVal
 
 	sha                              int // blocks SHA-hashed since reset
 	probes                           int // memo lookups since reset (tests bound them)
@@ -64,7 +80,7 @@ type memoChain struct {
 	sink                             uint64
 }
 
-// missRun is the number of lacking blocks in a row that stops a chain's memo lookups.
+// missRun is the number of lacking runs in a row that stops a chain's memo lookups.
 const missRun = 2
 
 func (mc *memoChain) reset(m *Memo) {
@@ -73,14 +89,16 @@ func (mc *memoChain) reset(m *Memo) {
 	mc.run, mc.gap, mc.probeAt = 0, 1, 0
 	mc.cx, mc.sha, mc.probes = 0, 0, 0
 	mc.aheadLen, mc.aheadPos = 0, 0
-	mc.batch = aheadFirst
+	mc.batch = 1
+	mc.parentOK = true
+	mc.streakFrom, mc.streakEnd = -1, -1
 }
 
-// start derives the lanes' start value from everything a block digest depends on besides
-// its tokens (the projection is applied to the digest afterwards, so it is not needed).
+// start derives the lanes' start value from everything an entry depends on besides the
+// tokens: a run's keys also depend on the projection.
 func (mc *memoChain) start(p *Profile, blockSize int, lora, salt string) {
 	var hdr [8 + 3*8]byte
-	hdr[0], hdr[1] = byte(p.Strategy), byte(p.Algorithm)
+	hdr[0], hdr[1], hdr[2] = byte(p.Strategy), byte(p.Algorithm), byte(p.Projection)
 	binary.LittleEndian.PutUint64(hdr[8:], uint64(blockSize))
 	binary.LittleEndian.PutUint64(hdr[16:], uint64(len(lora)))
 	binary.LittleEndian.PutUint64(hdr[24:], uint64(len(salt)))
@@ -117,18 +135,20 @@ func (c *Chain) advance() {
 	mc.cx++
 }
 
-// fill computes the lanes of the next batch of blocks and looks them all up in the memo
-// (only called with the buffer empty, so cx == next). A lookup miss does not end the
-// batch: the block is hashed when its turn comes. Only a batch that ends with missRun or
-// more misses in a row stops the lookups, until a re-probe at a doubled gap.
+// fill computes the lanes of the next batch of blocks, which ends at a run end (or the
+// prompt's end), and looks up every run that ends in it (only called with the buffer
+// empty, so cx == next). A lacking run does not end the batch: its blocks are hashed when
+// their turn comes. Only a batch that ends with missRun or more lacking runs in a row
+// stops the lookups, until a re-probe at a doubled gap.
 func (c *Chain) fill() {
 	mc := &c.mc
-	n := min(mc.batch, c.numBlocks-c.next)
-	// Lanes first (pure arithmetic), then a pass that starts every set's cache misses,
+	m := mc.m
+	end := min((c.next/memoRun+mc.batch)*memoRun, c.numBlocks)
+	n := end - c.next
+	// Lanes first (pure arithmetic), then a pass that starts every entry's cache misses,
 	// then the verified lookups, so that the misses of one batch overlap.
 	if c.strategy == StrategyVLLMV1 && c.blockSize == 16 {
 		// Every block is 16 whole tokens, one 64-byte lane group: the lanes in one loop.
-		m := mc.m
 		g := unsafe.Pointer(unsafe.SliceData(c.tokens[mc.cx*16 : (mc.cx+n)*16]))
 		la, lb := mc.la, mc.lb
 		for j := 0; j < n; j++ {
@@ -145,60 +165,110 @@ func (c *Chain) fill() {
 			mc.aheadA[j], mc.aheadB[j] = mc.la, mc.lb
 		}
 	}
+	clear(mc.known[:n])
+	clear(mc.hashed[:n])
+	clear(mc.dv[:n])
+	mc.aheadPos, mc.aheadLen = 0, n
+	// Run ends in the batch: blocks e with e%memoRun == memoRun-1, from j0 on.
+	j0 := (c.next/memoRun+1)*memoRun - 1 - c.next
+	if j0 >= n {
+		return // only the prompt's last, partial run: nothing to look up
+	}
 	var sink uint64
-	for j := 0; j < n; j++ {
-		sink += mc.m.touch(mc.aheadA[j], mc.aheadB[j])
+	for j := j0; j < n; j += memoRun {
+		sink += m.touch(mc.aheadA[j], mc.aheadB[j])
 	}
 	mc.sink += sink
-	mc.aheadPos, mc.aheadLen = 0, n
-	mc.probes += n
 	run := mc.run
-	for j := 0; j < n; j++ {
-		mc.hashed[j] = false
-		if mc.known[j] = mc.m.lookup(mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j]); mc.known[j] {
-			mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
-			run = 0
-		} else {
+	v := &mc.val
+	for j := j0; j < n; j += memoRun {
+		mc.probes++
+		if !m.lookup(mc.aheadA[j], mc.aheadB[j], v) {
 			run++
+			continue
 		}
+		run = 0
+		from := max(j-(memoRun-1), 0) // the batch may start inside the run
+		copy(mc.aheadK[from:j+1], v.k[from-(j-(memoRun-1)):])
+		for i := from; i <= j; i++ {
+			mc.known[i] = true
+		}
+		d := &mc.aheadD[j]
+		binary.LittleEndian.PutUint64(d[0:], v.d[0])
+		binary.LittleEndian.PutUint64(d[8:], v.d[1])
+		binary.LittleEndian.PutUint64(d[16:], v.d[2])
+		binary.LittleEndian.PutUint64(d[24:], v.d[3])
+		mc.dv[j] = true
 	}
 	mc.run = run
 	switch {
 	case run >= missRun:
-		// Probably a cold suffix: the next lookup is one block, gap blocks on.
-		mc.probeAt = c.next + n + mc.gap - 1
+		// Probably a cold suffix: the next lookup is one run, gap runs on.
+		mc.probeAt = end + (mc.gap-1)*memoRun
 		mc.gap = min(2*mc.gap, c.numBlocks)
 		mc.batch = 1
 	case run == 0:
 		mc.gap = 1
-		mc.batch = min(2*mc.batch, aheadMax)
+		mc.batch = min(2*mc.batch, aheadRuns)
 	default:
-		mc.batch = min(2*mc.batch, aheadMax)
+		mc.batch = min(2*mc.batch, aheadRuns)
 	}
 }
 
 // resolve hashes buffered block j, which must be the next block (aheadPos), from the
-// chain's current digest, and queues its memo insert.
+// chain's current digest, and notes it for the insert of its run.
 func (c *Chain) resolve(j int) error {
 	mc := &c.mc
+	if !mc.parentOK {
+		c.err = errMemoDigest
+		return c.err
+	}
 	if err := c.hashBlock(c.next, &mc.aheadD[j]); err != nil {
 		return err
 	}
 	mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
-	mc.known[j], mc.hashed[j] = true, true
-	mc.queue(mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])
+	mc.known[j], mc.hashed[j], mc.dv[j] = true, true, true
+	mc.hashedBlock(c.next, mc.aheadK[j], mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])
 	return nil
 }
 
-// queue buffers a memo insert, writing the buffer out when it is full.
+// hashedBlock notes that block i (lanes la, lb) was hashed to digest d and key: when it
+// ends a run whose blocks were all hashed in a row, the run is queued for insertion.
+func (mc *memoChain) hashedBlock(i int, key, la, lb uint64, d *[32]byte) {
+	if i != mc.streakEnd {
+		mc.streakFrom = i
+	}
+	mc.streakEnd = i + 1
+	mc.runK[i%memoRun] = key
+	if i%memoRun == memoRun-1 && mc.streakFrom <= i-(memoRun-1) {
+		mc.queue(la, lb, d)
+	}
+}
+
+// queue buffers the insert of the run in runK ending with digest d under lanes a, b,
+// writing the buffer out when it is full.
 func (mc *memoChain) queue(a, b uint64, d *[32]byte) {
 	if len(mc.pend) == cap(mc.pend) && cap(mc.pend) > 0 {
 		mc.flush()
 	}
 	if mc.pend == nil {
-		mc.pend = make([]memoPend, 0, pendMax)
+		mc.pend = make([]memoRunVal, 0, pendMax)
 	}
-	mc.pend = append(mc.pend, memoPend{a: a, b: b, d: *d})
+	mc.pend = append(mc.pend, memoRunVal{a: a, b: b, k: mc.runK, d: [4]uint64{
+		binary.LittleEndian.Uint64(d[0:]), binary.LittleEndian.Uint64(d[8:]),
+		binary.LittleEndian.Uint64(d[16:]), binary.LittleEndian.Uint64(d[24:])}})
+}
+
+// consume makes buffered block j the last one the chain returned.
+func (c *Chain) consume(j int) {
+	mc := &c.mc
+	if mc.dv[j] {
+		c.parent = mc.aheadD[j]
+		mc.parentOK = true
+	} else {
+		mc.parentOK = false // inside a run from the memo: no digest until its end
+	}
+	c.hasParent = true
 }
 
 // nextMemo is Next with a memo attached.
@@ -214,8 +284,7 @@ func (c *Chain) nextMemo() (uint64, error) {
 			}
 		}
 		mc.aheadPos++
-		c.parent = mc.aheadD[j]
-		c.hasParent = true
+		c.consume(j)
 		c.next++
 		if mc.hashed[j] {
 			mc.misses++
@@ -226,6 +295,10 @@ func (c *Chain) nextMemo() (uint64, error) {
 		return mc.aheadK[j], nil
 	}
 	// Between re-probes: the lanes (for the insert), then SHA-256.
+	if !mc.parentOK {
+		c.err = errMemoDigest
+		return 0, c.err
+	}
 	c.advance()
 	key, err := c.hashNext()
 	if err != nil {
@@ -233,13 +306,13 @@ func (c *Chain) nextMemo() (uint64, error) {
 	}
 	mc.misses++
 	mc.sha++
-	mc.queue(mc.la, mc.lb, &c.parent)
+	mc.hashedBlock(c.next-1, key, mc.la, mc.lb, &c.parent)
 	return key, nil
 }
 
-// flush writes the buffered inserts: a pass that loads every insert's preferred line,
-// a pass that loads the other lines of the sets whose preferred way is taken (an insert
-// into an empty preferred way reads and writes that line alone, see Memo.insert), each
+// flush writes the buffered inserts: a pass that loads every insert's preferred entry, a
+// pass that loads the other entries of the sets whose preferred way is taken (an insert
+// into an empty preferred way reads and writes that entry alone, see Memo.insert), each
 // pass independent loads whose cache misses overlap, then the writes, which find their
 // lines cached.
 func (mc *memoChain) flush() {
@@ -255,8 +328,7 @@ func (mc *memoChain) flush() {
 	}
 	mc.sink += sink
 	for i := range mc.pend {
-		p := &mc.pend[i]
-		wrote, evicted := mc.m.insert(p.a, p.b, &p.d)
+		wrote, evicted := m.insert(&mc.pend[i])
 		if wrote {
 			mc.inserts++
 		}
@@ -308,6 +380,10 @@ func (c *Chain) MemoHits() int {
 	return c.next - c.mc.sha
 }
 
+// digestKnown reports whether Digest is the last returned block's: always without a memo;
+// with one, after a block that was hashed or that ends a run from the memo.
+func (c *Chain) digestKnown() bool { return !c.mc.on || c.mc.parentOK }
+
 // Advance moves the chain past the first n keys of the slice the last KeysAhead returned,
 // as n calls of Next returning them would: the keys, the digest the chain resumes from and
 // the counters are the same. It is how a walk consumes keys it took ahead without a call
@@ -331,18 +407,18 @@ func (c *Chain) Advance(n int) {
 	mc.sha += sha
 	mc.misses += uint64(sha)
 	mc.hits += uint64(n - sha)
-	c.parent = mc.aheadD[e-1]
-	c.hasParent = true
+	c.consume(e - 1)
 	c.next += n
 	mc.aheadPos = e
 }
 
 // KeysAhead returns the projected keys of the blocks after the last one Next returned
-// that are known without hashing any block Next would not reach first: memo hits looked
-// up ahead, led by the next block itself, which is hashed here if the memo lacked it
-// (Next would hash it anyway). The slice is valid until the next call on the chain; a
-// caller may probe the index for these keys before consuming them with Next. It is empty
-// without a memo, after an error, and between re-probes of a suffix the memo lacks.
+// that are known without hashing any block Next would not reach first: keys from the
+// memo's runs looked up ahead, led by the next block itself, which is hashed here if the
+// memo lacked it (Next would hash it anyway). The slice is valid until the next call on
+// the chain; a caller may probe the index for these keys before consuming them with Next
+// or Advance. It is empty without a memo, after an error, and between re-probes of a
+// suffix the memo lacks.
 func (c *Chain) KeysAhead() []uint64 {
 	mc := &c.mc
 	if !mc.on || c.err != nil || c.next >= c.numBlocks {

@@ -181,11 +181,11 @@ var (
 	descCtxSlots = prometheus.NewDesc("conductor_context_slots",
 		"Registered engine (instance, rank) slots.", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descMemoHits = prometheus.NewDesc("conductor_query_memo_hits_total",
-		"Query blocks whose digest came from the key memo (no SHA-256).", nil, nil)
+		"Query blocks whose key came from the key memo (no SHA-256).", nil, nil)
 	descMemoMisses = prometheus.NewDesc("conductor_query_memo_misses_total",
 		"Query blocks SHA-256 hashed while the key memo was enabled.", nil, nil)
 	descMemoEvictions = prometheus.NewDesc("conductor_query_memo_evictions_total",
-		"Key memo entries replaced by newer ones.", nil, nil)
+		"Key memo entries (runs of 8 blocks) replaced by newer ones.", nil, nil)
 	descMemoEntries = prometheus.NewDesc("conductor_query_memo_capacity_entries",
 		"Key memo capacity in blocks (0: disabled).", nil, nil)
 	descCtxEvictions = prometheus.NewDesc("conductor_context_evicted_blocks_total",

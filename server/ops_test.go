@@ -84,10 +84,10 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 	if v, _ := metricValue(before, "conductor_queries_total", "protocol", "http"); v != 0 {
 		t.Fatalf("queries before any query = %v", v)
 	}
-	tokens := seqTokens(64, 1)
+	tokens := seqTokens(16*9, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-	for i := 0; i < 3; i++ {
-		if _, err := pub.Publish(vllmBatch(0, stored(keys[i:i+1], "GPU"))); err != nil {
+	for _, batch := range [][]uint64{keys[0:1], keys[1:2], keys[2:8]} { // blocks 0-7 of 9
+		if _, err := pub.Publish(vllmBatch(0, stored(batch, "GPU"))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -122,14 +122,14 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		{"conductor_http_requests_total", []string{"route", "/query", "status", "200"}, 5},
 		{"conductor_http_requests_total", []string{"route", "/register", "status", "200"}, 1},
 		{"conductor_service_messages_received_total", []string{"service", "engine-a|default|0"}, 4},
-		{"conductor_service_blocks_applied_total", nil, 3},
+		{"conductor_service_blocks_applied_total", nil, 8},
 		{"conductor_service_stale", nil, 0},
-		{"conductor_context_blocks", []string{"model", "m"}, 3},
+		{"conductor_context_blocks", []string{"model", "m"}, 8},
 		{"conductor_context_slots", []string{"model", "m"}, 1},
-		// The first query hashes its 4 blocks into the key memo; the 4 repeats take them
-		// from it.
-		{"conductor_query_memo_misses_total", nil, 4},
-		{"conductor_query_memo_hits_total", nil, 16},
+		// Each query walks blocks 0-8. The first hashes them and remembers blocks 0-7 (a
+		// run); the 4 repeats take those from the key memo and hash block 8 again.
+		{"conductor_query_memo_misses_total", nil, 9 + 4},
+		{"conductor_query_memo_hits_total", nil, 4 * 8},
 		{"conductor_query_memo_evictions_total", nil, 0},
 		{"conductor_query_memo_capacity_entries", nil, float64(hashing.DefaultMemoEntries)},
 	}
@@ -139,9 +139,10 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
 	}
-	// Blocks hashed: a full-hit 64-token query hashes 4 blocks, the walk stops at block 3.
-	if h := f["conductor_query_blocks_hashed"].GetMetric()[0].GetHistogram(); h.GetSampleSum() != 5*4 {
-		t.Errorf("blocks hashed sum = %v, want 20", h.GetSampleSum())
+	// Blocks hashed (keys computed, from the memo or SHA-256): each query's walk goes
+	// through all 9 blocks (the last one ends it).
+	if h := f["conductor_query_blocks_hashed"].GetMetric()[0].GetHistogram(); h.GetSampleSum() != 5*9 {
+		t.Errorf("blocks hashed sum = %v, want 45", h.GetSampleSum())
 	}
 	if _, ok := f["process_resident_memory_bytes"]; !ok {
 		t.Error("process metrics missing")
