@@ -63,13 +63,14 @@ type probeBuf struct {
 	// (a key missing from the table, or no slot left), so the walk probably stops there.
 	stop          int
 	batch, hbatch int
-	// probed counts the keys the walk's batches looked up (tests check the early stop).
-	probed int
+	// probed counts the keys the walk's batches looked up, ran the blocks sameRun went
+	// through, both per query (tests check the early stop and which way the walk went).
+	probed, ran int
 	sink   uint64
 }
 
 func (pb *probeBuf) reset() {
-	pb.base, pb.n, pb.kn, pb.end, pb.stop, pb.probed = 0, 0, 0, 0, -1, 0
+	pb.base, pb.n, pb.kn, pb.end, pb.stop = 0, 0, 0, 0, -1
 	pb.batch, pb.hbatch = probeFirst, 2
 }
 

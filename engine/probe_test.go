@@ -74,7 +74,7 @@ func TestProbeStopsNearWalkEnd(t *testing.T) {
 			if got := rankTiers(t, res.Instances, "a", 0); got != tc.want {
 				t.Fatalf("a = %+v, want %+v", got, tc.want)
 			}
-			if p := res.pb.probed; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
+			if p := res.pb.probed + res.pb.ran; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
 				t.Fatalf("probed %d blocks ahead (max %d, want %d)", p, tc.maxProbed, tc.wantProbed)
 			}
 			// The same answer without the probes.
@@ -110,9 +110,9 @@ func TestProbesUseMemoKeys(t *testing.T) {
 		if got := res.Instances[0].Disk; got != 16*64 {
 			t.Fatalf("round %d: disk = %d", round, got)
 		}
-		if res.pb.probed != want || res.fromMemo != 64*round || res.hashed != 64 || res.walked != 64 {
-			t.Fatalf("round %d: probed %d (want %d), %d blocks hashed, %d from the memo, %d walked",
-				round, res.pb.probed, want, res.hashed, res.fromMemo, res.walked)
+		if res.pb.probed+res.pb.ran != want || res.fromMemo != 64*round || res.hashed != 64 || res.walked != 64 {
+			t.Fatalf("round %d: probed %d and ran %d (want %d), %d blocks hashed, %d from the memo, %d walked",
+				round, res.pb.probed, res.pb.ran, want, res.hashed, res.fromMemo, res.walked)
 		}
 	}
 }

@@ -197,6 +197,7 @@ func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
 func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, int), src keySource, nblocks int, positions, bs int64) error {
 	r.Instances = r.Instances[:0]
 	r.walked = 0
+	r.pb.probed, r.pb.ran = 0, 0
 	w := len(mask)
 	if need := w * 64; len(r.counts) < need {
 		r.counts = make([][4]int64, need)
@@ -283,8 +284,17 @@ func (r *Result) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 	pb := &r.pb
 	pb.reset()
 	pb.read = !r.slow
-	for i := from; i < nblocks; i++ {
+	fb := probeFirst
+	for i := from; i < nblocks; {
 		if i >= pb.end && i != pb.stop && !r.noProbe {
+			// Keys known ahead (memo runs) go through sameRun; the block that ends its
+			// loop starts a batch of probes, read below.
+			if !r.slow {
+				j, all := r.sameRun(tab, src, &fb, nblocks-i, a0, a1, a2, a3)
+				if i += j; all {
+					continue
+				}
+			}
 			pb.next(tab, src, i, nblocks, a3)
 		}
 		var key uint64
@@ -339,6 +349,7 @@ func (r *Result) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 				return nil
 			}
 		}
+		i++
 	}
 	w.a = [4]uint64{a0, a1, a2, a3}
 	r.finish1(w, end, nblocks, positions, bs)
@@ -355,25 +366,20 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	a0, a1, a2, a3 := w.a[0], w.a[1], w.a[2], w.a[3]
 	tab, prev := w.tab, w.prev
 	end := nblocks
-	// Keys come in batches of what src knows ahead (memo hits: no call per block); ks[:kp]
-	// are used and passed to src.Advance when the batch runs out and when the loop ends.
-	var ks []uint64
-	kp := 0
-	for i := from; i < limit; i++ {
-		if kp == len(ks) {
-			src.Advance(kp)
-			ks, kp = src.KeysAhead(), 0
-		}
-		var key uint64
-		if kp < len(ks) {
-			key = ks[kp]
-			kp++
-		} else {
-			var err error
-			if key, err = src.Next(); err != nil {
-				r.Instances = r.Instances[:0]
-				return fmt.Errorf("hash query block %d: %w", i, err)
+	// Keys known ahead (memo runs) go through sameRun; the block that ends its loop, and
+	// every block whose key is not known ahead, are read here.
+	fb := probeFirst
+	for i := from; i < limit; {
+		if !r.slow {
+			j, all := r.sameRun(tab, src, &fb, limit-i, a0, a1, a2, a3)
+			if i += j; all {
+				continue
 			}
+		}
+		key, err := src.Next()
+		if err != nil {
+			r.Instances = r.Instances[:0]
+			return fmt.Errorf("hash query block %d: %w", i, err)
 		}
 		rec, ok := tab.find1(key)
 		if !ok {
@@ -402,14 +408,13 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 			r.drop1(a0&^n0, a1&^n1, a2&^n2, a3&^n3, min(int64(i)*bs, positions))
 			a0, a1, a2, a3 = n0, n1, n2, n3
 			if a3 == 0 {
-				src.Advance(kp)
 				r.walked = i + 1
 				w.done = true
 				return nil
 			}
 		}
+		i++
 	}
-	src.Advance(kp)
 	w.a = [4]uint64{a0, a1, a2, a3}
 	w.tab, w.prev = tab, prev
 	if end == nblocks && limit < nblocks {
@@ -417,6 +422,95 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	}
 	r.finish1(w, end, nblocks, positions, bs)
 	return nil
+}
+
+// sameRun walks, from the walk's next block, the keys src knows ahead (memo runs, or
+// precomputed keys): at most *batch of them (doubling per call up to aheadWalk, so that a
+// walk that stops soon loads few entries past its stop) and at most max. Their table
+// entries are loaded first (independent loads: the misses overlap), then sameAlive1 goes
+// through the blocks that change no alive set. It consumes those blocks from src and
+// returns their number, and whether that was every key it took; otherwise the next block
+// (which ended the run, or whose key src does not know ahead) is the walk's to read.
+func (r *Result) sameRun(tab *table, src keySource, batch *int, max int, a0, a1, a2, a3 uint64) (int, bool) {
+	ks := src.KeysAhead()
+	if len(ks) < 2 {
+		return 0, false
+	}
+	n := min(len(ks), *batch, max)
+	*batch = min(2**batch, aheadWalk)
+	r.pb.sink += tab.touch(ks[:n])
+	j := tab.sameAlive1(ks[:n], a0, a1, a2, a3)
+	src.Advance(j)
+	r.pb.ran += j
+	return j, j == n
+}
+
+// aheadWalk bounds the keys one sameRun takes.
+const aheadWalk = 64
+
+// sameAlive1 walks keys (consecutive blocks) in t while each block's record is found in
+// t, reads whole (the version check of walk1) and keeps every slot of the alive sets a0..a3
+// in its sets; it returns how many blocks it went through, len(keys) or the index of the
+// first block that does not (the walk reads that one again and handles it). No counts
+// change inside such a run, so the loop needs none of the walk's other state, and it makes
+// no call (find1 and the record read are written out): a call would spill every live
+// value, which cost more than the loop's own work.
+func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
+	entries, mask, shift, ar := t.entries, t.mask, t.shift, t.ar
+	packed := t.w == 0
+	for j, key := range keys {
+		h := mix(key)
+		fp, pos := h&^0xFFFFFFFF, h>>shift
+		var rec []uint64
+		for {
+			e := atomic.LoadUint64(&entries[pos])
+			if e == 0 {
+				return j
+			}
+			if e&^0xFFFFFFFF == fp && e != tombEntry {
+				if r := ar.Record(uint32(e) - 1); atomic.LoadUint64(&r[recKey]) == key {
+					rec = r
+					break
+				}
+			}
+			pos = (pos + 1) & mask
+		}
+		// walk1's versioned read (readPacked1, readWide1).
+		var meta, k, m2, dev, loc, dsk uint64
+		if packed {
+			p := (*[recBits + 1]uint64)(rec)
+			meta = atomic.LoadUint64(&p[recMeta])
+			k = atomic.LoadUint64(&p[recKey])
+			x := atomic.LoadUint64(&p[recBits])
+			m2 = atomic.LoadUint64(&p[recMeta])
+			dev, loc, dsk = x&packedMask, x>>packedSlots&packedMask, x>>(2*packedSlots)&packedMask
+		} else {
+			p := (*[recBits + 3]uint64)(rec)
+			meta = atomic.LoadUint64(&p[recMeta])
+			k = atomic.LoadUint64(&p[recKey])
+			dev = atomic.LoadUint64(&p[recBits])
+			loc = atomic.LoadUint64(&p[recBits+1])
+			dsk = atomic.LoadUint64(&p[recBits+2])
+			m2 = atomic.LoadUint64(&p[recMeta])
+		}
+		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+			return j
+		}
+		if n0, n1, n2, n3 := alive1(a0, a1, a2, a3, meta, dev, loc, dsk); n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
+			return j
+		}
+	}
+	return len(keys)
+}
+
+// touch loads the home entry of each key in t, so that their cache misses overlap before
+// the walk probes them one by one; the sum of the loads only feeds the caller's sink.
+func (t *table) touch(keys []uint64) uint64 {
+	var sink uint64
+	for _, k := range keys {
+		sink += atomic.LoadUint64(&t.entries[mix(k)>>t.shift])
+	}
+	return sink
 }
 
 // alive1 is walk1's tier rule for one record: the alive sets after it (see walk1).
