@@ -66,7 +66,7 @@ type probeBuf struct {
 	// probed counts the keys the walk's batches looked up, ran the blocks sameRun went
 	// through, both per query (tests check the early stop and which way the walk went).
 	probed, ran int
-	sink   uint64
+	sink        uint64
 }
 
 func (pb *probeBuf) reset() {
