@@ -284,13 +284,13 @@ func (r *Result) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 	pb := &r.pb
 	pb.reset()
 	pb.read = !r.slow
-	fb := probeFirst
+	rs := runState{batch: probeFirst}
 	for i := from; i < nblocks; {
 		if i >= pb.end && i != pb.stop && !r.noProbe {
 			// Keys known ahead (memo runs) go through sameRun; the block that ends its
 			// loop starts a batch of probes, read below.
 			if !r.slow {
-				j, all := r.sameRun(tab, src, &fb, nblocks-i, a0, a1, a2, a3)
+				j, all := r.sameRun(tab, src, &rs, i, nblocks-i, a0, a1, a2, a3)
 				if i += j; all {
 					continue
 				}
@@ -368,10 +368,10 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	end := nblocks
 	// Keys known ahead (memo runs) go through sameRun; the block that ends its loop, and
 	// every block whose key is not known ahead, are read here.
-	fb := probeFirst
+	rs := runState{batch: probeFirst}
 	for i := from; i < limit; {
 		if !r.slow {
-			j, all := r.sameRun(tab, src, &fb, limit-i, a0, a1, a2, a3)
+			j, all := r.sameRun(tab, src, &rs, i, limit-i, a0, a1, a2, a3)
 			if i += j; all {
 				continue
 			}
@@ -424,26 +424,34 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	return nil
 }
 
-// sameRun walks, from the walk's next block, the keys src knows ahead (memo runs, or
-// precomputed keys): at most *batch of them (doubling per call up to aheadWalk, so that a
-// walk that stops soon loads few entries past its stop) and at most max. Their table
-// entries are loaded first (independent loads: the misses overlap), then sameAlive1 goes
-// through the blocks that change no alive set. It consumes those blocks from src and
-// returns their number, and whether that was every key it took; otherwise the next block
-// (which ended the run, or whose key src does not know ahead) is the walk's to read.
-func (r *Result) sameRun(tab *table, src keySource, batch *int, max int, a0, a1, a2, a3 uint64) (int, bool) {
+// sameRun walks, from the walk's block i, the keys src knows ahead (memo runs, or
+// precomputed keys): at most st.batch of them (doubling per call up to aheadWalk, so that
+// a walk that stops soon loads few entries past its stop) and at most most. Their table
+// entries are loaded first (independent loads: the misses overlap; never twice for one
+// block), then sameAlive1 goes through the blocks that change no alive set. It consumes
+// those blocks from src and returns their number, and whether that was every key it
+// took; otherwise the next block (which ended the run, or whose key src does not know
+// ahead) is the walk's to read.
+func (r *Result) sameRun(tab *table, src keySource, st *runState, i, most int, a0, a1, a2, a3 uint64) (int, bool) {
 	ks := src.KeysAhead()
 	if len(ks) < 2 {
 		return 0, false
 	}
-	n := min(len(ks), *batch, max)
-	*batch = min(2**batch, aheadWalk)
-	r.pb.sink += tab.touch(ks[:n])
+	n := min(len(ks), st.batch, most)
+	st.batch = min(2*st.batch, aheadWalk)
+	if from := st.touched - i; from < n {
+		r.pb.sink += tab.touch(ks[max(from, 0):n])
+		st.touched = i + n
+	}
 	j := tab.sameAlive1(ks[:n], a0, a1, a2, a3)
 	src.Advance(j)
 	r.pb.ran += j
 	return j, j == n
 }
+
+// runState is a walk's sameRun state: the batch size, and the block before which every
+// table entry sameRun will read was loaded already.
+type runState struct{ batch, touched int }
 
 // aheadWalk bounds the keys one sameRun takes.
 const aheadWalk = 64
