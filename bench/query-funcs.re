@@ -1,0 +1,1 @@
+hashing\.|maphash|engine\.\(\*Result\)|engine\.\(\*probeBuf\)|engine\.\(\*table\)\.(find1|sameAlive1|touch|findMissed|findPrev)|engine\.\(\*Engine\)\.Query|engine\.\(\*sliceKeys\)|sha256|aeshash|runtime\.mem
