@@ -128,7 +128,7 @@ func (pb *probeBuf) next(t *table, src keySource, i, nblocks int, alive uint64) 
 func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
 	var sink uint64
 	for _, k := range keys {
-		sink += atomic.LoadUint64(&t.entries[mix(k)>>t.shift])
+		sink += atomic.LoadUint64(&t.entries[mix(k)>>(t.shift&63)])
 	}
 	pb.sink += sink
 	for j, k := range keys {

@@ -468,7 +468,7 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 	packed := t.w == 0
 	for j, key := range keys {
 		h := mix(key)
-		fp, pos := h&^0xFFFFFFFF, h>>shift
+		fp, pos := h&^0xFFFFFFFF, h>>(shift&63) // &63: one shift instruction (shift < 64 always)
 		var rec []uint64
 		for {
 			e := atomic.LoadUint64(&entries[pos])
@@ -516,7 +516,7 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 func (t *table) touch(keys []uint64) uint64 {
 	var sink uint64
 	for _, k := range keys {
-		sink += atomic.LoadUint64(&t.entries[mix(k)>>t.shift])
+		sink += atomic.LoadUint64(&t.entries[mix(k)>>(t.shift&63)])
 	}
 	return sink
 }

@@ -230,7 +230,7 @@ func (t *table) retryMiss(key uint64) (*table, []uint64, bool) {
 func (t *table) find1(key uint64) ([]uint64, bool) {
 	h := mix(key)
 	fp := h &^ 0xFFFFFFFF
-	pos := h >> t.shift
+	pos := h >> (t.shift & 63) // &63: one shift instruction (shift < 64 always)
 	for {
 		e := atomic.LoadUint64(&t.entries[pos])
 		if e == 0 {
