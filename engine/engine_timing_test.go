@@ -70,10 +70,24 @@ func benchContext(b *testing.B, nslots int, keys []uint64, extra int) *Engine {
 	}
 	// Measure the steady state: let the writer finish a table migration the stores left
 	// running (it does so between requests, in bounded steps).
-	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
-		runtime.Gosched()
-	}
+	settled(e)
 	return e
+}
+
+// timeBlocks runs op(i) for i < b.N on a thread of its own with the timer reset, reports
+// that thread's CPU per block (blocks per op: on a shared machine wall time also counts
+// waiting for a CPU) and stops the timer.
+func timeBlocks(b *testing.B, blocks int, op func(i int)) {
+	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ResetTimer()
+	c0 := threadCPU()
+	for i := 0; i < b.N; i++ {
+		op(i)
+	}
+	b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
+	b.StopTimer()
 }
 
 // BenchmarkQueryWalk measures the walk alone (precomputed keys, no hashing) over a prompt
@@ -101,15 +115,7 @@ func BenchmarkQueryWalk(b *testing.B) {
 				if res.Instances[0].Disk != blocks*16 {
 					b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
 				}
-				b.ReportAllocs()
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-				b.ResetTimer()
-				c0 := threadCPU()
-				for i := 0; i < b.N; i++ {
-					_ = e.QueryKeys(ctxA, keys, blocks*16, "", &res)
-				}
-				b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
+				timeBlocks(b, blocks, func(int) { _ = e.QueryKeys(ctxA, keys, blocks*16, "", &res) })
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
 			})
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"runtime"
 	"testing"
 
 	"github.com/conductor-go/conductor/hashing"
@@ -46,9 +45,7 @@ func coldContext(b *testing.B, prompts, blocks int) *Engine {
 			b.Fatal(err)
 		}
 	}
-	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
-		runtime.Gosched()
-	}
+	settled(e)
 	return e
 }
 
@@ -67,17 +64,10 @@ func BenchmarkQueryWalkCold(b *testing.B) {
 	}
 	var res Result
 	res.noProbe = *noProbe
-	b.ReportAllocs()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	b.ResetTimer()
-	c0 := threadCPU()
-	for i := 0; i < b.N; i++ {
+	timeBlocks(b, blocks, func(i int) {
 		p := (i * 7919) % prompts
 		_ = e.QueryKeys(ctxA, keys[p*blocks:(p+1)*blocks], blocks*16, "", &res)
-	}
-	b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
-	b.StopTimer()
+	})
 	if res.Instances[0].Disk != blocks*16 {
 		b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
 	}
@@ -129,9 +119,7 @@ func BenchmarkQueryCold(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
-				runtime.Gosched()
-			}
+			settled(e)
 			var res Result
 			res.noProbe = *noProbe
 			q := &Query{Key: ctxA}
@@ -141,18 +129,11 @@ func BenchmarkQueryCold(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportAllocs()
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			b.ResetTimer()
-			c0 := threadCPU()
-			for i := 0; i < b.N; i++ {
+			timeBlocks(b, blocks, func(i int) {
 				pr := (i * 7919) % prompts
 				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
 				_ = e.Query(q, &res)
-			}
-			b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
-			b.StopTimer()
+			})
 			// Every block comes from the memo but those its 4-way sets lost to overflow
 			// (rare at this load, counted as evictions: each costs one hashed block).
 			want := 0
@@ -217,9 +198,7 @@ func BenchmarkQueryWarm(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for c := e.lookup(ctxA); c.state.Load().tab.prev.Load() != nil; {
-		runtime.Gosched()
-	}
+	settled(e)
 	var res Result
 	res.noProbe = *noProbe
 	q := &Query{Key: ctxA}
@@ -233,16 +212,7 @@ func BenchmarkQueryWarm(b *testing.B) {
 	for i := 0; i < 2*prompts; i++ { // fills the memo, then warms the caches
 		ask(i)
 	}
-	b.ReportAllocs()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	b.ResetTimer()
-	c0 := threadCPU()
-	for i := 0; i < b.N; i++ {
-		ask(i)
-	}
-	b.ReportMetric(float64(threadCPU()-c0)/float64(b.N*blocks), "cpu-ns/block")
-	b.StopTimer()
+	timeBlocks(b, blocks, ask)
 	hit := res.Instances[(b.N-1)%prompts%len(slots)]
 	if hit.Device != blocks*16 || res.fromMemo != blocks {
 		b.Fatalf("not a memo-warm full hit: device %d, %d of %d blocks from the memo", hit.Device, res.fromMemo, blocks)

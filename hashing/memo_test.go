@@ -15,47 +15,39 @@ type chainRun struct {
 	err     error
 }
 
-// runChain consumes up to limit blocks (all when limit < 0) of one prompt.
+// runChain consumes up to limit blocks (all when limit < 0) of one prompt with Next.
 func runChain(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []int32, limit int) chainRun {
-	ch.ResetMemo(m, p, bs, lora, salt, toks)
-	var r chainRun
-	for limit < 0 || len(r.keys) < limit {
-		k, err := ch.Next()
-		if err != nil {
-			r.err = err
-			break
-		}
-		r.keys = append(r.keys, k)
-		r.digests = append(r.digests, ch.Digest())
-		r.known = append(r.known, ch.digestKnown())
-	}
-	ch.Done()
-	return r
+	return runChainAdvance(ch, m, p, bs, lora, salt, toks, limit, nil)
 }
 
-// runChainAdvance is runChain consuming keys in random mixes of Next and KeysAhead
-// batches taken by Advance (all, part or none of each); a block's digest is recorded
-// where the chain exposes it (after Next, after the last block of an Advance), so that
-// sameRun compares keys, the exposed digests and the error.
+// runChainAdvance is runChain consuming keys, when r is not nil, in random mixes of Next
+// and KeysAhead batches taken by Advance (all, part or none of each); a block's digest is
+// recorded where the chain exposes it (after Next, after the last block of an Advance), so
+// that sameRun compares keys, the exposed digests and the error.
 func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, toks []int32, limit int, r *rand.Rand) chainRun {
 	ch.ResetMemo(m, p, bs, lora, salt, toks)
 	var got chainRun
+	add := func(k uint64) {
+		got.keys = append(got.keys, k)
+		got.digests = append(got.digests, ch.Digest())
+		got.known = append(got.known, ch.digestKnown())
+	}
 	for limit < 0 || len(got.keys) < limit {
-		if r.IntN(2) == 0 {
+		if r != nil && r.IntN(2) == 0 {
 			ahead := ch.KeysAhead()
 			n := min(len(ahead), r.IntN(len(ahead)+2))
 			if limit >= 0 {
 				n = min(n, limit-len(got.keys))
 			}
 			if n > 0 {
-				got.keys = append(got.keys, ahead[:n]...)
+				keys := append([]uint64(nil), ahead[:n]...)
 				ch.Advance(n)
-				for len(got.digests) < len(got.keys)-1 {
+				for _, k := range keys[:n-1] {
+					got.keys = append(got.keys, k)
 					got.digests = append(got.digests, [32]byte{})
 					got.known = append(got.known, false)
 				}
-				got.digests = append(got.digests, ch.Digest())
-				got.known = append(got.known, ch.digestKnown())
+				add(keys[n-1])
 				if ch.Hashed() != len(got.keys) {
 					return chainRun{err: errors.New("Hashed after Advance")}
 				}
@@ -67,9 +59,7 @@ func runChainAdvance(ch *Chain, m *Memo, p *Profile, bs int, lora, salt string, 
 			got.err = err
 			break
 		}
-		got.keys = append(got.keys, k)
-		got.digests = append(got.digests, ch.Digest())
-		got.known = append(got.known, ch.digestKnown())
+		add(k)
 	}
 	ch.Done()
 	return got
