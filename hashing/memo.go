@@ -188,9 +188,9 @@ func (m *Memo) touch(a, b uint64) uint64 {
 	return ldw(&e.a) + ldw(&e.d[0])
 }
 
-// touchSet loads a word of each line of the set of lane a, for an insert whose preferred
-// way is taken, which reads every way's first line (a, b, check are there and in the
-// second line; see insert).
+// touchSet loads a word of both lines of every entry of the set of lane a, for an insert
+// whose preferred way is taken, which reads every way's lanes (first line), check word
+// and reference bit (second line; see insert).
 func (m *Memo) touchSet(a uint64) uint64 {
 	s := m.set(a)
 	e := m.ents[s : s+memoWays : s+memoWays]
