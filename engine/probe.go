@@ -1,9 +1,6 @@
 package engine
 
-import (
-	"sync/atomic"
-	"time"
-)
+import "time"
 
 // Overlapped probes. A walk that knows the keys of the blocks ahead finds their records in
 // a batch before it reads them: the table loads of a batch are independent of each other,
@@ -64,9 +61,10 @@ type probeBuf struct {
 	stop          int
 	batch, hbatch int
 	// probed counts the keys the walk's batches looked up, ran the blocks sameRun went
-	// through, both per query (tests check the early stop and which way the walk went).
-	probed, ran int
-	sink        uint64
+	// through and loaded the table entries it loaded ahead, all per query (tests check
+	// the early stop and which way the walk went).
+	probed, ran, loaded int
+	sink                uint64
 }
 
 func (pb *probeBuf) reset() {
@@ -126,11 +124,7 @@ func (pb *probeBuf) next(t *table, src keySource, i, nblocks int, alive uint64) 
 // set it also ends the batch after the first record that holds none of alive's slots in
 // any tier and is not shared (no slot could be alive on disk after it).
 func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
-	var sink uint64
-	for _, k := range keys {
-		sink += atomic.LoadUint64(&t.entries[mix(k)>>(t.shift&63)])
-	}
-	pb.sink += sink
+	pb.sink += t.touch(keys)
 	for j, k := range keys {
 		pb.probed++
 		rec, ok := t.find1(k)

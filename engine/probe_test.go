@@ -77,6 +77,11 @@ func TestProbeStopsNearWalkEnd(t *testing.T) {
 			if p := res.pb.probed + res.pb.ran; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
 				t.Fatalf("probed %d blocks ahead (max %d, want %d)", p, tc.maxProbed, tc.wantProbed)
 			}
+			// sameRun's batches grow only once walked whole: the entries it loaded past
+			// the stop are at most probeFirst plus the blocks walked.
+			if res.pb.loaded > 2*res.walked+probeFirst {
+				t.Fatalf("loaded %d table entries ahead for a walk of %d blocks", res.pb.loaded, res.walked)
+			}
 			// The same answer without the probes.
 			var plain Result
 			plain.noProbe = true
@@ -266,5 +271,34 @@ func TestWalkSwitchesToProbesMidWalk(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestSameRunBatchGrowsOnlyWhenWalked: where a slot leaves at every block, each sameRun
+// call goes through no block, so its batch stays at probeFirst and the table entries it
+// loads ahead stay within a batch of the walk's end (a batch that doubled per call would
+// load aheadWalk of them within a few blocks).
+func TestSameRunBatchGrowsOnlyWhenWalked(t *testing.T) {
+	const slots, blocks = 20, 512
+	keys := make([]uint64, blocks)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	e := newTestEngine(t, Config{})
+	for s := 0; s < slots; s++ {
+		sl := Slot{"a", s}
+		mustRegister(t, e, ctxA, vllmProfile(t), sl)
+		mustApply(t, e, ctxA, store(sl, TierDisk, keys[:s+1]...))
+	}
+	settled(e)
+	var res Result
+	if err := e.QueryKeys(ctxA, keys, blocks*16, "", &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.walked != slots+1 {
+		t.Fatalf("walked %d blocks, want %d", res.walked, slots+1)
+	}
+	if res.pb.loaded > res.walked+probeFirst {
+		t.Fatalf("loaded %d table entries ahead for a walk of %d blocks", res.pb.loaded, res.walked)
 	}
 }

@@ -197,7 +197,7 @@ func (st *slotTable) selectInstances(filter string) ([]instSlots, []uint64) {
 func (r *Result) run(v *view, insts []instSlots, mask []uint64, hook func(int, int), src keySource, nblocks int, positions, bs int64) error {
 	r.Instances = r.Instances[:0]
 	r.walked = 0
-	r.pb.probed, r.pb.ran = 0, 0
+	r.pb.probed, r.pb.ran, r.pb.loaded = 0, 0, 0
 	w := len(mask)
 	if need := w * 64; len(r.counts) < need {
 		r.counts = make([][4]int64, need)
@@ -425,8 +425,10 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 }
 
 // sameRun walks, from the walk's block i, the keys src knows ahead (memo runs, or
-// precomputed keys): at most st.batch of them (doubling per call up to aheadWalk, so that
-// a walk that stops soon loads few entries past its stop) and at most most. Their table
+// precomputed keys): at most st.batch of them and at most most. The batch starts at
+// probeFirst and doubles (up to aheadWalk) only after a call went through all its keys,
+// so a batch is never larger than probeFirst plus the blocks already walked, and the
+// entries loaded past the block where the walk stops are at most that (and aheadWalk). Their table
 // entries are loaded first (independent loads: the misses overlap; never twice for one
 // block), then sameAlive1 goes through the blocks that change no alive set. It consumes
 // those blocks from src and returns their number, and whether that was every key it
@@ -438,15 +440,19 @@ func (r *Result) sameRun(tab *table, src keySource, st *runState, i, most int, a
 		return 0, false
 	}
 	n := min(len(ks), st.batch, most)
-	st.batch = min(2*st.batch, aheadWalk)
 	if from := st.touched - i; from < n {
 		r.pb.sink += tab.touch(ks[max(from, 0):n])
+		r.pb.loaded += n - max(from, 0)
 		st.touched = i + n
 	}
 	j := tab.sameAlive1(ks[:n], a0, a1, a2, a3)
 	src.Advance(j)
 	r.pb.ran += j
-	return j, j == n
+	if j < n {
+		return j, false
+	}
+	st.batch = min(2*st.batch, aheadWalk)
+	return j, true
 }
 
 // runState is a walk's sameRun state: the batch size, and the block before which every

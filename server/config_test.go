@@ -435,7 +435,7 @@ func TestConfigExposureAndLimitKeys(t *testing.T) {
 	if app.Limits != want || app.HTTPBindAddress != "127.0.0.1" || app.RPCBindAddress != "::1" || app.AdminToken != "s3cret" {
 		t.Fatalf("AppConfig = %+v", app)
 	}
-	for _, bad := range []string{`{"max_services": 0}`, `{"http_read_timeout_ms": -1}`, `{"max_query_body_bytes": "1"}`, `{"admin_token": 1}`} {
+	for _, bad := range []string{`{"max_services": 0}`, `{"http_read_timeout_ms": -1}`, `{"http_read_buffer_bytes": 1024}`, `{"http_read_buffer_bytes": 1073741824}`, `{"max_query_body_bytes": "1"}`, `{"admin_token": 1}`} {
 		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil {
 			t.Errorf("%s accepted", bad)
 		}

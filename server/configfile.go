@@ -182,6 +182,10 @@ func LoadConfigFile(path string) (FileConfig, error) {
 		}
 		p.set(v)
 	}
+	// Each open connection holds one read buffer: a typo must not make it gigabytes.
+	if n := cfg.Limits.HTTPReadBufferBytes; n != 0 && (n < MinHTTPReadBufferBytes || n > MaxHTTPReadBufferBytes) {
+		return cfg, fmt.Errorf("config file %s: http_read_buffer_bytes must be in %d..%d", path, MinHTTPReadBufferBytes, MaxHTTPReadBufferBytes)
+	}
 	for _, p := range []struct {
 		key string
 		dst *int

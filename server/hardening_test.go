@@ -153,8 +153,8 @@ func TestHTTPReadBufferBytes(t *testing.T) {
 		return "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: " + strings.Repeat("p", 12<<10) + "\r\n\r\n"
 	}
 	def := startLimited(t, Limits{}, "")
-	if resp, _ := rawHTTP(t, def.HTTPAddr, head(), nil); resp.StatusCode == http.StatusOK {
-		t.Fatalf("12 KiB header, default buffer: %d", resp.StatusCode)
+	if resp, _ := rawHTTP(t, def.HTTPAddr, head(), nil); resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("12 KiB header, default buffer: %d, want 431", resp.StatusCode)
 	}
 	big := startLimited(t, Limits{HTTPReadBufferBytes: 16 << 10}, "")
 	if resp, _ := rawHTTP(t, big.HTTPAddr, head(), nil); resp.StatusCode != http.StatusOK {

@@ -28,7 +28,8 @@ type Limits struct {
 	// (http_max_connections, default 4096); beyond it fasthttp answers 503 and closes.
 	HTTPMaxConnections int
 	// HTTPReadBufferBytes is each HTTP connection's read buffer (http_read_buffer_bytes,
-	// default 4 KiB, fasthttp's, and at least that; it also bounds a request's header).
+	// default 4 KiB, fasthttp's, and at least that; at most 16 MiB in the config file; it
+	// also bounds a request's header: a larger one is answered 431).
 	// Each open connection holds one. A larger buffer reads a request whose header and
 	// body fit in one system call instead of three for a 32 KiB body, but the body is
 	// then copied out of the buffer once more (a body larger than the buffer is read
@@ -67,6 +68,7 @@ const (
 	DefaultHTTPMaxConnections   = 4096
 	DefaultHTTPReadBufferBytes  = 4 << 10
 	MinHTTPReadBufferBytes      = 4 << 10
+	MaxHTTPReadBufferBytes      = 16 << 20
 	DefaultHTTPReadTimeout      = 30 * time.Second
 	DefaultHTTPIdleTimeout      = 60 * time.Second
 	DefaultRPCMaxConnections    = 1024
