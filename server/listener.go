@@ -114,3 +114,9 @@ func temporaryAcceptError(err error) bool {
 	}
 	return errors.Is(err, os.ErrDeadlineExceeded)
 }
+
+// FastListener wraps ln as the HTTP server wraps its own listener: on Linux each
+// accepted TCP connection reads and writes with raw non-blocking socket calls (see
+// fastConn). For servers that must pay exactly the conductor's connection costs, such
+// as the benchmark's floor server (bench/floor).
+func FastListener(ln net.Listener) net.Listener { return fastListener{ln} }

@@ -14,11 +14,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/conductor-go/conductor/bench/floor"
 	"github.com/conductor-go/conductor/bench/report"
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/wire/publisher"
 	"github.com/tinylib/msgp/msgp"
+	"github.com/valyala/fasthttp"
 )
 
 // Shape is how much of a query prompt is indexed.
@@ -71,6 +73,13 @@ func ParseMemo(s string) (Memo, error) {
 // Sampler reads the conductor process's RSS and CPU time.
 type Sampler func() (rssBytes uint64, cpu time.Duration, err error)
 
+// Floor is a floor server to measure cells against (Config.Floor).
+type Floor struct {
+	// Addr is its HTTP address; Sample reads its CPU time (required).
+	Addr   string
+	Sample Sampler
+}
+
 // Config configures a load run.
 type Config struct {
 	// Addr is the conductor's HTTP address.
@@ -107,7 +116,12 @@ type Config struct {
 	MixedWidths bool
 	// Sample reads the conductor's CPU time and RSS (nil: no CPU per query).
 	Sample Sampler
-	Seed   uint64
+	// Floor, when set, measures each cell's floor right after it: the same prompts,
+	// clients and duration (or count) sent to a floor server (bench/floor) that reads
+	// each body and answers the conductor's own answer to the cell's first prompt
+	// without other work (Cell.FloorCPUPerQueryUS).
+	Floor *Floor
+	Seed  uint64
 	// Progress gets one line per cell (nil = silent).
 	Progress io.Writer
 	// GrowTo, when above IndexedBlocks, adds a growth phase after the grid: the first
@@ -144,6 +158,11 @@ type Cell struct {
 	// CPUPerQueryUS is the conductor's CPU time per query (the harness's too when the
 	// conductor runs in-process); 0 when unknown.
 	CPUPerQueryUS float64 `json:"cpu_per_query_us,omitempty"`
+	// FloorCPUPerQueryUS is the floor server's CPU time per request for the same bodies
+	// and clients, measured right after the cell (Config.Floor; 0 when not measured), and
+	// FloorQueries the requests it answered.
+	FloorCPUPerQueryUS float64 `json:"floor_cpu_per_query_us,omitempty"`
+	FloorQueries       int     `json:"floor_queries,omitempty"`
 	// RequestBytes is the mean request body size (the response is the same either way).
 	RequestBytes float64 `json:"request_body_bytes"`
 	// Wrong counts answers whose longest match differed from the prompt's shape.
@@ -390,10 +409,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 						return res, err
 					}
 					cell.Memo = md
+					if cfg.Floor != nil {
+						if err := measureFloor(ctx, &cfg, cl, prompts, &cell, once); err != nil {
+							return res, err
+						}
+					}
 					res.Cells = append(res.Cells, cell)
 					if cfg.Progress != nil {
-						fmt.Fprintf(cfg.Progress, "  %6d tokens %-4s %-6s x%d: %7.0f q/s  p50 %7.1fus  p99 %7.1fus  cpu/q %7.1fus\n",
-							L, sh, md, conc, cell.QPS, cell.Latency.P50US, cell.Latency.P99US, cell.CPUPerQueryUS)
+						floor := ""
+						if cfg.Floor != nil {
+							floor = fmt.Sprintf("  floor %7.1fus", cell.FloorCPUPerQueryUS)
+						}
+						fmt.Fprintf(cfg.Progress, "  %6d tokens %-4s %-6s x%d: %7.0f q/s  p50 %7.1fus  p99 %7.1fus  cpu/q %7.1fus%s\n",
+							L, sh, md, conc, cell.QPS, cell.Latency.P50US, cell.Latency.P99US, cell.CPUPerQueryUS, floor)
 					}
 				}
 			}
@@ -512,16 +540,93 @@ func kindOf(h sim.HashSpec) publisher.Kind {
 // and a Session, whose pre-encoded sends keep encoding and pooling out of the latency.
 func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L int, sh Shape, conc int, once bool, until <-chan struct{}) (Cell, error) {
 	cell := Cell{PromptTokens: L, Shape: sh, Concurrency: conc}
+	var cpu0 time.Duration
+	if cfg.Sample != nil {
+		_, cpu0, _ = cfg.Sample()
+	}
+	all, wrong, elapsed, err := drive(ctx, cfg, cfg.Addr, f, prompts, conc, once, until)
+	if err != nil {
+		return cell, fmt.Errorf("%d tokens %s x%d: %w", L, sh, conc, err)
+	}
+	cell.Queries, cell.Wrong = len(all), wrong
+	for i := range prompts {
+		cell.RequestBytes += float64(len(prompts[i].body)) / float64(len(prompts))
+	}
+	cell.QPS = float64(len(all)) / elapsed.Seconds()
+	cell.Latency = report.Summarize(all)
+	if cfg.Sample != nil {
+		if _, cpu1, err := cfg.Sample(); err == nil && len(all) > 0 {
+			cell.CPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
+		}
+	}
+	return cell, nil
+}
+
+// measureFloor measures cell's floor (Config.Floor): the floor server is given the
+// conductor's answer to the cell's first prompt, then gets the cell's prompts from as
+// many clients, for the cell's duration (or each prompt once, as the cell did).
+func measureFloor(ctx context.Context, cfg *Config, cl *httpclient.Client, prompts []prompt, cell *Cell, once bool) error {
+	s := cl.NewSession()
+	if cfg.ByHash {
+		s.Close()
+		s = cl.NewByHashSession()
+	}
+	answer, err := s.QueryRaw(prompts[0].body)
+	if err == nil {
+		err = putFloorReply(cfg.Floor.Addr, answer)
+	}
+	s.Close()
+	if err != nil {
+		return fmt.Errorf("floor of %d tokens %s x%d: %w", cell.PromptTokens, cell.Shape, cell.Concurrency, err)
+	}
+	_, cpu0, err := cfg.Floor.Sample()
+	if err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	all, _, _, err := drive(ctx, cfg, cfg.Floor.Addr, nil, prompts, cell.Concurrency, once, nil)
+	if err != nil {
+		return fmt.Errorf("floor of %d tokens %s x%d: %w", cell.PromptTokens, cell.Shape, cell.Concurrency, err)
+	}
+	_, cpu1, err := cfg.Floor.Sample()
+	if err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	cell.FloorQueries = len(all)
+	if len(all) > 0 {
+		cell.FloorCPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
+	}
+	return nil
+}
+
+// putFloorReply sets the floor server's answer (floor.ReplyPath).
+func putFloorReply(addr string, body []byte) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + floor.ReplyPath)
+	req.Header.SetMethod(fasthttp.MethodPut)
+	req.SetBody(body)
+	if err := fasthttp.DoTimeout(req, resp, 10*time.Second); err != nil {
+		return fmt.Errorf("set floor reply: %w", err)
+	}
+	if resp.StatusCode() != fasthttp.StatusNoContent {
+		return fmt.Errorf("set floor reply: status %d", resp.StatusCode())
+	}
+	return nil
+}
+
+// drive is the client side of a cell: conc clients send prompts to addr, each client
+// cycling through them from its own offset until the duration passes (or until closes),
+// or, with once, taking each prompt once between them. With a fleet f each answer is
+// decoded and checked against its prompt (wrong counts those that differ); without one
+// the answers are not decoded. It returns every query's latency.
+func drive(ctx context.Context, cfg *Config, addr string, f *sim.Fleet, prompts []prompt, conc int, once bool, until <-chan struct{}) (all []time.Duration, wrong int, elapsed time.Duration, err error) {
 	type worker struct {
 		lat   []time.Duration
 		wrong int
 		err   error
 	}
 	ws := make([]worker, conc)
-	var cpu0 time.Duration
-	if cfg.Sample != nil {
-		_, cpu0, _ = cfg.Sample()
-	}
 	var wg sync.WaitGroup
 	var nextOnce atomic.Int64
 	start := time.Now()
@@ -530,7 +635,7 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 		wg.Add(1)
 		go func(w *worker, g int) {
 			defer wg.Done()
-			cl, err := httpclient.New(cfg.Addr, httpclient.Options{Timeout: time.Minute})
+			cl, err := httpclient.New(addr, httpclient.Options{Timeout: time.Minute})
 			if err != nil {
 				w.err = err
 				return
@@ -554,15 +659,22 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 				}
 				p := &prompts[k%len(prompts)]
 				t := time.Now()
-				if err := s.QueryEncoded(p.body, &res); err != nil {
+				if f != nil {
+					err = s.QueryEncoded(p.body, &res)
+				} else {
+					_, err = s.QueryRaw(p.body)
+				}
+				if err != nil {
 					w.err = err
 					return
 				}
 				done := time.Now()
 				w.lat = append(w.lat, done.Sub(t))
-				hits = f.Hits(hits, &res)
-				if !answerMatches(hits, p) {
-					w.wrong++
+				if f != nil {
+					hits = f.Hits(hits, &res)
+					if !answerMatches(hits, p) {
+						w.wrong++
+					}
 				}
 				if until != nil {
 					select {
@@ -580,27 +692,15 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 		}(&ws[g], g)
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	var all []time.Duration
+	elapsed = time.Since(start)
 	for i := range ws {
 		if ws[i].err != nil {
-			return cell, fmt.Errorf("%d tokens %s x%d: %w", L, sh, conc, ws[i].err)
+			return nil, 0, elapsed, ws[i].err
 		}
 		all = append(all, ws[i].lat...)
-		cell.Wrong += ws[i].wrong
+		wrong += ws[i].wrong
 	}
-	cell.Queries = len(all)
-	for i := range prompts {
-		cell.RequestBytes += float64(len(prompts[i].body)) / float64(len(prompts))
-	}
-	cell.QPS = float64(len(all)) / elapsed.Seconds()
-	cell.Latency = report.Summarize(all)
-	if cfg.Sample != nil {
-		if _, cpu1, err := cfg.Sample(); err == nil && len(all) > 0 {
-			cell.CPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
-		}
-	}
-	return cell, nil
+	return all, wrong, elapsed, nil
 }
 
 // answerMatches checks, given the answer filed by instance (sim.Fleet.Hits), the owner's

@@ -3,11 +3,15 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"net"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/conductor-go/conductor/bench/floor"
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/bench/target"
+	"github.com/conductor-go/conductor/httpclient"
 )
 
 // TestLoadgenGrid: against a real in-process conductor, every cell of a small grid sends
@@ -199,5 +203,68 @@ func TestLoadgenGrowth(t *testing.T) {
 		if cell.Queries < 1 || cell.Wrong != 0 || cell.Latency.P50US <= 0 || cell.Shape != ShapeHit {
 			t.Errorf("cell %+v", cell)
 		}
+	}
+}
+
+// TestLoadgenFloor: with a floor server, every cell is followed by its floor: the floor
+// server answers as many requests as the floor cells report (each cold prompt once, as
+// its cell sent them), reads every body in full, and answers with the conductor's own
+// answer, which the floor measurement put there.
+func TestLoadgenFloor(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := floor.New()
+	served := make(chan struct{})
+	go func() { _ = fs.Serve(ln); close(served) }()
+	defer func() { _ = fs.Shutdown(); <-served }()
+	self := func() (uint64, time.Duration, error) {
+		s, err := target.ReadProc(os.Getpid())
+		return s.RSSBytes, s.CPU, err
+	}
+	res, err := Run(context.Background(), Config{
+		Addr: c.Addr, Instances: 2, IndexedBlocks: 3000, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
+		PromptTokens: []int{512}, Shapes: []Shape{ShapeHit, ShapeMiss}, Concurrency: []int{1, 2},
+		Memo: []Memo{MemoCold, MemoWarm}, ColdPrompts: 5, Duration: 20 * time.Millisecond, Seed: 7, BinaryTokens: true,
+		Sample: self, Floor: &Floor{Addr: ln.Addr().String(), Sample: self},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	total, sent := 0, 0.0
+	for _, cell := range res.Cells {
+		if cell.Wrong != 0 || cell.FloorQueries < cell.Concurrency || cell.FloorCPUPerQueryUS <= 0 ||
+			(cell.Memo == MemoCold && cell.FloorQueries != cell.Queries) {
+			t.Errorf("cell %+v", cell)
+		}
+		total += cell.FloorQueries
+		// Bin bodies of one length have one size.
+		sent += float64(cell.FloorQueries) * cell.RequestBytes
+	}
+	if n := fs.Requests.Load(); n != int64(total) {
+		t.Errorf("floor server answered %d requests, cells report %d", n, total)
+	}
+	// Bytes also holds the replies PUT (one per cell).
+	if read := fs.Bytes.Load(); float64(read) < sent {
+		t.Errorf("floor server read %d body bytes, the cells sent %.0f", read, sent)
+	}
+	// Its reply is the conductor's answer to the last cell's first prompt: a /query answer.
+	cl, err := httpclient.New(ln.Addr().String(), httpclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got httpclient.QueryResult
+	if err := cl.Query(&httpclient.QueryRequest{Model: "x", BlockSize: 16, TokenIDs: []int32{1}}, &got); err != nil {
+		t.Fatalf("floor reply is not a /query answer: %v", err)
+	}
+	if len(got.Instances) != 2 {
+		t.Errorf("floor reply names %d instances, want the conductor's 2", len(got.Instances))
 	}
 }

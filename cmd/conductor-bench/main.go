@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/conductor-go/conductor/bench/floor"
 	"github.com/conductor-go/conductor/bench/loadgen"
 	"github.com/conductor-go/conductor/bench/replay"
 	"github.com/conductor-go/conductor/bench/report"
@@ -44,6 +45,8 @@ commands:
   services measure descriptors and OS threads per registered service (register, unregister)
   bigmsg   measure RSS around one outsized ZMQ message from a registered publisher
   logflood measure the log a spawned conductor writes for a flood of malformed batches
+  floor-server
+           serve the load command's floor server (load --floor starts it)
 
 Run "conductor-bench <command> -h" for the flags of a command.
 `
@@ -67,6 +70,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runBigMessage(ctx, args[1:], stdout, stderr)
 	case "logflood":
 		err = runLogFlood(ctx, args[1:], stdout, stderr)
+	case floor.Command:
+		err = floor.Run(ctx, stdout)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -348,6 +353,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	growTo := fs.Int("grow-to", 0, "after the grid, measure the first cell idle and again while a publisher grows the index to this many blocks (0 = no growth phase)")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
+	withFloor := fs.Bool("floor", false, "after each cell, measure its floor: the server CPU of the same requests answered by a bare server with the conductor's connection layer that only reads them (needs --conductor-bin or --pid)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -395,6 +401,24 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if s := sampler(cond); s != nil {
 		cfg.Sample = loadgen.Sampler(s)
 	}
+	if *withFloor {
+		if cond.PID <= 0 || cond.Mode == target.ModeInProcess {
+			return errors.New("--floor needs the conductor's own CPU time: --conductor-bin, or --conductor with --pid")
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--floor: %w", err)
+		}
+		fp, err := floor.Spawn(self, stderr)
+		if err != nil {
+			return err
+		}
+		defer fp.Stop()
+		cfg.Floor = &loadgen.Floor{Addr: fp.Addr, Sample: func() (uint64, time.Duration, error) {
+			s, err := target.ReadProc(fp.PID)
+			return s.RSSBytes, s.CPU, err
+		}}
+	}
 	res, runErr := loadgen.Run(ctx, cfg)
 	if res == nil {
 		return runErr
@@ -409,13 +433,23 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens], map[bool]string{true: "block keys", false: "tokens"}[res.ByHash]),
 		Header: []string{"tokens", "shape", "memo", "clients", "queries", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
 	}
+	if cfg.Floor != nil {
+		t.Header = append(t.Header, "floor CPU/q us", "above floor us")
+	}
 	for _, c := range res.Cells {
 		cpu := "-"
 		if c.CPUPerQueryUS > 0 {
 			cpu = fmt.Sprintf("%.1f", c.CPUPerQueryUS)
 		}
-		t.Add(c.PromptTokens, c.Shape, c.Memo, c.Concurrency, c.Queries, fmt.Sprintf("%.0f", c.QPS), fmt.Sprintf("%.1f", c.Latency.P50US),
-			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, fmt.Sprintf("%.0f", c.RequestBytes), c.Wrong)
+		row := []any{c.PromptTokens, c.Shape, c.Memo, c.Concurrency, c.Queries, fmt.Sprintf("%.0f", c.QPS), fmt.Sprintf("%.1f", c.Latency.P50US),
+			fmt.Sprintf("%.1f", c.Latency.P99US), cpu, fmt.Sprintf("%.0f", c.RequestBytes), c.Wrong}
+		if cfg.Floor != nil {
+			row = append(row, fmt.Sprintf("%.1f", c.FloorCPUPerQueryUS), fmt.Sprintf("%.1f", c.CPUPerQueryUS-c.FloorCPUPerQueryUS))
+		}
+		t.Add(row...)
+	}
+	if cfg.Floor != nil {
+		t.Notes = append(t.Notes, "floor: the same requests, clients and duration answered (with the conductor's answer) by a bare fasthttp server on the conductor's connection layer that only reads them (bench/floor), right after each cell")
 	}
 	t.Notes = append(t.Notes, fmt.Sprintf("index built in %.1fs (%.0f blocks/s applied)", res.PopulateSeconds, res.PopulateBlocksSec))
 	if res.PopulateCPUPerBlockUS > 0 {

@@ -1,0 +1,132 @@
+// Package floor is the load benchmark's floor server: an HTTP server with the conductor's
+// connection layer and fasthttp settings that reads each request's body in full and
+// answers with a fixed body, doing no other work. Its CPU time per request, measured with
+// the same request bodies and clients as a /query cell right after it, is the part of
+// that cell's server CPU that the HTTP exchange alone costs on the machine at that moment
+// (system calls, loopback TCP, scheduler wake-ups, the Go runtime and fasthttp), which no
+// query path can remove. Comparing a cell with its floor separates the conductor's own
+// work from the machine's, which on a shared VM drifts by tens of percent within minutes.
+package floor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/conductor-go/conductor/server"
+	"github.com/valyala/fasthttp"
+)
+
+// ReplyPath is the route that sets the answer: PUT ReplyPath with the body to answer
+// every later request with (before a cell, the conductor's own answer to one of its
+// prompts, so that both write the same bytes). Every other request is answered with it.
+const ReplyPath = "/floor/reply"
+
+// ReadBufferBytes is the per-connection read buffer, the conductor's default
+// (http_read_buffer_bytes).
+const ReadBufferBytes = 4096
+
+// maxBody bounds one request body (the conductor's default max_query_body_bytes).
+const maxBody = 64 << 20
+
+// Server is a floor server. Its zero value is not usable; call New.
+type Server struct {
+	srv   *fasthttp.Server
+	reply atomic.Pointer[[]byte]
+	bufs  sync.Pool
+	// Requests counts the requests answered and Bytes the body bytes read (both for
+	// tests and for a caller that checks the server did read what was sent).
+	Requests, Bytes atomic.Int64
+}
+
+// New returns a floor server that answers an empty msgpack map until a reply is set.
+func New() *Server {
+	s := &Server{}
+	empty := []byte{0x80}
+	s.reply.Store(&empty)
+	s.bufs.New = func() any { return new([]byte) }
+	s.srv = &fasthttp.Server{
+		Handler:                      s.handle,
+		Name:                         "conductor-floor",
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                true,
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		MaxRequestBodySize:           maxBody,
+		ReadBufferSize:               ReadBufferBytes,
+	}
+	return s
+}
+
+// Serve answers connections accepted on ln, through the conductor's connection layer
+// (server.FastListener), until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	return s.srv.Serve(server.FastListener(ln))
+}
+
+// Shutdown stops the server and closes its connections.
+func (s *Server) Shutdown() error { return s.srv.Shutdown() }
+
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	p := s.bufs.Get().(*[]byte)
+	defer s.bufs.Put(p)
+	n, err := readBody(ctx, p)
+	if err != nil {
+		ctx.SetConnectionClose()
+		ctx.Error(fmt.Sprintf("floor: read body: %v", err), fasthttp.StatusBadRequest)
+		return
+	}
+	s.Bytes.Add(int64(n))
+	if string(ctx.Path()) == ReplyPath && ctx.IsPut() {
+		r := append([]byte(nil), (*p)[:n]...)
+		s.reply.Store(&r)
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	s.Requests.Add(1)
+	ctx.SetContentType("application/msgpack")
+	ctx.SetBody(*s.reply.Load())
+}
+
+// readBody reads the whole body into *p (grown as needed), as the conductor's handler
+// reads a /query body: from the stream, declared length first.
+func readBody(ctx *fasthttp.RequestCtx, p *[]byte) (int, error) {
+	stream := ctx.RequestBodyStream()
+	if stream == nil {
+		*p = append((*p)[:0], ctx.PostBody()...)
+		return len(*p), nil
+	}
+	cl := ctx.Request.Header.ContentLength()
+	if cl > maxBody {
+		return 0, fmt.Errorf("body of %d bytes: over %d", cl, maxBody)
+	}
+	if cl >= 0 {
+		if cap(*p) < cl {
+			*p = make([]byte, cl)
+		}
+		*p = (*p)[:cl]
+		_, err := io.ReadFull(stream, *p)
+		return cl, err
+	}
+	// Chunked: whatever comes, up to the bound.
+	*p = (*p)[:0]
+	for {
+		if len(*p) == cap(*p) {
+			*p = append(*p, 0)[:len(*p)]
+		}
+		n, err := stream.Read((*p)[len(*p):cap(*p)])
+		*p = (*p)[:len(*p)+n]
+		if len(*p) > maxBody {
+			return len(*p), errors.New("chunked body over the bound")
+		}
+		if errors.Is(err, io.EOF) {
+			return len(*p), nil
+		}
+		if err != nil {
+			return len(*p), err
+		}
+	}
+}

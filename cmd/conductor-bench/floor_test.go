@@ -1,0 +1,66 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/conductor-go/conductor/bench/floor"
+)
+
+// TestMain serves "floor-server" when load --floor runs this test binary as
+// conductor-bench (os.Executable), as the real binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == floor.Command {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestLoadCommandFloor: load --floor against a spawned conductor prints, for every cell,
+// the floor server's CPU per query and the cell's CPU above it; without a conductor
+// process of its own to sample it refuses.
+func TestLoadCommandFloor(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "mooncake_conductor")
+	if out, err := exec.Command("go", "build", "-o", bin, "../mooncake_conductor").CombinedOutput(); err != nil {
+		t.Fatalf("build conductor: %v\n%s", err, out)
+	}
+	var out, errOut strings.Builder
+	code := run([]string{"load", "--conductor-bin", bin, "--floor", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512",
+		"--shapes", "hit,miss", "--concurrency", "1", "--duration", "50ms", "--binary-tokens", "--results", t.TempDir()}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), "floor CPU/q us") || !strings.Contains(out.String(), "above floor us") {
+		t.Fatalf("no floor columns:\n%s", out.String())
+	}
+	rows := 0
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 13 || f[0] != "512" {
+			continue
+		}
+		rows++
+		cpu, err1 := strconv.ParseFloat(f[8], 64)
+		fl, err2 := strconv.ParseFloat(f[11], 64)
+		above, err3 := strconv.ParseFloat(f[12], 64)
+		if err1 != nil || err2 != nil || err3 != nil || fl <= 0 || cpu <= 0 {
+			t.Errorf("row %q", line)
+		}
+		if d := cpu - fl - above; d > 0.11 || d < -0.11 {
+			t.Errorf("row %q: above floor is not CPU - floor", line)
+		}
+	}
+	if rows != 2 {
+		t.Fatalf("%d cell rows, want 2:\n%s", rows, out.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run([]string{"load", "--floor", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512"}, &out, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "--floor needs") {
+		t.Fatalf("--floor in process: exit %d, stderr %q", code, errOut.String())
+	}
+}
