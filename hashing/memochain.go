@@ -149,15 +149,10 @@ func (c *Chain) fill() {
 	// then the verified lookups, so that the misses of one batch overlap.
 	if c.strategy == StrategyVLLMV1 && c.blockSize == 16 {
 		// Every block is 16 whole tokens, one 64-byte lane group: the lanes in one loop.
-		g := unsafe.Pointer(unsafe.SliceData(c.tokens[mc.cx*16 : (mc.cx+n)*16]))
-		la, lb := mc.la, mc.lb
-		for j := 0; j < n; j++ {
-			b := (*[64]byte)(unsafe.Add(g, 64*j))
-			la = memoMul(la^laneSum(b, &m.laneA)^64, m.laneA.fold)
-			lb = memoMul(lb^laneSum(b, &m.laneB)^64, m.laneB.fold)
-			mc.aheadA[j], mc.aheadB[j] = la, lb
+		toks, outA, outB := c.tokens[mc.cx*16:(mc.cx+n)*16], mc.aheadA[:n], mc.aheadB[:n]
+		if n > 0 {
+			mc.la, mc.lb = laneRun16(&m.laneA, &m.laneB, &toks[0], n, mc.la, mc.lb, &outA[0], &outB[0])
 		}
-		mc.la, mc.lb = la, lb
 		mc.cx += n
 	} else {
 		for j := 0; j < n; j++ {

@@ -3,6 +3,7 @@ package hashing
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"unsafe"
 )
 
 // laneKeys are one memo lane's secrets (random per Memo): w mixes the eight words of
@@ -67,4 +68,19 @@ func laneSum(g *[64]byte, k *laneKeys) uint64 {
 		memoMul(le.Uint64(g[16:24])^k.w[2], le.Uint64(g[24:32])^k.w[3]) +
 		memoMul(le.Uint64(g[32:40])^k.w[4], le.Uint64(g[40:48])^k.w[5]) +
 		memoMul(le.Uint64(g[48:56])^k.w[6], le.Uint64(g[56:64])^k.w[7])
+}
+
+// laneRun16Go is laneRun16 in Go: blockLanes for n consecutive blocks of 16 tokens at p,
+// lanes chained from la, lb, each block's stored in outA[j], outB[j]. It is the version
+// for other architectures, and the amd64 assembly's reference in tests.
+func laneRun16Go(ka, kb *laneKeys, p *int32, n int, la, lb uint64, outA, outB *uint64) (uint64, uint64) {
+	g := unsafe.Pointer(p)
+	oa, ob := unsafe.Slice(outA, n), unsafe.Slice(outB, n)
+	for j := range n {
+		b := (*[64]byte)(unsafe.Add(g, 64*j))
+		la = memoMul(la^laneSum(b, ka)^64, ka.fold)
+		lb = memoMul(lb^laneSum(b, kb)^64, kb.fold)
+		oa[j], ob[j] = la, lb
+	}
+	return la, lb
 }
