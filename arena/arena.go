@@ -20,6 +20,7 @@ package arena
 import (
 	"fmt"
 	"sync/atomic"
+	"unsafe"
 )
 
 // DefaultChunkRecords is the number of records per slab when Config leaves it zero. Slabs
@@ -203,3 +204,30 @@ func (a *Arena) Record(idx uint32) []uint64 {
 
 // HighWater returns one past the largest index ever allocated. Writer only.
 func (a *Arena) HighWater() uint32 { return a.next }
+
+// Dir is a copy of an arena's slab directory as it was when taken (Arena.Dir): it
+// addresses every record allocated by then, for a reader that looks up many records in
+// a row without loading the published directory for each. Records allocated later may
+// lie in slabs it lacks: Words says so, and the reader goes back to Arena.Record.
+type Dir struct {
+	slabs      [][]uint64
+	chunkShift uint
+	chunkMask  uint32
+	recWords   int
+}
+
+// Dir returns the arena's current slab directory; safe for concurrent use.
+func (a *Arena) Dir() Dir {
+	return Dir{slabs: *a.dir.Load(), chunkShift: a.chunkShift, chunkMask: a.chunkMask, recWords: a.recWords}
+}
+
+// Words returns a pointer to the first word of record idx and true, or nil and false
+// when idx lies in a slab the directory was taken without. The record's RecordWords
+// words follow it; access them with sync/atomic as Record's.
+func (d *Dir) Words(idx uint32) (unsafe.Pointer, bool) {
+	c := uint(idx >> (d.chunkShift & 31))
+	if c >= uint(len(d.slabs)) {
+		return nil, false
+	}
+	return unsafe.Add(unsafe.Pointer(unsafe.SliceData(d.slabs[c])), uintptr(idx&d.chunkMask)*uintptr(d.recWords)*8), true
+}

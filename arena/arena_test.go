@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 )
 
 func TestAllocSequentialThenReuseLIFO(t *testing.T) {
@@ -246,4 +247,75 @@ func TestReserveAndAdopt(t *testing.T) {
 	if got := dst.Record(9)[4]; got != 109 {
 		t.Fatalf("copied record 9 = %d", got)
 	}
+}
+
+// TestDirAddressesRecordsItWasTakenWith: a Dir gives the very words Record gives for
+// every record in the slabs that existed when it was taken, records allocated later in
+// those slabs included, and says false for records in slabs added after it.
+func TestDirAddressesRecordsItWasTakenWith(t *testing.T) {
+	a := New(Config{RecordWords: 3, ChunkRecords: 16})
+	for range 40 { // slabs 0, 1, 2
+		a.Alloc()
+	}
+	d := a.Dir()
+	for range 40 { // into slabs 3, 4 (and 2's rest)
+		a.Alloc()
+	}
+	for idx := uint32(0); idx < 80; idx++ {
+		p, ok := d.Words(idx)
+		if want := idx < 48; ok != want {
+			t.Fatalf("record %d: ok %v, want %v", idx, ok, want)
+		}
+		if ok && p != unsafe.Pointer(&a.Record(idx)[0]) {
+			t.Fatalf("record %d: Words %p, Record %p", idx, p, &a.Record(idx)[0])
+		}
+	}
+	if _, ok := d.Words(1<<32 - 3); ok {
+		t.Fatal("an index far past the directory")
+	}
+	if n := testing.AllocsPerRun(100, func() { d = a.Dir(); _, _ = d.Words(7) }); n != 0 {
+		t.Fatalf("Dir and Words allocate %.1f", n)
+	}
+}
+
+// TestDirReadersDuringGrowth: readers that take a Dir per pass read every published
+// record through it (Record where the Dir predates its slab) while the writer grows the
+// arena; run with -race.
+func TestDirReadersDuringGrowth(t *testing.T) {
+	a := New(Config{RecordWords: 2, ChunkRecords: 16})
+	var published atomic.Uint32
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := published.Load()
+				d := a.Dir()
+				for idx := uint32(0); idx < n; idx += 5 {
+					w := &a.Record(idx)[1]
+					if p, ok := d.Words(idx); ok {
+						w = &(*[2]uint64)(p)[1]
+					}
+					if got := atomic.LoadUint64(w); got != uint64(idx)*3 {
+						t.Errorf("record %d = %d", idx, got)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 20000; i++ {
+		idx := a.Alloc()
+		atomic.StoreUint64(a.Word(idx, 1), uint64(idx)*3)
+		published.Store(idx + 1)
+	}
+	close(stop)
+	wg.Wait()
 }

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -470,19 +471,26 @@ const aheadWalk = 64
 // no call (find1 and the record read are written out): a call would spill every live
 // value, which cost more than the loop's own work.
 func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
-	entries, mask, shift, ar := t.entries, t.mask, t.shift, t.ar
+	entries, mask, shift := t.entries, t.mask, t.shift
+	// One copy of the arena's directory for the whole run: a record in a slab added since
+	// ends the run (the walk reads it through Record).
+	dir := t.ar.Dir()
 	packed := t.w == 0
 	for j, key := range keys {
 		h := mix(key)
 		fp, pos := h&^0xFFFFFFFF, h>>(shift&63) // &63: one shift instruction (shift < 64 always)
-		var rec []uint64
+		var rec unsafe.Pointer
 		for {
 			e := atomic.LoadUint64(&entries[pos])
 			if e == 0 {
 				return j
 			}
 			if e&^0xFFFFFFFF == fp && e != tombEntry {
-				if r := ar.Record(uint32(e) - 1); atomic.LoadUint64(&r[recKey]) == key {
+				r, ok := dir.Words(uint32(e) - 1)
+				if !ok {
+					return j
+				}
+				if atomic.LoadUint64(&(*[recBits]uint64)(r)[recKey]) == key {
 					rec = r
 					break
 				}
