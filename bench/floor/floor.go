@@ -25,13 +25,6 @@ import (
 // prompts, so that both write the same bytes). Every other request is answered with it.
 const ReplyPath = "/floor/reply"
 
-// ReadBufferBytes is the per-connection read buffer, the conductor's default
-// (http_read_buffer_bytes).
-const ReadBufferBytes = 4096
-
-// maxBody bounds one request body (the conductor's default max_query_body_bytes).
-const maxBody = 64 << 20
-
 // Server is a floor server. Its zero value is not usable; call New.
 type Server struct {
 	srv   *fasthttp.Server
@@ -40,6 +33,7 @@ type Server struct {
 	// Requests counts the requests answered and Bytes the body bytes read (both for
 	// tests and for a caller that checks the server did read what was sent).
 	Requests, Bytes atomic.Int64
+	maxBody         int
 }
 
 // New returns a floor server that answers an empty msgpack map until a reply is set.
@@ -48,6 +42,10 @@ func New() *Server {
 	empty := []byte{0x80}
 	s.reply.Store(&empty)
 	s.bufs.New = func() any { return new([]byte) }
+	// The conductor's defaults (server.Limits): the same buffer, bounds and deadlines
+	// (fasthttp sets a connection's deadlines again for every request).
+	lim := server.Limits{}.WithDefaults()
+	s.maxBody = lim.MaxQueryBodyBytes
 	s.srv = &fasthttp.Server{
 		Handler:                      s.handle,
 		Name:                         "conductor-floor",
@@ -55,8 +53,12 @@ func New() *Server {
 		NoDefaultDate:                true,
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
-		MaxRequestBodySize:           maxBody,
-		ReadBufferSize:               ReadBufferBytes,
+		MaxRequestBodySize:           lim.MaxQueryBodyBytes,
+		Concurrency:                  lim.HTTPMaxConnections,
+		ReadBufferSize:               lim.HTTPReadBufferBytes,
+		ReadTimeout:                  lim.HTTPReadTimeout,
+		WriteTimeout:                 lim.HTTPReadTimeout,
+		IdleTimeout:                  lim.HTTPIdleTimeout,
 	}
 	return s
 }
@@ -73,7 +75,7 @@ func (s *Server) Shutdown() error { return s.srv.Shutdown() }
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	p := s.bufs.Get().(*[]byte)
 	defer s.bufs.Put(p)
-	n, err := readBody(ctx, p)
+	n, err := readBody(ctx, p, s.maxBody)
 	if err != nil {
 		ctx.SetConnectionClose()
 		ctx.Error(fmt.Sprintf("floor: read body: %v", err), fasthttp.StatusBadRequest)
@@ -93,7 +95,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 // readBody reads the whole body into *p (grown as needed), as the conductor's handler
 // reads a /query body: from the stream, declared length first.
-func readBody(ctx *fasthttp.RequestCtx, p *[]byte) (int, error) {
+func readBody(ctx *fasthttp.RequestCtx, p *[]byte, maxBody int) (int, error) {
 	stream := ctx.RequestBodyStream()
 	if stream == nil {
 		*p = append((*p)[:0], ctx.PostBody()...)
