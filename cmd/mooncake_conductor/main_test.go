@@ -147,6 +147,31 @@ func (c *conductor) waitHTTP(addr string) {
 	}
 }
 
+// waitReady waits until GET base/readyz answers 200: the listeners are up and the static
+// services registered and subscribed (the HTTP listener accepts before that).
+func (c *conductor) waitReady(base string) {
+	c.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-c.exited:
+			c.t.Fatalf("conductor exited before ready: %v\n%s", c.err, c.out.String())
+		default:
+		}
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s/readyz never answered 200 (last: %v):\n%s", base, err, c.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // terminate sends SIGTERM and requires exit code 0 within a few seconds.
 func (c *conductor) terminate() {
 	c.t.Helper()
@@ -267,6 +292,9 @@ func TestBinaryStaticServiceLifecycle(t *testing.T) {
 	c.waitHTTP(addr)
 	c.waitHTTP("127.0.0.1:" + strconv.Itoa(rpcPort))
 	base := "http://" + addr
+	// The HTTP listener accepts before the static services are registered: /services
+	// lists them once the conductor is ready.
+	c.waitReady(base)
 
 	code, svcs := call(t, http.MethodGet, base+"/services", nil)
 	if code != http.StatusOK || num(svcs["count"]) != 1 {
