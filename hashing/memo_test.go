@@ -675,3 +675,34 @@ func TestMemoInsertMatchesFullScan(t *testing.T) {
 		t.Fatalf("workload too easy: %d shortcut inserts, %d evictions", shortcuts, mc.evictions)
 	}
 }
+
+// TestAdvanceCountsLikeNext: a chain consuming a prompt through KeysAhead and Advance (in
+// random batches, mixed with Next) counts the same memo hits and SHA-hashed blocks as one
+// calling Next for every block, given the same memo contents: prompts whose first part is
+// memoised and the rest new, so that batches mix memo keys with blocks KeysAhead hashed.
+func TestAdvanceCountsLikeNext(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	for name, p := range allProfiles(t) {
+		for round := range 40 {
+			toks := make([]int32, 16*(8+r.IntN(120)))
+			for i := range toks {
+				toks[i] = int32(r.IntN(151936))
+			}
+			known := 16 * r.IntN(len(toks)/16+1)
+			// Two memos with the same contents: the prompt's first known tokens asked once.
+			var next, adv Chain
+			m1, m2 := NewMemo(1<<12), NewMemo(1<<12)
+			runChain(&next, m1, &p, 16, "", "", toks[:known], -1)
+			runChain(&adv, m2, &p, 16, "", "", toks[:known], -1)
+			want := runChain(&next, m1, &p, 16, "", "", toks, -1)
+			got := runChainAdvance(&adv, m2, &p, 16, "", "", toks, -1, r)
+			if !sameRun(want, got) {
+				t.Fatalf("%s round %d: keys differ", name, round)
+			}
+			if adv.MemoHits() != next.MemoHits() || adv.Hashed() != next.Hashed() {
+				t.Fatalf("%s round %d (%d blocks, %d memoised): Advance counts %d hits of %d, Next %d of %d",
+					name, round, len(toks)/16, known/16, adv.MemoHits(), adv.Hashed(), next.MemoHits(), next.Hashed())
+			}
+		}
+	}
+}

@@ -63,6 +63,11 @@ type memoChain struct {
 	aheadA, aheadB     [aheadMax]uint64
 	known, hashed, dv  [aheadMax]bool
 	val                memoRunVal // a lookup's result
+	// knownEnd: every slot in [aheadPos, knownEnd) is known (the stretch the last
+	// KeysAhead found; a slot stays known until the next fill), so that KeysAhead, called
+	// once per batch the walk takes, does not scan the same flags again. hashedIn counts
+	// the buffer's hashed slots: none (a memo-served batch) spares Advance its count.
+	knownEnd, hashedIn int
 
 	// parentOK: the chain's parent digest is block next-1's (or the seed at block 0).
 	parentOK bool
@@ -89,6 +94,7 @@ func (mc *memoChain) reset(m *Memo) {
 	mc.run, mc.gap, mc.probeAt = 0, 1, 0
 	mc.cx, mc.sha, mc.probes = 0, 0, 0
 	mc.aheadLen, mc.aheadPos = 0, 0
+	mc.knownEnd, mc.hashedIn = 0, 0
 	mc.batch = 1
 	mc.parentOK = true
 	mc.streakFrom, mc.streakEnd = -1, -1
@@ -164,6 +170,7 @@ func (c *Chain) fill() {
 	clear(mc.hashed[:n])
 	clear(mc.dv[:n])
 	mc.aheadPos, mc.aheadLen = 0, n
+	mc.knownEnd, mc.hashedIn = 0, 0
 	// Run ends in the batch: blocks e with e%memoRun == memoRun-1, from j0 on.
 	j0 := (c.next/memoRun+1)*memoRun - 1 - c.next
 	if j0 >= n {
@@ -223,6 +230,7 @@ func (c *Chain) resolve(j int) error {
 	}
 	mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
 	mc.known[j], mc.hashed[j], mc.dv[j] = true, true, true
+	mc.hashedIn++
 	mc.hashedBlock(c.next, mc.aheadK[j], mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])
 	return nil
 }
@@ -394,9 +402,11 @@ func (c *Chain) Advance(n int) {
 		panic("hashing: Chain.Advance past the keys KeysAhead returned")
 	}
 	sha := 0
-	for _, h := range mc.hashed[p:e] {
-		if h {
-			sha++
+	if mc.hashedIn > 0 {
+		for _, h := range mc.hashed[p:e] {
+			if h {
+				sha++
+			}
 		}
 	}
 	mc.sha += sha
@@ -426,9 +436,10 @@ func (c *Chain) KeysAhead() []uint64 {
 	if p == mc.aheadLen || !mc.known[p] && c.resolve(p) != nil {
 		return nil
 	}
-	e := p + 1
+	e := max(p+1, mc.knownEnd)
 	for e < mc.aheadLen && mc.known[e] {
 		e++
 	}
+	mc.knownEnd = e
 	return mc.aheadK[p:e]
 }
