@@ -471,7 +471,9 @@ const aheadWalk = 64
 // no call (find1 and the record read are written out): a call would spill every live
 // value, which cost more than the loop's own work.
 func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
-	entries, mask, shift := t.entries, t.mask, t.shift
+	// The entries by address: a position is h>>shift or (pos+1)&mask, always below
+	// len(entries) = mask+1 = 1<<(64-shift), which the compiler cannot see.
+	entries, mask, shift := unsafe.Pointer(unsafe.SliceData(t.entries)), t.mask, t.shift
 	// One copy of the arena's directory for the whole run: a record in a slab added since
 	// ends the run (the walk reads it through Record).
 	dir := t.ar.Dir()
@@ -481,7 +483,7 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 		fp, pos := h&^0xFFFFFFFF, h>>(shift&63) // &63: one shift instruction (shift < 64 always)
 		var rec unsafe.Pointer
 		for {
-			e := atomic.LoadUint64(&entries[pos])
+			e := atomic.LoadUint64((*uint64)(unsafe.Add(entries, pos*8)))
 			if e == 0 {
 				return j
 			}
@@ -518,7 +520,17 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
 			return j
 		}
-		if n0, n1, n2, n3 := alive1(a0, a1, a2, a3, meta, dev, loc, dsk); n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
+		// alive1 keeps every alive set unchanged: no slot of a set lacks the block in
+		// the tiers that set needs (one OR of what each would drop, one branch).
+		local := dev | loc
+		drop := a0&^dev | a1&^local
+		if meta&metaSharedCPU == 0 {
+			drop |= a2 &^ local
+			if meta&metaSharedDisk == 0 {
+				drop |= a3 &^ (local | dsk)
+			}
+		}
+		if drop != 0 {
 			return j
 		}
 	}
