@@ -53,6 +53,8 @@ func TestBinaryKill9RestartKeepsServices(t *testing.T) {
 
 	second := startConductor(t, config)
 	second.waitHTTP("127.0.0.1:" + strconv.Itoa(port))
+	// The listener accepts before the state file's services are registered again.
+	second.waitReady(base)
 	code, svcs := call(t, http.MethodGet, base+"/services", nil)
 	if code != 200 || num(svcs["count"]) != 1 {
 		t.Fatalf("services after restart: %d %v", code, svcs)
