@@ -520,17 +520,9 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
 			return j
 		}
-		// alive1 keeps every alive set unchanged: no slot of a set lacks the block in
-		// the tiers that set needs (one OR of what each would drop, one branch).
-		local := dev | loc
-		drop := a0&^dev | a1&^local
-		if meta&metaSharedCPU == 0 {
-			drop |= a2 &^ local
-			if meta&metaSharedDisk == 0 {
-				drop |= a3 &^ (local | dsk)
-			}
-		}
-		if drop != 0 {
+		// The run goes on while no set loses a slot (one OR and one branch, where
+		// comparing alive1's four results with the sets took four).
+		if d0, d1, d2, d3 := dropped1(a0, a1, a2, a3, meta, dev, loc, dsk); d0|d1|d2|d3 != 0 {
 			return j
 		}
 	}
@@ -549,15 +541,25 @@ func (t *table) touch(keys []uint64) uint64 {
 
 // alive1 is walk1's tier rule for one record: the alive sets after it (see walk1).
 func alive1(a0, a1, a2, a3, meta, dev, loc, dsk uint64) (n0, n1, n2, n3 uint64) {
+	d0, d1, d2, d3 := dropped1(a0, a1, a2, a3, meta, dev, loc, dsk)
+	return a0 &^ d0, a1 &^ d1, a2 &^ d2, a3 &^ d3
+}
+
+// dropped1 is the tier rule itself: the slots that leave each alive set at this record.
+// The device set (a0) keeps the slots holding the block on device; the local-CPU set (a1)
+// those holding it on device or local CPU; the shared-CPU set (a2) the same, or all of
+// them when a shared CPU binding owns the block; the disk set (a3) those holding it on
+// device, local CPU or disk, or all of them when a shared CPU or disk binding owns it.
+func dropped1(a0, a1, a2, a3, meta, dev, loc, dsk uint64) (d0, d1, d2, d3 uint64) {
 	local := dev | loc
-	n0, n1, n2, n3 = a0&dev, a1&local, a2, a3
+	d0, d1 = a0&^dev, a1&^local
 	if meta&metaSharedCPU == 0 {
-		n2 &= local
+		d2 = a2 &^ local
 		if meta&metaSharedDisk == 0 {
-			n3 &= local | dsk
+			d3 = a3 &^ (local | dsk)
 		}
 	}
-	return n0, n1, n2, n3
+	return d0, d1, d2, d3
 }
 
 // drop1 records pos as the count of the slots that left each tier's set (g0..g3).

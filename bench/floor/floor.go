@@ -15,6 +15,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/server"
 	"github.com/valyala/fasthttp"
@@ -24,6 +25,23 @@ import (
 // every later request with (before a cell, the conductor's own answer to one of its
 // prompts, so that both write the same bytes). Every other request is answered with it.
 const ReplyPath = "/floor/reply"
+
+// SetReply sets the answer of the floor server at addr (host:port) to body (PUT ReplyPath).
+func SetReply(addr string, body []byte) error {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI("http://" + addr + ReplyPath)
+	req.Header.SetMethod(fasthttp.MethodPut)
+	req.SetBody(body)
+	if err := fasthttp.DoTimeout(req, resp, 10*time.Second); err != nil {
+		return fmt.Errorf("set floor reply: %w", err)
+	}
+	if resp.StatusCode() != fasthttp.StatusNoContent {
+		return fmt.Errorf("set floor reply: status %d", resp.StatusCode())
+	}
+	return nil
+}
 
 // Server is a floor server. Its zero value is not usable; call New.
 type Server struct {

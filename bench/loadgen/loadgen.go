@@ -20,7 +20,6 @@ import (
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/wire/publisher"
 	"github.com/tinylib/msgp/msgp"
-	"github.com/valyala/fasthttp"
 )
 
 // Shape is how much of a query prompt is indexed.
@@ -555,8 +554,8 @@ func measure(ctx context.Context, cfg *Config, f *sim.Fleet, prompts []prompt, L
 	cell.QPS = float64(len(all)) / elapsed.Seconds()
 	cell.Latency = report.Summarize(all)
 	if cfg.Sample != nil {
-		if _, cpu1, err := cfg.Sample(); err == nil && len(all) > 0 {
-			cell.CPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
+		if _, cpu1, err := cfg.Sample(); err == nil {
+			cell.CPUPerQueryUS = perQueryUS(cpu1-cpu0, len(all))
 		}
 	}
 	return cell, nil
@@ -573,7 +572,7 @@ func measureFloor(ctx context.Context, cfg *Config, cl *httpclient.Client, promp
 	}
 	answer, err := s.QueryRaw(prompts[0].body)
 	if err == nil {
-		err = putFloorReply(cfg.Floor.Addr, answer)
+		err = floor.SetReply(cfg.Floor.Addr, answer)
 	}
 	s.Close()
 	if err != nil {
@@ -592,27 +591,16 @@ func measureFloor(ctx context.Context, cfg *Config, cl *httpclient.Client, promp
 		return fmt.Errorf("floor: %w", err)
 	}
 	cell.FloorQueries = len(all)
-	if len(all) > 0 {
-		cell.FloorCPUPerQueryUS = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
-	}
+	cell.FloorCPUPerQueryUS = perQueryUS(cpu1-cpu0, len(all))
 	return nil
 }
 
-// putFloorReply sets the floor server's answer (floor.ReplyPath).
-func putFloorReply(addr string, body []byte) error {
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + addr + floor.ReplyPath)
-	req.Header.SetMethod(fasthttp.MethodPut)
-	req.SetBody(body)
-	if err := fasthttp.DoTimeout(req, resp, 10*time.Second); err != nil {
-		return fmt.Errorf("set floor reply: %w", err)
+// perQueryUS is cpu spread over n queries, in microseconds (0 for no query).
+func perQueryUS(cpu time.Duration, n int) float64 {
+	if n == 0 {
+		return 0
 	}
-	if resp.StatusCode() != fasthttp.StatusNoContent {
-		return fmt.Errorf("set floor reply: status %d", resp.StatusCode())
-	}
-	return nil
+	return float64(cpu) / float64(time.Microsecond) / float64(n)
 }
 
 // drive is the client side of a cell: conc clients send prompts to addr, each client

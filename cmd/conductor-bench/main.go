@@ -357,6 +357,11 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	// The floor is compared with the conductor's own CPU time: a spawned conductor, or an
+	// external one with its pid (in process the harness's CPU would be counted too).
+	if *withFloor && cf.bin == "" && (cf.url == "" || cf.pid <= 0) {
+		return errors.New("--floor needs the conductor's own CPU time: --conductor-bin, or --conductor with --pid")
+	}
 	if *growTo != 0 && *growTo <= *blocks {
 		return fmt.Errorf("--grow-to %d: want more than --blocks %d", *growTo, *blocks)
 	}
@@ -402,9 +407,6 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cfg.Sample = loadgen.Sampler(s)
 	}
 	if *withFloor {
-		if cond.PID <= 0 || cond.Mode == target.ModeInProcess {
-			return errors.New("--floor needs the conductor's own CPU time: --conductor-bin, or --conductor with --pid")
-		}
 		self, err := os.Executable()
 		if err != nil {
 			return fmt.Errorf("--floor: %w", err)

@@ -128,45 +128,49 @@ func (c *conductor) waitExit(timeout time.Duration) int {
 // waitHTTP waits until addr accepts connections (failing if the process exits first).
 func (c *conductor) waitHTTP(addr string) {
 	c.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		select {
-		case <-c.exited:
-			c.t.Fatalf("conductor exited before serving: %v\n%s", c.err, c.out.String())
-		default:
-		}
+	c.waitFor(addr+" accepting connections", func() error {
 		conn, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			conn.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%s never accepted connections:\n%s", addr, c.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // waitReady waits until GET base/readyz answers 200: the listeners are up and the static
 // services registered and subscribed (the HTTP listener accepts before that).
 func (c *conductor) waitReady(base string) {
 	c.t.Helper()
+	c.waitFor(base+"/readyz answering 200", func() error {
+		resp, err := http.Get(base + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// waitFor polls check every 20 ms until it returns nil, failing the test if the process
+// exits first or 10 s pass (with what, the last error and the conductor's output).
+func (c *conductor) waitFor(what string, check func() error) {
+	c.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
 		case <-c.exited:
-			c.t.Fatalf("conductor exited before ready: %v\n%s", c.err, c.out.String())
+			c.t.Fatalf("conductor exited before %s: %v\n%s", what, c.err, c.out.String())
 		default:
 		}
-		resp, err := http.Get(base + "/readyz")
+		err := check()
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("%s/readyz never answered 200 (last: %v):\n%s", base, err, c.out.String())
+			c.t.Fatalf("never %s (last: %v):\n%s", what, err, c.out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
