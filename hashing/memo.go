@@ -4,16 +4,28 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"sync/atomic"
+	"unsafe"
 )
 
 // DefaultMemoEntries is the memo capacity, in blocks, that servers use when none is
 // configured: 8,388,608 blocks (128M tokens at block size 16) in 1,048,576 runs of
-// memoRun blocks, 128 MiB once every entry has been written.
+// memoRun blocks, 160 MiB once every entry has been written.
 const DefaultMemoEntries = 1 << 23
 
-// MemoEntryBytes is the memory one memo entry takes: two cache lines, for a run of
-// memoRun blocks (16 bytes a block).
-const MemoEntryBytes = 128
+// MemoEntryBytes is the memory one memo entry takes, for a run of memoRun blocks (20
+// bytes a block): two cache lines for the entry, and its record hints (memoRun 32-bit
+// words, kept apart from the entry; see Chain.HintsAhead).
+const MemoEntryBytes = memoLineBytes + 4*memoRun
+
+// memoLineBytes is the size of a memoEntry: two cache lines.
+const memoLineBytes = 128
+
+// A memoEntry is exactly memoLineBytes (the hints that follow the entries, and the sets'
+// alignment, depend on it): either array has a negative length otherwise.
+var (
+	_ [memoLineBytes - unsafe.Sizeof(memoEntry{})]byte
+	_ [unsafe.Sizeof(memoEntry{}) - memoLineBytes]byte
+)
 
 // memoRun is the number of consecutive blocks one memo entry remembers: the blocks
 // r*memoRun .. r*memoRun+memoRun-1 of a prompt (runs are aligned to the prompt's start).
@@ -50,11 +62,21 @@ const memoRun = 8
 // and two writers racing on one entry can leave it inconsistent, which the check word also
 // rejects until the entry is replaced.
 //
+// Next to the entries, each block of a run has a record hint: where the walk that last
+// took the run from the memo found the block's record in the index (Chain.HintsAhead,
+// SaveHints), so that the next walk reads the record without probing the index's table.
+// Hints are not covered by the check word: a walk checks a hint against the record
+// itself, and a replaced entry's hints are stale until a walk corrects them.
+//
 // A Memo is safe for concurrent use. Its table is mapped once by NewMemo, outside the Go
 // heap and on transparent huge pages where the kernel allows (allocEntries); pages become
 // resident as entries are written, and the mapping goes when the Memo is unreachable.
 type Memo struct {
-	ents    []memoEntry
+	ents []memoEntry
+	// hints holds memoRun words per entry (entry e's at e*memoRun): for each block of the
+	// run, a record index plus one that a walk found its key at, for the next walk to try
+	// first (0 = none). The memo never reads them; a walk verifies what it is given.
+	hints   []uint32
 	setMask uint64 // sets - 1
 	// seedA and seedB seed the two lanes' start values, laneA and laneB key their block
 	// hashes and chain folds (blockLanes); ck keys the check word. Random per Memo.
@@ -130,7 +152,7 @@ func NewMemo(blocks int) *Memo {
 	for i := range m.ck {
 		m.ck[i] = rand.Uint64()
 	}
-	m.ents = allocEntries(n, m)
+	m.ents, m.hints = allocEntries(n, m)
 	return m
 }
 
@@ -188,6 +210,12 @@ func (m *Memo) touch(a, b uint64) uint64 {
 	return ldw(&e.a) + ldw(&e.d[0])
 }
 
+// touchHints is touch for the preferred way's record hints (a lookup that finds the run
+// reads them).
+func (m *Memo) touchHints(a, b uint64) uint64 {
+	return uint64(atomic.LoadUint32(&m.hints[(m.set(a)+pref(b))*memoRun]))
+}
+
 // touchSet loads a word of both lines of every entry of the set of lane a, for an insert
 // whose preferred way is taken, which reads every way's lanes (first line), check word
 // and reference bit (second line; see insert).
@@ -206,11 +234,15 @@ func (m *Memo) preferredEmpty(a, b uint64) bool {
 
 // lookup copies the run stored under (a, b) into v and reports whether it was there: the
 // preferred way first, then the others.
-func (m *Memo) lookup(a, b uint64, v *memoRunVal) bool {
+func (m *Memo) lookup(a, b uint64, v *memoRunVal) bool { return m.lookupAt(a, b, v) >= 0 }
+
+// lookupAt is lookup returning the index of the entry found, or -1.
+func (m *Memo) lookupAt(a, b uint64, v *memoRunVal) int {
 	s := m.set(a)
 	p := pref(b)
 	for i := 0; i < memoWays; i++ {
-		e := &m.ents[s+(p+i)&(memoWays-1)]
+		w := s + (p+i)&(memoWays-1)
+		e := &m.ents[w]
 		if ldw(&e.a) != a || ldw(&e.b) != b {
 			continue
 		}
@@ -222,14 +254,14 @@ func (m *Memo) lookup(a, b uint64, v *memoRunVal) bool {
 			v.d[j] = ldw(&e.d[j])
 		}
 		if ldw(&e.check) != m.checkOf(v) {
-			return false // torn or half-written: treat as absent
+			return -1 // torn or half-written: treat as absent
 		}
 		if ldw(&e.ref) == 0 {
 			stw(&e.ref, 1)
 		}
-		return true
+		return w
 	}
-	return false
+	return -1
 }
 
 // insert stores v under (v.a, v.b) unless it is already there, and reports whether it

@@ -3,6 +3,7 @@ package hashing
 import (
 	"encoding/binary"
 	"errors"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -62,7 +63,13 @@ type memoChain struct {
 	aheadD             [aheadMax][32]byte
 	aheadA, aheadB     [aheadMax]uint64
 	known, hashed, dv  [aheadMax]bool
-	val                memoRunVal // a lookup's result
+	// aheadH[j] is the record hint of slot j's block as the memo held it when its run was
+	// looked up (0: none, or a block not from the memo), for the walk to try and correct;
+	// aheadW[j], for a slot j that ends a run, is the memo entry the run came from (-1:
+	// none, its blocks are hashed), where SaveHints writes the run's hints back.
+	aheadH [aheadMax]uint32
+	aheadW [aheadMax]int32
+	val    memoRunVal // a lookup's result
 	// knownEnd: every slot in [aheadPos, knownEnd) is known (the stretch the last
 	// KeysAhead found; a slot stays known until the next fill), so that KeysAhead, called
 	// once per batch the walk takes, does not scan the same flags again. hashedIn counts
@@ -169,6 +176,7 @@ func (c *Chain) fill() {
 	clear(mc.known[:n])
 	clear(mc.hashed[:n])
 	clear(mc.dv[:n])
+	clear(mc.aheadH[:n])
 	mc.aheadPos, mc.aheadLen = 0, n
 	mc.knownEnd, mc.hashedIn = 0, 0
 	// Run ends in the batch: blocks e with e%memoRun == memoRun-1, from j0 on.
@@ -178,22 +186,30 @@ func (c *Chain) fill() {
 	}
 	var sink uint64
 	for j := j0; j < n; j += memoRun {
-		sink += m.touch(mc.aheadA[j], mc.aheadB[j])
+		sink += m.touch(mc.aheadA[j], mc.aheadB[j]) + m.touchHints(mc.aheadA[j], mc.aheadB[j])
 	}
 	mc.sink += sink
 	run := mc.run
 	v := &mc.val
 	for j := j0; j < n; j += memoRun {
 		mc.probes++
-		if !m.lookup(mc.aheadA[j], mc.aheadB[j], v) {
+		w := m.lookupAt(mc.aheadA[j], mc.aheadB[j], v)
+		mc.aheadW[j] = int32(w)
+		if w < 0 {
 			run++
 			continue
 		}
 		run = 0
 		from := max(j-(memoRun-1), 0) // the batch may start inside the run
-		copy(mc.aheadK[from:j+1], v.k[from-(j-(memoRun-1)):])
+		first := j - (memoRun - 1)    // the run's first block, maybe before the batch
+		copy(mc.aheadK[from:j+1], v.k[from-first:])
 		for i := from; i <= j; i++ {
 			mc.known[i] = true
+		}
+		// A stale hint (racing SaveHints) is only a wrong one, which the walk checks.
+		hints := m.hints[w*memoRun : w*memoRun+memoRun : w*memoRun+memoRun]
+		for i := from; i <= j; i++ {
+			mc.aheadH[i] = atomic.LoadUint32(&hints[i-first])
 		}
 		d := &mc.aheadD[j]
 		binary.LittleEndian.PutUint64(d[0:], v.d[0])
@@ -415,6 +431,45 @@ func (c *Chain) Advance(n int) {
 	c.consume(e - 1)
 	c.next += n
 	mc.aheadPos = e
+}
+
+// HintsAhead returns the record hints of the blocks whose keys the last KeysAhead
+// returned, one for each (nil without a memo): what the memo held for them, 0 where it
+// held none or the block was hashed. A hint is an index plus one of the record a walk
+// last found the block's key at; it may be stale, point into another index, or be
+// wrong in any way (racing writers), so a walk uses one only after checking that the
+// record holds the key. A walk may overwrite the slice's values with what it found and
+// then write them back with SaveHints. Valid until the next call on the chain but
+// SaveHints.
+func (c *Chain) HintsAhead() []uint32 {
+	mc := &c.mc
+	if !mc.on || mc.knownEnd < mc.aheadPos {
+		return nil
+	}
+	return mc.aheadH[mc.aheadPos:mc.knownEnd]
+}
+
+// SaveHints writes the first n values of the slice the last HintsAhead returned back to
+// the memo, where they differ from what it holds and the block came from it, for the next
+// walk of these blocks. It must come before the Advance that consumes them.
+func (c *Chain) SaveHints(n int) {
+	mc := &c.mc
+	if !mc.on {
+		return
+	}
+	p := mc.aheadPos
+	hints := mc.m.hints
+	for j := p; j < p+n && j < mc.knownEnd; j++ {
+		// Slot j holds block c.next+j-p; its run ends at slot e.
+		in := (c.next + j - p) % memoRun
+		e := j + memoRun - 1 - in
+		if e >= mc.aheadLen || mc.aheadW[e] < 0 {
+			continue // hashed here: not in the memo (yet)
+		}
+		if hp := &hints[int(mc.aheadW[e])*memoRun+in]; atomic.LoadUint32(hp) != mc.aheadH[j] {
+			atomic.StoreUint32(hp, mc.aheadH[j])
+		}
+	}
 }
 
 // KeysAhead returns the projected keys of the blocks after the last one Next returned
