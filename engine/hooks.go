@@ -34,6 +34,9 @@ type testHooks struct {
 	widened func(mismatches int)
 	// now replaces the clock of write epochs (microseconds since the engine started).
 	now func() uint64
+	// deleting runs on the writer while it deletes the record of key: after the record
+	// is marked free, before the key leaves the table.
+	deleting func(key uint64)
 	// bindSets, when > 0, replaces maxSets (the component sets a context's bindings
 	// intern before the rest keep their own lists).
 	bindSets int

@@ -378,9 +378,12 @@ func (c *context) engineRemove(op *Op) {
 		c.slotCounts[n][t]--
 		if recordEmpty(rec) {
 			// Where the look-up found it: cleanRec deleted nothing (the record is
-			// here), and nothing else changed the tables since.
+			// here), and nothing else changed the tables since. Free first, as
+			// deleteRecord does.
+			c.markFree(idx, rec)
+			c.deleting(h)
 			c.tab.removeAt(h, pos, inPrev)
-			c.freeRecord(idx, rec)
+			c.releaseRecord(idx, rec)
 		} else {
 			c.keepMeta(rec)
 		}
@@ -401,17 +404,35 @@ func recordEmpty(rec []uint64) bool {
 
 // deleteRecord drops the entries of rec's key and frees the record. The record keeps its
 // words; its meta says free, so a query still reading it reads again and finds nothing.
+// It goes free before its key leaves the table: a walk that reads records by hint, not
+// through the table (sameAlive1), must never find a live record whose key the table no
+// longer holds.
 func (c *context) deleteRecord(idx uint32, rec []uint64) {
-	c.tab.remove(rec[recKey])
-	c.freeRecord(idx, rec)
+	key := rec[recKey]
+	c.markFree(idx, rec)
+	c.deleting(key)
+	c.tab.remove(key)
+	c.releaseRecord(idx, rec)
 }
 
-// freeRecord marks rec free (ending any change in progress), takes it out of the write
-// order and returns it to the arena.
-func (c *context) freeRecord(idx uint32, rec []uint64) {
+// markFree sets rec's free flag (ending any change in progress): from then on no read
+// takes it for its key.
+func (c *context) markFree(idx uint32, rec []uint64) {
 	c.mark(idx) // callers may hold rec from a read-only look-up
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
+}
+
+// deleting runs the test hook of that name.
+func (c *context) deleting(key uint64) {
+	if h := c.eng.hooks; h != nil && h.deleting != nil {
+		h.deleting(key)
+	}
+}
+
+// releaseRecord takes rec, marked free, out of the write order and returns it to the
+// arena.
+func (c *context) releaseRecord(idx uint32, rec []uint64) {
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
 	c.charge(-1, -blockBytes(c.tab.w))

@@ -37,16 +37,19 @@ type Result struct {
 	// are present with zero counts.
 	Instances []InstanceHit
 
-	hook   func(int, int) // test hook of the running walk1 (see testHooks.walkLoad)
-	clr    *clearSet      // pending clears of the running walk1's view
-	slow   bool           // hook or clr set: walk1 reads records through readSlow1
-	chain  hashing.Chain
-	keys   sliceKeys
-	ranks  []RankHit
-	counts [][4]int64 // per slot number: the four tier counts
-	alive  []uint64   // 4 tiers x w words
-	words  []uint64   // one record's bitsets, 3 x w words
-	pb     probeBuf   // records found ahead (probe.go)
+	hook func(int, int) // test hook of the running walk1 (see testHooks.walkLoad)
+	// testHints (tests) are record hints QueryKeys passes with its keys, one per key:
+	// the walk tries them and corrects them in place (see sameAlive1).
+	testHints []uint32
+	clr       *clearSet // pending clears of the running walk1's view
+	slow      bool      // hook or clr set: walk1 reads records through readSlow1
+	chain     hashing.Chain
+	keys      sliceKeys
+	ranks     []RankHit
+	counts    [][4]int64 // per slot number: the four tier counts
+	alive     []uint64   // 4 tiers x w words
+	words     []uint64   // one record's bitsets, 3 x w words
+	pb        probeBuf   // records found ahead (probe.go)
 	// noProbe turns the overlapped probes off (benchmarks compare both walks);
 	// forceProbe turns them on for tables of any size (tests of the probes).
 	noProbe, forceProbe bool
@@ -75,17 +78,24 @@ type Query struct {
 // asks for block i only once it has reached it. KeysAhead returns keys of the blocks after
 // the last one Next returned that are known without further work (hashing.Chain: memo
 // hits), for the walk to take in a batch (and probe the table ahead, probe.go); it may be
-// empty. Advance(n) consumes the first n of them as n calls of Next would.
+// empty. Advance(n) consumes the first n of them as n calls of Next would. HintsAhead
+// gives the record hints of those keys (nil or shorter: none; see sameAlive1), which the
+// walk may overwrite with the records it found and write back with SaveHints(n) before
+// Advance(n).
 type keySource interface {
 	Next() (uint64, error)
 	KeysAhead() []uint64
 	Advance(n int)
+	HintsAhead() []uint32
+	SaveHints(n int)
 }
 
-// sliceKeys serves precomputed keys (tests, benchmarks, callers that already hashed).
+// sliceKeys serves precomputed keys (tests, benchmarks, callers that already hashed),
+// and record hints when hints is set (tests: the walk corrects them in place).
 type sliceKeys struct {
-	keys []uint64
-	i    int
+	keys  []uint64
+	hints []uint32
+	i     int
 }
 
 func (s *sliceKeys) Next() (uint64, error) {
@@ -97,6 +107,15 @@ func (s *sliceKeys) Next() (uint64, error) {
 func (s *sliceKeys) KeysAhead() []uint64 { return s.keys[s.i:] }
 
 func (s *sliceKeys) Advance(n int) { s.i += n }
+
+func (s *sliceKeys) HintsAhead() []uint32 {
+	if s.hints == nil {
+		return nil
+	}
+	return s.hints[s.i:]
+}
+
+func (s *sliceKeys) SaveHints(int) {}
 
 // Query answers q into res. An unknown context, a context without engine slots, or a filter
 // naming no registered instance give empty Instances and a nil error, and create nothing.
@@ -170,7 +189,7 @@ func (e *Engine) QueryKeys(key ContextKey, keys []uint64, positions int, instanc
 			res.Instances = res.Instances[:0]
 			return nil
 		}
-		res.keys = sliceKeys{keys: keys}
+		res.keys = sliceKeys{keys: keys, hints: res.testHints}
 		err := res.run(v, insts, mask, hook, &res.keys, len(keys), int64(positions), key.BlockSize)
 		res.keys = sliceKeys{}
 		if err != nil || res.settled(c, v, insts, attempt) {
@@ -441,12 +460,29 @@ func (r *Result) sameRun(tab *table, src keySource, st *runState, i, most int, a
 		return 0, false
 	}
 	n := min(len(ks), st.batch, most)
+	hs := src.HintsAhead()
+	if len(hs) < n {
+		hs = nil
+	} else {
+		hs = hs[:n]
+	}
 	if from := st.touched - i; from < n {
-		r.pb.sink += tab.touch(ks[max(from, 0):n])
+		// Blocks with a hint skip the table (their records are read directly), so only
+		// the others' entries are loaded.
+		if hs == nil {
+			r.pb.sink += tab.touch(ks[max(from, 0):n])
+		} else {
+			r.pb.sink += tab.touchUnhinted(ks[max(from, 0):n], hs[max(from, 0):])
+		}
 		r.pb.loaded += n - max(from, 0)
 		st.touched = i + n
 	}
-	j := tab.sameAlive1(ks[:n], a0, a1, a2, a3)
+	j, found := tab.sameAlive1(ks[:n], hs, a0, a1, a2, a3)
+	if found {
+		// Block j's too, when the run ended there: its record was found (a block where a
+		// tier's set shrinks would otherwise be probed again by every walk).
+		src.SaveHints(min(j+1, n))
+	}
 	src.Advance(j)
 	r.pb.ran += j
 	if j < n {
@@ -470,7 +506,18 @@ const aheadWalk = 64
 // change inside such a run, so the loop needs none of the walk's other state, and it makes
 // no call (find1 and the record read are written out): a call would spill every live
 // value, which cost more than the loop's own work.
-func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
+//
+// hints (nil, or one per key) are record hints (hashing.Chain.HintsAhead): a block whose
+// hint names a record of t's arena holding the block's key takes that record without
+// probing the table, and reads it whole, live and not busy, as any other. That is the
+// record the probe would find: the writer never leaves a live, non-busy record holding a
+// key that its tables do not hold (a deleted record is marked free before its key leaves
+// the table, a created or reused one stays busy until its key is in the table; see
+// deleteRecord and create), and the table holds one record per key. Any other hint
+// (none, stale, torn, another index's) sends the block to the table; the record found
+// there replaces the hint in hints, and found reports that some hint changed (the
+// caller saves them). A block the walk ends at may have had its hint replaced too.
+func (t *table) sameAlive1(keys []uint64, hints []uint32, a0, a1, a2, a3 uint64) (n int, found bool) {
 	// The entries by address: a position is h>>shift or (pos+1)&mask, always below
 	// len(entries) = mask+1 = 1<<(64-shift), which the compiler cannot see.
 	entries, mask, shift := unsafe.Pointer(unsafe.SliceData(t.entries)), t.mask, t.shift
@@ -478,26 +525,39 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 	// ends the run (the walk reads it through Record).
 	dir := t.ar.Dir()
 	packed := t.w == 0
+	hinted := hints != nil
 	for j, key := range keys {
-		h := mix(key)
-		fp, pos := h&^0xFFFFFFFF, h>>(shift&63) // &63: one shift instruction (shift < 64 always)
 		var rec unsafe.Pointer
-		for {
-			e := atomic.LoadUint64((*uint64)(unsafe.Add(entries, pos*8)))
-			if e == 0 {
-				return j
-			}
-			if e&^0xFFFFFFFF == fp && e != tombEntry {
-				r, ok := dir.Words(uint32(e) - 1)
-				if !ok {
-					return j
-				}
-				if atomic.LoadUint64(&(*[recBits]uint64)(r)[recKey]) == key {
-					rec = r
-					break
+		if hinted {
+			if h := hints[j]; h != 0 {
+				if r, ok := dir.Words(h - 1); ok && atomic.LoadUint64(&(*[recBits]uint64)(r)[recKey]) == key {
+					rec = r // read whole below: a busy, free or torn record ends the run
 				}
 			}
-			pos = (pos + 1) & mask
+		}
+		if rec == nil {
+			h := mix(key)
+			fp, pos := h&^0xFFFFFFFF, h>>(shift&63) // &63: one shift instruction (shift < 64 always)
+			for {
+				e := atomic.LoadUint64((*uint64)(unsafe.Add(entries, pos*8)))
+				if e == 0 {
+					return j, found
+				}
+				if e&^0xFFFFFFFF == fp && e != tombEntry {
+					r, ok := dir.Words(uint32(e) - 1)
+					if !ok {
+						return j, found
+					}
+					if atomic.LoadUint64(&(*[recBits]uint64)(r)[recKey]) == key {
+						rec = r
+						if hinted && hints[j] != uint32(e) {
+							hints[j], found = uint32(e), true // the entry holds index+1
+						}
+						break
+					}
+				}
+				pos = (pos + 1) & mask
+			}
 		}
 		// walk1's versioned read (readPacked1, readWide1).
 		var meta, k, m2, dev, loc, dsk uint64
@@ -518,15 +578,15 @@ func (t *table) sameAlive1(keys []uint64, a0, a1, a2, a3 uint64) int {
 			m2 = atomic.LoadUint64(&p[recMeta])
 		}
 		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
-			return j
+			return j, found
 		}
 		// The run goes on while no set loses a slot (one OR and one branch, where
 		// comparing alive1's four results with the sets took four).
 		if d0, d1, d2, d3 := dropped1(a0, a1, a2, a3, meta, dev, loc, dsk); d0|d1|d2|d3 != 0 {
-			return j
+			return j, found
 		}
 	}
-	return len(keys)
+	return len(keys), found
 }
 
 // touch loads the home entry of each key in t, so that their cache misses overlap before
@@ -535,6 +595,18 @@ func (t *table) touch(keys []uint64) uint64 {
 	var sink uint64
 	for _, k := range keys {
 		sink += atomic.LoadUint64(&t.entries[mix(k)>>(t.shift&63)])
+	}
+	return sink
+}
+
+// touchUnhinted is touch for the keys whose hint is 0 (hints is at least as long as
+// keys): a block with a hint reads its record directly.
+func (t *table) touchUnhinted(keys []uint64, hints []uint32) uint64 {
+	var sink uint64
+	for j, k := range keys {
+		if hints[j] == 0 {
+			sink += atomic.LoadUint64(&t.entries[mix(k)>>(t.shift&63)])
+		}
 	}
 	return sink
 }

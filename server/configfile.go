@@ -19,7 +19,7 @@ import (
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
-// maxMemoEntries caps query_memo_entries (16 GiB of memo at 16 bytes a block).
+// maxMemoEntries caps query_memo_entries (20 GiB of memo at 20 bytes a block).
 const maxMemoEntries = 1 << 30
 
 // Default ports of the contract.
