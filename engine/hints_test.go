@@ -129,7 +129,8 @@ func TestHintNeverCreditsADeletedRecord(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			var onDelete func(uint64)
 			const n = 40
-			cfg := Config{}
+			log, _, _ := captureLogger() // an eviction logs a warning
+			cfg := Config{Logger: log}
 			if path == "evict" {
 				cfg.MaxBlocksPerContext = n
 			}
