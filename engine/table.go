@@ -26,6 +26,12 @@ import (
 // meta value. (A reader that sees the new word under the old meta on both sides saw the
 // record between the word's store and the meta store: after the change, exactly.)
 //
+// A record that a reader may accept (live, not busy) always has its key in the table (or
+// in the table's predecessor while a migration runs): a new or reused record stays busy
+// until its key is inserted, and a deleted one is marked free before its key is removed
+// (deleteRecord). So a walk may read a record found without the table, by a record hint
+// from the key memo (sameAlive1), and accept it on its key and version alone.
+//
 // The stamp says which slot clears the record's bitsets already reflect (see clearSet):
 // a clear (OpClear, unregistration) takes the next stamp and is applied to records lazily,
 // and a reader masks out, in a record whose stamp is older than a pending clear, the bits
