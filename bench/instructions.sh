@@ -43,7 +43,7 @@ if [ -n "${FUNCS:-}" ]; then
 		END {printf "  in functions matching %s: %d instructions/op\n", re, s / n}'
 fi
 if [ "${SIM:-no}" = yes ]; then
-	da=$(echo "$a" | awk '/D1 +misses/ {print $4}'); db=$(echo "$b" | awk '/D1 +misses/ {print $4}')
-	la=$(echo "$a" | awk '/LLd +misses/ {print $4}'); lb=$(echo "$b" | awk '/LLd +misses/ {print $4}')
+	da=$(echo "$a" | awk '/D1 +misses/ {print $3}'); db=$(echo "$b" | awk '/D1 +misses/ {print $3}')
+	la=$(echo "$a" | awk '/LLd +misses/ {print $3}'); lb=$(echo "$b" | awk '/LLd +misses/ {print $3}')
 	echo "  D1 misses/op $(((db - da) / N)), LLd misses/op $(((lb - la) / N))"
 fi
