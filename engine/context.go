@@ -86,6 +86,11 @@ type context struct {
 	eng     *Engine
 	key     ContextKey
 	profile hashing.Profile
+	// hintOwner names this context's records in the key memo's record hints
+	// (hashing.Chain.SetHintOwner): a hash of its key, so that a context made again under
+	// the same key (its records in a new arena) takes its old hints back and corrects
+	// them, while other contexts sharing memo runs leave them alone.
+	hintOwner uint32
 
 	state atomic.Pointer[view]
 	reqs  chan *request
@@ -166,13 +171,14 @@ type context struct {
 
 func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 	c := &context{
-		eng:     e,
-		key:     key,
-		profile: p,
-		reqs:    make(chan *request),
-		quit:    make(chan struct{}),
-		wake:    make(chan struct{}, 1),
-		slots:   map[Slot]int{},
+		eng:       e,
+		key:       key,
+		profile:   p,
+		hintOwner: hintOwnerOf(key),
+		reqs:      make(chan *request),
+		quit:      make(chan struct{}),
+		wake:      make(chan struct{}, 1),
+		slots:     map[Slot]int{},
 		// Immutable engine settings.
 		budgeted: e.maxTotal > 0 || e.memLimit > 0,
 	}
@@ -180,6 +186,22 @@ func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab})
 	c.oldestAt.Store(math.MaxUint64)
 	return c
+}
+
+// hintOwnerOf is a nonzero 32-bit FNV-1a hash of k (two keys sharing one only share
+// their memo runs' hints, which their walks check).
+func hintOwnerOf(k ContextKey) uint32 {
+	h := uint32(2166136261)
+	for _, s := range [...]string{k.TenantID, k.ModelName, k.LoraName} {
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint32(s[i])) * 16777619
+		}
+		h = (h ^ 0xff) * 16777619 // a separator: ("ab", "") is not ("a", "b")
+	}
+	for i := 0; i < 64; i += 8 {
+		h = (h ^ uint32(uint64(k.BlockSize)>>i&0xff)) * 16777619
+	}
+	return h | 1
 }
 
 // do hands r to the writer and waits until it is done.

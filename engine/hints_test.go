@@ -2,6 +2,8 @@ package engine
 
 import (
 	"math/rand/v2"
+
+	"github.com/conductor-go/conductor/hashing"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,8 +33,14 @@ func hintedEngine(t *testing.T, cfg Config, n int, onDelete *func(key uint64)) (
 // recordHints reads, on the writer, the index plus one of each key's record (0: none).
 func recordHints(t *testing.T, e *Engine, keys []uint64) []uint32 {
 	t.Helper()
+	return recordHintsIn(t, e, ctxA, keys)
+}
+
+// recordHintsIn is recordHints in context k.
+func recordHintsIn(t *testing.T, e *Engine, k ContextKey, keys []uint64) []uint32 {
+	t.Helper()
 	want := make([]uint32, len(keys))
-	onWriter(t, e, ctxA, func(c *context) {
+	onWriter(t, e, k, func(c *context) {
 		for i, k := range keys {
 			if _, _, idx, _, ok := c.tab.locate(k); ok {
 				want[i] = idx + 1
@@ -278,5 +286,71 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 	}
 	if st := e.MemoStats(); st.Hits == 0 {
 		t.Fatalf("memo served nothing: %+v", st)
+	}
+}
+
+// TestContextsSharingMemoRunsKeepTheirHints: two contexts with the same profile share the
+// key memo's runs of a prompt they both hold, in different records (another index's
+// arena). Queries of both, in turn, answer each from its own index, and the runs' hints
+// stay those of the context that saved them first: the other one's walks neither use nor
+// overwrite them.
+func TestContextsSharingMemoRunsKeepTheirHints(t *testing.T) {
+	const n = 64
+	p := vllmProfile(t)
+	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
+	ctxB := ContextKey{TenantID: "other", ModelName: "m", BlockSize: 16}
+	a, b := Slot{"a", 0}, Slot{"b", 0}
+	mustRegister(t, e, ctxA, p, a)
+	mustRegister(t, e, ctxB, p, b)
+	tokens := seqTokens(16 * n)
+	keys := chainKeys(t, p, 16, "", "", tokens)
+	filler := make([]uint64, 100)
+	for i := range filler {
+		filler[i] = benchKey(5000 + i)
+	}
+	mustApply(t, e, ctxB, store(b, TierDevice, filler...)) // B's records elsewhere
+	mustApply(t, e, ctxA, store(a, TierDevice, keys...))
+	mustApply(t, e, ctxB, store(b, TierDevice, keys[:n/2]...))
+	query := func(k ContextKey, slot string) int64 {
+		var res Result
+		if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
+			t.Fatal(err)
+		}
+		return rankTiers(t, res.Instances, slot, 0).Device / 16
+	}
+	query(ctxA, "a") // hashes the prompt: the memo's runs, without hints yet
+	for round := 0; round < 4; round++ {
+		if got := query(ctxA, "a"); got != n { // the first saves the runs' hints
+			t.Fatalf("round %d: context A answered %d blocks, want %d", round, got, n)
+		}
+		if got := query(ctxB, "b"); got != n/2 {
+			t.Fatalf("round %d: context B answered %d blocks, want %d", round, got, n/2)
+		}
+	}
+	wantA := recordHintsIn(t, e, ctxA, keys)
+	if wantB := recordHintsIn(t, e, ctxB, keys); wantB[0] == wantA[0] {
+		t.Fatal("the contexts' records share indices: the test shows nothing")
+	}
+	var ch hashing.Chain
+	c := e.lookup(ctxA)
+	ch.SetHintOwner(c.hintOwner)
+	ch.ResetMemo(e.memo, &p, 16, "", "", tokens)
+	got := 0
+	for i := 0; i < n; {
+		ks, hs := ch.KeysAhead(), ch.HintsAhead()
+		if len(ks) == 0 {
+			t.Fatalf("block %d: not from the memo", i)
+		}
+		for j, h := range hs {
+			if h != wantA[i+j] && i+j < n-1 {
+				t.Fatalf("block %d: the memo's hint is %d, context A's record is %d", i+j, h, wantA[i+j])
+			}
+			got++
+		}
+		ch.Advance(len(ks))
+		i += len(ks)
+	}
+	if got < n-1 {
+		t.Fatalf("%d hints read", got)
 	}
 }

@@ -218,3 +218,74 @@ func BenchmarkQueryWarm(b *testing.B) {
 		b.Fatalf("not a memo-warm full hit: device %d, %d of %d blocks from the memo", hit.Device, res.fromMemo, blocks)
 	}
 }
+
+// BenchmarkQueryWarmTwoContexts is BenchmarkQueryWarm's memo-warm full hits asked of two
+// contexts in turn that hold the same 16 prompts in different records (another tenant,
+// the same profile, so the same key memo runs): one context's walks read their records
+// through the runs' hints, the other's probe the table; neither overwrites the other's
+// hints.
+func BenchmarkQueryWarmTwoContexts(b *testing.B) {
+	const blocks, prompts = 512, 16
+	p := benchProfile(b)
+	toks := make([]int32, prompts*blocks*16)
+	for i := range toks {
+		toks[i] = int32(i*7 + 1)
+	}
+	ctxB := ContextKey{TenantID: "other", ModelName: "m", BlockSize: 16}
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer e.Close()
+	keys := make([]uint64, blocks)
+	for ci, ck := range []ContextKey{ctxA, ctxB} {
+		slots := make([]Slot, 8)
+		for i := range slots {
+			slots[i] = Slot{fmt.Sprintf("inst-%03d", i), 0}
+			if _, err := e.RegisterSlot(ck, p, slots[i]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if ci == 1 { // B's records at other indices than A's
+			for j := range keys {
+				keys[j] = benchKey(1<<30 + j)
+			}
+			if err := e.Apply(ck, []Op{{Kind: OpStore, Slot: slots[0], Tier: TierDevice, Hashes: keys}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var ch hashing.Chain
+		for pr := 0; pr < prompts; pr++ {
+			ch.Reset(&p, 16, "", "", toks[pr*blocks*16:(pr+1)*blocks*16])
+			for j := range keys {
+				k, err := ch.Next()
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys[j] = k
+			}
+			if err := e.Apply(ck, []Op{{Kind: OpStore, Slot: slots[pr%len(slots)], Tier: TierDevice, Hashes: keys}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	settled(e)
+	var res Result
+	q := &Query{}
+	ask := func(i int) {
+		q.Key = ctxA
+		if i%2 == 1 {
+			q.Key = ctxB
+		}
+		pr := i / 2 % prompts
+		q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
+		if err := e.Query(q, &res); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for i := 0; i < 4*prompts; i++ { // fills the memo, then warms the caches
+		ask(i)
+	}
+	timeBlocks(b, blocks, ask)
+	if hit := res.Instances[(b.N-1)/2%prompts%8]; hit.Device != blocks*16 || res.fromMemo != blocks {
+		b.Fatalf("not a memo-warm full hit: device %d, %d of %d blocks from the memo", hit.Device, res.fromMemo, blocks)
+	}
+}

@@ -136,6 +136,7 @@ func (e *Engine) Query(q *Query, res *Result) error {
 			return nil
 		}
 		res.chain.ResetMemo(e.memo, &c.profile, int(q.Key.BlockSize), q.Key.LoraName, q.CacheSalt, q.Tokens)
+		res.chain.SetHintOwner(c.hintOwner)
 		err := res.run(v, insts, mask, hook, &res.chain, res.chain.NumBlocks(), int64(res.chain.Positions()), q.Key.BlockSize)
 		res.chain.Done() // publishes the walk's memo inserts and counters
 		res.hashed, res.fromMemo = res.chain.Hashed(), res.chain.MemoHits()

@@ -98,8 +98,9 @@ type memoCounters struct {
 }
 
 // memoEntry is one run: both chain lanes after its last block, the projected keys of its
-// blocks, the digest of its last block, a check word over all of them (0 = empty) and
-// the reference bit. Two cache lines.
+// blocks, the digest of its last block, a check word over all of them (0 = empty), and
+// the ref word: the reference bit (bit 0) and the owner of the run's record hints (bits
+// 32-63, 0 = none; see Chain.SetHintOwner). Two cache lines.
 type memoEntry struct {
 	a, b  uint64
 	k     [memoRun]uint64
@@ -210,6 +211,15 @@ func (m *Memo) touch(a, b uint64) uint64 {
 	return ldw(&e.a) + ldw(&e.d[0])
 }
 
+// hintOwner returns the owner of entry w's record hints (0: none).
+func (m *Memo) hintOwner(w int) uint32 { return uint32(ldw(&m.ents[w].ref) >> 32) }
+
+// claimHints makes owner the owner of entry w's record hints, keeping its reference bit.
+func (m *Memo) claimHints(w int, owner uint32) {
+	e := &m.ents[w]
+	stw(&e.ref, ldw(&e.ref)&0xFFFFFFFF|uint64(owner)<<32)
+}
+
 // touchHints is touch for the preferred way's record hints (a lookup that finds the run
 // reads them).
 func (m *Memo) touchHints(a, b uint64) uint64 {
@@ -256,8 +266,8 @@ func (m *Memo) lookupAt(a, b uint64, v *memoRunVal) int {
 		if ldw(&e.check) != m.checkOf(v) {
 			return -1 // torn or half-written: treat as absent
 		}
-		if ldw(&e.ref) == 0 {
-			stw(&e.ref, 1)
+		if r := ldw(&e.ref); r&1 == 0 {
+			stw(&e.ref, r|1)
 		}
 		return w
 	}
@@ -291,7 +301,7 @@ func (m *Memo) insert(v *memoRunVal) (wrote, evicted bool) {
 		if c == 0 && (empty < 0 || w == p) {
 			empty = w
 		}
-		if ldw(&e.ref) == 0 && (unref < 0 || w == p) {
+		if ldw(&e.ref)&1 == 0 && (unref < 0 || w == p) {
 			unref = w
 		}
 	}
@@ -303,7 +313,7 @@ func (m *Memo) insert(v *memoRunVal) (wrote, evicted bool) {
 		victim = p
 		for w := s; w < s+memoWays; w++ {
 			if w != victim {
-				stw(&m.ents[w].ref, 0)
+				stw(&m.ents[w].ref, ldw(&m.ents[w].ref)&^1) // the hints' owner stays
 			}
 		}
 	}

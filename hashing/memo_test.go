@@ -607,7 +607,7 @@ func fullScanInsert(m *Memo, v *memoRunVal) (wrote, evicted bool) {
 		if e.check == 0 && (empty < 0 || i == p) {
 			empty = i
 		}
-		if e.ref == 0 && (unref < 0 || i == p) {
+		if e.ref&1 == 0 && (unref < 0 || i == p) {
 			unref = i
 		}
 	}
@@ -619,7 +619,7 @@ func fullScanInsert(m *Memo, v *memoRunVal) (wrote, evicted bool) {
 		victim = p
 		for i := s; i < s+memoWays; i++ {
 			if i != victim {
-				m.ents[i].ref = 0
+				m.ents[i].ref &^= 1
 			}
 		}
 	}

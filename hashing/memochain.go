@@ -44,6 +44,8 @@ var errMemoDigest = errors.New("hashing: memo chain lost the digest it resumes f
 type memoChain struct {
 	m  *Memo
 	on bool
+	// owner is the hint owner the chain walks for (SetHintOwner; 0: no hints).
+	owner uint32
 	// run counts the lacking runs in a row that the last lookups found; gap is the
 	// distance in runs from the last lookup to the next re-probe while a run stops the
 	// lookups; no batch is looked up before block probeAt.
@@ -65,11 +67,15 @@ type memoChain struct {
 	known, hashed, dv  [aheadMax]bool
 	// aheadH[j] is the record hint of slot j's block as the memo held it when its run was
 	// looked up (0: none, or a block not from the memo), for the walk to try and correct;
-	// aheadW[j], for a slot j that ends a run, is the memo entry the run came from (-1:
-	// none, its blocks are hashed), where SaveHints writes the run's hints back.
+	// aheadW[j], for a slot j that ends a run, is the memo entry the run came from, where
+	// SaveHints writes the run's hints back (-1: none, its blocks are hashed, or its hints
+	// are another owner's).
 	aheadH [aheadMax]uint32
 	aheadW [aheadMax]int32
-	val    memoRunVal // a lookup's result
+	// ownRuns counts the buffer's runs whose hints the chain may read and save: with
+	// none, HintsAhead returns nil and the walk probes without hints' bookkeeping.
+	ownRuns int
+	val     memoRunVal // a lookup's result
 	// knownEnd: every slot in [aheadPos, knownEnd) is known (the stretch the last
 	// KeysAhead found; a slot stays known until the next fill), so that KeysAhead, called
 	// once per batch the walk takes, does not scan the same flags again. hashedIn counts
@@ -101,7 +107,7 @@ func (mc *memoChain) reset(m *Memo) {
 	mc.run, mc.gap, mc.probeAt = 0, 1, 0
 	mc.cx, mc.sha, mc.probes = 0, 0, 0
 	mc.aheadLen, mc.aheadPos = 0, 0
-	mc.knownEnd, mc.hashedIn = 0, 0
+	mc.knownEnd, mc.hashedIn, mc.ownRuns = 0, 0, 0
 	mc.batch = 1
 	mc.parentOK = true
 	mc.streakFrom, mc.streakEnd = -1, -1
@@ -177,6 +183,7 @@ func (c *Chain) fill() {
 	clear(mc.hashed[:n])
 	clear(mc.dv[:n])
 	clear(mc.aheadH[:n])
+	mc.ownRuns = 0
 	mc.aheadPos, mc.aheadLen = 0, n
 	mc.knownEnd, mc.hashedIn = 0, 0
 	// Run ends in the batch: blocks e with e%memoRun == memoRun-1, from j0 on.
@@ -206,10 +213,17 @@ func (c *Chain) fill() {
 		for i := from; i <= j; i++ {
 			mc.known[i] = true
 		}
-		// A stale hint (racing SaveHints) is only a wrong one, which the walk checks.
-		hints := m.hints[w*memoRun : w*memoRun+memoRun : w*memoRun+memoRun]
-		for i := from; i <= j; i++ {
-			mc.aheadH[i] = atomic.LoadUint32(&hints[i-first])
+		// The run's hints, unless they are another owner's (another index's records):
+		// those stay theirs, and this walk probes. A stale hint (racing SaveHints) is
+		// only a wrong one, which the walk checks.
+		if o := m.hintOwner(w); mc.owner == 0 || o != 0 && o != mc.owner {
+			mc.aheadW[j] = -1
+		} else {
+			mc.ownRuns++
+			hints := m.hints[w*memoRun : w*memoRun+memoRun : w*memoRun+memoRun]
+			for i := from; i <= j; i++ {
+				mc.aheadH[i] = atomic.LoadUint32(&hints[i-first])
+			}
 		}
 		d := &mc.aheadD[j]
 		binary.LittleEndian.PutUint64(d[0:], v.d[0])
@@ -434,8 +448,9 @@ func (c *Chain) Advance(n int) {
 }
 
 // HintsAhead returns the record hints of the blocks whose keys the last KeysAhead
-// returned, one for each (nil without a memo): what the memo held for them, 0 where it
-// held none or the block was hashed. A hint is an index plus one of the record a walk
+// returned, one for each (nil without a memo or a hint owner, SetHintOwner, or when
+// every run they come from has another owner's hints): what the memo held for them, 0
+// where it held none, they are another owner's, or the block was hashed. A hint is an index plus one of the record a walk
 // last found the block's key at; it may be stale, point into another index, or be
 // wrong in any way (racing writers), so a walk uses one only after checking that the
 // record holds the key. A walk may overwrite the slice's values with what it found and
@@ -443,11 +458,19 @@ func (c *Chain) Advance(n int) {
 // SaveHints.
 func (c *Chain) HintsAhead() []uint32 {
 	mc := &c.mc
-	if !mc.on || mc.knownEnd < mc.aheadPos {
+	if !mc.on || mc.ownRuns == 0 || mc.knownEnd < mc.aheadPos {
 		return nil
 	}
 	return mc.aheadH[mc.aheadPos:mc.knownEnd]
 }
+
+// SetHintOwner sets who the chain walks for, until it is set again (Reset and ResetMemo
+// keep it): a nonzero tag naming the index whose records the hints it reads and saves
+// point into. A run's hints belong to the first owner that saved them until the memo
+// replaces the run; a chain of another owner gets no hints for the run and saves none
+// (two indexes sharing a prompt would otherwise overwrite each other's hints on every
+// walk). With owner 0, the default, HintsAhead returns nil.
+func (c *Chain) SetHintOwner(owner uint32) { c.mc.owner = owner }
 
 // SaveHints writes the first n values of the slice the last HintsAhead returned back to
 // the memo, where they differ from what it holds and the block came from it, for the next
@@ -464,9 +487,13 @@ func (c *Chain) SaveHints(n int) {
 		in := (c.next + j - p) % memoRun
 		e := j + memoRun - 1 - in
 		if e >= mc.aheadLen || mc.aheadW[e] < 0 {
-			continue // hashed here: not in the memo (yet)
+			continue // hashed here (not in the memo yet), or another owner's hints
 		}
-		if hp := &hints[int(mc.aheadW[e])*memoRun+in]; atomic.LoadUint32(hp) != mc.aheadH[j] {
+		w := int(mc.aheadW[e])
+		if hp := &hints[w*memoRun+in]; atomic.LoadUint32(hp) != mc.aheadH[j] {
+			if mc.m.hintOwner(w) != mc.owner {
+				mc.m.claimHints(w, mc.owner) // unowned until now
+			}
 			atomic.StoreUint32(hp, mc.aheadH[j])
 		}
 	}
