@@ -252,12 +252,7 @@ func (c *context) run() {
 				for i := 0; i < idleMigrateSteps && c.tab.prev.Load() != nil; i++ {
 					c.migrateStep()
 				}
-				c.releaseStep()
-				c.sweepStep()
-				c.resumeStalled()
-				c.dropStep()
-				c.flushCharges() // before a widening's switch hands registrations back
-				c.widenStep()
+				c.backgroundSteps()
 				c.flushCharges()
 			}
 			continue
@@ -278,35 +273,35 @@ func (c *context) run() {
 // at its request channel (a few tens of microseconds).
 const idleMigrateSteps = 64
 
+// backgroundSteps advances the writer's bounded background work by one step each, after
+// a request or while idle: releasing retired tables, sweeping clears, resuming stalled
+// requests, deferred drops, and a widening (charges flushed before its switch hands
+// registrations back).
+func (c *context) backgroundSteps() {
+	c.releaseStep()
+	c.sweepStep()
+	c.resumeStalled()
+	c.dropStep()
+	c.flushCharges()
+	c.widenStep()
+}
+
 // serve applies one request (a writer step) and hands it back.
 func (c *context) serve(r *request) {
 	c.now = uint64(time.Since(c.eng.start).Microseconds())
 	if h := c.eng.hooks; h != nil && h.now != nil {
 		c.now = h.now()
 	}
-	var deferred bool
-	if h := c.eng.hooks; h != nil && h.step != nil {
-		h.step(true)
-		c.handle(r)
-		deferred = r.deferred // r may be handed back (and reused) by dropStep below
-		c.migrateStep()
-		c.releaseStep()
-		c.sweepStep()
-		c.resumeStalled()
-		c.dropStep()
-		c.flushCharges() // before a widening's switch hands registrations back
-		c.widenStep()
-		h.step(false)
-	} else {
-		c.handle(r)
-		deferred = r.deferred
-		c.migrateStep()
-		c.releaseStep()
-		c.sweepStep()
-		c.resumeStalled()
-		c.dropStep()
-		c.flushCharges() // before a widening's switch hands registrations back
-		c.widenStep()
+	stepHook := c.eng.hooks != nil && c.eng.hooks.step != nil
+	if stepHook {
+		c.eng.hooks.step(true)
+	}
+	c.handle(r)
+	deferred := r.deferred // r may be handed back (and reused) by dropStep below
+	c.migrateStep()
+	c.backgroundSteps()
+	if stepHook {
+		c.eng.hooks.step(false)
 	}
 	if c.budgeted {
 		c.payDebt() // debts and oldestAt serve the engine budget alone

@@ -174,14 +174,7 @@ func BenchmarkQueryWarm(b *testing.B) {
 	keys := make([]uint64, blocks)
 	var ch hashing.Chain
 	for pr := 0; pr < prompts; pr++ {
-		ch.Reset(&p, 16, "", "", toks[pr*blocks*16:(pr+1)*blocks*16])
-		for j := range keys {
-			k, err := ch.Next()
-			if err != nil {
-				b.Fatal(err)
-			}
-			keys[j] = k
-		}
+		promptKeys(b, &ch, &p, toks[pr*blocks*16:(pr+1)*blocks*16], keys)
 		s := slots[pr%len(slots)]
 		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys},
 			{Kind: OpStore, Slot: s, Tier: TierCPULocal, Hashes: keys},
@@ -254,14 +247,7 @@ func BenchmarkQueryWarmTwoContexts(b *testing.B) {
 		}
 		var ch hashing.Chain
 		for pr := 0; pr < prompts; pr++ {
-			ch.Reset(&p, 16, "", "", toks[pr*blocks*16:(pr+1)*blocks*16])
-			for j := range keys {
-				k, err := ch.Next()
-				if err != nil {
-					b.Fatal(err)
-				}
-				keys[j] = k
-			}
+			promptKeys(b, &ch, &p, toks[pr*blocks*16:(pr+1)*blocks*16], keys)
 			if err := e.Apply(ck, []Op{{Kind: OpStore, Slot: slots[pr%len(slots)], Tier: TierDevice, Hashes: keys}}); err != nil {
 				b.Fatal(err)
 			}
@@ -287,5 +273,17 @@ func BenchmarkQueryWarmTwoContexts(b *testing.B) {
 	timeBlocks(b, blocks, ask)
 	if hit := res.Instances[(b.N-1)/2%prompts%8]; hit.Device != blocks*16 || res.fromMemo != blocks {
 		b.Fatalf("not a memo-warm full hit: device %d, %d of %d blocks from the memo", hit.Device, res.fromMemo, blocks)
+	}
+}
+
+// promptKeys hashes tokens with ch (block size 16) into keys, one per block.
+func promptKeys(b *testing.B, ch *hashing.Chain, p *hashing.Profile, tokens []int32, keys []uint64) {
+	ch.Reset(p, 16, "", "", tokens)
+	for j := range keys {
+		k, err := ch.Next()
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys[j] = k
 	}
 }
