@@ -143,7 +143,7 @@ func TestMeasureQueryDuringPeerBootstrap(t *testing.T) {
 		b := startReplica(t, fmt.Sprintf("joiner-%d", round), writeReplicaConfig(t, etcd, port, 2000), port)
 		during = append(during, measure(b.ready)...)
 		readyAfter := time.Since(t0)
-		_, stale, bt, ok := b.bootstrapLine()
+		_, stale, bt, ok := b.bootstrapLineAfterReady()
 		m := took.FindStringSubmatch(b.c.out.String())
 		if !ok || stale != 0 || m == nil {
 			t.Fatalf("joiner did not bootstrap from A:\n%s", b.c.out.String())

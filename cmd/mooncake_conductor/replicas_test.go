@@ -533,6 +533,20 @@ func flatten(m map[string]any) []any {
 var bootstrapDone = regexp.MustCompile(`cluster: bootstrap done.*peer=(\S*).*sources_stale=(\d+).*took=(\S+)`)
 
 // bootstrapLine returns the replica's "bootstrap done" log fields (peer, stale, took).
+// bootstrapLineAfterReady is bootstrapLine for a replica that is ready: the process logs
+// the line before it sets readiness, but the output reaches r.c.out through a pipe that
+// exec copies on a goroutine of its own, which may not have copied the line yet when the
+// readiness probe answers; it waits up to a few seconds for it.
+func (r *replica) bootstrapLineAfterReady() (peer string, stale int, took string, ok bool) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if peer, stale, took, ok = r.bootstrapLine(); ok || time.Now().After(deadline) {
+			return peer, stale, took, ok
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (r *replica) bootstrapLine() (peer string, stale int, took string, ok bool) {
 	m := bootstrapDone.FindStringSubmatch(r.c.out.String())
 	if m == nil {
@@ -646,8 +660,9 @@ func TestReplicasKill9AndRestart(t *testing.T) {
 	rs[2] = r3
 	r3.waitReady(60 * time.Second)
 	readyAfter := time.Since(started)
-	// Ready implies bootstrapped: the log line is written before readiness is set.
-	peer, stale, took, ok := r3.bootstrapLine()
+	// Ready implies bootstrapped: the log line is written before readiness is set (and
+	// reaches the captured output soon after).
+	peer, stale, took, ok := r3.bootstrapLineAfterReady()
 	if !ok || peer == `""` || peer == "" || stale != 0 || !strings.Contains(r3.c.out.String(), "cluster: peer snapshot loaded") {
 		t.Fatalf("restarted replica did not bootstrap from a peer (peer %q, stale %d):\n%s", peer, stale, r3.c.out.String())
 	}
@@ -757,7 +772,7 @@ func TestReplicaJoinsUnderFullRateStream(t *testing.T) {
 	streamTime := time.Since(joinStart)
 	rs = append(rs, r2)
 
-	peer, stale, took, ok := r2.bootstrapLine()
+	peer, stale, took, ok := r2.bootstrapLineAfterReady()
 	if !ok || peer != rs[0].base || stale != 0 || !strings.Contains(r2.c.out.String(), "cluster: peer snapshot loaded") {
 		t.Fatalf("joining replica did not bootstrap from %s (peer %q, stale %d):\n%s", rs[0].base, peer, stale, r2.c.out.String())
 	}
