@@ -61,8 +61,9 @@ type probeBuf struct {
 	stop          int
 	batch, hbatch int
 	// probed counts the keys the walk's batches looked up, ran the blocks sameRun went
-	// through and loaded the table entries it loaded ahead, all per query (tests check
-	// the early stop and which way the walk went).
+	// through and loaded the blocks it took ahead (their table entries loaded, or their
+	// records' hints taken), all per query (tests check the early stop and which way the
+	// walk went).
 	probed, ran, loaded int
 	sink                uint64
 }

@@ -449,9 +449,10 @@ func (r *Result) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 // precomputed keys): at most st.batch of them and at most most. The batch starts at
 // probeFirst and doubles (up to aheadWalk) only after a call went through all its keys,
 // so a batch is never larger than probeFirst plus the blocks already walked, and the
-// entries loaded past the block where the walk stops are at most that (and aheadWalk). Their table
-// entries are loaded first (independent loads: the misses overlap; never twice for one
-// block), then sameAlive1 goes through the blocks that change no alive set. It consumes
+// entries loaded past the block where the walk stops are at most that (and aheadWalk).
+// The table entries of its blocks without a record hint are loaded first (independent
+// loads: the misses overlap; never twice for one block), then sameAlive1 goes through
+// the blocks that change no alive set. It consumes
 // those blocks from src and returns their number, and whether that was every key it
 // took; otherwise the next block (which ended the run, or whose key src does not know
 // ahead) is the walk's to read.
@@ -467,15 +468,16 @@ func (r *Result) sameRun(tab *table, src keySource, st *runState, i, most int, a
 	} else {
 		hs = hs[:n]
 	}
-	if from := st.touched - i; from < n {
+	if from := max(st.touched-i, 0); from < n {
 		// Blocks with a hint skip the table (their records are read directly), so only
-		// the others' entries are loaded.
+		// the others' entries are loaded; two loops, so that the common cases (all
+		// hinted, none hinted) test nothing per key but the hint.
 		if hs == nil {
-			r.pb.sink += tab.touch(ks[max(from, 0):n])
+			r.pb.sink += tab.touch(ks[from:n])
 		} else {
-			r.pb.sink += tab.touchUnhinted(ks[max(from, 0):n], hs[max(from, 0):])
+			r.pb.sink += tab.touchUnhinted(ks[from:n], hs[from:])
 		}
-		r.pb.loaded += n - max(from, 0)
+		r.pb.loaded += n - from
 		st.touched = i + n
 	}
 	j, found := tab.sameAlive1(ks[:n], hs, a0, a1, a2, a3)

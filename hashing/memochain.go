@@ -450,12 +450,12 @@ func (c *Chain) Advance(n int) {
 // HintsAhead returns the record hints of the blocks whose keys the last KeysAhead
 // returned, one for each (nil without a memo or a hint owner, SetHintOwner, or when
 // every run they come from has another owner's hints): what the memo held for them, 0
-// where it held none, they are another owner's, or the block was hashed. A hint is an index plus one of the record a walk
-// last found the block's key at; it may be stale, point into another index, or be
-// wrong in any way (racing writers), so a walk uses one only after checking that the
-// record holds the key. A walk may overwrite the slice's values with what it found and
-// then write them back with SaveHints. Valid until the next call on the chain but
-// SaveHints.
+// where it held none, they are another owner's, or the block was hashed. A hint is an
+// index plus one of the record a walk last found the block's key at; it may be stale,
+// point into another index, or be wrong in any way (racing writers), so a walk uses one
+// only after checking that the record holds the key. A walk may overwrite the slice's
+// values with what it found and then write them back with SaveHints. Valid until the
+// next call on the chain but SaveHints.
 func (c *Chain) HintsAhead() []uint32 {
 	mc := &c.mc
 	if !mc.on || mc.ownRuns == 0 || mc.knownEnd < mc.aheadPos {
@@ -492,7 +492,7 @@ func (c *Chain) SaveHints(n int) {
 		w := int(mc.aheadW[e])
 		if hp := &hints[w*memoRun+in]; atomic.LoadUint32(hp) != mc.aheadH[j] {
 			if mc.m.hintOwner(w) != mc.owner {
-				mc.m.claimHints(w, mc.owner) // unowned until now
+				mc.m.claimHints(w, mc.owner) // unowned when the run was looked up
 			}
 			atomic.StoreUint32(hp, mc.aheadH[j])
 		}
