@@ -283,10 +283,17 @@ func decodeList[T int32 | uint64](b []byte, buf *[]T, array func([]byte, []T) ([
 // decodeTokenArray decodes an array of int32-range integers of any msgpack width.
 // The widths encoders pick for token ids (fixint and 8/16/32-bit) are decoded inline;
 // the rest, and the tail where fewer than 8 bytes are left, go through readInt. Long
-// arrays are decoded mostly by tokensSegmented first, with *scratch (grown to segScratch
-// on first use) as its working room: dst itself stays exactly as long as the array, so
-// that the decoded tokens stay within what the in-flight budget charges for a body.
+// arrays are decoded mostly 64 bytes at a time by tokensVBMI where the CPU has AVX-512
+// VBMI, else by tokensSegmented, with *scratch (grown to segScratch on first use) as its
+// working room: dst itself stays exactly as long as the array, so that the decoded
+// tokens stay within what the in-flight budget charges for a body.
 func decodeTokenArray(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
+	return decodeTokenArrayVia(b, dst, scratch, hasVBMI)
+}
+
+// decodeTokenArrayVia is decodeTokenArray, with tokensVBMI first only if vbmi: the tests
+// check both paths on a CPU that has it.
+func decodeTokenArrayVia(b []byte, dst []int32, scratch *[]int32, vbmi bool) (_ []int32, _ []byte, terr tokenErr, ok bool) {
 	n32, rest, err := msgp.ReadArrayHeaderBytes(b)
 	// Every element takes at least one byte: a larger count is a lie, and believing it
 	// would size the buffer from an attacker's header.
@@ -296,7 +303,12 @@ func decodeTokenArray(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []b
 	n := int(n32)
 	dst = slices.Grow(dst, n)[:n]
 	i0 := 0
-	if n >= segMinElems {
+	if vbmi && n >= vbmiMinElems {
+		// Up to the last 64 elements or 128 bytes, or an element it does not take.
+		i, pos := tokensVBMI(rest, dst)
+		i0, rest = i, rest[pos:]
+	}
+	if n-i0 >= segMinElems {
 		// Long arrays: a leading run of one width as such (a 32K-vocabulary prompt
 		// without byte tokens is all uint16), then most elements in interleaved chains
 		// (tokensSegmented), the rest (its last few hundred bytes, or from where it
@@ -305,9 +317,9 @@ func decodeTokenArray(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []b
 			*scratch = make([]int32, segScratch)
 		}
 		h := len(b) - len(rest)
-		i, pos := tokensFast(rest, dst, false)
-		j, end := tokensSegmented(b, h+pos, dst[i:], (*scratch)[:segScratch])
-		i0, rest = i+j, rest[end-h:]
+		i, pos := tokensFast(rest, dst[i0:], false)
+		j, end := tokensSegmented(b, h+pos, dst[i0+i:], (*scratch)[:segScratch])
+		i0, rest = i0+i+j, rest[end-h:]
 	}
 	di, pos := tokensFast(rest, dst[i0:], true)
 	i0 += di

@@ -136,23 +136,27 @@ func TestTokenArrayFastPathMatchesReference(t *testing.T) {
 		if iter%5 == 0 {
 			b = b[:r.IntN(len(b)+1)]
 		}
-		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0], &scratch)
-		dst = got
-		if gotOK != wantOK {
-			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
-		}
-		if !wantOK {
-			continue
-		}
-		if gotErr != wantErr || len(rest) != len(wantRest) {
-			t.Fatalf("iter %d: error %+v rest %d, reference %+v rest %d", iter, gotErr, len(rest), wantErr, len(wantRest))
-		}
-		if wantErr.reason == "" && !slices.Equal(got, want) {
-			t.Fatalf("iter %d: tokens differ", iter)
-		}
-		if wantErr.reason != "" && !slices.Equal(got[:len(want)], want) {
-			t.Fatalf("iter %d: tokens before the error differ", iter)
+		checkTokenArray(t, iter, b, &dst, &scratch)
+	}
+}
+
+// checkTokenArray decodes b on every path (vbmiModes) and fails unless each decodes it
+// as refDecodeTokenArray does: whether it parses, the error, where the value ends, the
+// tokens before the error, and all of them when there is none.
+func checkTokenArray(t testing.TB, iter int, b []byte, dst, scratch *[]int32) {
+	t.Helper()
+	want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
+	for _, vbmi := range vbmiModes() {
+		got, rest, gotErr, gotOK := decodeTokenArrayVia(b, (*dst)[:0], scratch, vbmi)
+		*dst = got
+		switch {
+		case gotOK != wantOK:
+			t.Fatalf("iter %d (vbmi %v): ok %v, reference %v", iter, vbmi, gotOK, wantOK)
+		case !wantOK:
+		case gotErr != wantErr || len(rest) != len(wantRest):
+			t.Fatalf("iter %d (vbmi %v): error %+v rest %d, reference %+v rest %d", iter, vbmi, gotErr, len(rest), wantErr, len(wantRest))
+		case !equalPrefix(got, want) || wantErr.reason == "" && len(got) != len(want):
+			t.Fatalf("iter %d (vbmi %v): tokens differ", iter, vbmi)
 		}
 	}
 }
@@ -184,24 +188,7 @@ func TestTokenArraySegmentedMatchesReference(t *testing.T) {
 			b = append(msgp.AppendArrayHeader(nil, uint32(max(0, n+r.IntN(40)-20))), b[h:]...)
 			b = append(b, 0xc0, 0xc0, 0xa1, 'x')
 		}
-		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, dst[:0], &scratch)
-		dst = got
-		if gotOK != wantOK {
-			t.Fatalf("iter %d: ok %v, reference %v", iter, gotOK, wantOK)
-		}
-		if !wantOK {
-			continue
-		}
-		if gotErr != wantErr || len(rest) != len(wantRest) {
-			t.Fatalf("iter %d: error %+v rest %d, reference %+v rest %d", iter, gotErr, len(rest), wantErr, len(wantRest))
-		}
-		if !slices.Equal(got[:len(want)], want) {
-			t.Fatalf("iter %d: tokens differ", iter)
-		}
-		if wantErr.reason == "" && len(got) != len(want) {
-			t.Fatalf("iter %d: %d tokens, reference %d", iter, len(got), len(want))
-		}
+		checkTokenArray(t, iter, b, &dst, &scratch)
 	}
 }
 
@@ -415,14 +402,7 @@ func FuzzTokenArray(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		want, wantErr, wantRest, wantOK := refDecodeTokenArray(b)
-		got, rest, gotErr, gotOK := decodeTokenArray(b, nil, new([]int32))
-		if gotOK != wantOK || (wantOK && (gotErr != wantErr || len(rest) != len(wantRest))) {
-			t.Fatalf("ok %v err %+v rest %d, reference ok %v err %+v rest %d", gotOK, gotErr, len(rest), wantOK, wantErr, len(wantRest))
-		}
-		if wantOK && !slices.Equal(got[:len(want)], want) {
-			t.Fatal("tokens differ")
-		}
+		checkTokenArray(t, 0, b, new([]int32), new([]int32))
 	})
 }
 
