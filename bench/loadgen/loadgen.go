@@ -104,6 +104,9 @@ type Config struct {
 	Duration time.Duration
 	// BinaryTokens sends prompts as int32 bins (block keys as uint64 bins with ByHash).
 	BinaryTokens bool
+	// KeepAwake records that the caller keeps the machine's CPUs from idling while it
+	// measures (target.KeepAwake); Run only reports it.
+	KeepAwake bool
 	// ByHash sends POST /query_by_hash with the prompts' block keys instead of /query.
 	ByHash bool
 	// MixedWidths spreads token ids so that an array mixes positive fixint (about 20%),
@@ -187,6 +190,7 @@ type Result struct {
 	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
 	BinaryTokens  bool    `json:"binary_tokens"`
 	MixedWidths   bool    `json:"mixed_widths,omitempty"`
+	KeepAwake     bool    `json:"keep_awake,omitempty"`
 	ByHash        bool    `json:"by_hash"`
 	Cells         []Cell  `json:"cells"`
 	Growth        *Growth `json:"growth,omitempty"`
@@ -241,7 +245,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := f.Register(cl, 15*time.Second); err != nil {
 		return nil, err
 	}
-	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, MixedWidths: cfg.MixedWidths, ByHash: cfg.ByHash}
+	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, MixedWidths: cfg.MixedWidths, KeepAwake: cfg.KeepAwake, ByHash: cfg.ByHash}
 	var cpuStart time.Duration
 	if cfg.Sample != nil {
 		if rss, cpu, err := cfg.Sample(); err == nil {

@@ -22,20 +22,24 @@ func TestMain(m *testing.M) {
 
 // TestLoadCommandFloor: load --floor against a spawned conductor prints, for every cell,
 // the floor server's CPU per query and the cell's CPU above it; without a conductor
-// process of its own to sample it refuses.
+// process of its own to sample it refuses. --keep-awake (with it here) is named in the
+// title, and refused in process too (its spinners would be counted).
 func TestLoadCommandFloor(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "mooncake_conductor")
 	if out, err := exec.Command("go", "build", "-o", bin, "../mooncake_conductor").CombinedOutput(); err != nil {
 		t.Fatalf("build conductor: %v\n%s", err, out)
 	}
 	var out, errOut strings.Builder
-	code := run([]string{"load", "--conductor-bin", bin, "--floor", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512",
+	code := run([]string{"load", "--conductor-bin", bin, "--floor", "--keep-awake", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512",
 		"--shapes", "hit,miss", "--concurrency", "1", "--duration", "50ms", "--binary-tokens", "--results", t.TempDir()}, &out, &errOut)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
 	}
 	if !strings.Contains(out.String(), "floor CPU/q us") || !strings.Contains(out.String(), "above floor us") {
 		t.Fatalf("no floor columns:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), ", CPUs kept awake") {
+		t.Fatalf("--keep-awake not in the title:\n%s", out.String())
 	}
 	rows := 0
 	for _, line := range strings.Split(out.String(), "\n") {
@@ -62,5 +66,10 @@ func TestLoadCommandFloor(t *testing.T) {
 	if code := run([]string{"load", "--floor", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512"}, &out, &errOut); code == 0 ||
 		!strings.Contains(errOut.String(), "--floor needs") {
 		t.Fatalf("--floor in process: exit %d, stderr %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"load", "--keep-awake", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512"}, &out, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "--keep-awake needs") {
+		t.Fatalf("--keep-awake in process: exit %d, stderr %q", code, errOut.String())
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -353,6 +354,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	growTo := fs.Int("grow-to", 0, "after the grid, measure the first cell idle and again while a publisher grows the index to this many blocks (0 = no growth phase)")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
+	keepAwake := fs.Bool("keep-awake", false, "while measuring, run one busy thread per CPU at the SCHED_IDLE policy in this process, so that idle CPUs never halt and a VM's wake-ups stay out of the figures (see bench/README.md)")
 	withFloor := fs.Bool("floor", false, "after each cell, measure its floor: the server CPU of the same requests answered by a bare server with the conductor's connection layer that only reads them (needs --conductor-bin or --pid)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -398,9 +400,19 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	defer cond.Stop()
+	if *keepAwake {
+		if cond.Mode == target.ModeInProcess {
+			return errors.New("--keep-awake needs a conductor outside this process: --conductor-bin, or --conductor")
+		}
+		stop, err := target.KeepAwake(runtime.NumCPU())
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts,
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
-		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, MixedWidths: *mixed, Seed: *tokenSeed,
+		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, MixedWidths: *mixed, KeepAwake: *keepAwake, Seed: *tokenSeed,
 		Progress: stderr, GrowTo: *growTo,
 	}
 	if s := sampler(cond); s != nil {
@@ -430,9 +442,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cpuWhat = "process CPU/q"
 	}
 	t := report.Table{
-		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s %s",
+		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s %s%s",
 			map[bool]string{true: "/query_by_hash", false: "/query"}[res.ByHash], cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize,
-			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens], map[bool]string{true: "block keys", false: "tokens"}[res.ByHash]),
+			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens], map[bool]string{true: "block keys", false: "tokens"}[res.ByHash],
+			map[bool]string{true: ", CPUs kept awake", false: ""}[*keepAwake]),
 		Header: []string{"tokens", "shape", "memo", "clients", "queries", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
 	}
 	if cfg.Floor != nil {
