@@ -49,9 +49,13 @@ func checkCBORBlock(t testing.TB, em cbor.EncMode, parent [32]byte, toks []int32
 		t.Fatalf("reference encoder differs (%d tokens)\n got %x\nwant %x", len(toks), head(got), head(want))
 	}
 	extra := appendCBORExtras(nil, lora, salt)
-	buf := make([]byte, 44+5*len(toks)+len(extra))
-	if got := encodeCBORBlock(buf, &parent, toks, extra); !bytes.Equal(got, want) {
-		t.Fatalf("fast encoder differs (%d tokens)\n got %x\nwant %x", len(toks), head(got), head(want))
+	// Exactly the room the encoding may take (the scalar path), then with the slack
+	// the vector path needs (taken where the CPU has it).
+	for _, slack := range []int{0, cborSlack} {
+		buf := make([]byte, 44+5*len(toks)+len(extra)+slack)
+		if got := encodeCBORBlock(buf, &parent, toks, extra); !bytes.Equal(got, want) {
+			t.Fatalf("fast encoder differs (%d tokens, slack %d)\n got %x\nwant %x", len(toks), slack, head(got), head(want))
+		}
 	}
 	if len(toks) == 0 {
 		return
@@ -126,7 +130,7 @@ func BenchmarkCBORBlock(b *testing.B) {
 				toks[i] = int32(r.IntN(vocab))
 			}
 			var parent [32]byte
-			buf := make([]byte, 44+5*16)
+			buf := make([]byte, 44+5*16+cborSlack)
 			b.ReportAllocs()
 			start := time.Now()
 			for b.Loop() {
@@ -136,5 +140,43 @@ func BenchmarkCBORBlock(b *testing.B) {
 			}
 			reportPerBlock(b, blocks, time.Since(start))
 		})
+	}
+}
+
+// TestCBORTokensVector: cborTokens encodes the leading multiple of 8 of any ids (every
+// width class and sign, their boundaries, mixed at random) exactly as appendCBORInt
+// does, where the CPU has it; it declines without the room its wide stores need.
+func TestCBORTokensVector(t *testing.T) {
+	if !hasCBORVector {
+		t.Skip("no AVX-512 VBMI2 on this CPU")
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	edges := []int32{0, 23, 24, 255, 256, 65535, 65536, 1<<31 - 1, -1, -24, -25, -256, -257, -65536, -65537, -1 << 31}
+	for iter := range 3000 {
+		toks := make([]int32, r.IntN(200))
+		for i := range toks {
+			switch r.IntN(4) {
+			case 0:
+				toks[i] = edges[r.IntN(len(edges))]
+			case 1:
+				toks[i] = int32(r.Uint32())
+			default:
+				toks[i] = int32(r.IntN(151936)) >> r.IntN(18)
+			}
+		}
+		var want []byte
+		for _, v := range toks[:len(toks)&^7] {
+			want = appendCBORInt(want, v)
+		}
+		b := make([]byte, 5*len(toks)+cborSlack)
+		n, w := cborTokens(b, toks)
+		if n != len(toks)&^7 || !bytes.Equal(b[:w], want) {
+			t.Fatalf("iter %d: %d ids, %d bytes; want %d ids\n got %x\nwant %x", iter, n, w, len(toks)&^7, b[:w], want)
+		}
+		if len(toks) >= 8 {
+			if n, _ := cborTokens(b[:5*(len(toks)&^7)+cborSlack-1], toks); n != 0 {
+				t.Fatalf("iter %d: encoded without the slack", iter)
+			}
+		}
 	}
 }

@@ -9,16 +9,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// KeepAwake starts n threads that spin at the SCHED_IDLE policy (they run only when no
-// other thread of the machine wants the CPU) until stop is called, so that the machine's
-// CPUs never go idle. On a VM an idle vCPU halts, and waking it again (an interrupt
-// through the hypervisor) costs tens of microseconds that land on whichever process is
-// woken: a server answering one request at a time then pays them per request, and its
-// CPU per request drifts with the host's load. A loaded production host rarely idles;
-// measured with KeepAwake, a cell compares what the server itself costs. The spinners
-// are threads of the calling process, which must not be the one measured. stop waits for
-// them to end.
-func KeepAwake(n int) (stop func(), err error) {
+// keepAwake starts n goroutines, each locked to a thread that spins at the SCHED_IDLE
+// policy (it runs only when no other thread of the machine wants the CPU), until stop is
+// called; stop waits for them to end. Each holds one of the process's Ps while it spins:
+// RunAwake runs them in a process of their own.
+func keepAwake(n int) (stop func(), err error) {
 	var quit atomic.Bool
 	var wg sync.WaitGroup
 	started := make(chan error, n)

@@ -36,11 +36,11 @@ func schedPolicies(t *testing.T) map[int]int {
 	return n
 }
 
-// TestKeepAwakeSpinsAtIdlePolicy: KeepAwake(n) runs n threads at SCHED_IDLE and no other
+// TestKeepAwakeSpinsAtIdlePolicy: keepAwake(n) runs n threads at SCHED_IDLE and no other
 // thread of the process changes policy; after stop none is left.
 func TestKeepAwakeSpinsAtIdlePolicy(t *testing.T) {
 	before := schedPolicies(t)[unix.SCHED_IDLE]
-	stop, err := KeepAwake(2)
+	stop, err := keepAwake(2)
 	if err != nil {
 		t.Skip(err) // a sandbox that forbids sched_setattr
 	}

@@ -4,7 +4,7 @@ package target
 
 import "errors"
 
-// KeepAwake needs Linux's SCHED_IDLE policy (see awake_linux.go).
-func KeepAwake(n int) (stop func(), err error) {
+// keepAwake needs Linux's SCHED_IDLE policy (see awake_linux.go).
+func keepAwake(n int) (stop func(), err error) {
 	return nil, errors.New("keep awake: SCHED_IDLE needs Linux")
 }

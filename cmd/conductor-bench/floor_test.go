@@ -9,12 +9,13 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/bench/floor"
+	"github.com/conductor-go/conductor/bench/target"
 )
 
-// TestMain serves "floor-server" when load --floor runs this test binary as
-// conductor-bench (os.Executable), as the real binary does.
+// TestMain serves "floor-server" and "keep-awake" when load --floor or --keep-awake runs
+// this test binary as conductor-bench (os.Executable), as the real binary does.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == floor.Command {
+	if len(os.Args) > 1 && (os.Args[1] == floor.Command || os.Args[1] == target.AwakeCommand) {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())

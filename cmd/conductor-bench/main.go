@@ -48,6 +48,9 @@ commands:
   logflood measure the log a spawned conductor writes for a flood of malformed batches
   floor-server
            serve the load command's floor server (load --floor starts it)
+  keep-awake [N]
+           spin N threads (default: one per CPU) at SCHED_IDLE until stopped (load
+           --keep-awake starts it)
 
 Run "conductor-bench <command> -h" for the flags of a command.
 `
@@ -73,6 +76,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runLogFlood(ctx, args[1:], stdout, stderr)
 	case floor.Command:
 		err = floor.Run(ctx, stdout)
+	case target.AwakeCommand:
+		n := 0
+		if len(args) > 1 {
+			n, err = strconv.Atoi(args[1])
+		}
+		if err == nil {
+			err = target.RunAwake(ctx, n, stdout)
+		}
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -354,7 +365,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	growTo := fs.Int("grow-to", 0, "after the grid, measure the first cell idle and again while a publisher grows the index to this many blocks (0 = no growth phase)")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
-	keepAwake := fs.Bool("keep-awake", false, "while measuring, run one busy thread per CPU at the SCHED_IDLE policy in this process, so that idle CPUs never halt and a VM's wake-ups stay out of the figures (see bench/README.md)")
+	keepAwake := fs.Bool("keep-awake", false, "while measuring, run one busy thread per CPU at the SCHED_IDLE policy in a process of its own, so that idle CPUs never halt and a VM's wake-ups stay out of the figures (see bench/README.md)")
 	withFloor := fs.Bool("floor", false, "after each cell, measure its floor: the server CPU of the same requests answered by a bare server with the conductor's connection layer that only reads them (needs --conductor-bin or --pid)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -404,11 +415,15 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if cond.Mode == target.ModeInProcess {
 			return errors.New("--keep-awake needs a conductor outside this process: --conductor-bin, or --conductor")
 		}
-		stop, err := target.KeepAwake(runtime.NumCPU())
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--keep-awake: %w", err)
+		}
+		ap, err := target.SpawnAwake(self, runtime.NumCPU(), stderr)
 		if err != nil {
 			return err
 		}
-		defer stop()
+		defer ap.Stop()
 	}
 	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts,
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
