@@ -393,34 +393,43 @@ func BenchmarkResidentBytes(b *testing.B) {
 }
 
 func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
+	return residentAfter(b, n, func(e *Engine) {
+		if _, err := e.RegisterSlot(ctxA, benchProfile(b), Slot{"inst-000", 0}); err != nil {
+			b.Fatal(err)
+		}
+		ops := make([]Op, 0, 2048)
+		for done := 0; done < n; {
+			ops = ops[:0]
+			for j := 0; j < 1024 && done < n; j, done = j+1, done+1 {
+				h := benchKey(done)
+				obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+				for _, comp := range []string{"_0_k", "_0_v"} {
+					ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+						ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+				}
+			}
+			if err := e.Apply(ctxA, ops); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// residentAfter returns the heap and resident memory per block that an engine holding
+// n blocks (put there by fill) takes, in the steady state (no table migration or slab
+// release pending).
+func residentAfter(b *testing.B, n int, fill func(e *Engine)) (heap, rss float64) {
 	var before, after runtime.MemStats
 	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
 	runtime.ReadMemStats(&before)
 	rss0 := processRSS(b)
 	e := New(Config{MaxBlocksPerContext: -1})
-	if _, err := e.RegisterSlot(ctxA, benchProfile(b), Slot{"inst-000", 0}); err != nil {
-		b.Fatal(err)
-	}
-	ops := make([]Op, 0, 2048)
-	for done := 0; done < n; {
-		ops = ops[:0]
-		for j := 0; j < 1024 && done < n; j, done = j+1, done+1 {
-			h := benchKey(done)
-			obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
-			for _, comp := range []string{"_0_k", "_0_v"} {
-				ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
-					ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
-			}
-		}
-		if err := e.Apply(ctxA, ops); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fill(e)
 	if st, _ := e.Stats(ctxA); st.Blocks != n {
 		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
 	}
-	settle(b, e, ctxA)   // the steady state: no table migration or slab release pending
-	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
+	settle(b, e, ctxA)
+	debug.FreeOSMemory()
 	runtime.ReadMemStats(&after)
 	rss1 := processRSS(b)
 	runtime.KeepAlive(e)
@@ -442,42 +451,29 @@ func processRSS(b *testing.B) int64 {
 }
 
 func residentPerBlock(b *testing.B, n, nslots int) (heap, rss float64) {
-	var before, after runtime.MemStats
-	buf := make([]uint64, 4096)
-	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
-	runtime.ReadMemStats(&before)
-	rss0 := processRSS(b)
-	e := New(Config{MaxBlocksPerContext: -1})
-	p := benchProfile(b)
-	slots := make([]Slot, nslots)
-	for i := range slots {
-		slots[i] = Slot{fmt.Sprintf("inst-%03d", i/8), i % 8}
-		if _, err := e.RegisterSlot(ctxA, p, slots[i]); err != nil {
-			b.Fatal(err)
+	return residentAfter(b, n, func(e *Engine) {
+		buf := make([]uint64, 4096)
+		p := benchProfile(b)
+		slots := make([]Slot, nslots)
+		for i := range slots {
+			slots[i] = Slot{fmt.Sprintf("inst-%03d", i/8), i % 8}
+			if _, err := e.RegisterSlot(ctxA, p, slots[i]); err != nil {
+				b.Fatal(err)
+			}
 		}
-	}
-	ops := make([]Op, 1)
-	for done := 0; done < n; done += len(buf) {
-		m := min(len(buf), n-done)
-		for j := 0; j < m; j++ {
-			buf[j] = benchKey(done + j)
+		ops := make([]Op, 1)
+		for done := 0; done < n; done += len(buf) {
+			m := min(len(buf), n-done)
+			for j := 0; j < m; j++ {
+				buf[j] = benchKey(done + j)
+			}
+			s := slots[(done/len(buf))%nslots]
+			ops[0] = Op{Kind: OpStore, Slot: s, Tier: EngineTier((done / len(buf)) % 3), Hashes: buf[:m]}
+			if err := e.Apply(ctxA, ops); err != nil {
+				b.Fatal(err)
+			}
 		}
-		s := slots[(done/len(buf))%nslots]
-		ops[0] = Op{Kind: OpStore, Slot: s, Tier: EngineTier((done / len(buf)) % 3), Hashes: buf[:m]}
-		if err := e.Apply(ctxA, ops); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if st, _ := e.Stats(ctxA); st.Blocks != n {
-		b.Fatalf("blocks = %d, want %d", st.Blocks, n)
-	}
-	settle(b, e, ctxA)   // the steady state: no table migration or slab release pending
-	debug.FreeOSMemory() // a GC, and the free heap pages (the ops built on the way) go back
-	runtime.ReadMemStats(&after)
-	rss1 := processRSS(b)
-	runtime.KeepAlive(e)
-	e.Close()
-	return float64(int64(after.HeapInuse)-int64(before.HeapInuse)) / float64(n), float64(rss1-rss0) / float64(n)
+	})
 }
 
 // BenchmarkWriterSteps grows one context from empty by batches of 64 new blocks and

@@ -1,16 +1,12 @@
 package floor
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os/exec"
-	"strings"
-	"syscall"
-	"time"
+
+	"github.com/conductor-go/conductor/bench/target"
 )
 
 // Command is the conductor-bench command that runs a floor server (Run), which Spawn
@@ -47,59 +43,25 @@ func Run(ctx context.Context, out io.Writer) error {
 // read apart from the harness's.
 type Proc struct {
 	// Addr is its HTTP address and PID its process.
-	Addr   string
-	PID    int
-	cmd    *exec.Cmd
-	exited chan error
+	Addr  string
+	PID   int
+	child *target.Child
 }
 
 // Spawn runs "bin floor-server" (bin: a conductor-bench binary, usually the running
 // one) and returns once it has printed its address. Its stderr goes to logw.
 func Spawn(bin string, logw io.Writer) (*Proc, error) {
-	cmd := exec.Command(bin, Command)
-	cmd.Stderr = logw
-	out, err := cmd.StdoutPipe()
+	c, addr, err := target.SpawnChild("floor server", bin, []string{Command}, listeningPrefix, logw)
 	if err != nil {
-		return nil, fmt.Errorf("spawn floor server: %w", err)
+		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("spawn floor server %s: %w", bin, err)
-	}
-	p := &Proc{PID: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), listeningPrefix); ok {
-				addr <- a
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, out) // until it exits
-		p.exited <- cmd.Wait()
-	}()
-	select {
-	case p.Addr = <-addr:
-		return p, nil
-	case err := <-p.exited:
-		return nil, fmt.Errorf("spawn floor server %s: exited before listening: %v", bin, err)
-	case <-time.After(15 * time.Second):
-		p.Stop()
-		return nil, errors.New("spawn floor server: no address within 15 s")
-	}
+	return &Proc{Addr: addr, PID: c.PID, child: c}, nil
 }
 
 // Stop ends the floor server (SIGTERM, then SIGKILL after 10 s) and waits for it.
 func (p *Proc) Stop() {
-	if p.cmd == nil {
-		return
+	if p.child != nil {
+		p.child.Stop()
+		p.child = nil
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-	p.cmd = nil
 }

@@ -183,6 +183,12 @@ type Result struct {
 	// PopulateCPUPerBlockUS is the conductor's CPU time (user + system) spent while the
 	// index was published and applied, per block applied; 0 when unknown.
 	PopulateCPUPerBlockUS float64 `json:"populate_cpu_per_block_us,omitempty"`
+	// SettleSeconds is how long the conductor took, after the index was applied, to go
+	// idle (its background steps done: sweeps of the records that the engines'
+	// evictions emptied, slab releases, table migrations) before the cells were
+	// measured; Settled is false if it was still busy after settleMax.
+	SettleSeconds float64 `json:"settle_seconds,omitempty"`
+	Settled       bool    `json:"settled,omitempty"`
 	RSSBytes              uint64  `json:"rss_bytes,omitempty"`
 	// RSSStartBytes is the conductor's RSS after registration, before indexing;
 	// BytesPerBlock is (RSSBytes - RSSStartBytes) / IndexedBlocks.
@@ -194,6 +200,39 @@ type Result struct {
 	ByHash        bool    `json:"by_hash"`
 	Cells         []Cell  `json:"cells"`
 	Growth        *Growth `json:"growth,omitempty"`
+}
+
+// settleWindow is the interval over which settle looks at the conductor's CPU, and
+// settleMax how long it waits at most for an idle one.
+const (
+	settleWindow = 250 * time.Millisecond
+	settleMax    = 60 * time.Second
+)
+
+// settleIdleShare is the share of one CPU under which a conductor counts as idle.
+const settleIdleShare = 0.02
+
+// settle waits (through sleep) until the conductor's CPU time over one window is below
+// settleIdleShare of the window, at most max, and returns how long it waited and
+// whether it went idle.
+func settle(sample Sampler, window, max time.Duration, sleep func(time.Duration)) (time.Duration, bool) {
+	_, last, err := sample()
+	if err != nil {
+		return 0, false
+	}
+	for waited := time.Duration(0); waited < max; {
+		sleep(window)
+		waited += window
+		_, cpu, err := sample()
+		if err != nil {
+			return waited, false
+		}
+		if float64(cpu-last) < settleIdleShare*float64(window) {
+			return waited, true
+		}
+		last = cpu
+	}
+	return max, false
 }
 
 // bodiesPerCell is how many distinct prompts each cell cycles through, so the server
@@ -308,6 +347,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if cfg.Progress != nil {
 		fmt.Fprintf(cfg.Progress, "indexed %d blocks on %d instances in %.1fs\n", count, cfg.Instances, res.PopulateSeconds)
+	}
+	if cfg.Sample != nil {
+		// The writer's background steps after the build would be counted as the first
+		// cells' CPU: wait for the conductor to go idle first.
+		var waited time.Duration
+		waited, res.Settled = settle(cfg.Sample, settleWindow, settleMax, time.Sleep)
+		res.SettleSeconds = waited.Seconds()
+		if cfg.Progress != nil {
+			state := "idle"
+			if !res.Settled {
+				state = "still busy; measuring anyway"
+			}
+			fmt.Fprintf(cfg.Progress, "conductor %s after %.1fs\n", state, res.SettleSeconds)
+		}
 	}
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, 99))

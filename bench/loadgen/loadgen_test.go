@@ -268,3 +268,31 @@ func TestLoadgenFloor(t *testing.T) {
 		t.Errorf("floor reply names %d instances, want the conductor's 2", len(got.Instances))
 	}
 }
+
+// TestSettleWaitsForAnIdleConductor: settle returns after the first window in which the
+// conductor used under settleIdleShare of a CPU, and gives up (not settled) at its cap
+// when every window is busy.
+func TestSettleWaitsForAnIdleConductor(t *testing.T) {
+	const window = 100 * time.Millisecond
+	busy := 3 // windows of background work after the build
+	var cpu time.Duration
+	var slept time.Duration
+	sleep := func(d time.Duration) {
+		slept += d
+		if busy > 0 {
+			busy--
+			cpu += window / 2 // half a CPU
+		} else {
+			cpu += window / 1000
+		}
+	}
+	sample := func() (uint64, time.Duration, error) { return 0, cpu, nil }
+	waited, ok := settle(sample, window, 10*window, sleep)
+	if !ok || waited != 4*window || slept != waited {
+		t.Fatalf("settle = %v, %v (slept %v); want idle after 4 windows", waited, ok, slept)
+	}
+	busy = 1 << 30
+	if waited, ok := settle(sample, window, 10*window, sleep); ok || waited != 10*window {
+		t.Fatalf("always busy: settle = %v, %v; want not settled at the cap", waited, ok)
+	}
+}

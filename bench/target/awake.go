@@ -1,17 +1,11 @@
 package target
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"runtime"
 	"strconv"
-	"strings"
-	"syscall"
-	"time"
 )
 
 // Keeping a VM's CPUs awake while measuring.
@@ -52,60 +46,10 @@ func RunAwake(ctx context.Context, n int, out io.Writer) error {
 	return nil
 }
 
-// AwakeProc is a running awake process.
-type AwakeProc struct {
-	cmd    *exec.Cmd
-	exited chan error
-}
-
 // SpawnAwake runs "bin keep-awake N" (bin: a conductor-bench binary, usually the running
 // one; n <= 0: one thread per CPU) and returns once its threads spin. Its stderr goes to
-// logw.
-func SpawnAwake(bin string, n int, logw io.Writer) (*AwakeProc, error) {
-	cmd := exec.Command(bin, AwakeCommand, strconv.Itoa(n))
-	cmd.Stderr = logw
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, fmt.Errorf("spawn awake process: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("spawn awake process %s: %w", bin, err)
-	}
-	p := &AwakeProc{cmd: cmd, exited: make(chan error, 1)}
-	ready := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if strings.TrimSpace(sc.Text()) == awakeLine {
-				close(ready)
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, out) // until it exits
-		p.exited <- cmd.Wait()
-	}()
-	select {
-	case <-ready:
-		return p, nil
-	case err := <-p.exited:
-		return nil, fmt.Errorf("spawn awake process %s: exited before spinning: %v", bin, err)
-	case <-time.After(15 * time.Second):
-		p.Stop()
-		return nil, errors.New("spawn awake process: not spinning within 15 s")
-	}
-}
-
-// Stop ends the awake process (SIGTERM, then SIGKILL after 10 s) and waits for it.
-func (p *AwakeProc) Stop() {
-	if p.cmd == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-	p.cmd = nil
+// logw; Stop ends it.
+func SpawnAwake(bin string, n int, logw io.Writer) (*Child, error) {
+	c, _, err := SpawnChild("awake process", bin, []string{AwakeCommand, strconv.Itoa(n)}, awakeLine, logw)
+	return c, err
 }
