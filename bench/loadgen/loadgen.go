@@ -189,7 +189,7 @@ type Result struct {
 	// measured; Settled is false if it was still busy after settleMax.
 	SettleSeconds float64 `json:"settle_seconds,omitempty"`
 	Settled       bool    `json:"settled,omitempty"`
-	RSSBytes              uint64  `json:"rss_bytes,omitempty"`
+	RSSBytes      uint64  `json:"rss_bytes,omitempty"`
 	// RSSStartBytes is the conductor's RSS after registration, before indexing;
 	// BytesPerBlock is (RSSBytes - RSSStartBytes) / IndexedBlocks.
 	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
