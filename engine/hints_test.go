@@ -2,11 +2,12 @@ package engine
 
 import (
 	"math/rand/v2"
-
-	"github.com/conductor-go/conductor/hashing"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/conductor-go/conductor/hashing"
 )
 
 // hintedEngine returns an engine whose slot a holds n blocks (benchKey 0..n-1) on device,
@@ -228,9 +229,16 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var stop atomic.Bool
+	var stop, failed atomic.Bool
 	var wg sync.WaitGroup
 	var queries atomic.Int64
+	// waitQueries yields until min queries have completed (or a reader failed): the
+	// writes must not all be over before the readers run.
+	waitQueries := func(min int64) {
+		for queries.Load() < min && !failed.Load() {
+			runtime.Gosched()
+		}
+	}
 	for ri := range readers {
 		wg.Add(1)
 		go func() {
@@ -241,6 +249,7 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 				s0 := seq.Load()
 				if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
 					t.Error(err)
+					failed.Store(true)
 					return
 				}
 				s1 := seq.Load()
@@ -256,14 +265,17 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 				mu.Unlock()
 				if got < lo || got > hi {
 					t.Errorf("answer %d blocks, outside what the index held during the query (%d..%d)", got, lo, hi)
+					failed.Store(true)
 					return
 				}
 				queries.Add(1)
 			}
 		}()
 	}
+	waitQueries(readers)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for r := 0; r < rounds; r++ {
+		q := queries.Load()
 		k := rng.IntN(n)
 		mark(k, n)
 		mustApply(t, e, ctxA, remove(a, TierDevice, keys[k:]...))
@@ -279,6 +291,9 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 		mark(k, n)
 		mustApply(t, e, ctxA, store(a, TierDevice, keys[k:]...))
 		mark(n, n)
+		// A query ends in each round (one may have overlapped its writes) before the
+		// next round starts.
+		waitQueries(q + 1)
 	}
 	stop.Store(true)
 	wg.Wait()
