@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fxamacker/cbor/v2"
 )
@@ -178,5 +180,16 @@ func TestCBORTokensVector(t *testing.T) {
 				t.Fatalf("iter %d: encoded without the slack", iter)
 			}
 		}
+	}
+}
+
+// TestCBORTablesLayout: the assembly reads cborTables by these offsets.
+func TestCBORTablesLayout(t *testing.T) {
+	var c cborTables
+	got := []uintptr{unsafe.Offsetof(c.lim), unsafe.Offsetof(c.one), unsafe.Offsetof(c.base), unsafe.Offsetof(c.neg),
+		unsafe.Offsetof(c.rep), unsafe.Offsetof(c.thr), unsafe.Offsetof(c.perm)}
+	want := []uintptr{0, 12, 16, 20, 32, 96, 160}
+	if !slices.Equal(got, want) {
+		t.Fatalf("offsets %v, the assembly reads %v", got, want)
 	}
 }

@@ -283,10 +283,10 @@ func decodeList[T int32 | uint64](b []byte, buf *[]T, array func([]byte, []T) ([
 // decodeTokenArray decodes an array of int32-range integers of any msgpack width.
 // The widths encoders pick for token ids (fixint and 8/16/32-bit) are decoded inline;
 // the rest, and the tail where fewer than 8 bytes are left, go through readInt. Long
-// arrays are decoded mostly 64 bytes at a time by tokensVBMI where the CPU has AVX-512
-// VBMI, else by tokensSegmented, with *scratch (grown to segScratch on first use) as its
-// working room: dst itself stays exactly as long as the array, so that the decoded
-// tokens stay within what the in-flight budget charges for a body.
+// arrays are decoded mostly a 59-byte window at a time by tokensVBMI where the CPU has
+// AVX-512 VBMI, else by tokensSegmented, with *scratch (grown to segScratch on first use)
+// as its working room: dst itself stays exactly as long as the array, so that the
+// decoded tokens stay within what the in-flight budget charges for a body.
 func decodeTokenArray(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
 	return decodeTokenArrayVia(b, dst, scratch, hasVBMI)
 }
@@ -304,7 +304,7 @@ func decodeTokenArrayVia(b []byte, dst []int32, scratch *[]int32, vbmi bool) (_ 
 	dst = slices.Grow(dst, n)[:n]
 	i0 := 0
 	if vbmi && n >= vbmiMinElems {
-		// Up to the last 64 elements or 128 bytes, or an element it does not take.
+		// Up to the last 64 elements or 64 bytes, or an element it does not take.
 		i, pos := tokensVBMI(rest, dst)
 		i0, rest = i, rest[pos:]
 	}

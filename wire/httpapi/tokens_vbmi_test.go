@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -132,5 +133,18 @@ func TestTokensVBMIEveryLead(t *testing.T) {
 				t.Fatalf("lead %#x after %d fixints: decoded %d, value %d want %d", c, lead, got, dst[lead], want)
 			}
 		}
+	}
+}
+
+// TestVBMITablesLayout: the assembly reads vbmiTables by these offsets.
+func TestVBMITablesLayout(t *testing.T) {
+	var v vbmiTables
+	got := []uintptr{unsafe.Offsetof(v.iota), unsafe.Offsetof(v.win), unsafe.Offsetof(v.ones), unsafe.Offsetof(v.lenT),
+		unsafe.Offsetof(v.clsLo), unsafe.Offsetof(v.clsHi), unsafe.Offsetof(v.pat), unsafe.Offsetof(v.sub),
+		unsafe.Offsetof(v.maskT), unsafe.Offsetof(v.signT), unsafe.Offsetof(v.all59), unsafe.Offsetof(v.inval),
+		unsafe.Offsetof(v.lanes), unsafe.Offsetof(v.patE)}
+	want := []uintptr{0, 64, 128, 192, 256, 320, 384, 640, 704, 768, 832, 896, 960, 1008}
+	if !slices.Equal(got, want) {
+		t.Fatalf("offsets %v, the assembly reads %v", got, want)
 	}
 }
