@@ -398,21 +398,27 @@ func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 			b.Fatal(err)
 		}
 		ops := make([]Op, 0, 2048)
-		for done := 0; done < n; {
-			ops = ops[:0]
-			for j := 0; j < 1024 && done < n; j, done = j+1, done+1 {
-				h := benchKey(done)
-				obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
-				for _, comp := range []string{"_0_k", "_0_v"} {
-					ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
-						ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
-				}
-			}
+		for done := 0; done < n; done += 1024 {
+			ops = sharedStoreOps(ops[:0], done, min(1024, n-done))
 			if err := e.Apply(ctxA, ops); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
+}
+
+// sharedStoreOps appends the Mooncake Store ops (a K and a V object on the shared CPU
+// tier) of the blocks benchKey(from) .. benchKey(from+n-1).
+func sharedStoreOps(ops []Op, from, n int) []Op {
+	for i := from; i < from+n; i++ {
+		h := benchKey(i)
+		obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
+		for _, comp := range []string{"_0_k", "_0_v"} {
+			ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+				ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
+		}
+	}
+	return ops
 }
 
 // residentAfter returns the heap and resident memory per block that an engine holding
@@ -618,15 +624,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 		sops := make([]Op, 0, 2*batch)
 		for done := 0; done < n; done += batch {
 			record = mode == "shared"
-			sops = sops[:0]
-			for j := 0; j < batch; j++ {
-				h := benchKey(done + j)
-				obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
-				for _, comp := range []string{"_0_k", "_0_v"} {
-					sops = append(sops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
-						ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
-				}
-			}
+			sops = sharedStoreOps(sops[:0], done, batch)
 			if err := e.Apply(ctxA, sops); err != nil {
 				b.Fatal(err)
 			}
