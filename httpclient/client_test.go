@@ -233,14 +233,10 @@ func TestNewAddresses(t *testing.T) {
 	}
 }
 
-// TestClientQueryNoAllocs runs the whole round trip, against a fasthttp server whose
-// handler writes a prepared body, and asserts that neither side allocates in steady
-// state: AllocsPerRun counts every goroutine.
-func TestClientQueryNoAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("sync.Pool drops items at random under -race")
-	}
-	body := mustAppendIntf(t, contractQueryBody())
+// cannedServer serves body as the msgpack answer to every request from a fasthttp server
+// on a free loopback port, and returns its address; the server stops when the test ends.
+func cannedServer(t *testing.T, body []byte) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -251,9 +247,18 @@ func TestClientQueryNoAllocs(t *testing.T) {
 	}}
 	done := make(chan struct{})
 	go func() { _ = srv.Serve(ln); close(done) }()
-	defer func() { _ = srv.Shutdown(); <-done }()
+	t.Cleanup(func() { _ = srv.Shutdown(); <-done })
+	return ln.Addr().String()
+}
 
-	c, err := New(ln.Addr().String(), Options{})
+// TestClientQueryNoAllocs runs the whole round trip, against a fasthttp server whose
+// handler writes a prepared body, and asserts that neither side allocates in steady
+// state: AllocsPerRun counts every goroutine.
+func TestClientQueryNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("sync.Pool drops items at random under -race")
+	}
+	c, err := New(cannedServer(t, mustAppendIntf(t, contractQueryBody())), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

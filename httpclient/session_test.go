@@ -171,19 +171,7 @@ func TestSessionNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	answer := mustAppendIntf(t, contractQueryBody())
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/msgpack")
-		ctx.SetBody(answer)
-	}}
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ln); close(done) }()
-	defer func() { _ = srv.Shutdown(); <-done }()
-	c, err := New(ln.Addr().String(), Options{})
+	c, err := New(cannedServer(t, mustAppendIntf(t, contractQueryBody())), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
