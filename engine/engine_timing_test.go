@@ -271,25 +271,13 @@ func BenchmarkApply(b *testing.B) {
 	// the object key is the block's 64 hex digits, K and V components, one op each) of
 	// new blocks stored, then removed (the binding with its last component, and its
 	// block); 64K blocks stored and removed in turn, the other half untimed.
-	sharedOps := func(kind OpKind, n int) []Op {
-		ops := make([]Op, 0, 2*n)
-		for i := 0; i < n; i++ {
-			h := benchKey(i)
-			obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
-			for _, comp := range []string{"_0_k", "_0_v"} {
-				ops = append(ops, Op{Kind: kind, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
-					ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
-			}
-		}
-		return ops
-	}
 	for _, kind := range []OpKind{OpSharedStore, OpSharedRemove} {
 		name := map[OpKind]string{OpSharedStore: "shared-store", OpSharedRemove: "shared-remove"}[kind]
 		b.Run(name, func(b *testing.B) {
 			e, _ := newEngine(b)
 			defer e.Close()
 			const blocks = 1 << 16
-			stores, removes := sharedOps(OpSharedStore, blocks), sharedOps(OpSharedRemove, blocks)
+			stores, removes := sharedOps(nil, OpSharedStore, 0, blocks), sharedOps(nil, OpSharedRemove, 0, blocks)
 			timed, other := stores, removes
 			if kind == OpSharedRemove {
 				timed, other = removes, stores
@@ -399,7 +387,7 @@ func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 		}
 		ops := make([]Op, 0, 2048)
 		for done := 0; done < n; done += 1024 {
-			ops = sharedStoreOps(ops[:0], done, min(1024, n-done))
+			ops = sharedOps(ops[:0], OpSharedStore, done, min(1024, n-done))
 			if err := e.Apply(ctxA, ops); err != nil {
 				b.Fatal(err)
 			}
@@ -407,14 +395,14 @@ func residentPerSharedBlock(b *testing.B, n int) (heap, rss float64) {
 	})
 }
 
-// sharedStoreOps appends the Mooncake Store ops (a K and a V object on the shared CPU
-// tier) of the blocks benchKey(from) .. benchKey(from+n-1).
-func sharedStoreOps(ops []Op, from, n int) []Op {
+// sharedOps appends the Mooncake Store ops of the given kind (a K and a V object on the
+// shared CPU tier) of the blocks benchKey(from) .. benchKey(from+n-1).
+func sharedOps(ops []Op, kind OpKind, from, n int) []Op {
 	for i := from; i < from+n; i++ {
 		h := benchKey(i)
 		obj := fmt.Sprintf("%016x%016x%016x%016x", h, h^1, h^2, h^3)
 		for _, comp := range []string{"_0_k", "_0_v"} {
-			ops = append(ops, Op{Kind: OpSharedStore, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
+			ops = append(ops, Op{Kind: kind, Source: "tcp://10.0.0.1:50001", Backend: "mooncake",
 				ObjectKey: obj, Component: comp, SharedTier: SharedCPU, Hash: h})
 		}
 	}
@@ -624,7 +612,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 		sops := make([]Op, 0, 2*batch)
 		for done := 0; done < n; done += batch {
 			record = mode == "shared"
-			sops = sharedStoreOps(sops[:0], done, batch)
+			sops = sharedOps(sops[:0], OpSharedStore, done, batch)
 			if err := e.Apply(ctxA, sops); err != nil {
 				b.Fatal(err)
 			}

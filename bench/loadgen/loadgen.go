@@ -105,7 +105,7 @@ type Config struct {
 	// BinaryTokens sends prompts as int32 bins (block keys as uint64 bins with ByHash).
 	BinaryTokens bool
 	// KeepAwake records that the caller keeps the machine's CPUs from idling while it
-	// measures (target.KeepAwake); Run only reports it.
+	// measures (target.SpawnAwake); Run only reports it.
 	KeepAwake bool
 	// ByHash sends POST /query_by_hash with the prompts' block keys instead of /query.
 	ByHash bool
@@ -213,14 +213,14 @@ const (
 const settleIdleShare = 0.02
 
 // settle waits (through sleep) until the conductor's CPU time over one window is below
-// settleIdleShare of the window, at most max, and returns how long it waited and
+// settleIdleShare of the window, at most limit, and returns how long it waited and
 // whether it went idle.
-func settle(sample Sampler, window, max time.Duration, sleep func(time.Duration)) (time.Duration, bool) {
+func settle(sample Sampler, window, limit time.Duration, sleep func(time.Duration)) (time.Duration, bool) {
 	_, last, err := sample()
 	if err != nil {
 		return 0, false
 	}
-	for waited := time.Duration(0); waited < max; {
+	for waited := time.Duration(0); waited < limit; {
 		sleep(window)
 		waited += window
 		_, cpu, err := sample()
@@ -232,7 +232,7 @@ func settle(sample Sampler, window, max time.Duration, sleep func(time.Duration)
 		}
 		last = cpu
 	}
-	return max, false
+	return limit, false
 }
 
 // bodiesPerCell is how many distinct prompts each cell cycles through, so the server

@@ -63,12 +63,18 @@ func (c *Child) Stop() {
 	if c.cmd == nil {
 		return
 	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.exited:
-	case <-time.After(10 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-	}
+	terminate(c.cmd, c.exited)
 	c.cmd = nil
+}
+
+// terminate sends cmd's process SIGTERM, then SIGKILL if it has not exited 10 s later,
+// and returns once exited (which receives cmd.Wait's result) has.
+func terminate(cmd *exec.Cmd, exited <-chan error) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
@@ -127,13 +126,7 @@ func Spawn(bin string, logw io.Writer) (*Conductor, error) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		terminate(cmd, exited)
 		os.RemoveAll(dir)
 	}
 	c := &Conductor{Addr: "127.0.0.1:" + strconv.Itoa(port), Mode: ModeSpawned, PID: cmd.Process.Pid, stop: stop}

@@ -44,7 +44,7 @@ type vbmiTables struct {
 	iota  [64]byte    // 0: lane numbers
 	win   [64]byte    // 64: 0xff for the window's bytes, 0 for the 5 after it
 	ones  [64]byte    // 128: the length of a fixint
-	lenT  [64]byte    // 192: element length by lead byte & 63, for leads >= 0x80
+	lenT  [64]byte    // 192: element length by lead byte & 63, for leads >= 0x80 (a lead not taken may read a taken one's length: its form stops the decode there)
 	clsLo [64]byte    // 256: form by lead byte & 127 (leads >= 0x80), entries 0..63
 	clsHi [64]byte    // 320: entries 64..127
 	pat   [4][64]byte // 384: group g's dword lane k holds byte 16g+k in each of its bytes
