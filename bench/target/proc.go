@@ -18,9 +18,9 @@ type Sample struct {
 	CPU      time.Duration
 }
 
-// ReadProc samples /proc/<pid>/status (VmRSS) and the process's CPU time: the sum of its
-// threads' schedstat run times, or /proc/<pid>/stat (utime + stime) where schedstat is
-// missing.
+// ReadProc samples /proc/<pid>/status (VmRSS) and the process's CPU time: its process CPU
+// clock, or else the sum of its live threads' schedstat run times, or else
+// /proc/<pid>/stat (utime + stime, in 10 ms ticks).
 func ReadProc(pid int) (Sample, error) {
 	var s Sample
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -60,7 +60,9 @@ func ReadProc(pid int) (Sample, error) {
 		return s, fmt.Errorf("malformed cpu times in /proc/%d/stat", pid)
 	}
 	s.CPU = time.Duration(ut+st) * time.Second / clockTicks
-	if ns, ok := schedCPU(pid); ok {
+	if ns, ok := processCPUClock(pid); ok {
+		s.CPU = ns
+	} else if ns, ok := schedCPU(pid); ok {
 		s.CPU = ns
 	}
 	return s, nil
@@ -68,8 +70,9 @@ func ReadProc(pid int) (Sample, error) {
 
 // schedCPU sums the on-CPU time of the process's live threads from
 // /proc/<pid>/task/*/schedstat (nanoseconds, where /proc/<pid>/stat counts 10 ms ticks),
-// so that a cell of a few dozen queries still gets a usable CPU figure. Threads that
-// exited are not counted; Go keeps its threads, so the loss is negligible.
+// so that a cell of a few dozen queries still gets a usable CPU figure where the process
+// CPU clock cannot be read. Threads that exited are not counted: Go ends a thread when a
+// goroutine exits locked to it, and the sum then drops, so it is only the fallback.
 func schedCPU(pid int) (time.Duration, bool) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil || len(tasks) == 0 {
