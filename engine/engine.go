@@ -65,6 +65,10 @@ type Config struct {
 	// whose keys queries remember (in runs), so that a repeated prefix skips SHA-256. 0 or less
 	// disables it; servers default to hashing.DefaultMemoEntries.
 	MemoEntries int
+	// PopulateMemo makes the memo resident in New (hashing.Memo.Populate), so that no
+	// query pays the page faults of its first writes; where that fails the memo fills
+	// as before, and New logs why.
+	PopulateMemo bool
 }
 
 // Errors returned by the engine. Callers compare with errors.Is.
@@ -189,6 +193,15 @@ func New(cfg Config) *Engine {
 	}
 	if e.log == nil {
 		e.log = slog.Default()
+	}
+	if cfg.PopulateMemo && e.memo != nil {
+		start := time.Now()
+		if err := e.memo.Populate(); err != nil {
+			e.log.Warn("query key memo not populated: its pages become resident as queries fill it", "err", err)
+		} else {
+			e.log.Info("query key memo populated", "bytes", e.memo.Bytes(), "blocks", e.memo.Stats().Capacity,
+				"took", time.Since(start).Round(time.Millisecond))
+		}
 	}
 	m := map[ContextKey]*context{}
 	e.ctxs.Store(&m)

@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/conductor-go/conductor/hashing"
@@ -195,5 +197,25 @@ func TestBlocksHashedDescribesTheLastQuery(t *testing.T) {
 	full()
 	if err := e.QueryKeys(k, keys, len(tokens), "", &res); err != nil || res.BlocksHashed() != 0 || res.Instances[0].Device != int64(len(tokens)) {
 		t.Errorf("QueryKeys: err %v, %d hashed, %s", err, res.BlocksHashed(), formatHits(res.Instances))
+	}
+}
+
+// TestPopulateMemoAtNew: PopulateMemo makes New populate the memo and say so (where the
+// platform cannot, it says why), and an engine without the option says nothing of it.
+func TestPopulateMemoAtNew(t *testing.T) {
+	for _, populate := range []bool{true, false} {
+		log, buf, mu := captureLogger()
+		e := New(Config{MemoEntries: 1 << 16, PopulateMemo: populate, Logger: log})
+		e.Close()
+		mu.Lock()
+		out := buf.String()
+		mu.Unlock()
+		said := strings.Contains(out, "query key memo populated") || strings.Contains(out, "query key memo not populated")
+		if said != populate {
+			t.Fatalf("PopulateMemo %v: log %q", populate, out)
+		}
+		if populate && runtime.GOOS == "linux" && !strings.Contains(out, "query key memo populated") {
+			t.Fatalf("not populated on Linux: %q", out)
+		}
 	}
 }

@@ -53,6 +53,9 @@ type AppConfig struct {
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
 	// disables it.
 	MemoEntries int
+	// PopulateMemo makes the memo resident at start (the "query_memo_populate" key; see
+	// engine.Config.PopulateMemo).
+	PopulateMemo bool
 	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
 	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.
 	MaxBlocks int
@@ -158,7 +161,8 @@ func Start(cfg AppConfig) (*App, error) {
 	// A cluster replica's subscriptions buffer until it has bootstrapped from a peer.
 	gates := newGateSet(cfg.Cluster != nil)
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks,
-		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo})
+		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo,
+		PopulateMemo: cfg.PopulateMemo})
 	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
 		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
 		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize, JoinCheckDelay: cfg.ZMQJoinCheckDelay,

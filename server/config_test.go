@@ -362,6 +362,28 @@ func TestLoadConfigMultiRank(t *testing.T) {
 	}
 }
 
+// TestLoadConfigMemoPopulate: query_memo_populate defaults to true, takes a JSON bool,
+// reaches the app's config, and anything else is an error naming the key.
+func TestLoadConfigMemoPopulate(t *testing.T) {
+	for _, c := range []struct {
+		text string
+		want bool
+	}{{`{}`, true}, {`{"query_memo_populate": false}`, false}, {`{"query_memo_populate": true}`, true}} {
+		cfg, err := LoadConfigFile(writeConfig(t, c.text))
+		if err != nil {
+			t.Fatalf("%s: %v", c.text, err)
+		}
+		if cfg.PopulateMemo != c.want || cfg.AppConfig().PopulateMemo != c.want {
+			t.Errorf("%s: file %v app %v, want %v", c.text, cfg.PopulateMemo, cfg.AppConfig().PopulateMemo, c.want)
+		}
+	}
+	for _, bad := range []string{`{"query_memo_populate": "yes"}`, `{"query_memo_populate": 1}`, `{"query_memo_populate": null}`} {
+		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil || !strings.Contains(err.Error(), "query_memo_populate") {
+			t.Errorf("%s: error %v, want one naming query_memo_populate", bad, err)
+		}
+	}
+}
+
 func TestLoadConfigMemoEntries(t *testing.T) {
 	for _, c := range []struct {
 		text          string

@@ -46,6 +46,9 @@ type FileConfig struct {
 	// MemoEntries sizes the query key memo: the "query_memo_entries" key, default
 	// hashing.DefaultMemoEntries; 0 disables the memo.
 	MemoEntries int
+	// PopulateMemo is the "query_memo_populate" key, default true: make the whole memo
+	// resident at start rather than as queries first write each page.
+	PopulateMemo bool
 	// HTTPBindAddress and RPCBindAddress: the interfaces to listen on ("" = all).
 	HTTPBindAddress string
 	RPCBindAddress  string
@@ -86,7 +89,7 @@ var configKeys = []string{
 	"max_query_body_bytes", "max_admin_body_bytes", "max_inflight_body_bytes", "http_max_connections", "http_read_buffer_bytes",
 	"http_read_timeout_ms", "http_idle_timeout_ms", "rpc_max_connections", "rpc_read_timeout_ms",
 	"rpc_idle_timeout_ms", "max_services", "max_registration_field_bytes", "shutdown_timeout_ms",
-	"query_memo_entries", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
+	"query_memo_entries", "query_memo_populate", "access_log", "access_log_trace_header", "access_log_buffer_bytes",
 	"access_log_flush_interval_ms", "max_blocks", "memory_limit_bytes", "zmq_max_message_size", "zmq_io_threads", "zmq_join_check_delay_ms",
 	"ingest_log_burst", "ingest_log_interval_seconds", "cluster",
 }
@@ -100,7 +103,8 @@ var configKeys = []string{
 // file), an absent port keeps its default: the contract documents 13333 as the default.
 func LoadConfigFile(path string) (FileConfig, error) {
 	cfg := FileConfig{Path: path, HTTPPort: DefaultHTTPPort, RPCPort: DefaultRPCPort,
-		StateFile: filepath.Join(filepath.Dir(path), StateFileName), MemoEntries: hashing.DefaultMemoEntries}
+		StateFile: filepath.Join(filepath.Dir(path), StateFileName), MemoEntries: hashing.DefaultMemoEntries,
+		PopulateMemo: true}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return cfg, nil
@@ -206,6 +210,16 @@ func LoadConfigFile(path string) (FileConfig, error) {
 			return cfg, fmt.Errorf("config file %s: query_memo_entries must be an integer in 0..%d", path, maxMemoEntries)
 		}
 		cfg.MemoEntries = int(n)
+	}
+	if raw, ok := root["query_memo_populate"]; ok {
+		switch string(bytes.TrimSpace(raw)) {
+		case "true":
+			cfg.PopulateMemo = true
+		case "false":
+			cfg.PopulateMemo = false
+		default:
+			return cfg, fmt.Errorf("config file %s: query_memo_populate must be true or false", path)
+		}
 	}
 	if raw, ok := root["max_blocks"]; ok {
 		n, err := jsonInt(raw)
@@ -432,7 +446,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
-		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, MaxBlocks: f.MaxBlocks,
+		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
