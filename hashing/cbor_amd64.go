@@ -14,12 +14,19 @@ var hasCBORVector = cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX5
 //go:noescape
 func cborTokensAsm(dst *byte, toks *int32, n int, t *cborTables) int
 
-// cborTokens encodes the leading multiple of 8 of toks into b as CBOR integers when
-// hasCBORVector and b has room for them plus cborSlack, and returns how many tokens and
-// bytes it wrote (0, 0 otherwise).
+// cborTokens encodes toks into b as CBOR integers when b has room for them plus
+// cborSlack, and returns how many tokens and bytes it wrote (0, 0 without the room):
+// with cborTokensAsm the leading multiple of 8 where hasCBORVector, else all of them with
+// cborTokensWord.
 func cborTokens(b []byte, toks []int32) (int, int) {
+	if len(b) < 5*len(toks)+cborSlack {
+		return 0, 0
+	}
+	if !hasCBORVector {
+		return len(toks), cborTokensWord(b, toks)
+	}
 	n := len(toks) &^ 7
-	if !hasCBORVector || n == 0 || len(b) < 5*n+cborSlack {
+	if n == 0 {
 		return 0, 0
 	}
 	return n, cborTokensAsm(&b[0], &toks[0], n, &cborTabs)

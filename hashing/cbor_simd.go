@@ -1,5 +1,7 @@
 package hashing
 
+import "encoding/binary"
+
 // Token ids encoded as CBOR 8 at a time with AVX-512 (cbor_amd64.s).
 //
 // A block's ids take 1, 2, 3 or 5 bytes each by their size; ids of a large vocabulary
@@ -45,3 +47,34 @@ var cborTabs = func() (t cborTables) {
 	}
 	return t
 }()
+
+// cborTokensWord encodes toks into b as CBOR integers without a branch on their values,
+// for CPUs without cborTokensAsm: each id's widest encoding (head byte, then up to 4
+// big-endian argument bytes) is built in one 64-bit word, stored whole, and the position
+// advanced by the id's width (1, 2, 3 or 5), so it writes up to 7 bytes past the
+// encoding. b must have room for 5*len(toks)+7 bytes. Returns the bytes written.
+func cborTokensWord(b []byte, toks []int32) int {
+	pos := 0
+	for _, t := range toks {
+		neg := uint32(t >> 31) // all ones for a negative id (major 1, argument ^t)
+		u := uint32(t) ^ neg
+		c1, c2, c3 := b2u(u >= 24), b2u(u > 0xff), b2u(u > 0xffff)
+		class := c1 + c2 + c3 // 0: the head holds u; 1, 2, 3: 1, 2, 4 argument bytes
+		width := 1 + class + c3
+		small := c1 - 1 // all ones for class 0
+		head := uint64(neg&cborMajorNeg) | uint64(u)&small | uint64(23+class)&^small
+		word := head<<56 | uint64(u)<<(64-8*width)&^small
+		binary.BigEndian.PutUint64(b[pos:pos+8], word)
+		pos += int(width)
+	}
+	return pos
+}
+
+// b2u is 1 for true and 0 for false, without a branch.
+func b2u(c bool) uint64 {
+	var x uint64
+	if c {
+		x = 1
+	}
+	return x
+}

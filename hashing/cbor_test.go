@@ -145,6 +145,55 @@ func BenchmarkCBORBlock(b *testing.B) {
 	}
 }
 
+// randomCBORIDs draws up to 200 ids: the encodings' edges, any int32, and vocabulary ids
+// of every width.
+func randomCBORIDs(r *rand.Rand) []int32 {
+	edges := []int32{0, 23, 24, 255, 256, 65535, 65536, 1<<31 - 1, -1, -24, -25, -256, -257, -65536, -65537, -1 << 31}
+	toks := make([]int32, r.IntN(200))
+	for i := range toks {
+		switch r.IntN(4) {
+		case 0:
+			toks[i] = edges[r.IntN(len(edges))]
+		case 1:
+			toks[i] = int32(r.Uint32())
+		default:
+			toks[i] = int32(r.IntN(151936)) >> r.IntN(18)
+		}
+	}
+	return toks
+}
+
+// TestCBORTokensWord: the word-at-a-time encoder writes exactly what appendCBORInt does
+// for every id, and nothing more than 7 bytes past it; cborTokens takes it where the CPU
+// has no vector encoder, and only with the room its wide stores need.
+func TestCBORTokensWord(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for iter := range 3000 {
+		toks := randomCBORIDs(r)
+		var want []byte
+		for _, v := range toks {
+			want = appendCBORInt(want, v)
+		}
+		b := bytes.Repeat([]byte{0xa5}, 5*len(toks)+cborSlack)
+		w := cborTokensWord(b, toks)
+		if !bytes.Equal(b[:w], want) {
+			t.Fatalf("iter %d: %d bytes\n got %x\nwant %x", iter, w, b[:w], want)
+		}
+		if tail := b[w+7:]; bytes.Count(tail, []byte{0xa5}) != len(tail) {
+			t.Fatalf("iter %d: wrote more than 7 bytes past the encoding: %x", iter, b[w:])
+		}
+		if hasCBORVector {
+			continue
+		}
+		if n, w2 := cborTokens(b[:5*len(toks)+cborSlack], toks); n != len(toks) || w2 != w {
+			t.Fatalf("iter %d: cborTokens took %d of %d ids, %d bytes", iter, n, len(toks), w2)
+		}
+		if n, _ := cborTokens(b[:5*len(toks)+cborSlack-1], toks); n != 0 && len(toks) > 0 {
+			t.Fatalf("iter %d: encoded without the slack", iter)
+		}
+	}
+}
+
 // TestCBORTokensVector: cborTokens encodes the leading multiple of 8 of any ids (every
 // width class and sign, their boundaries, mixed at random) exactly as appendCBORInt
 // does, where the CPU has it; it declines without the room its wide stores need.
@@ -153,19 +202,8 @@ func TestCBORTokensVector(t *testing.T) {
 		t.Skip("no AVX-512 VBMI2 on this CPU")
 	}
 	r := rand.New(rand.NewPCG(5, 6))
-	edges := []int32{0, 23, 24, 255, 256, 65535, 65536, 1<<31 - 1, -1, -24, -25, -256, -257, -65536, -65537, -1 << 31}
 	for iter := range 3000 {
-		toks := make([]int32, r.IntN(200))
-		for i := range toks {
-			switch r.IntN(4) {
-			case 0:
-				toks[i] = edges[r.IntN(len(edges))]
-			case 1:
-				toks[i] = int32(r.Uint32())
-			default:
-				toks[i] = int32(r.IntN(151936)) >> r.IntN(18)
-			}
-		}
+		toks := randomCBORIDs(r)
 		var want []byte
 		for _, v := range toks[:len(toks)&^7] {
 			want = appendCBORInt(want, v)
