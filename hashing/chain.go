@@ -158,7 +158,7 @@ func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSal
 			c.hasParent = true
 		}
 	}
-	c.ensure(need)
+	c.ensure(need + shaPadRoom) // hashBlock pads each block in place (sum256Room)
 	if c.mc.on {
 		c.mc.start(p, blockSize, loraName, cacheSalt)
 	}
@@ -230,9 +230,9 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 		}
 		switch {
 		case c.algo == AlgoSHA256CBOR:
-			*d = sum256(encodeCBORBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
+			*d = sum256Room(encodeCBORBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
 		case c.pickleFast:
-			*d = sum256(encodePickleBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
+			*d = sum256Room(encodePickleBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
 		default:
 			salt := ""
 			if i == 0 {
@@ -249,7 +249,7 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 			c.err = err
 			return err
 		}
-		*d = sum256(encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
+		*d = sum256Room(encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	case StrategySGLangBigram:
 		s := i * bs
 		e := min(s+bs, c.positions)
@@ -258,7 +258,7 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 			c.err = err
 			return err
 		}
-		*d = sum256(encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
+		*d = sum256Room(encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	}
 	return nil
 }
