@@ -33,8 +33,10 @@ func (e *TokenError) Error() string {
 	return fmt.Sprintf("token_ids[%d] = %d cannot be hashed: sglang encodes tokens as uint32", e.Index, e.Value)
 }
 
-// sum256 is the one SHA-256 entry point. minio/sha256-simd measured faster than
-// crypto/sha256 on this SHA-NI machine for block-sized inputs (see hashing_timing_test.go);
+// sum256 is the SHA-256 of messages without room after them (seeds, pickle frames); a
+// block with room goes through sum256Room, which pads it in place and calls the SHA-NI
+// compression directly where the CPU has it. minio/sha256-simd measured faster than
+// crypto/sha256 on a SHA-NI machine for block-sized inputs (see hashing_timing_test.go);
 // calling the concrete Sum256 on a reused buffer avoids a hash.Hash interface and its
 // per-call allocation.
 func sum256(b []byte) [32]byte { return sha256.Sum256(b) }
