@@ -41,8 +41,8 @@ func (m *Memo) populate() error {
 	if m.region == nil {
 		return errors.New("the memo is on the Go heap (its mapping failed)")
 	}
-	// One call per 64 MiB: a signal arriving during a long populate makes the kernel
-	// return EINTR, and a retry then redoes only that chunk.
+	// One call per 64 MiB, so that a call the kernel interrupts (EINTR) is retried for
+	// its chunk only.
 	const chunk = 64 << 20
 	for off := 0; off < len(m.region); off += chunk {
 		part := m.region[off:min(off+chunk, len(m.region))]
