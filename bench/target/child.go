@@ -18,12 +18,13 @@ type Child struct {
 	// PID is its process.
 	PID    int
 	cmd    *exec.Cmd
-	exited chan error
+	exited <-chan error
 }
 
 // SpawnChild runs bin with args and returns once the process has printed a line that
 // starts with prefix on its stdout, and the rest of that line; what names it in errors.
-// Its stderr goes to logw.
+// Its stderr goes to logw. It gets SIGTERM if the harness dies without stopping it
+// (startTied).
 func SpawnChild(what, bin string, args []string, prefix string, logw io.Writer) (*Child, string, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = logw
@@ -31,12 +32,8 @@ func SpawnChild(what, bin string, args []string, prefix string, logw io.Writer) 
 	if err != nil {
 		return nil, "", fmt.Errorf("spawn %s: %w", what, err)
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("spawn %s %s: %w", what, bin, err)
-	}
-	c := &Child{PID: cmd.Process.Pid, cmd: cmd, exited: make(chan error, 1)}
 	ready := make(chan string, 1)
-	go func() {
+	exited, err := startTied(cmd, func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			if rest, ok := strings.CutPrefix(sc.Text(), prefix); ok {
@@ -45,8 +42,11 @@ func SpawnChild(what, bin string, args []string, prefix string, logw io.Writer) 
 			}
 		}
 		_, _ = io.Copy(io.Discard, out) // until it exits
-		c.exited <- cmd.Wait()
-	}()
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("spawn %s %s: %w", what, bin, err)
+	}
+	c := &Child{PID: cmd.Process.Pid, cmd: cmd, exited: exited}
 	select {
 	case rest := <-ready:
 		return c, rest, nil

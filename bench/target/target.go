@@ -96,7 +96,8 @@ func freePort() (int, error) {
 }
 
 // Spawn runs the conductor binary at bin with a temporary configuration (free HTTP port,
-// RPC off, no state file) and waits until it answers. Its stderr goes to logw.
+// RPC off, no state file) and waits until it answers. Its stderr goes to logw. It gets
+// SIGTERM if the harness dies without stopping it (startTied).
 func Spawn(bin string, logw io.Writer) (*Conductor, error) {
 	port, err := freePort()
 	if err != nil {
@@ -119,12 +120,11 @@ func Spawn(bin string, logw io.Writer) (*Conductor, error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+path, "CONDUCTOR_LOG_LEVEL=warn")
 	cmd.Stdout, cmd.Stderr = logw, logw
-	if err := cmd.Start(); err != nil {
+	exited, err := startTied(cmd, nil)
+	if err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("spawn %s: %w", bin, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	stop := func() {
 		terminate(cmd, exited)
 		os.RemoveAll(dir)
