@@ -10,6 +10,14 @@
 // 8 qwords and 8 widths are put on the stack, and each qword is stored at the output
 // position, which then advances by its width.
 
+// STORE writes the id's qword at q(SP) at the output position and advances the position
+// by its width at w(SP).
+#define STORE(q, w) \
+	MOVQ q(SP), R8; \
+	MOVQ R8, (DI)(BX*1); \
+	MOVL w(SP), R9; \
+	ADDQ R9, BX
+
 // func cborTokensAVX2(dst *byte, toks *int32, n int, t *cborAVX2Tables) int
 TEXT ·cborTokensAVX2(SB), NOSPLIT, $96-40
 	MOVQ dst+0(FP), DI
@@ -57,44 +65,21 @@ loop:
 	VMOVDQU   Y4, 32(SP)
 	VMOVDQU   Y8, 64(SP)
 
-	MOVQ 0(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 64(SP), R9
-	ADDQ R9, BX
-	MOVQ 8(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 68(SP), R9
-	ADDQ R9, BX
-	MOVQ 32(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 72(SP), R9
-	ADDQ R9, BX
-	MOVQ 40(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 76(SP), R9
-	ADDQ R9, BX
-	MOVQ 16(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 80(SP), R9
-	ADDQ R9, BX
-	MOVQ 24(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 84(SP), R9
-	ADDQ R9, BX
-	MOVQ 48(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 88(SP), R9
-	ADDQ R9, BX
-	MOVQ 56(SP), R8
-	MOVQ R8, (DI)(BX*1)
-	MOVL 92(SP), R9
-	ADDQ R9, BX
+	// In id order: the qwords lie as ids 0, 1, 4, 5, 2, 3, 6, 7.
+	STORE(0, 64)
+	STORE(8, 68)
+	STORE(32, 72)
+	STORE(40, 76)
+	STORE(16, 80)
+	STORE(24, 84)
+	STORE(48, 88)
+	STORE(56, 92)
 
 	ADDQ $32, SI
 	SUBQ $8, CX
 	JNZ  loop
-	VZEROUPPER
 
 done:
+	VZEROUPPER
 	MOVQ BX, ret+32(FP)
 	RET

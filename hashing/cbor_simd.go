@@ -2,11 +2,13 @@ package hashing
 
 import "encoding/binary"
 
-// Token ids encoded as CBOR 8 at a time with AVX-512 (cbor_amd64.s).
+// Token ids encoded as CBOR without a branch on their widths: 8 at a time with AVX-512
+// VBMI2 (cbor_amd64.s) or AVX2 (cbor_avx2_amd64.s), else a word at a time
+// (cborTokensWord).
 //
 // A block's ids take 1, 2, 3 or 5 bytes each by their size; ids of a large vocabulary
 // mix 3 and 5 at random, and a branch per id mispredicts about every other one (most of
-// encodeCBORBlock's time). cborTokens instead builds, for each of 8 ids, the widest
+// encodeCBORBlock's time). The AVX-512 path builds, for each of 8 ids, the widest
 // encoding in an 8-byte lane (head byte, then the 4 big-endian bytes of the argument),
 // picks the bytes its width needs by comparing its width class with each byte's
 // threshold, and packs the picked bytes of all 8 lanes together with one VPCOMPRESSB:

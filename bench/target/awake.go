@@ -2,13 +2,10 @@ package target
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"strconv"
-	"time"
 )
 
 // Keeping a VM's CPUs awake while measuring.
@@ -29,20 +26,10 @@ const AwakeCommand = "keep-awake"
 // awakeLine is what an awake process prints once all its threads spin.
 const awakeLine = "keep-awake: spinning"
 
-// RunAwake spins n threads at SCHED_IDLE (n <= 0: one per CPU) until ctx ends or the
-// process that started it is gone (a harness killed without stopping it must not leave
-// CPUs spinning), after printing awakeLine on out.
+// RunAwake spins n threads at SCHED_IDLE (n <= 0: one per CPU) until ctx ends, after
+// printing awakeLine on out. Started by SpawnAwake, it gets SIGTERM (which ends ctx in
+// conductor-bench) when the harness dies without stopping it (startTied).
 func RunAwake(ctx context.Context, n int, out io.Writer) error {
-	ppid := os.Getppid()
-	return runAwake(ctx, n, out, func() bool { return os.Getppid() != ppid }, awakeParentPoll)
-}
-
-// awakeParentPoll is how often an awake process checks that its parent is still there.
-const awakeParentPoll = 200 * time.Millisecond
-
-// runAwake is RunAwake, with orphaned (polled every poll) telling that the parent is
-// gone.
-func runAwake(ctx context.Context, n int, out io.Writer, orphaned func() bool, poll time.Duration) error {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
@@ -56,18 +43,8 @@ func runAwake(ctx context.Context, n int, out io.Writer, orphaned func() bool, p
 	if _, err := fmt.Fprintln(out, awakeLine); err != nil {
 		return fmt.Errorf("keep awake: %w", err)
 	}
-	tick := time.NewTicker(poll)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			if orphaned() {
-				return errors.New("keep awake: the parent process is gone")
-			}
-		}
-	}
+	<-ctx.Done()
+	return nil
 }
 
 // SpawnAwake runs "bin keep-awake N" (bin: a conductor-bench binary, usually the running

@@ -1,14 +1,10 @@
 package target
 
 import (
-	"context"
-	"io"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,44 +61,5 @@ func TestKeepAwakeSpinsAtIdlePolicy(t *testing.T) {
 			t.Fatalf("SCHED_IDLE threads left after stop: %d", schedPolicies(t)[unix.SCHED_IDLE])
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// TestAwakeEndsWhenOrphaned: an awake process spins until its context ends, or stops by
-// itself once its parent is gone.
-func TestAwakeEndsWhenOrphaned(t *testing.T) {
-	var gone atomic.Bool
-	var polls atomic.Int64
-	orphaned := func() bool {
-		polls.Add(1)
-		return gone.Load()
-	}
-	done := make(chan error, 1)
-	var out strings.Builder
-	go func() {
-		done <- runAwake(context.Background(), 1, &out, orphaned, time.Millisecond)
-	}()
-	for polls.Load() < 3 { // it has looked for its parent three times, and found it
-		runtime.Gosched()
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("ended with its parent there: %v", err)
-	default:
-	}
-	gone.Store(true)
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(out.String(), awakeLine) {
-			t.Fatalf("orphaned: err %v, output %q", err, out.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("still spinning 10 s after its parent was gone")
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { done <- runAwake(ctx, 1, io.Discard, func() bool { return false }, time.Millisecond) }()
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("ended by its context: %v", err)
 	}
 }
