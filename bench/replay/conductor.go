@@ -58,7 +58,7 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 	if err := l.fleet.Register(c.cl, 15*time.Second); err != nil {
 		return PolicyResult{}, nil, err
 	}
-	memoHits0, memoMisses0, memoErr := memoCounters(ctx, c.cl.Host())
+	counters0, countersErr := readQueryCounters(ctx, c.cl.Host())
 	// One marker round trip proves every stream is live before anything is measured.
 	if _, err := c.drain(); err != nil {
 		return PolicyResult{}, nil, fmt.Errorf("first events never reached the conductor: %w", err)
@@ -146,11 +146,8 @@ func runConductor(ctx context.Context, cfg *Config) (PolicyResult, *ConductorRes
 			c.cr.Replays += l.fleet.Rank(i, r).Publisher().Replays()
 		}
 	}
-	if h, m, err := memoCounters(ctx, c.cl.Host()); err == nil && memoErr == nil && h >= memoHits0 && m >= memoMisses0 {
-		c.cr.MemoHits, c.cr.MemoMisses = h-memoHits0, m-memoMisses0
-		if n := c.cr.MemoHits + c.cr.MemoMisses; n > 0 {
-			c.cr.MemoHitRate = float64(c.cr.MemoHits) / float64(n)
-		}
+	if counters, err := readQueryCounters(ctx, c.cl.Host()); err == nil && countersErr == nil {
+		c.cr.addQueryCounters(counters0, counters)
 	}
 	if cfg.Sample != nil {
 		if rss, cpu, err := cfg.Sample(); err == nil {
@@ -304,50 +301,102 @@ func (c *conductorRun) mismatch(s string) {
 	}
 }
 
-// memoCounters reads the key memo's hit and miss counters from the conductor's /metrics
-// at host ("host:port").
-func memoCounters(ctx context.Context, host string) (hits, misses uint64, err error) {
+// queryCounters are the conductor's cumulative query counters from its /metrics.
+type queryCounters struct {
+	// MemoHits and MemoMisses are conductor_query_memo_hits_total and _misses_total;
+	// Memo says both were found (the memo may be off, or the conductor older).
+	MemoHits, MemoMisses uint64
+	Memo                 bool
+	// HandlingSeconds and Queries are the sum and count of
+	// conductor_query_duration_seconds over its protocols: the time the server spent on
+	// queries from decoding the body to encoding the answer; Handling says they were found.
+	HandlingSeconds float64
+	Queries         uint64
+	Handling        bool
+}
+
+// readQueryCounters fetches the conductor's /metrics and parses its query counters.
+func readQueryCounters(ctx context.Context, host string) (queryCounters, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/metrics", nil)
 	if err != nil {
-		return 0, 0, err
+		return queryCounters{}, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, 0, fmt.Errorf("read memo counters: %w", err)
+		return queryCounters{}, fmt.Errorf("read query counters: %w", err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return 0, 0, fmt.Errorf("read memo counters: %w", err)
+		return queryCounters{}, fmt.Errorf("read query counters: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("read memo counters: /metrics answered %s", resp.Status)
+		return queryCounters{}, fmt.Errorf("read query counters: /metrics answered %s", resp.Status)
 	}
-	return parseMemoCounters(body)
+	return parseQueryCounters(body)
 }
 
-// parseMemoCounters finds conductor_query_memo_hits_total and _misses_total in a
-// Prometheus text exposition.
-func parseMemoCounters(body []byte) (hits, misses uint64, err error) {
-	found := 0
+// parseQueryCounters finds the memo counters and the query duration histogram's sum and
+// count (every protocol label added up) in a Prometheus text exposition. A counter that is
+// absent leaves its group unset; one with a value that is not a non-negative number is an
+// error.
+func parseQueryCounters(body []byte) (queryCounters, error) {
+	var c queryCounters
+	var memoFound, sumFound, countFound int
 	for _, line := range strings.Split(string(body), "\n") {
-		name, val, ok := strings.Cut(line, " ")
-		if !ok || (name != "conductor_query_memo_hits_total" && name != "conductor_query_memo_misses_total") {
+		series, val, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(series, "#") {
+			continue
+		}
+		name, _, _ := strings.Cut(series, "{")
+		switch name {
+		case "conductor_query_memo_hits_total", "conductor_query_memo_misses_total",
+			"conductor_query_duration_seconds_sum", "conductor_query_duration_seconds_count":
+		default:
 			continue
 		}
 		v, perr := strconv.ParseFloat(strings.TrimSpace(val), 64)
 		if perr != nil || v < 0 {
-			return 0, 0, fmt.Errorf("memo counter %s: bad value %q", name, val)
+			return queryCounters{}, fmt.Errorf("query counter %s: bad value %q", series, val)
 		}
-		if name == "conductor_query_memo_hits_total" {
-			hits = uint64(v)
-		} else {
-			misses = uint64(v)
+		switch name {
+		case "conductor_query_memo_hits_total":
+			c.MemoHits = uint64(v)
+			memoFound++
+		case "conductor_query_memo_misses_total":
+			c.MemoMisses = uint64(v)
+			memoFound++
+		case "conductor_query_duration_seconds_sum":
+			c.HandlingSeconds += v
+			sumFound++
+		case "conductor_query_duration_seconds_count":
+			c.Queries += uint64(v)
+			countFound++
 		}
-		found++
 	}
-	if found != 2 {
-		return 0, 0, fmt.Errorf("memo counters: %d of 2 found in /metrics", found)
+	c.Memo = memoFound == 2
+	c.Handling = sumFound > 0 && sumFound == countFound
+	if !c.Memo {
+		c.MemoHits, c.MemoMisses = 0, 0
 	}
-	return hits, misses, nil
+	if !c.Handling {
+		c.HandlingSeconds, c.Queries = 0, 0
+	}
+	return c, nil
+}
+
+// addQueryCounters sets the memo and query-handling figures from the conductor's counters
+// before and after the replay; a group missing from either, or one that went backwards (a
+// restarted conductor), is left at zero.
+func (cr *ConductorResult) addQueryCounters(before, after queryCounters) {
+	if before.Memo && after.Memo && after.MemoHits >= before.MemoHits && after.MemoMisses >= before.MemoMisses {
+		cr.MemoHits, cr.MemoMisses = after.MemoHits-before.MemoHits, after.MemoMisses-before.MemoMisses
+		if n := cr.MemoHits + cr.MemoMisses; n > 0 {
+			cr.MemoHitRate = float64(cr.MemoHits) / float64(n)
+		}
+	}
+	if before.Handling && after.Handling && after.Queries >= before.Queries && after.HandlingSeconds >= before.HandlingSeconds {
+		cr.QueryHandlingSeconds = after.HandlingSeconds - before.HandlingSeconds
+		cr.QueriesHandled = after.Queries - before.Queries
+	}
 }

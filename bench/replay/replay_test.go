@@ -185,6 +185,10 @@ func TestReplayMatchesEngines(t *testing.T) {
 			if cr.MemoHits == 0 || cr.MemoMisses == 0 || cr.MemoHitRate <= 0 || cr.MemoHitRate >= 1 {
 				t.Fatalf("memo hits %d misses %d rate %.3f", cr.MemoHits, cr.MemoMisses, cr.MemoHitRate)
 			}
+			// The router's queries and the verifier's: all of them timed by the conductor.
+			if cr.QueriesHandled < uint64(cr.Queries) || cr.QueryHandlingSeconds <= 0 {
+				t.Fatalf("%d queries handled in %.6f s, %d sent by the router", cr.QueriesHandled, cr.QueryHandlingSeconds, cr.Queries)
+			}
 			if cr.PrefixCount == 0 || cr.PrefixCount != uint64(cr.FleetBlocks) || cr.RemovedBlocks == 0 {
 				t.Fatalf("prefix_count %d, fleet blocks %d, removed %d (evictions expected)", cr.PrefixCount, cr.FleetBlocks, cr.RemovedBlocks)
 			}
@@ -211,18 +215,57 @@ func TestReplayMatchesEngines(t *testing.T) {
 	}
 }
 
-func TestParseMemoCounters(t *testing.T) {
+func TestParseQueryCounters(t *testing.T) {
 	body := []byte("# HELP conductor_query_memo_hits_total x\n# TYPE conductor_query_memo_hits_total counter\n" +
 		"conductor_query_memo_hits_total 1.234567e+06\nconductor_query_memo_misses_total 42\n" +
-		"conductor_query_memo_evictions_total 7\n")
-	h, m, err := parseMemoCounters(body)
-	if err != nil || h != 1234567 || m != 42 {
-		t.Fatalf("got %d %d %v", h, m, err)
+		"conductor_query_memo_evictions_total 7\n" +
+		"conductor_query_duration_seconds_bucket{protocol=\"http\",le=\"5e-06\"} 3\n" +
+		"conductor_query_duration_seconds_sum{protocol=\"http\"} 1.5\n" +
+		"conductor_query_duration_seconds_count{protocol=\"http\"} 100\n" +
+		"conductor_query_duration_seconds_sum{protocol=\"rpc\"} 0.25\n" +
+		"conductor_query_duration_seconds_count{protocol=\"rpc\"} 20\n")
+	c, err := parseQueryCounters(body)
+	if err != nil || !c.Memo || c.MemoHits != 1234567 || c.MemoMisses != 42 ||
+		!c.Handling || c.HandlingSeconds != 1.75 || c.Queries != 120 {
+		t.Fatalf("got %+v %v", c, err)
 	}
-	if _, _, err := parseMemoCounters([]byte("conductor_query_memo_hits_total 3\n")); err == nil {
-		t.Fatal("a missing counter was accepted")
+	// A memo counter alone is no memo figure; the durations still count.
+	c, err = parseQueryCounters([]byte("conductor_query_memo_hits_total 3\nconductor_query_duration_seconds_sum 2\nconductor_query_duration_seconds_count 4\n"))
+	if err != nil || c.Memo || c.MemoHits != 0 || !c.Handling || c.Queries != 4 {
+		t.Fatalf("one memo counter: %+v %v", c, err)
 	}
-	if _, _, err := parseMemoCounters([]byte("conductor_query_memo_hits_total x\nconductor_query_memo_misses_total 1\n")); err == nil {
-		t.Fatal("a bad value was accepted")
+	// A sum without its count is no handling figure.
+	c, err = parseQueryCounters([]byte("conductor_query_memo_hits_total 3\nconductor_query_memo_misses_total 1\nconductor_query_duration_seconds_sum 2\n"))
+	if err != nil || !c.Memo || c.Handling || c.HandlingSeconds != 0 {
+		t.Fatalf("sum without count: %+v %v", c, err)
+	}
+	for _, bad := range []string{
+		"conductor_query_memo_hits_total x\nconductor_query_memo_misses_total 1\n",
+		"conductor_query_duration_seconds_sum{protocol=\"http\"} -1\n",
+	} {
+		if _, err := parseQueryCounters([]byte(bad)); err == nil {
+			t.Fatalf("bad value accepted: %q", bad)
+		}
+	}
+}
+
+func TestAddQueryCounters(t *testing.T) {
+	before := queryCounters{MemoHits: 10, MemoMisses: 30, Memo: true, HandlingSeconds: 1, Queries: 5, Handling: true}
+	after := queryCounters{MemoHits: 40, MemoMisses: 60, Memo: true, HandlingSeconds: 3.5, Queries: 105, Handling: true}
+	var cr ConductorResult
+	cr.addQueryCounters(before, after)
+	if cr.MemoHits != 30 || cr.MemoMisses != 30 || cr.MemoHitRate != 0.5 || cr.QueryHandlingSeconds != 2.5 || cr.QueriesHandled != 100 {
+		t.Fatalf("%+v", cr)
+	}
+	// A restarted conductor's counters go backwards: no figure rather than a wrong one.
+	var restarted ConductorResult
+	restarted.addQueryCounters(after, before)
+	if restarted.MemoHits != 0 || restarted.MemoHitRate != 0 || restarted.QueriesHandled != 0 || restarted.QueryHandlingSeconds != 0 {
+		t.Fatalf("counters going backwards gave %+v", restarted)
+	}
+	var memoOff ConductorResult
+	memoOff.addQueryCounters(queryCounters{Handling: true}, queryCounters{HandlingSeconds: 1, Queries: 2, Handling: true})
+	if memoOff.MemoHits+memoOff.MemoMisses != 0 || memoOff.QueriesHandled != 2 {
+		t.Fatalf("memo off: %+v", memoOff)
 	}
 }

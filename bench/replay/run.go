@@ -143,6 +143,12 @@ type ConductorResult struct {
 	MemoHits    uint64  `json:"memo_hits"`
 	MemoMisses  uint64  `json:"memo_misses"`
 	MemoHitRate float64 `json:"memo_hit_rate"`
+	// QueryHandlingSeconds is the time the conductor spent handling the QueriesHandled
+	// queries it answered during the replay (its conductor_query_duration_seconds: decode,
+	// hash, walk, encode; the router's and the verifier's queries both), the query part of
+	// CPUSeconds as long as a query is not preempted; both 0 when /metrics could not be read.
+	QueryHandlingSeconds float64 `json:"query_handling_seconds"`
+	QueriesHandled       uint64  `json:"queries_handled"`
 }
 
 // LatencyCDF is the query latency distribution of the prompts in one length bucket:

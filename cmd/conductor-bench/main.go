@@ -334,6 +334,10 @@ func printReplay(w io.Writer, trace string, r *replay.Result, cond *target.Condu
 	if c.MemoHits+c.MemoMisses > 0 {
 		ct.Add("key memo hit rate (query blocks)", fmt.Sprintf("%s (%d of %d blocks)", pct(c.MemoHitRate), c.MemoHits, c.MemoHits+c.MemoMisses))
 	}
+	if c.QueriesHandled > 0 {
+		ct.Add("query handling time", fmt.Sprintf("%.2f s, %.1f us per query (%d queries; conductor_query_duration_seconds)",
+			c.QueryHandlingSeconds, 1e6*c.QueryHandlingSeconds/float64(c.QueriesHandled), c.QueriesHandled))
+	}
 	ct.Add("stale answers (events in flight)", fmt.Sprintf("%d (%s)", c.StaleAnswers, pct(c.StaleRate)))
 	ct.Add("verified rank answers", fmt.Sprintf("%d checks, %d mismatches", c.Checks, c.Mismatches))
 	if c.Replays > 0 {
