@@ -97,7 +97,9 @@ func freePort() (int, error) {
 
 // Spawn runs the conductor binary at bin with a temporary configuration (free HTTP port,
 // RPC off, no state file) and waits until it answers. Its stderr goes to logw. It gets
-// SIGTERM if the harness dies without stopping it (startTied).
+// SIGTERM if the harness dies without stopping it (startTied). The configuration's
+// directory is removed as soon as the conductor answers (it reads its configuration once,
+// at start), so a harness killed later leaves nothing behind.
 func Spawn(bin string, logw io.Writer) (*Conductor, error) {
 	port, err := freePort()
 	if err != nil {
@@ -141,7 +143,12 @@ func Spawn(bin string, logw io.Writer) (*Conductor, error) {
 		_, err := cl.GlobalView()
 		var he *httpclient.Error
 		if err == nil || errors.As(err, &he) {
-			return c, nil // it answered
+			// It answered, so it has read its configuration.
+			if err := os.RemoveAll(dir); err != nil {
+				stop()
+				return nil, fmt.Errorf("spawn %s: remove its configuration: %w", bin, err)
+			}
+			return c, nil
 		}
 		select {
 		case werr := <-exited:
