@@ -308,8 +308,9 @@ type queryCounters struct {
 	MemoHits, MemoMisses uint64
 	Memo                 bool
 	// HandlingSeconds and Queries are the sum and count of
-	// conductor_query_duration_seconds over its protocols: the time the server spent on
-	// queries from decoding the body to encoding the answer; Handling says they were found.
+	// conductor_query_duration_seconds over its protocols: the time the server's handlers
+	// spent on queries, from taking the received body to encoding the answer; Handling
+	// says they were found.
 	HandlingSeconds float64
 	Queries         uint64
 	Handling        bool
