@@ -27,8 +27,9 @@ import (
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
-// vectorsPath is the shared test-vector file, relative to this package directory.
-const vectorsPath = "../../shared/vectors/hash_vectors.json"
+// vectorsPath is the repository's test-vector file (testdata/vectors/README.md),
+// relative to this package directory.
+const vectorsPath = "../testdata/vectors/hash_vectors.json"
 
 // ---- msgpack payload builders ------------------------------------------------------------
 
@@ -494,7 +495,7 @@ func loadVectors(t *testing.T) *vectorFile {
 	t.Helper()
 	b, err := os.ReadFile(filepath.FromSlash(vectorsPath))
 	if err != nil {
-		t.Skipf("shared test vectors not found at %s: %v", vectorsPath, err)
+		t.Fatalf("read vectors: %v", err)
 	}
 	var v vectorFile
 	if err := json.Unmarshal(b, &v); err != nil {
@@ -548,13 +549,11 @@ func TestSGLangTiers(t *testing.T) {
 	p := sglangProfile(t)
 	toks := tokens(16)
 	k := keysOf(hashBlocks(t, p, 4, "", toks))
-	if v := loadVectorsOpt(); v != nil {
-		for _, c := range v.SGLang.Cases {
-			if c.PageSize == 4 && !c.Bigram && c.Variant == "unsalted" {
-				for i := range 4 {
-					if int64(k[i]) != c.Pages[i].EventI64 {
-						t.Fatalf("page %d: key %d, vector event_i64 %d", i, int64(k[i]), c.Pages[i].EventI64)
-					}
+	for _, c := range loadVectors(t).SGLang.Cases {
+		if c.PageSize == 4 && !c.Bigram && c.Variant == "unsalted" {
+			for i := range 4 {
+				if int64(k[i]) != c.Pages[i].EventI64 {
+					t.Fatalf("page %d: key %d, vector event_i64 %d", i, int64(k[i]), c.Pages[i].EventI64)
 				}
 			}
 		}
@@ -602,18 +601,6 @@ func TestSGLangTiers(t *testing.T) {
 		t.Fatalf("blocks after clear = %d", n)
 	}
 	wantStats(t, s.h, 6+2+1+1+2+1, 3, 0)
-}
-
-func loadVectorsOpt() *vectorFile {
-	b, err := os.ReadFile(filepath.FromSlash(vectorsPath))
-	if err != nil {
-		return nil
-	}
-	var v vectorFile
-	if json.Unmarshal(b, &v) != nil {
-		return nil
-	}
-	return &v
 }
 
 func TestMooncakeVLLMKeys(t *testing.T) {

@@ -15,7 +15,7 @@ from mooncake.conductor import OK, ConductorClient, block_keys
 from test_e2e import publisher_factory, zmq_ctx  # noqa: F401 (fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VECTORS = Path(os.environ.get("CONDUCTOR_VECTORS", REPO_ROOT.parent / "shared" / "vectors" / "hash_vectors.json"))
+VECTORS = Path(os.environ.get("CONDUCTOR_VECTORS", REPO_ROOT / "testdata" / "vectors" / "hash_vectors.json"))
 
 
 def vllm_profile(algorithm, seed="0"):
@@ -28,8 +28,6 @@ def sglang_profile(strategy="sglang"):
 
 @pytest.fixture(scope="module")
 def vectors():
-    if not VECTORS.is_file():
-        pytest.skip("shared test vectors not found: %s" % VECTORS)
     return json.loads(VECTORS.read_text())
 
 

@@ -35,13 +35,13 @@ from mooncake.conductor import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-VECTORS = Path(os.environ.get("CONDUCTOR_VECTORS", REPO_ROOT.parent / "shared" / "vectors" / "hash_vectors.json"))
+VECTORS = Path(os.environ.get("CONDUCTOR_VECTORS", REPO_ROOT / "testdata" / "vectors" / "hash_vectors.json"))
 
 #: Prompt of hash_vectors.json: tokens 1..40 (two full blocks of 16 and an 8-token tail).
 PROMPT = list(range(1, 41))
 #: hash_vectors.json vllm_v1 sha256_cbor, block_size 16, variant plain: event_u64 of
 #: blocks 0 and 1 (what vLLM publishes with PYTHONHASHSEED=0). Checked against the file
-#: by test_vector_constants when it is present.
+#: by test_vector_constants.
 CBOR_BS16_PLAIN = [3236607068019569386, 2758186210834249151]
 
 VLLM_PROFILE = {
@@ -171,8 +171,6 @@ def client(conductor):
 
 
 def test_vector_constants():
-    if not VECTORS.is_file():
-        pytest.skip("shared test vectors not found: %s" % VECTORS)
     cases = json.loads(VECTORS.read_text())["vllm_v1"]["cases"]
     case = next(
         c for c in cases if c["algo"] == "sha256_cbor" and c["block_size"] == 16 and c["variant"] == "plain"
