@@ -96,13 +96,19 @@ rules: deps-promtool
 # rules, Python.
 test: fmtcheck vet deps-promtool deps-etcd gotest nocgo rules pytest
 
-# Microbenchmarks plus a short trace replay (see bench/README.md for the knobs; drop
-# --max-requests for the full trace). The replay's JSON goes to bench/results/, with PNG
-# plots beside it (matplotlib, installed into .venv for this target only).
+# The trace `make bench` replays: the first 2,000 requests of the Mooncake FAST'25
+# conversation trace, committed (bench/testdata/README.md). TRACE=<path> replays another
+# one, BENCH_REQUESTS=0 all of its requests.
+TRACE          ?= bench/testdata/conversation_trace_2000.jsonl
+BENCH_REQUESTS ?= 2000
+
+# Microbenchmarks plus a short trace replay (see bench/README.md for the knobs). The
+# replay's JSON goes to bench/results/, with PNG plots beside it (matplotlib, installed
+# into .venv for this target only).
 bench: deps venv $(VENV)/.plot-stamp
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 200ms ./...
-	@out=$$($(GO) run ./cmd/conductor-bench replay --trace ../shared/traces/conversation_trace.jsonl \
-		--instances 16 --block-size 16 --max-requests 2000); status=$$?; echo "$$out"; test $$status = 0 && \
+	@out=$$($(GO) run ./cmd/conductor-bench replay --trace $(TRACE) \
+		--instances 16 --block-size 16 --max-requests $(BENCH_REQUESTS)); status=$$?; echo "$$out"; test $$status = 0 && \
 	$(PY) bench/plot.py $$(echo "$$out" | sed -n 's/^results: //p')
 
 $(VENV)/.plot-stamp: $(VENV)/.stamp

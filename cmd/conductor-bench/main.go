@@ -1,6 +1,6 @@
 // Command conductor-bench drives the conductor with simulated engines:
 //
-//	conductor-bench replay --trace ../shared/traces/conversation_trace.jsonl --instances 16
+//	conductor-bench replay --trace bench/testdata/conversation_trace_2000.jsonl --instances 16
 //	conductor-bench load --instances 8 --blocks 1000000 --prompt-tokens 2048,8192,32768
 //
 // replay routes a Mooncake trace through the conductor and compares the prefix-cache hit
