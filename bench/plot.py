@@ -4,7 +4,9 @@
 
 Writes <name>-latency-cdf.png (query latency CDF per prompt length), <name>-hit-rate.png
 (token hit rate by routing policy against the infinite-cache upper bound) and
-<name>-ingest-rss.png (blocks published per second and conductor RSS during the replay).
+<name>-ingest-rss.png (blocks published per second and RSS during the replay: the
+harness's own, conductor included, for the default in-process conductor; the conductor's
+alone with --conductor-bin, or --conductor with --pid; the JSON's conductor_mode says which).
 Needs matplotlib (`make bench` installs it into .venv).
 """
 
@@ -36,18 +38,20 @@ def latency_cdf(res, path):
 
 
 def hit_rate(res, path):
+    """Bars of each policy's token hit rate, in percent like everything on the plot."""
     pols = res.get("policies") or []
     names = [p["policy"] for p in pols]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=80)
     xs = range(len(pols))
-    ax.bar([x - 0.2 for x in xs], [p["hit_rate"] for p in pols], width=0.4, label="any tier")
-    ax.bar([x + 0.2 for x in xs], [p["device_hit_rate"] for p in pols], width=0.4, label="device")
+    for shift, key, label in ((-0.2, "hit_rate", "any tier"), (0.2, "device_hit_rate", "device")):
+        bars = ax.bar([x + shift for x in xs], [100 * p[key] for p in pols], width=0.4, label=label)
+        ax.bar_label(bars, fmt="%.1f%%", fontsize=7, padding=2)
     bound = res.get("infinite_cache_hit_rate")
     if bound is not None:
-        ax.axhline(bound, color="black", linestyle="--", label="upper bound (infinite cache) %.1f%%" % (100 * bound))
+        ax.axhline(100 * bound, color="black", linestyle="--", label="upper bound (infinite cache) %.1f%%" % (100 * bound))
     ax.set_xticks(list(xs), names)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("prompt tokens served from cache")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("prompt tokens served from cache (%)")
     ax.set_title("Hit rate by routing policy (%d requests, %d instances)" % (res.get("requests", 0), res.get("instances", 0)))
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
@@ -56,8 +60,19 @@ def hit_rate(res, path):
     plt.close(fig)
 
 
-def ingest_rss(res, path):
+def rss_owner(mode):
+    """Whose memory the timeline's RSS is, from the result's conductor_mode: the harness's
+    own process when the conductor ran inside it, the conductor's when it ran apart."""
+    if mode == "in-process":
+        return "harness + in-process conductor"
+    if mode in ("spawned", "external"):
+        return "conductor (%s process)" % mode
+    return "process (conductor mode not recorded)"
+
+
+def ingest_rss(res, path, mode):
     tl = (res.get("conductor") or {}).get("timeline") or []
+    owner = rss_owner(mode)
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(7, 5.4), dpi=80, sharex=True)
     ts, rate = [], []
     for prev, cur in zip(tl, tl[1:]):
@@ -69,11 +84,12 @@ def ingest_rss(res, path):
         rate.append(blocks / dt)
     a1.plot(ts, rate)
     a1.set_ylabel("blocks stored+removed / s")
-    a1.set_title("Ingest rate and conductor RSS during the replay")
+    a1.set_title("Ingest rate during the replay")
     a1.grid(True, alpha=0.3)
     rss = [(p["t_s"], p["rss_bytes"] / 2**20) for p in tl if p.get("rss_bytes")]
     if rss:
         a2.plot([r[0] for r in rss], [r[1] for r in rss], color="tab:red")
+    a2.set_title("RSS of the %s" % owner)
     a2.set_ylabel("RSS (MiB)")
     a2.set_xlabel("seconds since the first request")
     a2.grid(True, alpha=0.3)
@@ -94,9 +110,15 @@ def main():
     base = args.prefix or os.path.splitext(os.path.basename(args.result))[0]
     out = args.out or os.path.dirname(os.path.abspath(args.result))
     os.makedirs(out, exist_ok=True)
-    for suffix, fn in (("latency-cdf", latency_cdf), ("hit-rate", hit_rate), ("ingest-rss", ingest_rss)):
+    mode = doc.get("conductor_mode", "")
+    plots = (
+        ("latency-cdf", lambda path: latency_cdf(res, path)),
+        ("hit-rate", lambda path: hit_rate(res, path)),
+        ("ingest-rss", lambda path: ingest_rss(res, path, mode)),
+    )
+    for suffix, draw in plots:
         path = os.path.join(out, "%s-%s.png" % (base, suffix))
-        fn(res, path)
+        draw(path)
         print("plot: %s" % path)
 
 
