@@ -12,6 +12,7 @@ Needs matplotlib (`make bench` installs it into .venv).
 
 import argparse
 import json
+import math
 import os
 
 import matplotlib
@@ -43,14 +44,20 @@ def hit_rate(res, path):
     names = [p["policy"] for p in pols]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=80)
     xs = range(len(pols))
-    for shift, key, label in ((-0.2, "hit_rate", "any tier"), (0.2, "device_hit_rate", "device")):
-        bars = ax.bar([x + shift for x in xs], [100 * p[key] for p in pols], width=0.4, label=label)
-        ax.bar_label(bars, fmt="%.1f%%", fontsize=7, padding=2)
     bound = res.get("infinite_cache_hit_rate")
+    top = max([100 * p[k] for p in pols for k in ("hit_rate", "device_hit_rate")] + [100 * (bound or 0), 1])
+    top = min(100, 10 * math.ceil(top * 1.2 / 10))
+    for shift, key, label in ((-0.2, "hit_rate", "any tier"), (0.2, "device_hit_rate", "device")):
+        values = [100 * p[key] for p in pols]
+        bars = ax.bar([x + shift for x in xs], values, width=0.4, label=label)
+        # Inside the bar where it is tall enough (clear of the upper-bound line), else above it.
+        tall = [v >= 0.15 * top for v in values]
+        ax.bar_label(bars, ["%.1f%%" % v if t else "" for v, t in zip(values, tall)], label_type="center", fontsize=8, color="white")
+        ax.bar_label(bars, ["" if t else "%.1f%%" % v for v, t in zip(values, tall)], fontsize=8, padding=2)
     if bound is not None:
         ax.axhline(100 * bound, color="black", linestyle="--", label="upper bound (infinite cache) %.1f%%" % (100 * bound))
     ax.set_xticks(list(xs), names)
-    ax.set_ylim(0, 100)
+    ax.set_ylim(0, top)
     ax.set_ylabel("prompt tokens served from cache (%)")
     ax.set_title("Hit rate by routing policy (%d requests, %d instances)" % (res.get("requests", 0), res.get("instances", 0)))
     ax.legend(loc="upper right", fontsize=8)
