@@ -96,7 +96,9 @@ def ingest_rss(res, path, mode):
     rss = [(p["t_s"], p["rss_bytes"] / 2**20) for p in tl if p.get("rss_bytes")]
     if rss:
         a2.plot([r[0] for r in rss], [r[1] for r in rss], color="tab:red")
-    a2.set_title("RSS of the %s" % owner)
+        a2.set_title("RSS of the %s" % owner)
+    else:
+        a2.set_title("RSS not measured (an external conductor needs --pid)")
     a2.set_ylabel("RSS (MiB)")
     a2.set_xlabel("seconds since the first request")
     a2.grid(True, alpha=0.3)
