@@ -1,6 +1,6 @@
 """End to end: the client against the real conductor binary (skipped when it is not built).
 
-These follow python-client-api.txt. The first tests register endpoints where no
+These follow the Python API contract (docs/api.md). The first tests register endpoints where no
 publisher runs: subscribing is asynchronous, so that succeeds and the instance shows up
 in the views with zero counts. The later ones run a real ZMQ publisher that sends
 vLLM-style msgpack events, and walk every error code the contract lists.
