@@ -161,6 +161,8 @@ def sglang_jobs(version):
                   "variant": "plain", "media": ["CPU", "DISK"]})
     tasks.append({"id": "events/default/ps4/salt", "kind": "events", "page_size": 4,
                   "variant": "salt", "cache_salt": SALT, "topic": "kv@engine-0"})
+    tasks.append({"id": "events/default/ps4/bigram", "kind": "events", "page_size": 4,
+                  "variant": "bigram", "bigram": True, "tokens": common.PROMPT[:13]})
     tasks.append({"id": "events/default/ps16/lora", "kind": "events", "page_size": 16,
                   "variant": "lora", "lora": SG_LORA})
     if facts["dynamo_format"]:
