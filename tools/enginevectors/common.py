@@ -91,3 +91,34 @@ def emit(result):
     """Write a worker's result to stdout as JSON."""
     json.dump(result, sys.stdout)
     sys.stdout.flush()
+
+
+def describe_structs(module, names):
+    """Field lists and msgspec options of an engine's event structs (those it defines)."""
+    out = {}
+    for name in names:
+        cls = getattr(module, name, None)
+        if cls is None:
+            continue
+        cfg = cls.__struct_config__
+        out[name] = {
+            "fields": list(cls.__struct_fields__),
+            "defaults_from": len(cls.__struct_fields__) - len(cls.__struct_defaults__),
+            "array_like": cfg.array_like,
+            "omit_defaults": cfg.omit_defaults,
+            "tag": cfg.tag,
+            "tag_field": cfg.tag_field,
+        }
+    return out
+
+
+def worker_main(load, tasks, stubbed):
+    """Read a job from stdin, load the engine with ``load(job)``, run its tasks, print JSON.
+
+    ``load`` returns the positional arguments every task function takes before the task.
+    """
+    job = json.load(sys.stdin)
+    mods = load(job)
+    results = {task["id"]: tasks[task["kind"]](*mods, task) for task in job["tasks"]}
+    results["__stubbed__"] = sorted(stubbed)
+    emit(results)

@@ -107,24 +107,24 @@ def sglang_page_digest(prior, units):
     return hashlib.sha256((prior or b"") + data).digest()
 
 
-def sglang_storage_seed(extra_key, cache_salt):
-    """Seed of a namespaced tree / storage chain (SGLang >= 0.5.20)."""
+def _namespace_seed(tag, extra_key, cache_salt):
+    """SHA256(tag || part(extra_key) || part(cache_salt)), or None when both are absent."""
     if extra_key is None and cache_salt is None:
         return None
-    d = hashlib.sha256(b"sglang-cache-namespace-v1")
+    d = hashlib.sha256(tag)
     for part in (extra_key, cache_salt):
         d.update(_presence_part(part))
     return d.digest()
+
+
+def sglang_storage_seed(extra_key, cache_salt):
+    """Seed of a namespaced tree / storage chain (SGLang >= 0.5.20)."""
+    return _namespace_seed(b"sglang-cache-namespace-v1", extra_key, cache_salt)
 
 
 def sglang_event_namespace_seed(extra_key, cache_salt):
     """Seed of namespaced published hashes (SGLang >= 0.5.22)."""
-    if extra_key is None and cache_salt is None:
-        return None
-    d = hashlib.sha256(b"sglang-kv-event-namespace-v1")
-    for part in (extra_key, cache_salt):
-        d.update(_presence_part(part))
-    return d.digest()
+    return _namespace_seed(b"sglang-kv-event-namespace-v1", extra_key, cache_salt)
 
 
 def _presence_part(part):

@@ -10,7 +10,6 @@ the release's own; only unrelated modules are stubbed (see stubs.py).
 
 import hashlib
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -214,8 +213,8 @@ def task_pages(kv, events, rc, mu, task):
     assert len(published) == len(pages), (len(published), len(pages))
     for page, value in zip(pages, published):
         page["event_i64"] = value
-    if salt is not None or extra_key is not None:
-        seed = hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).hexdigest() if salt else None
+    if salt is not None:
+        seed = hashlib.sha256(b"sglang-cache-salt-v1\0" + salt.encode()).hexdigest()
     return {
         "tokens": tokens,
         "lora": lora,
@@ -268,23 +267,11 @@ def task_events(kv, events, rc, mu, task):
 
 
 def task_struct_fields(kv, events, rc, mu, task):
+    """Field lists and msgspec options of the release's event structs."""
     import msgspec
 
-    out = {}
-    for name in ("EventBatch", "BlockStored", "BlockStoredWithMetadata", "BlockStoredMetadata",
-                 "BlockRemoved", "AllBlocksCleared"):
-        cls = getattr(kv, name, None)
-        if cls is None:
-            continue
-        cfg = cls.__struct_config__
-        out[name] = {
-            "fields": list(cls.__struct_fields__),
-            "defaults_from": len(cls.__struct_fields__) - len(cls.__struct_defaults__),
-            "array_like": cfg.array_like,
-            "omit_defaults": cfg.omit_defaults,
-            "tag": cfg.tag,
-            "tag_field": cfg.tag_field,
-        }
+    out = common.describe_structs(kv, ("EventBatch", "BlockStored", "BlockStoredWithMetadata",
+                                       "BlockStoredMetadata", "BlockRemoved", "AllBlocksCleared"))
     out["storage_media"] = {m.name: m.value for m in kv.StorageMedium}
     out["msgspec_version"] = msgspec.__version__
     return out
@@ -305,13 +292,7 @@ TASKS = {
 
 
 def main():
-    job = json.load(sys.stdin)
-    mods = load(job["src"], job["build_dir"])
-    results = {}
-    for task in job["tasks"]:
-        results[task["id"]] = TASKS[task["kind"]](*mods, task)
-    results["__stubbed__"] = sorted(stubs.STUBBED)
-    common.emit(results)
+    common.worker_main(lambda job: load(job["src"], job["build_dir"]), TASKS, stubs.STUBBED)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ vector with the independent recipes in ``recipes.py`` and failing on any differe
 """
 
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -105,10 +104,6 @@ class _StubLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         STUBBED.add(module.__name__)
-
-
-class _RealLoader(importlib.machinery.SourceFileLoader):
-    pass
 
 
 class EngineFinder(importlib.abc.MetaPathFinder):

@@ -7,11 +7,9 @@ everything else in the ``vllm`` package is stubbed (see stubs.py).
 """
 
 import inspect
-import json
 import os
 import sys
 import types
-from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,7 +65,7 @@ class MMFeature:
 class FakeRequest:
     """The attributes of vllm.v1.request.Request that hashing and BlockPool read."""
 
-    def __init__(self, kcu, tokens, lora_request=None, cache_salt=None, mm=None):
+    def __init__(self, tokens, lora_request=None, cache_salt=None, mm=None):
         self.request_id = "req-0"
         self.prompt_token_ids = list(tokens)
         self.all_token_ids = list(tokens)
@@ -165,7 +163,7 @@ def hash_request(hashing, kcu, task, request):
 
 
 def task_hash(hashing, kcu, task):
-    request = FakeRequest(kcu, task.get("tokens", common.PROMPT), lora_request(task.get("lora")),
+    request = FakeRequest(task.get("tokens", common.PROMPT), lora_request(task.get("lora")),
                           task.get("cache_salt"), task.get("mm"))
     none_hash, calls = hash_request(hashing, kcu, task, request)
     bs = task["block_size"]
@@ -179,8 +177,19 @@ def task_hash(hashing, kcu, task):
             "preimage_hex": c["preimage"].hex(),
             "hash_hex": bytes(c["hash"]).hex(),
             "event_hash": common.to_json(kcu.maybe_convert_block_hash(c["hash"])),
+            "event_extra_keys": common.to_json(event_extra_keys(kcu, c["extra_keys"],
+                                                                task.get("lookahead", 0))),
         })
     return {"none_hash_hex": none_hash.hex(), "blocks": blocks}
+
+
+def event_extra_keys(kcu, extra_keys, lookahead):
+    """What BlockPool publishes for a block: the window's keys E (not the lookahead tuple),
+    converted back to the untagged form where the release tags them (to_event_extra_keys)."""
+    keys = extra_keys[0] if lookahead else extra_keys
+    if hasattr(kcu, "to_event_extra_keys"):
+        return kcu.to_event_extra_keys([keys])[0]
+    return keys
 
 
 def new_pool(kcu, bp, block_size, lookahead, num_blocks=24):
@@ -207,7 +216,7 @@ def task_events(hashing, kcu, task):
     pool = new_pool(kcu, bp, bs, lookahead)
     all_blocks = []
     for req_spec in task["requests"]:
-        request = FakeRequest(kcu, req_spec.get("tokens", common.PROMPT),
+        request = FakeRequest(req_spec.get("tokens", common.PROMPT),
                               lora_request(req_spec.get("lora")), req_spec.get("cache_salt"))
         hash_request(hashing, kcu, {"algorithm": task["algorithm"], "block_size": bs,
                                     "lookahead": lookahead}, request)
@@ -251,7 +260,7 @@ def task_media(hashing, kcu, task):
     import vllm.distributed.kv_events as ev
 
     bs = task["block_size"]
-    request = FakeRequest(kcu, common.PROMPT)
+    request = FakeRequest(common.PROMPT)
     hash_request(hashing, kcu, {"algorithm": task["algorithm"], "block_size": bs}, request)
     import vllm.v1.kv_offload.base as base
 
@@ -310,18 +319,8 @@ def task_struct_fields(hashing, kcu, task):
 
     import vllm.distributed.kv_events as ev
 
-    out = {}
-    for name in ("EventBatch", "BlockStored", "BlockRemoved", "AllBlocksCleared"):
-        cls = getattr(ev, name)
-        cfg = cls.__struct_config__
-        out[name] = {
-            "fields": list(cls.__struct_fields__),
-            "defaults_from": len(cls.__struct_fields__) - len(cls.__struct_defaults__),
-            "array_like": cfg.array_like,
-            "omit_defaults": cfg.omit_defaults,
-            "tag": cfg.tag,
-            "tag_field": cfg.tag_field,
-        }
+    out = common.describe_structs(ev, ("EventBatch", "BlockStored", "BlockRemoved",
+                                       "AllBlocksCleared"))
     out["media_constants"] = {k: v for k, v in vars(ev).items() if k.startswith("MEDIUM_")}
     out["msgspec_version"] = msgspec.__version__
     return out
@@ -337,13 +336,7 @@ TASKS = {
 
 
 def main():
-    job = json.load(sys.stdin)
-    hashing, kcu = load(job["src"])
-    results = {}
-    for task in job["tasks"]:
-        results[task["id"]] = TASKS[task["kind"]](hashing, kcu, task)
-    results["__stubbed__"] = sorted(stubs.STUBBED)
-    common.emit(results)
+    common.worker_main(lambda job: load(job["src"]), TASKS, stubs.STUBBED)
 
 
 if __name__ == "__main__":
