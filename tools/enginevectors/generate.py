@@ -121,6 +121,7 @@ def sglang_facts(version):
         "dynamo_format": v >= (0, 5, 22),
         "default_format_namespaces_registered_lora": v >= (0, 5, 23),
         "lora_name_field": v >= (0, 5, 22),
+        "replay_frames_carry_topic": v >= (0, 5, 22),
     }
 
 
@@ -294,6 +295,14 @@ def vllm_hash_case(facts, task, r, seed, label):
     return case
 
 
+def check_replay_layout(facts, case):
+    """Replay replies as a DEALER gets them: ["", (topic,) seq, payload], end marker last."""
+    width = 4 if facts["replay_frames_carry_topic"] else 3
+    for frames in case["replay_frames"]:
+        assert len(frames) == width, (case["id"], frames)
+    assert case["replay_frames"][-1][-2:] == ["ff" * 8, ""], case["id"]
+
+
 def event_as_dict(event, structs):
     """Positional (array) or map event -> dict keyed by field name."""
     if isinstance(event, dict):
@@ -309,6 +318,7 @@ def vllm_event_case(facts, task, r, env, out):
             "env": {k: v for k, v in env.items() if v is not None},
             "topic": task.get("topic", ""), "requests": task.get("requests")}
     case.update(r)
+    check_replay_layout(facts, case)
     int_hashes = env.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"
     # Check every BlockStored that carries tokens against the recipe.
     reqs = iter(task.get("requests") or [])
@@ -368,6 +378,7 @@ def generate_sglang(version, cache, python):
                     assert page["event_chain_hash_hex"] == e, (version, task["id"])
                     assert page["event_i64"] == i, (version, task["id"], page["event_i64"], i)
                 if task["kind"] == "events":
+                    check_replay_layout(facts, case)
                     for batch in r["decoded"]:
                         for ev in batch[1]:
                             want = list if facts["event_form"] == "array" else dict
