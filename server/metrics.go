@@ -148,6 +148,10 @@ var (
 		"Events by outcome: applied, rejected (invalid), ignored (medium not indexed).", []string{"service", "type", "outcome"}, nil)
 	descSvcBlocks = prometheus.NewDesc("conductor_service_blocks_applied_total",
 		"Block hashes stored or removed.", []string{"service", "type"}, nil)
+	descSvcBurstBatches = prometheus.NewDesc("conductor_service_burst_batches_total",
+		"Batches handed to the index deferred, as part of a burst (every batch read while more were ready), applied at the burst's flush.", []string{"service", "type"}, nil)
+	descSvcBurstFlushes = prometheus.NewDesc("conductor_service_burst_flushes_total",
+		"Context-writer requests that applied a burst of deferred batches (burst_batches / burst_flushes is the mean burst size).", []string{"service", "type"}, nil)
 	descSvcRejected = prometheus.NewDesc("conductor_service_rejected_total",
 		"Messages rejected, by reason.", []string{"service", "type", "reason"}, nil)
 	descSvcGaps = prometheus.NewDesc("conductor_service_sequence_gaps_total",
@@ -193,7 +197,7 @@ var (
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
+	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcBurstBatches, descSvcBurstFlushes, descSvcRejected,
 		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
 		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
@@ -231,6 +235,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			cnt(descSvcEvents, h.EventsRejected, "rejected")
 			cnt(descSvcEvents, h.EventsIgnored, "ignored")
 			cnt(descSvcBlocks, h.BlocksApplied)
+			cnt(descSvcBurstBatches, h.BurstBatches)
+			cnt(descSvcBurstFlushes, h.BurstFlushes)
 		}
 		stale := 0.0
 		if st.Stale {

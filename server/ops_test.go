@@ -123,6 +123,8 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		{"conductor_http_requests_total", []string{"route", "/register", "status", "200"}, 1},
 		{"conductor_service_messages_received_total", []string{"service", "engine-a|default|0"}, 4},
 		{"conductor_service_blocks_applied_total", nil, 8},
+		// Every batch (the malformed one too) goes through the gate on the burst path.
+		{"conductor_service_burst_batches_total", nil, 4},
 		{"conductor_service_stale", nil, 0},
 		{"conductor_context_blocks", []string{"model", "m"}, 8},
 		{"conductor_context_slots", []string{"model", "m"}, 1},
@@ -138,6 +140,10 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		if !ok || got != c.want {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
+	}
+	// The 3 valid batches were applied by 1 to 3 writer requests, however they were read.
+	if v, _ := metricValue(f, "conductor_service_burst_flushes_total"); v < 1 || v > 3 {
+		t.Errorf("burst flushes = %v, want 1..3", v)
 	}
 	// Blocks hashed (keys computed, from the memo or SHA-256): each query's walk goes
 	// through all 9 blocks (the last one ends it).
