@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
-	"github.com/conductor-go/conductor/wire/publisher"
 	"io"
 	"log/slog"
 	"net"
@@ -13,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 var snapshotBlocks = flag.Int("snapshot-blocks", 100_000, "blocks indexed by BenchmarkSnapshot")
@@ -117,7 +119,7 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.StopTimer()
 		dst := startBenchApp(b)
 		for inst := range 4 {
-			cfg := ServiceConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+inst), Kind: publisher.VLLM, ModelName: "m",
+			cfg := service.Config{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+inst), Kind: publisher.VLLM, ModelName: "m",
 				TenantID: "default", InstanceID: fmt.Sprintf("engine-%d", inst), BlockSize: 16, Profile: p}
 			if _, err := dst.Service.Register(&cfg); err != nil {
 				b.Fatal(err)

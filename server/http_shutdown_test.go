@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/server/httpserver"
+	"github.com/conductor-go/conductor/service"
 )
 
 // TestHTTPShutdownBeforeServe: App.Stop right after Start can run Shutdown before the
@@ -15,9 +17,9 @@ import (
 func TestHTTPShutdownBeforeServe(t *testing.T) {
 	eng := engine.New(engine.Config{})
 	defer eng.Close()
-	svc := NewService(ServiceOptions{Engine: eng, Logger: testLogger()})
+	svc := service.New(service.Options{Engine: eng, Logger: testLogger()})
 	for _, order := range []string{"shutdown-first", "serve-first"} {
-		h := NewHTTPServer(HTTPOptions{Service: svc, Logger: testLogger()})
+		h := httpserver.New(httpserver.Options{Service: svc, Logger: testLogger()})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
