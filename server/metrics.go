@@ -15,12 +15,15 @@ import (
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // Metrics holds the conductor's Prometheus metrics. Query-path updates are lock-free
 // atomics (client_golang counters and histograms); per-service and per-context figures are
 // read from the subscribers and the engine at scrape time, costing the hot paths nothing.
-// A nil *Metrics disables every update.
+// Every labelled series whose labels are known in advance (protocols, routes and the
+// statuses they answer, RPC functions and codes) exists from the start, at 0, so that
+// rate() and alerts see it before its first event. A nil *Metrics disables every update.
 // It implements httpserver.Observer and rpcserver.Observer.
 type Metrics struct {
 	reg *prometheus.Registry
@@ -65,9 +68,61 @@ func NewMetrics(svc *service.Service) *Metrics {
 	m.rpcQueryLatency = m.queryLatency.WithLabelValues("rpc")
 	m.httpQueryOK = m.httpRequests.WithLabelValues("/query", "200")
 	m.initByHash()
+	m.initLabelSets()
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_services_refused_total",
 		Help: "Registrations refused by max_services."}, func() float64 { return float64(svc.RefusedServices()) }))
 	return m
+}
+
+// httpRouteStatuses are the statuses each HTTP route can answer ("other": an unknown
+// path): the label sets of conductor_http_requests_total created at 0.
+func httpRouteStatuses() map[string][]int {
+	return map[string][]int{
+		"/query":         {200, 400, 405, 413, 500, 503},
+		"/query_by_hash": {200, 400, 405, 413, 500, 503},
+		"/register":      {200, 400, 401, 405, 413, 500, 503},
+		"/unregister":    {200, 400, 401, 404, 405, 413, 500, 503},
+		"/global_view":   {200, 405, 503},
+		"/services":      {200, 405, 503},
+		"other":          {404},
+	}
+}
+
+// rpcFunctionCodes are the result codes each RPC function counted in
+// conductor_rpc_requests_total can answer (Query is counted by conductor_queries_total).
+func rpcFunctionCodes() map[string][]string {
+	return map[string][]string{
+		"Register":      serviceCodes(),
+		"Unregister":    serviceCodes(),
+		"GetGlobalView": {cororpc.CodeOK.String()},
+		"ListServices":  {cororpc.CodeOK.String()},
+		"unknown":       {"function_not_registered"},
+	}
+}
+
+// serviceCodes are the RPC codes of a call that reaches the service layer.
+func serviceCodes() []string {
+	return []string{cororpc.CodeOK.String(), cororpc.CodeInvalidParams.String(), cororpc.CodeServiceNotFound.String(),
+		cororpc.CodeConductorUnavailable.String(), cororpc.CodeInternalError.String()}
+}
+
+// initLabelSets creates every known label set at 0.
+func (m *Metrics) initLabelSets() {
+	for _, p := range []string{"http", "rpc", protocolByHash} {
+		m.queries.WithLabelValues(p)
+		m.queryErrors.WithLabelValues(p)
+		m.queryLatency.WithLabelValues(p)
+	}
+	for route, statuses := range httpRouteStatuses() {
+		for _, st := range statuses {
+			m.httpRequests.WithLabelValues(route, strconv.Itoa(st))
+		}
+	}
+	for fn, codes := range rpcFunctionCodes() {
+		for _, c := range codes {
+			m.rpcRequests.WithLabelValues(fn, c)
+		}
+	}
 }
 
 // RegisterCounters exports the limit counters.
