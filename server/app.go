@@ -140,6 +140,8 @@ type App struct {
 	clusterWG     sync.WaitGroup
 	clusterLoaded atomic.Bool
 	bootstrapped  atomic.Bool
+	// bootDone is closed once the bootstrap has run (cluster replicas only).
+	bootDone chan struct{}
 	// gates: the gate of every subscription (bootstrap and snapshot sequence numbers).
 	gates    *source.GateSet
 	testHook func(stage string)

@@ -19,6 +19,7 @@ const BootstrapTimeout = 5 * time.Minute
 // events and replays, as a single node does.
 func (a *App) bootstrap(ctx context.Context, token string) {
 	started := time.Now()
+	defer close(a.bootDone)
 	defer a.bootstrapped.Store(true)
 	if a.testHook != nil {
 		a.testHook("subscribed")

@@ -291,6 +291,7 @@ func (a *App) startCluster(cfg cluster.Config) error {
 	}
 	store := &clusterStore{reg: reg, written: make(map[string]int64)}
 	a.registry = reg
+	a.bootDone = make(chan struct{})
 	a.clusterSync = newClusterSync(a.Service, a.Engine, a.log, store)
 	a.Service.SetStore(store)
 	ctx, cancel := context.WithCancel(context.Background())

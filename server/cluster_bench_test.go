@@ -44,8 +44,8 @@ func BenchmarkClusterPropagation(b *testing.B) {
 		apps = append(apps, app)
 	}
 	for _, a := range apps {
-		for !a.Ready() {
-			time.Sleep(5 * time.Millisecond)
+		if !a.WaitReady(time.Minute) {
+			b.Fatal("replica not ready")
 		}
 	}
 	cli := srv.Client()
@@ -168,8 +168,8 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 	}
 	a := member()
 	b.Cleanup(a.Stop)
-	for !a.Ready() {
-		time.Sleep(5 * time.Millisecond)
+	if !a.WaitReady(time.Minute) {
+		b.Fatal("replica A not ready")
 	}
 	key := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
 	n := *snapshotBlocks
@@ -198,8 +198,8 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 	for range b.N {
 		t0 := time.Now()
 		r := member()
-		for !r.Ready() {
-			time.Sleep(time.Millisecond)
+		if !r.WaitReady(10 * time.Minute) {
+			b.Fatal("replica B not ready")
 		}
 		took := time.Since(t0)
 		b.StopTimer()

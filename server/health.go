@@ -2,6 +2,7 @@ package server
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
@@ -11,6 +12,20 @@ import (
 // in a cluster, the registry was loaded (and Stop has not begun).
 func (a *App) Ready() bool {
 	return a.ready.Load() && (a.registry == nil || (a.clusterLoaded.Load() && a.bootstrapped.Load()))
+}
+
+// WaitReady waits until the App is Ready, for at most timeout (a cluster replica first
+// loads the registry and bootstraps from a peer); it reports whether it is.
+func (a *App) WaitReady(timeout time.Duration) bool {
+	if a.bootDone != nil {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-a.bootDone:
+		case <-t.C:
+		}
+	}
+	return a.Ready()
 }
 
 // healthz answers liveness: the process serves HTTP.
