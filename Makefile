@@ -49,7 +49,7 @@ gotest: deps deps-etcd
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./...
 	# Race builds swap fastConn's raw system calls for syscall.Read/Write (the detector
 	# must see socket happens-before): test the raw path the release binary runs too.
-	$(GO) test -count=1 -run 'FastConn' ./server
+	$(GO) test -count=1 -run 'FastConn' ./server/httpserver
 
 # The packages that must build and test without cgo (CGO_ENABLED=0): all but the libzmq
 # users' tests (ingest's subscriber tests, server's registration tests and bench/sim need
@@ -57,11 +57,12 @@ gotest: deps deps-etcd
 # time with "ZMQ subscriptions need cgo"). This is the one list: a package that gains a
 # cgo dependency fails `make nocgo`; one that loses its last cgo dependency is added here.
 NOCGO_PKGS := ./arena ./bench/report ./engine ./hashing ./httpclient ./ingest/seqtrack \
-	./ingest/translate ./ingest/zmqtransport ./internal/... ./rpcclient ./wire/...
+	./ingest/source ./ingest/translate ./ingest/zmqtransport ./internal/... ./rpcclient \
+	./server/httpserver ./server/internal/... ./server/rpcserver ./service ./snapshot ./wire/...
 
 # Build the whole tree, then vet and test NOCGO_PKGS, with cgo off (no -race: the race
 # detector needs cgo; gotest runs these tests under it).
-nocgo:
+nocgo: deps-etcd
 	CGO_ENABLED=0 $(GO) build ./...
 	CGO_ENABLED=0 $(GO) vet $(NOCGO_PKGS)
 	CGO_ENABLED=0 $(GO) test -count=1 $(NOCGO_PKGS)

@@ -9,6 +9,7 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/server"
+	"github.com/conductor-go/conductor/service"
 )
 
 // serviceApplied is the subscriber's applied-batch counter of one registered service.
@@ -32,7 +33,7 @@ func TestUnregisterDuringTraffic(t *testing.T) {
 	t.Cleanup(app.Stop)
 	enginePub := newPublisher(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	masterPub := newPublisher(t, zmqtest.Config{})
-	reg := func(r server.Registration) string {
+	reg := func(r service.Registration) string {
 		t.Helper()
 		r.ModelName, r.BlockSize = "m", 16
 		r.Strategy, r.Algorithm, r.PythonHashSeed, r.IndexProjection = "vllm_v1", "sha256_cbor", "0", "low64_be"
@@ -42,10 +43,10 @@ func TestUnregisterDuringTraffic(t *testing.T) {
 		}
 		return cfg.Key()
 	}
-	engineReg := server.Registration{Endpoint: enginePub.Endpoint(), ReplayEndpoint: enginePub.ReplayEndpoint(),
+	engineReg := service.Registration{Endpoint: enginePub.Endpoint(), ReplayEndpoint: enginePub.ReplayEndpoint(),
 		Type: "vLLM", InstanceID: "vllm-a"}
 	engineKey := reg(engineReg)
-	masterKey := reg(server.Registration{Endpoint: masterPub.Endpoint(), Type: "Mooncake", InstanceID: "master"})
+	masterKey := reg(service.Registration{Endpoint: masterPub.Endpoint(), Type: "Mooncake", InstanceID: "master"})
 	for _, p := range []*zmqtest.Publisher{enginePub, masterPub} {
 		if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
 			t.Fatal(err)

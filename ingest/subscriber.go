@@ -5,10 +5,11 @@
 //
 // The work is split in three packages that this one ties together: seqtrack (the pure
 // sequence / replay / stale state machine), zmqtransport (the cgo libzmq layer) and
-// translate (the events of a batch turned into engine operations: the Handler the
-// server gives a Subscriber). A Handler that is also a BurstHandler gets the batches of
-// a burst (every message ready when the subscriber looks) deferred and flushed once, so
-// the engine's context writer is woken once per burst rather than once per message.
+// translate (the events of a batch turned into engine operations: the Handler that
+// package ingest/source gives a Subscriber, behind its gate). A Handler that is also a
+// BurstHandler gets the batches of a burst (every message ready when the subscriber
+// looks) deferred and flushed once, so the engine's context writer is woken once per
+// burst rather than once per message.
 //
 // Resources: every subscriber of a process opens its sockets in one zmqtransport.Transport
 // (one libzmq context, its I/O and reaper threads) and waits in Go's network poller, so a

@@ -9,12 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
@@ -64,7 +64,7 @@ func postWithTrace(t *testing.T, app *App, path, trace string, body []byte) int 
 func TestAccessLogLines(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: path, TraceHeader: "X-Request-Trace", FlushInterval: time.Hour}})
+		AccessLog: accesslog.Config{Path: path, TraceHeader: "X-Request-Trace", FlushInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestAccessLogLines(t *testing.T) {
 	}
 	h := lines[1]
 	// Escaped, invalid UTF-8 replaced, cut at 128 bytes of input on a character boundary.
-	wantTrace := "a\"b\\c\ufffdd" + strings.Repeat("é", (maxTraceIDBytes-6)/2)
+	wantTrace := "a\"b\\c\ufffdd" + strings.Repeat("é", (128-6)/2) // the first 128 bytes
 	if h["route"] != "/query_by_hash" || h["tokens"] != 48.0 || h["blocks_hashed"] != 0.0 || h["matched"] != 48.0 ||
 		h["trace_id"] != wantTrace {
 		t.Errorf("/query_by_hash line = %v", h)
@@ -127,7 +127,7 @@ func TestAccessLogZeroAllocs(t *testing.T) {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
 	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
+		AccessLog: accesslog.Config{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,88 +153,6 @@ func TestAccessLogZeroAllocs(t *testing.T) {
 	}
 }
 
-// gateWriter blocks every Write until released, and reports when a Write has begun.
-type gateWriter struct {
-	entered chan struct{}
-	release chan struct{}
-	mu      sync.Mutex
-	buf     bytes.Buffer
-}
-
-func (g *gateWriter) Write(p []byte) (int, error) {
-	g.entered <- struct{}{}
-	<-g.release
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.buf.Write(p)
-}
-
-// TestAccessLogBoundedWhileWriterBlocks: while the writer is stuck, requests keep
-// appending into the other buffer up to its bound, then lines are dropped and counted;
-// nothing is torn and what was accepted is written once the writer moves again.
-func TestAccessLogBoundedWhileWriterBlocks(t *testing.T) {
-	g := &gateWriter{entered: make(chan struct{}), release: make(chan struct{})}
-	l := NewAccessLog(g, nil, AccessLogConfig{BufferBytes: 4096, FlushInterval: time.Hour})
-	line := []byte(`{"route":"/query","n":"` + strings.Repeat("x", 80) + "\"}\n") // 105 bytes
-	l.commit(line)
-	flushed := make(chan struct{})
-	go func() { l.Flush(); close(flushed) }()
-	<-g.entered // the flusher holds the first line and is blocked in Write
-	accepted := 0
-	for i := 0; i < 100; i++ {
-		before := l.Dropped()
-		l.commit(line)
-		if l.Dropped() == before {
-			accepted++
-		}
-	}
-	if want := 4096 / len(line); accepted != want || l.Dropped() != uint64(100-want) {
-		t.Fatalf("accepted %d, dropped %d; want %d accepted", accepted, l.Dropped(), want)
-	}
-	g.release <- struct{}{}
-	<-flushed
-	go func() { <-g.entered; g.release <- struct{}{} }()
-	l.Flush()
-	go func() {
-		for range g.entered {
-			g.release <- struct{}{}
-		}
-	}()
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	close(g.entered)
-	g.mu.Lock()
-	got := g.buf.String()
-	g.mu.Unlock()
-	if want := strings.Repeat(string(line), 1+accepted); got != want {
-		t.Fatalf("written %d bytes, want %d (1 + %d whole lines)", len(got), len(want), accepted)
-	}
-}
-
-func TestAppendJSONString(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		max  int
-		want string
-	}{
-		{"plain", 100, `"plain"`},
-		{"q\"b\\s\n\t\x00\x1f", 100, `"q\"b\\s\u000a\u0009\u0000\u001f"`},
-		{"bad\xffutf8", 100, `"bad\ufffdutf8"`},
-		{"ééé", 3, `"éé"`}, // cut after whole characters
-		{"", 10, `""`},
-	} {
-		got := string(appendJSONString(nil, c.in, c.max))
-		if got != c.want {
-			t.Errorf("%q: %s, want %s", c.in, got, c.want)
-		}
-		var s string
-		if err := json.Unmarshal([]byte(got), &s); err != nil {
-			t.Errorf("%q: %s is not a JSON string: %v", c.in, got, err)
-		}
-	}
-}
-
 func TestAccessLogConfigKeys(t *testing.T) {
 	dir := t.TempDir()
 	write := func(body string) string {
@@ -248,7 +166,7 @@ func TestAccessLogConfigKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := AccessLogConfig{Path: "/tmp/a.log", TraceHeader: "traceparent", BufferBytes: 65536, FlushInterval: 250 * time.Millisecond}
+	want := accesslog.Config{Path: "/tmp/a.log", TraceHeader: "traceparent", BufferBytes: 65536, FlushInterval: 250 * time.Millisecond}
 	if cfg.AccessLog != want || cfg.AppConfig().AccessLog != want {
 		t.Errorf("parsed %+v, want %+v", cfg.AccessLog, want)
 	}
@@ -262,7 +180,7 @@ func TestAccessLogConfigKeys(t *testing.T) {
 		}
 	}
 	if _, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: filepath.Join(dir, "missing", "a.log")}}); err == nil || !strings.Contains(err.Error(), "access_log") {
+		AccessLog: accesslog.Config{Path: filepath.Join(dir, "missing", "a.log")}}); err == nil || !strings.Contains(err.Error(), "access_log") {
 		t.Errorf("unwritable access_log path: %v", err)
 	}
 }
@@ -272,7 +190,7 @@ func TestAccessLogConfigKeys(t *testing.T) {
 func TestAccessLogRPCQuery(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+		AccessLog: accesslog.Config{Path: path, FlushInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +231,7 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
 	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
+		AccessLog: accesslog.Config{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,10 +240,10 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 	fillInstances(t, app, 4, full)
 	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
 		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full})
-	conn := &rpcConn{s: app.RPC}
+	conn := app.RPC.Dispatcher()
 	hdr := cororpc.RequestHeader{SeqNum: 1, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
 	dispatch := func() {
-		if err := conn.dispatch(hdr, body); err != nil {
+		if _, err := conn.Dispatch(hdr, body); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -342,14 +260,13 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 func TestAccessLogModelAfterBodyRelease(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+		AccessLog: accesslog.Config{Path: path, FlushInterval: time.Hour}, PoisonReleasedBodies: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Stop()
 	full := seqTokens(64, 1)
 	fillInstances(t, app, 1, full)
-	app.HTTP.poisonReleased = true
 	h := app.HTTP.Handler()
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", full)
 	for _, r := range []struct {
@@ -388,17 +305,16 @@ func TestAccessLogModelAfterBodyRelease(t *testing.T) {
 func TestAccessLogRPCQueryLargePrompt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
 	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
-		AccessLog: AccessLogConfig{Path: path, FlushInterval: time.Hour}})
+		AccessLog: accesslog.Config{Path: path, FlushInterval: time.Hour}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer app.Stop()
-	n := maxPooledTokens + 1
+	n := 1 << 20 // far above what a connection keeps between frames (64 KiB of tokens)
 	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
 		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
-	conn := &rpcConn{s: app.RPC}
 	hdr := cororpc.RequestHeader{SeqNum: 1, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
-	if err := conn.dispatch(hdr, body); err != nil {
+	if _, err := app.RPC.Dispatcher().Dispatch(hdr, body); err != nil {
 		t.Fatal(err)
 	}
 	app.AccessLog.Flush()

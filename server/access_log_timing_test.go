@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/conductor-go/conductor/internal/accesslog"
 )
 
 // BenchmarkQueryAccessLogOnOff measures /query over loopback HTTP (8 instances holding a
@@ -18,7 +20,7 @@ func BenchmarkQueryAccessLogOnOff(b *testing.B) {
 	for i, on := range []bool{true, false} {
 		cfg := AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger()}
 		if on {
-			cfg.AccessLog = AccessLogConfig{Path: filepath.Join(b.TempDir(), "access.log")}
+			cfg.AccessLog = accesslog.Config{Path: filepath.Join(b.TempDir(), "access.log")}
 		}
 		app, err := Start(cfg)
 		if err != nil {

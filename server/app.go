@@ -17,8 +17,18 @@ import (
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
+	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/server/httpserver"
+	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/server/rpcserver"
+	"github.com/conductor-go/conductor/service"
 )
+
+// Limits bounds what clients can make the process hold (the limit keys of the config
+// file); a zero field takes its default.
+type Limits = limits.Config
 
 // AppConfig configures a whole conductor process.
 type AppConfig struct {
@@ -28,7 +38,7 @@ type AppConfig struct {
 	// file, rpc_server_port 0 disables RPC: see FileConfig.AppConfig.)
 	RPCPort int
 	// Services are registered at start; a failing one is logged and skipped.
-	Services []ServiceConfig
+	Services []service.Config
 	// SkippedServices counts invalid config entries, for the startup summary.
 	SkippedServices int
 	// ConfigPath is logged in the startup summary.
@@ -68,7 +78,7 @@ type AppConfig struct {
 	// DisableMetrics turns off /metrics and every metric update (for measuring their cost).
 	DisableMetrics bool
 	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
-	AccessLog AccessLogConfig
+	AccessLog accesslog.Config
 	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 64 MiB, -1: none).
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
@@ -88,21 +98,24 @@ type AppConfig struct {
 	// registry is loaded and its sources buffer; "loaded": the peer snapshot is loaded,
 	// the buffers not yet applied).
 	ClusterTestHook func(stage string)
+	// PoisonReleasedBodies, in tests, zeroes each HTTP body buffer as it goes back to its
+	// pool (httpserver.Options.PoisonReleasedBodies).
+	PoisonReleasedBodies bool
 }
 
 // App is a running conductor: engine, service layer, HTTP and RPC listeners.
 type App struct {
 	log     *slog.Logger
 	Engine  *engine.Engine
-	Service *Service
-	HTTP    *HTTPServer
-	RPC     *RPCServer
+	Service *service.Service
+	HTTP    *httpserver.Server
+	RPC     *rpcserver.Server
 	// Metrics is nil when disabled.
 	Metrics *Metrics
 	// AccessLog is nil when disabled.
-	AccessLog *AccessLog
+	AccessLog *accesslog.Log
 	// Counters count what the limits turned away (exported by /metrics).
-	Counters *Counters
+	Counters *limits.Counters
 	// HTTPAddr and RPCAddr are the bound addresses (RPCAddr empty when RPC is disabled).
 	HTTPAddr string
 	RPCAddr  string
@@ -110,7 +123,7 @@ type App struct {
 	ready atomic.Bool
 	// releaseDone stops releaseMemory.
 	releaseDone chan struct{}
-	state       *StateFile // nil when persistence is off
+	state       *service.StateFile // nil when persistence is off
 	// zmq is the one ZMQ context of every subscription (nil in a build without cgo).
 	zmq *zmqtransport.Transport
 
@@ -127,8 +140,10 @@ type App struct {
 	clusterWG     sync.WaitGroup
 	clusterLoaded atomic.Bool
 	bootstrapped  atomic.Bool
+	// bootDone is closed once the bootstrap has run (cluster replicas only).
+	bootDone chan struct{}
 	// gates: the gate of every subscription (bootstrap and snapshot sequence numbers).
-	gates    *gateSet
+	gates    *source.GateSet
 	testHook func(stage string)
 	adminTok string
 }
@@ -142,8 +157,8 @@ func Start(cfg AppConfig) (*App, error) {
 		log = slog.Default()
 	}
 	started := time.Now()
-	limits := cfg.Limits.WithDefaults()
-	counters := &Counters{}
+	lim := cfg.Limits.WithDefaults()
+	counters := &limits.Counters{}
 	memo := cfg.MemoEntries
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
@@ -159,14 +174,15 @@ func Start(cfg AppConfig) (*App, error) {
 		return nil, err
 	}
 	// A cluster replica's subscriptions buffer until it has bootstrapped from a peer.
-	gates := newGateSet(cfg.Cluster != nil)
+	gates := source.NewGateSet(cfg.Cluster != nil)
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks,
 		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo,
 		PopulateMemo: cfg.PopulateMemo})
-	svc := NewService(ServiceOptions{Engine: eng, Logger: log, MaxServices: limits.MaxServices,
-		MaxFieldBytes: limits.MaxFieldBytes, Counters: counters,
-		Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize, JoinCheckDelay: cfg.ZMQJoinCheckDelay,
-			LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval, gates: gates})})
+	svc := service.New(service.Options{Engine: eng, Logger: log, MaxServices: lim.MaxServices,
+		MaxFieldBytes: lim.MaxFieldBytes,
+		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
+			Gates: gates})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
@@ -180,7 +196,7 @@ func Start(cfg AppConfig) (*App, error) {
 		routes["/metrics"] = app.Metrics.Handler()
 	}
 
-	accessLog, err := OpenAccessLog(cfg.AccessLog)
+	accessLog, err := accesslog.Open(cfg.AccessLog)
 	if err != nil {
 		eng.Close()
 		_ = tr.Close()
@@ -205,9 +221,17 @@ func Start(cfg AppConfig) (*App, error) {
 		return nil, fmt.Errorf("listen http_bind_address %q http_server_port %d: %w", httpBind, cfg.HTTPPort, err)
 	}
 	app.HTTPAddr = httpLn.Addr().String()
-	app.HTTP = NewHTTPServer(HTTPOptions{Service: svc, Logger: log, Extra: routes, Metrics: app.Metrics,
-		Limits: limits, Counters: counters, AdminToken: cfg.AdminToken, AccessLog: app.AccessLog})
-	httpLn = newRetryListener(httpLn, "http", log, counters)
+	// One in-flight body budget for both transports.
+	budget := limits.NewBudget(lim.MaxInflightBodyBytes, counters)
+	var httpObs httpserver.Observer
+	var rpcObs rpcserver.Observer
+	if app.Metrics != nil {
+		httpObs, rpcObs = app.Metrics, app.Metrics
+	}
+	app.HTTP = httpserver.New(httpserver.Options{Service: svc, Logger: log, Extra: routes, Metrics: httpObs,
+		Limits: lim, Counters: counters, Budget: budget, AdminToken: cfg.AdminToken, AccessLog: app.AccessLog,
+		PoisonReleasedBodies: cfg.PoisonReleasedBodies})
+	httpLn = limits.NewRetryListener(httpLn, "http", log, counters)
 	app.wg.Add(1)
 	go func() {
 		defer app.wg.Done()
@@ -224,9 +248,9 @@ func Start(cfg AppConfig) (*App, error) {
 			return nil, fmt.Errorf("listen rpc_bind_address %q rpc_server_port %d: %w", rpcBind, cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
-		app.RPC = NewRPCServer(RPCOptions{Service: svc, Logger: log, Metrics: app.Metrics, Limits: limits, Counters: counters,
-			AccessLog: app.AccessLog})
-		rpcLn = newRetryListener(rpcLn, "rpc", log, counters)
+		app.RPC = rpcserver.New(rpcserver.Options{Service: svc, Logger: log, Metrics: rpcObs, Limits: lim, Counters: counters,
+			Budget: budget, AccessLog: app.AccessLog})
+		rpcLn = limits.NewRetryListener(rpcLn, "rpc", log, counters)
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()
@@ -331,36 +355,12 @@ func (a *App) releaseMemory() {
 	}
 }
 
-// Ready reports whether the listeners are up, the static services were subscribed and,
-// in a cluster, the registry was loaded (and Stop has not begun).
-func (a *App) Ready() bool {
-	return a.ready.Load() && (a.registry == nil || (a.clusterLoaded.Load() && a.bootstrapped.Load()))
-}
-
-// healthz answers liveness: the process serves HTTP.
-func healthz(ctx *fasthttp.RequestCtx) {
-	ctx.SetContentType("text/plain; charset=utf-8")
-	ctx.SetBodyString("ok\n")
-}
-
-// readyz answers readiness in JSON: 200 once listening with static services subscribed,
-// 503 before that and while stopping.
-func (a *App) readyz(ctx *fasthttp.RequestCtx) {
-	ctx.SetContentType("application/json")
-	if !a.Ready() {
-		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		ctx.SetBodyString(`{"ready":false}`)
-		return
-	}
-	ctx.SetBodyString(`{"ready":true,"services":` + strconv.Itoa(len(a.Service.Services())) + `}`)
-}
-
 // restoreState registers the services of the state file and then keeps the file current.
 // A corrupt file is set aside and reported. When the file cannot be read or rewritten,
 // registrations over HTTP and RPC fail with 500 (they could not survive a restart) while
 // everything else keeps working.
 func (a *App) restoreState(path string) int {
-	sf := &StateFile{Path: path, Log: a.log}
+	sf := &service.StateFile{Path: path, Log: a.log}
 	st, err := sf.Load()
 	return a.applyState(sf, st, err)
 }
@@ -368,7 +368,7 @@ func (a *App) restoreState(path string) int {
 // applyState is restoreState after the file was read: it registers what Load found (st,
 // err) and makes sf the store. Apart so that a test can read the file and then restore
 // with no descriptor left.
-func (a *App) applyState(sf *StateFile, st StateLoad, err error) int {
+func (a *App) applyState(sf *service.StateFile, st service.StateLoad, err error) int {
 	path := sf.Path
 	a.state = sf
 	if err != nil {
@@ -404,5 +404,5 @@ func (a *App) applyState(sf *StateFile, st StateLoad, err error) int {
 // failedStore refuses every change, with the reason persistence is unavailable.
 type failedStore struct{ err error }
 
-func (f failedStore) Put(*ServiceConfig) error { return f.err }
-func (f failedStore) Delete(ServiceID) error   { return f.err }
+func (f failedStore) Put(*service.Config) error { return f.err }
+func (f failedStore) Delete(service.ID) error   { return f.err }

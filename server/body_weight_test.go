@@ -5,7 +5,8 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
-	"github.com/conductor-go/conductor/wire/cororpc"
+	"github.com/conductor-go/conductor/server/httpserver"
+	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/wire/httpapi"
 )
 
@@ -35,7 +36,7 @@ func TestQueryBodyWeightsCoverDecodedSize(t *testing.T) {
 	if rerr := httpapi.DecodeQueryRequest(body, &q); rerr != nil {
 		t.Fatal(rerr)
 	}
-	if held, charged := len(body)+4*cap(q.Tokens), queryBodyWeight*len(body); held > charged {
+	if held, charged := len(body)+4*cap(q.Tokens), httpserver.QueryBodyWeight*len(body); held > charged {
 		t.Errorf("/query: %d bytes held, %d charged", held, charged)
 	}
 	body = fixintBody("block_hashes", n)
@@ -43,18 +44,18 @@ func TestQueryBodyWeightsCoverDecodedSize(t *testing.T) {
 	if rerr := httpapi.DecodeQueryByHashRequest(body, &h); rerr != nil {
 		t.Fatal(rerr)
 	}
-	if held, charged := len(body)+8*cap(h.BlockHashes), queryByHashBodyWeight*len(body); held > charged {
+	if held, charged := len(body)+8*cap(h.BlockHashes), httpserver.QueryByHashBodyWeight*len(body); held > charged {
 		t.Errorf("/query_by_hash: %d bytes held, %d charged", held, charged)
 	}
 }
 
 // TestLargeBodiesCountsBufferSize: the large-body counter (which triggers returning heap
 // to the OS with a full collection) counts bodies whose buffer is too large for the pool,
-// not bodies whose budget charge (a multiple of their size) passes SmallBodyBytes.
+// not bodies whose budget charge (a multiple of their size) passes limits.SmallBodyBytes.
 func TestLargeBodiesCountsBufferSize(t *testing.T) {
 	app := startLimited(t, Limits{}, "")
-	small := binQuery(make([]int32, SmallBodyBytes/4/queryBodyWeight*2)) // charged above, sized below SmallBodyBytes
-	if int64(len(small))*queryBodyWeight <= SmallBodyBytes || len(small) > SmallBodyBytes {
+	small := binQuery(make([]int32, limits.SmallBodyBytes/4/httpserver.QueryBodyWeight*2)) // charged above, sized below limits.SmallBodyBytes
+	if int64(len(small))*httpserver.QueryBodyWeight <= limits.SmallBodyBytes || len(small) > limits.SmallBodyBytes {
 		t.Fatalf("bad fixture: %d bytes", len(small))
 	}
 	if code, r := msgpackPost(t, app, "/query", small); code != 200 {
@@ -63,35 +64,10 @@ func TestLargeBodiesCountsBufferSize(t *testing.T) {
 	if n := app.Counters.LargeBodies.Load(); n != 0 {
 		t.Fatalf("after a %d-byte body: LargeBodies = %d, want 0", len(small), n)
 	}
-	if code, r := msgpackPost(t, app, "/query", binQuery(make([]int32, SmallBodyBytes/4+1))); code != 200 {
+	if code, r := msgpackPost(t, app, "/query", binQuery(make([]int32, limits.SmallBodyBytes/4+1))); code != 200 {
 		t.Fatalf("large: %d %v", code, r)
 	}
 	if n := app.Counters.LargeBodies.Load(); n != 1 {
-		t.Fatalf("after a body above SmallBodyBytes: LargeBodies = %d, want 1", n)
-	}
-}
-
-// TestRPCConnDropsLargeTokenBuffer: between frames an RPC connection keeps a token buffer
-// of at most maxConnTokens (so idle connections cannot each pin a multi-MiB prompt for
-// rpc_idle_timeout_ms), while a small prompt's buffer is kept for reuse.
-func TestRPCConnDropsLargeTokenBuffer(t *testing.T) {
-	app := startLimited(t, Limits{}, "")
-	conn := &rpcConn{s: app.RPC}
-	query := func(n int) {
-		t.Helper()
-		body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
-			Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})
-		hdr := cororpc.RequestHeader{SeqNum: 1, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
-		if err := conn.dispatch(hdr, body); err != nil {
-			t.Fatal(err)
-		}
-	}
-	query(1000)
-	if cap(conn.qreq.Tokens) < 1000 {
-		t.Fatalf("small prompt: token buffer of cap %d not kept", cap(conn.qreq.Tokens))
-	}
-	query(maxConnTokens + 1)
-	if c := cap(conn.qreq.Tokens); c > maxConnTokens {
-		t.Fatalf("after a %d-token prompt the connection keeps %d tokens", maxConnTokens+1, c)
+		t.Fatalf("after a body above limits.SmallBodyBytes: LargeBodies = %d, want 1", n)
 	}
 }

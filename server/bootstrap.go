@@ -4,83 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sort"
-	"sync"
 	"time"
+
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // BootstrapTimeout bounds fetching and loading one peer's snapshot at start.
 const BootstrapTimeout = 5 * time.Minute
-
-// gateSet holds the gate of every subscription. While closing (a replica bootstrapping),
-// new gates start closed.
-type gateSet struct {
-	mu      sync.Mutex
-	closing bool
-	gates   map[ServiceID]*gate
-	endp    map[ServiceID]string
-}
-
-func newGateSet(closing bool) *gateSet {
-	return &gateSet{closing: closing, gates: map[ServiceID]*gate{}, endp: map[ServiceID]string{}}
-}
-
-func (s *gateSet) add(cfg *ServiceConfig, inner gatedHandler) *gate {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	g := newGate(inner, s.closing)
-	s.gates[cfg.ID()] = g
-	s.endp[cfg.ID()] = cfg.Endpoint
-	return g
-}
-
-func (s *gateSet) remove(id ServiceID, g *gate) {
-	s.mu.Lock()
-	if s.gates[id] == g {
-		delete(s.gates, id)
-		delete(s.endp, id)
-	}
-	s.mu.Unlock()
-}
-
-// sequences returns, per source endpoint, the last sequence number applied.
-func (s *gateSet) sequences() map[string]uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[string]uint64, len(s.gates))
-	for id, g := range s.gates {
-		if seq, ok := g.lastApplied(); ok {
-			out[s.endp[id]] = seq
-		}
-	}
-	return out
-}
-
-// openAll stops closing new gates and opens every gate: a source in seqs from the batch
-// after its sequence number, the others with everything buffered. It returns the
-// endpoints that went stale, with the reasons.
-func (s *gateSet) openAll(seqs map[string]uint64) map[string]string {
-	s.mu.Lock()
-	s.closing = false
-	type one struct {
-		ep string
-		g  *gate
-	}
-	all := make([]one, 0, len(s.gates))
-	for id, g := range s.gates {
-		all = append(all, one{s.endp[id], g})
-	}
-	s.mu.Unlock()
-	sort.Slice(all, func(i, j int) bool { return all[i].ep < all[j].ep })
-	stale := map[string]string{}
-	for _, o := range all {
-		seq, have := seqs[o.ep]
-		if st, reason := o.g.open(seq, have); st {
-			stale[o.ep] = reason
-		}
-	}
-	return stale
-}
 
 // bootstrap loads a ready peer's snapshot into this replica, whose subscriptions have
 // been buffering since they started, then opens them: batches the snapshot already holds
@@ -89,6 +19,7 @@ func (s *gateSet) openAll(seqs map[string]uint64) map[string]string {
 // events and replays, as a single node does.
 func (a *App) bootstrap(ctx context.Context, token string) {
 	started := time.Now()
+	defer close(a.bootDone)
 	defer a.bootstrapped.Store(true)
 	if a.testHook != nil {
 		a.testHook("subscribed")
@@ -122,7 +53,7 @@ func (a *App) bootstrap(ctx context.Context, token string) {
 	if a.testHook != nil {
 		a.testHook("loaded")
 	}
-	stale := a.gates.openAll(seqs)
+	stale := a.gates.OpenAll(seqs)
 	for ep, reason := range stale {
 		a.log.Error("cluster: source stale after bootstrap", "endpoint", ep, "reason", reason)
 	}
@@ -164,23 +95,25 @@ func (a *App) waitCatchUps(ctx context.Context, limit time.Duration) {
 	}
 }
 
-func (a *App) loadPeerSnapshot(ctx context.Context, peer, token string) (SnapshotLoad, map[string]uint64, error) {
+// loadPeerSnapshot fetches a peer's snapshot and applies it; it returns the snapshot's
+// sequence numbers per source endpoint.
+func (a *App) loadPeerSnapshot(ctx context.Context, peer, token string) (snapshot.Loaded, map[string]uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, BootstrapTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer+SnapshotPath, nil)
 	if err != nil {
-		return SnapshotLoad{}, nil, err
+		return snapshot.Loaded{}, nil, err
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return SnapshotLoad{}, nil, err
+		return snapshot.Loaded{}, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return SnapshotLoad{}, nil, fmt.Errorf("GET %s%s: %s", peer, SnapshotPath, resp.Status)
+		return snapshot.Loaded{}, nil, fmt.Errorf("GET %s%s: %s", peer, SnapshotPath, resp.Status)
 	}
 	return a.loadSnapshot(resp.Body)
 }

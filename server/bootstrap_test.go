@@ -1,7 +1,6 @@
 package server
 
 import (
-	"fmt"
 	"net"
 	"net/http"
 	"reflect"
@@ -12,81 +11,6 @@ import (
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 )
-
-// fakeInner records what a gate forwards.
-type fakeInner struct {
-	calls []string
-	fail  uint64 // HandleBatch of this seq fails
-}
-
-func (f *fakeInner) HandleBatch(seq uint64, payload []byte) error {
-	f.calls = append(f.calls, fmt.Sprintf("apply %d %s", seq, payload))
-	if seq == f.fail {
-		return fmt.Errorf("bad batch")
-	}
-	return nil
-}
-func (f *fakeInner) OnStale(reason string)                 { f.calls = append(f.calls, "stale") }
-func (f *fakeInner) OnPublisherRestart(last, first uint64) { f.calls = append(f.calls, "restart") }
-
-// TestGateOpen: the gate's decisions at open and on the first live batches after it.
-func TestGateOpen(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		buffered  []uint64
-		threshold uint64
-		have      bool
-		restart   bool // publisher restart while closed, before the buffered batches
-		live      []uint64
-		fail      uint64
-		want      []string
-		stale     bool
-	}{
-		{name: "no snapshot: apply all", buffered: []uint64{5, 6}, live: []uint64{7},
-			want: []string{"apply 5 b5", "apply 6 b6", "apply 7 b7"}},
-		{name: "drop what the snapshot holds", buffered: []uint64{5, 6, 7, 8}, threshold: 6, have: true, live: []uint64{9},
-			want: []string{"apply 7 b7", "apply 8 b8", "apply 9 b9"}},
-		{name: "snapshot ahead of the buffer", buffered: []uint64{5, 6}, threshold: 9, have: true, live: []uint64{9, 10},
-			want: []string{"apply 10 b10"}},
-		{name: "nothing buffered, next live continues", threshold: 4, have: true, live: []uint64{3, 4, 5, 6},
-			want: []string{"apply 5 b5", "apply 6 b6"}},
-		{name: "gap in the buffer", buffered: []uint64{8, 9}, threshold: 6, have: true, live: []uint64{10},
-			want: []string{"stale"}, stale: true},
-		{name: "gap after open", threshold: 6, have: true, live: []uint64{8, 9},
-			want: []string{"stale"}},
-		{name: "restart while closed: retract, apply the new stream", restart: true, buffered: []uint64{1, 2}, threshold: 50, have: true,
-			want: []string{"restart", "apply 1 b1", "apply 2 b2"}},
-		{name: "rejected buffered batch", buffered: []uint64{7, 8}, threshold: 6, have: true, fail: 7,
-			want: []string{"apply 7 b7", "stale"}, stale: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			in := &fakeInner{fail: tc.fail}
-			g := newGate(in, true)
-			if tc.restart {
-				_ = g.HandleBatch(40, []byte("old"))
-				g.OnPublisherRestart(40, 1)
-			}
-			for _, s := range tc.buffered {
-				if err := g.HandleBatch(s, []byte(fmt.Sprintf("b%d", s))); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if len(in.calls) != 0 {
-				t.Fatalf("closed gate forwarded %v", in.calls)
-			}
-			stale, _ := g.open(tc.threshold, tc.have)
-			if stale != tc.stale {
-				t.Fatalf("stale = %v", stale)
-			}
-			for _, s := range tc.live {
-				_ = g.HandleBatch(s, []byte(fmt.Sprintf("b%d", s)))
-			}
-			if !reflect.DeepEqual(in.calls, tc.want) {
-				t.Fatalf("calls %v, want %v", in.calls, tc.want)
-			}
-		})
-	}
-}
 
 func freeTCPPort(t *testing.T) int {
 	t.Helper()
@@ -205,32 +129,5 @@ func TestClusterBootstrapFromPeer(t *testing.T) {
 	}
 	if d := device(b, 1); d != 80 {
 		t.Fatalf("b prompt 1 device %d, want 80", d)
-	}
-}
-
-type nopInner struct{}
-
-func (nopInner) HandleBatch(uint64, []byte) error  { return nil }
-func (nopInner) OnStale(string)                    {}
-func (nopInner) OnPublisherRestart(uint64, uint64) {}
-
-// BenchmarkGateHandleBatch: what the gate adds to every batch of an open subscription
-// (the sequence bookkeeping snapshots read): a lock and two atomic stores.
-func BenchmarkGateHandleBatch(b *testing.B) {
-	g := newGate(nopInner{}, false)
-	payload := make([]byte, 256)
-	b.ReportAllocs()
-	for i := 0; i < b.N; i++ {
-		_ = g.HandleBatch(uint64(i), payload)
-	}
-}
-
-// TestGateOpenAllocatesNothing guards the open gate's path: no allocation per batch.
-func TestGateOpenAllocatesNothing(t *testing.T) {
-	g := newGate(nopInner{}, false)
-	payload := make([]byte, 256)
-	seq := uint64(0)
-	if n := testing.AllocsPerRun(1000, func() { seq++; _ = g.HandleBatch(seq, payload) }); n != 0 {
-		t.Fatalf("%v allocations per batch", n)
 	}
 }

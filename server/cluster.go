@@ -1,76 +1,33 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/conductor-go/conductor/cluster"
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/service"
 )
 
-// parseClusterConfig reads the "cluster" key: {"etcd_endpoints": [...], "key_prefix": ...,
-// "advertise_url": ..., "dial_timeout_ms": ...}. Absent or null: nil (single node).
-func parseClusterConfig(path string, root map[string]json.RawMessage) (*cluster.Config, error) {
-	raw, ok := root["cluster"]
-	if !ok || string(raw) == "null" {
-		return nil, nil
-	}
-	var c struct {
-		Endpoints    []string `json:"etcd_endpoints"`
-		KeyPrefix    *string  `json:"key_prefix"`
-		AdvertiseURL string   `json:"advertise_url"`
-		DialTimeout  *int64   `json:"dial_timeout_ms"`
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return nil, fmt.Errorf("config file %s: cluster must be an object with etcd_endpoints, key_prefix, advertise_url, dial_timeout_ms: %w", path, err)
-	}
-	if len(c.Endpoints) == 0 {
-		return nil, fmt.Errorf("config file %s: cluster.etcd_endpoints must list at least one etcd URL", path)
-	}
-	for _, ep := range c.Endpoints {
-		u, err := url.Parse(ep)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("config file %s: cluster.etcd_endpoints: %q is not an http(s)://host:port URL", path, ep)
-		}
-	}
-	out := &cluster.Config{Endpoints: c.Endpoints, KeyPrefix: cluster.DefaultKeyPrefix, AdvertiseURL: c.AdvertiseURL}
-	if c.KeyPrefix != nil {
-		if *c.KeyPrefix == "" || (*c.KeyPrefix)[0] != '/' {
-			return nil, fmt.Errorf("config file %s: cluster.key_prefix must start with /", path)
-		}
-		out.KeyPrefix = *c.KeyPrefix
-	}
-	if c.AdvertiseURL != "" {
-		if u, err := url.Parse(c.AdvertiseURL); err != nil || u.Host == "" {
-			return nil, fmt.Errorf("config file %s: cluster.advertise_url %q is not a URL", path, c.AdvertiseURL)
-		}
-	}
-	if c.DialTimeout != nil {
-		if *c.DialTimeout <= 0 || *c.DialTimeout > 600_000 {
-			return nil, fmt.Errorf("config file %s: cluster.dial_timeout_ms must be in 1..600000", path)
-		}
-		out.DialTimeout = time.Duration(*c.DialTimeout) * time.Millisecond
-	}
-	return out, nil
-}
+// Cluster glue: a replica keeps its dynamic registrations in the etcd registry of package
+// cluster (clusterStore, the service layer's store), and applies the registry's changes,
+// its own and its peers', to its service layer (clusterSync, through service.Apply).
 
 // registryID is the service's id in the cluster registry: its unambiguous label.
-func registryID(id ServiceID) string { return id.Label() }
+func registryID(id service.ID) string { return id.Label() }
 
 // clusterRecord encodes a registration for the registry: the value is the state file's
 // entry; the context and profile are canonical so that equal ones are equal bytes (the
 // seed only counts for vllm_v1, as in hashing.Profile.Equal).
-func clusterRecord(cfg *ServiceConfig) (*cluster.Record, error) {
-	val, err := encodeStateEntry(cfg)
+func clusterRecord(cfg *service.Config) (*cluster.Record, error) {
+	val, err := service.EncodeEntry(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -91,20 +48,21 @@ func clusterRecord(cfg *ServiceConfig) (*cluster.Record, error) {
 	return &cluster.Record{ID: registryID(cfg.ID()), Endpoint: cfg.Endpoint, Context: string(ctx), Profile: prof, Value: val}, nil
 }
 
-// registryConflict maps a registry refusal to the same 400 a single node answers; nil
-// when err is not a refusal.
-func registryConflict(cfg *ServiceConfig, err error) *Error {
+// registryConflict maps a registry refusal to the same 400 a single node answers (a
+// *service.Error, which the service layer answers as is); other errors are returned
+// unchanged.
+func registryConflict(cfg *service.Config, err error) error {
 	var ce *cluster.ConflictError
 	if !errors.As(err, &ce) {
-		return nil
+		return err
 	}
 	switch ce.Kind {
 	case cluster.ConflictService:
-		return invalidRegistration("conflicting registration for service key %s", cfg.Key())
+		return service.InvalidRegistration("conflicting registration for service key %s", cfg.Key())
 	case cluster.ConflictEndpoint:
-		return invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, ce.Other)
+		return service.InvalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, ce.Other)
 	default:
-		return invalidRegistration("registration conflicts with the ContextKey hash profile")
+		return service.InvalidRegistration("registration conflicts with the ContextKey hash profile")
 	}
 }
 
@@ -115,24 +73,28 @@ func registryConflict(cfg *ServiceConfig, err error) *Error {
 type clusterStore struct {
 	reg *cluster.Registry
 	// written: registry id -> revision of this replica's last write of it, until the watch
-	// has passed that revision. Read and written with Service.mu held.
+	// has passed that revision. Read and written with the service layer's registration
+	// lock held (Put and Delete are called with it, clusterSync uses it through Apply).
 	written map[string]int64
 }
 
-func (c *clusterStore) Put(cfg *ServiceConfig) error {
+// Put stores a registration in the registry; a conflict is refused as a single node
+// refuses it.
+func (c *clusterStore) Put(cfg *service.Config) error {
 	rec, err := clusterRecord(cfg)
 	if err != nil {
 		return err
 	}
 	rev, _, err := c.reg.Put(context.Background(), rec)
 	if err != nil {
-		return err
+		return registryConflict(cfg, err)
 	}
 	c.written[rec.ID] = rev
 	return nil
 }
 
-func (c *clusterStore) Delete(id ServiceID) error {
+// Delete removes a registration from the registry.
+func (c *clusterStore) Delete(id service.ID) error {
 	rid := registryID(id)
 	rev, _, err := c.reg.Delete(context.Background(), rid)
 	if err != nil {
@@ -158,7 +120,9 @@ func (c *clusterStore) stale(id string, rev int64) bool {
 
 // clusterSync applies the registry's changes to the local service layer (cluster.Applier).
 type clusterSync struct {
-	svc   *Service
+	svc   *service.Service
+	eng   *engine.Engine
+	log   *slog.Logger
 	store *clusterStore
 	// rev is the last registry revision applied.
 	rev atomic.Int64
@@ -167,8 +131,8 @@ type clusterSync struct {
 	cond *sync.Cond
 }
 
-func newClusterSync(svc *Service, store *clusterStore) *clusterSync {
-	c := &clusterSync{svc: svc, store: store}
+func newClusterSync(svc *service.Service, eng *engine.Engine, log *slog.Logger, store *clusterStore) *clusterSync {
+	c := &clusterSync{svc: svc, eng: eng, log: log, store: store}
 	c.cond = sync.NewCond(&c.mu)
 	return c
 }
@@ -199,8 +163,8 @@ func (c *clusterSync) waitRevision(rev int64, timeout time.Duration) bool {
 	return true
 }
 
-func decodeRecord(rec *cluster.Record) (ServiceConfig, error) {
-	cfg, err := parseConfigEntry("", rec.Value)
+func decodeRecord(rec *cluster.Record) (service.Config, error) {
+	cfg, err := service.DecodeEntry("", rec.Value)
 	if err != nil {
 		return cfg, fmt.Errorf("registry service %s: %w", rec.ID, err)
 	}
@@ -213,109 +177,105 @@ func decodeRecord(rec *cluster.Record) (ServiceConfig, error) {
 // Reset makes the dynamic services exactly those of the registry at rev (except the ones
 // this replica wrote after rev).
 func (c *clusterSync) Reset(rev int64, recs []cluster.Record) {
-	s := c.svc
-	want := make(map[string]*ServiceConfig, len(recs))
+	want := make(map[string]*service.Config, len(recs))
 	for i := range recs {
 		cfg, err := decodeRecord(&recs[i])
 		if err != nil {
-			s.log.Error("cluster: registry entry not applied", "err", err)
+			c.log.Error("cluster: registry entry not applied", "err", err)
 			continue
 		}
 		want[recs[i].ID] = &cfg
 	}
-	s.mu.Lock()
-	removed := 0
-	for id, r := range s.services {
-		rid := registryID(id)
-		if r.static || want[rid] != nil || c.store.stale(rid, rev) {
-			continue
+	removed, added := 0, 0
+	c.svc.Apply(func(tx *service.Tx) {
+		for _, id := range tx.Dynamic() {
+			rid := registryID(id)
+			if want[rid] != nil || c.store.stale(rid, rev) {
+				continue
+			}
+			if err := tx.Unregister(id); err == nil {
+				removed++
+			}
 		}
-		if _, err := s.unregisterLocked(id, false); err == nil {
-			removed++
+		for rid, cfg := range want {
+			if c.store.stale(rid, rev) {
+				continue
+			}
+			if c.applyPut(tx, cfg) {
+				added++
+			}
 		}
-	}
-	added := 0
-	for rid, cfg := range want {
-		if c.store.stale(rid, rev) {
-			continue
+		for rid, w := range c.store.written {
+			if w <= rev {
+				delete(c.store.written, rid)
+			}
 		}
-		if c.applyPutLocked(cfg) {
-			added++
-		}
-	}
-	for rid, w := range c.store.written {
-		if w <= rev {
-			delete(c.store.written, rid)
-		}
-	}
-	s.mu.Unlock()
-	s.log.Info("cluster: registry applied", "revision", rev, "services", len(want), "added", added, "removed", removed)
+	})
+	c.log.Info("cluster: registry applied", "revision", rev, "services", len(want), "added", added, "removed", removed)
 	c.applied(rev)
 }
 
 // Put applies a registration another replica (or this one) wrote.
 func (c *clusterSync) Put(rev int64, rec *cluster.Record) {
 	cfg, err := decodeRecord(rec)
-	s := c.svc
 	if err != nil {
-		s.log.Error("cluster: registry entry not applied", "revision", rev, "err", err)
+		c.log.Error("cluster: registry entry not applied", "revision", rev, "err", err)
 		c.applied(rev)
 		return
 	}
-	s.mu.Lock()
-	if !c.store.stale(rec.ID, rev) {
-		c.applyPutLocked(&cfg)
-	}
-	s.mu.Unlock()
+	c.svc.Apply(func(tx *service.Tx) {
+		if !c.store.stale(rec.ID, rev) {
+			c.applyPut(tx, &cfg)
+		}
+	})
 	c.applied(rev)
 }
 
 // Delete applies an unregistration.
 func (c *clusterSync) Delete(rev int64, rid string) {
-	s := c.svc
-	s.mu.Lock()
-	if !c.store.stale(rid, rev) {
-		for id, r := range s.services {
-			if registryID(id) == rid && !r.static {
-				_, _ = s.unregisterLocked(id, false)
-				break
+	c.svc.Apply(func(tx *service.Tx) {
+		if c.store.stale(rid, rev) {
+			return
+		}
+		for _, id := range tx.Dynamic() {
+			if registryID(id) == rid {
+				_ = tx.Unregister(id)
+				return
 			}
 		}
-	}
-	s.mu.Unlock()
+	})
 	c.applied(rev)
 }
 
-// applyPutLocked makes the local registration of cfg's id equal cfg; it reports whether
-// it registered something.
-func (c *clusterSync) applyPutLocked(cfg *ServiceConfig) bool {
-	s := c.svc
-	if s.stopping.Load() {
+// applyPut makes the local registration of cfg's id equal cfg; it reports whether it
+// registered something.
+func (c *clusterSync) applyPut(tx *service.Tx, cfg *service.Config) bool {
+	if c.svc.Stopping() {
 		return false
 	}
 	id := cfg.ID()
-	if cur, ok := s.services[id]; ok {
-		if cur.static {
-			if !cur.cfg.Equal(cfg) {
-				s.log.Error("cluster: registry service not applied: a static service of this replica has its key", "service", cfg.Key())
+	if cur, static, ok := tx.Lookup(id); ok {
+		if static {
+			if !cur.Equal(cfg) {
+				c.log.Error("cluster: registry service not applied: a static service of this replica has its key", "service", cfg.Key())
 			}
 			return false
 		}
-		if cur.cfg.Equal(cfg) {
+		if cur.Equal(cfg) {
 			return false
 		}
-		_, _ = s.unregisterLocked(id, false)
+		_ = tx.Unregister(id)
 	}
-	_, err := s.registerLocked(cfg, false, false)
+	_, err := tx.Register(cfg)
 	if err != nil && err.Msg == "registration conflicts with the ContextKey hash profile" {
 		// A context this replica still holds from services now gone may pin an old
 		// profile: the registry no longer does, so drop it if it is empty and retry.
-		if s.eng.DropEmptyContext(cfg.Context()) {
-			_, err = s.registerLocked(cfg, false, false)
+		if c.eng.DropEmptyContext(cfg.Context()) {
+			_, err = tx.Register(cfg)
 		}
 	}
 	if err != nil {
-		s.log.Error("cluster: registry service not applied on this replica", "service", cfg.Key(), "err", err.Error())
+		c.log.Error("cluster: registry service not applied on this replica", "service", cfg.Key(), "err", err.Error())
 		return false
 	}
 	return true
@@ -331,7 +291,8 @@ func (a *App) startCluster(cfg cluster.Config) error {
 	}
 	store := &clusterStore{reg: reg, written: make(map[string]int64)}
 	a.registry = reg
-	a.clusterSync = newClusterSync(a.Service, store)
+	a.bootDone = make(chan struct{})
+	a.clusterSync = newClusterSync(a.Service, a.Engine, a.log, store)
 	a.Service.SetStore(store)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.clusterStop = cancel

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
-	"github.com/conductor-go/conductor/wire/publisher"
 	"io"
 	"log/slog"
 	"net"
@@ -13,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 var snapshotBlocks = flag.Int("snapshot-blocks", 100_000, "blocks indexed by BenchmarkSnapshot")
@@ -42,8 +44,8 @@ func BenchmarkClusterPropagation(b *testing.B) {
 		apps = append(apps, app)
 	}
 	for _, a := range apps {
-		for !a.Ready() {
-			time.Sleep(5 * time.Millisecond)
+		if !a.WaitReady(time.Minute) {
+			b.Fatal("replica not ready")
 		}
 	}
 	cli := srv.Client()
@@ -117,7 +119,7 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.StopTimer()
 		dst := startBenchApp(b)
 		for inst := range 4 {
-			cfg := ServiceConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+inst), Kind: publisher.VLLM, ModelName: "m",
+			cfg := service.Config{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+inst), Kind: publisher.VLLM, ModelName: "m",
 				TenantID: "default", InstanceID: fmt.Sprintf("engine-%d", inst), BlockSize: 16, Profile: p}
 			if _, err := dst.Service.Register(&cfg); err != nil {
 				b.Fatal(err)
@@ -166,8 +168,8 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 	}
 	a := member()
 	b.Cleanup(a.Stop)
-	for !a.Ready() {
-		time.Sleep(5 * time.Millisecond)
+	if !a.WaitReady(time.Minute) {
+		b.Fatal("replica A not ready")
 	}
 	key := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
 	n := *snapshotBlocks
@@ -196,8 +198,8 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 	for range b.N {
 		t0 := time.Now()
 		r := member()
-		for !r.Ready() {
-			time.Sleep(time.Millisecond)
+		if !r.WaitReady(10 * time.Minute) {
+			b.Fatal("replica B not ready")
 		}
 		took := time.Since(t0)
 		b.StopTimer()

@@ -305,8 +305,8 @@ func TestClusterConfigKey(t *testing.T) {
 		{`{"cluster": {}}`, "etcd_endpoints must list"},
 		{`{"cluster": {"etcd_endpoints": ["127.0.0.1:2379"]}}`, "is not an http(s)://host:port URL"},
 		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "key_prefix": "x/"}}`, "key_prefix must start with /"},
-		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "dial_timeout_ms": 0}}`, "dial_timeout_ms must be in"},
-		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "endpoints": 1}}`, "unknown field"},
+		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "dial_timeout_ms": 0}}`, "dial_timeout_ms must be an integer in 1..600000"},
+		{`{"cluster": {"etcd_endpoints": ["http://e:1"], "endpoints": 1}}`, `unknown key(s) "endpoints"`},
 		{`{"cluster": [1]}`, "cluster must be an object"},
 	} {
 		_, err := LoadConfigFile(writeConfig(t, bad.text))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/internal/lograte"
 )
 
 // The ingest limits of the config file reach the App configuration, and values out of
@@ -25,8 +26,10 @@ func TestConfigIngestKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := def.AppConfig(); a.ZMQMaxMessageSize != 0 || a.ZMQIOThreads != 0 || a.IngestLogBurst != 0 || a.IngestLogInterval != 0 ||
-		a.ZMQJoinCheckDelay != 0 {
+	// The documented defaults (the settings table's), set explicitly.
+	if a := def.AppConfig(); a.ZMQMaxMessageSize != ingest.DefaultMaxMessageSize || a.ZMQIOThreads != 1 ||
+		a.IngestLogBurst != lograte.DefaultBurst || a.IngestLogInterval != lograte.DefaultInterval ||
+		a.ZMQJoinCheckDelay != ingest.DefaultJoinCheckDelay {
 		t.Fatalf("defaults = %+v", a)
 	}
 	off, err := LoadConfigFile(writeConfig(t, `{"zmq_join_check_delay_ms": -1}`))
@@ -63,13 +66,14 @@ func TestJoinCheckDelayReachesSubscribers(t *testing.T) {
 			t.Fatalf("register: %d %v", code, resp)
 		}
 		var got []time.Duration
-		app.Service.mu.Lock()
-		for _, r := range app.Service.services {
-			if z, ok := r.sub.(*zmqSubscription); ok {
-				got = append(got, z.sub.Config().JoinCheckDelay)
+		for _, c := range app.Service.Services() {
+			sub, _ := app.Service.Subscription(c.ID())
+			if z, ok := sub.(interface {
+				SubscriberConfig() ingest.SubscriberConfig
+			}); ok {
+				got = append(got, z.SubscriberConfig().JoinCheckDelay)
 			}
 		}
-		app.Service.mu.Unlock()
 		app.Stop()
 		if len(got) != 1 || got[0] != tc.want {
 			t.Fatalf("set %v: subscribers' join check delay %v, want %v", tc.set, got, tc.want)

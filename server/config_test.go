@@ -6,10 +6,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
 	"time"
 
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
@@ -210,31 +211,31 @@ func TestLoadConfigEntryRules(t *testing.T) {
 	}
 	valid := map[string]struct {
 		entry map[string]any
-		check func(s ServiceConfig) bool
+		check func(s service.Config) bool
 	}{
-		"plain":             {docEntry(), func(s ServiceConfig) bool { return s.InstanceID == "engine-a" }},
-		"instance-from-key": {entryWith("instance_id", nil), func(s ServiceConfig) bool { return s.InstanceID == "instance-from-key" }},
-		"empty-tenant":      {entryWith("tenant_id", ""), func(s ServiceConfig) bool { return s.TenantID == "default" }},
-		"absent-tenant":     {entryWith("tenant_id", nil), func(s ServiceConfig) bool { return s.TenantID == "default" }},
-		"tenant-t":          {entryWith("tenant_id", "t"), func(s ServiceConfig) bool { return s.TenantID == "t" }},
-		"lora":              {entryWith("lora_name", "ad"), func(s ServiceConfig) bool { return s.LoraName == "ad" }},
-		"absent-lora":       {entryWith("lora_name", nil), func(s ServiceConfig) bool { return s.LoraName == "" }},
-		"no-replay":         {entryWith("replay_endpoint", nil), func(s ServiceConfig) bool { return s.ReplayEndpoint == "" }},
-		"replay-int":        {entryWith("replay_endpoint", 5), func(s ServiceConfig) bool { return s.ReplayEndpoint == "" }},
-		"cache-group-null":  {entryWith("cache_group", jsonNull), func(s ServiceConfig) bool { return s.CacheGroup == nil }},
-		"cache-group-none":  {entryWith("cache_group", nil), func(s ServiceConfig) bool { return s.CacheGroup == nil }},
-		"cache-group-0":     {entryWith("cache_group", 0), func(s ServiceConfig) bool { return s.CacheGroup != nil && *s.CacheGroup == 0 }},
-		"dp-rank-max":       {entryWith("dp_rank", 2147483647), func(s ServiceConfig) bool { return s.DPRank == 2147483647 }},
-		"mooncake":          {entryWith("type", "Mooncake"), func(s ServiceConfig) bool { return s.Kind == publisher.Mooncake }},
-		"pickle": {entryWith("hash_profile", profileWith("algorithm", "sha256")), func(s ServiceConfig) bool {
+		"plain":             {docEntry(), func(s service.Config) bool { return s.InstanceID == "engine-a" }},
+		"instance-from-key": {entryWith("instance_id", nil), func(s service.Config) bool { return s.InstanceID == "instance-from-key" }},
+		"empty-tenant":      {entryWith("tenant_id", ""), func(s service.Config) bool { return s.TenantID == "default" }},
+		"absent-tenant":     {entryWith("tenant_id", nil), func(s service.Config) bool { return s.TenantID == "default" }},
+		"tenant-t":          {entryWith("tenant_id", "t"), func(s service.Config) bool { return s.TenantID == "t" }},
+		"lora":              {entryWith("lora_name", "ad"), func(s service.Config) bool { return s.LoraName == "ad" }},
+		"absent-lora":       {entryWith("lora_name", nil), func(s service.Config) bool { return s.LoraName == "" }},
+		"no-replay":         {entryWith("replay_endpoint", nil), func(s service.Config) bool { return s.ReplayEndpoint == "" }},
+		"replay-int":        {entryWith("replay_endpoint", 5), func(s service.Config) bool { return s.ReplayEndpoint == "" }},
+		"cache-group-null":  {entryWith("cache_group", jsonNull), func(s service.Config) bool { return s.CacheGroup == nil }},
+		"cache-group-none":  {entryWith("cache_group", nil), func(s service.Config) bool { return s.CacheGroup == nil }},
+		"cache-group-0":     {entryWith("cache_group", 0), func(s service.Config) bool { return s.CacheGroup != nil && *s.CacheGroup == 0 }},
+		"dp-rank-max":       {entryWith("dp_rank", 2147483647), func(s service.Config) bool { return s.DPRank == 2147483647 }},
+		"mooncake":          {entryWith("type", "Mooncake"), func(s service.Config) bool { return s.Kind == publisher.Mooncake }},
+		"pickle": {entryWith("hash_profile", profileWith("algorithm", "sha256")), func(s service.Config) bool {
 			return s.Profile.AlgorithmName() == "sha256" && s.Profile.RootHex() == "1973e23848344dc43a988a9b478663803cfffe1243480253f9a3cf004b14aa7c"
 		}},
-		"seed-random": {entryWith("hash_profile", profileWith("python_hash_seed", "random")), func(s ServiceConfig) bool { return s.Profile.Seed == "random" }},
-		"sglang-no-seed": {sglang(), func(s ServiceConfig) bool {
+		"seed-random": {entryWith("hash_profile", profileWith("python_hash_seed", "random")), func(s service.Config) bool { return s.Profile.Seed == "random" }},
+		"sglang-no-seed": {sglang(), func(s service.Config) bool {
 			return s.Kind == publisher.SGLang && s.Profile.Seed == "0" && s.Profile.RootHex() == strings.Repeat("0", 64)
 		}},
-		"sglang-seed":   {sglang("python_hash_seed", "123"), func(s ServiceConfig) bool { return s.Profile.StrategyName() == "sglang" }},
-		"sglang-bigram": {sglang("strategy", "sglang_bigram"), func(s ServiceConfig) bool { return s.Profile.StrategyName() == "sglang_bigram" }},
+		"sglang-seed":   {sglang("python_hash_seed", "123"), func(s service.Config) bool { return s.Profile.StrategyName() == "sglang" }},
+		"sglang-bigram": {sglang("strategy", "sglang_bigram"), func(s service.Config) bool { return s.Profile.StrategyName() == "sglang_bigram" }},
 	}
 	invalid := map[string]any{
 		"x-not-object-number":  5,
@@ -289,7 +290,7 @@ func TestLoadConfigEntryRules(t *testing.T) {
 	if len(cfg.Services) != len(valid) {
 		t.Errorf("%d services loaded, want %d", len(cfg.Services), len(valid))
 	}
-	got := map[string]ServiceConfig{}
+	got := map[string]service.Config{}
 	for i, s := range cfg.Services {
 		// The entry name is not kept; recover it from the order (sorted by entry name).
 		got[sortedNames(valid)[i]] = s
@@ -462,10 +463,10 @@ func TestConfigExposureAndLimitKeys(t *testing.T) {
 			t.Errorf("%s accepted", bad)
 		}
 	}
-	if d := (Limits{}).WithDefaults(); d.MaxQueryBodyBytes != 64<<20 || d.MaxServices != DefaultMaxServices || d.ShutdownTimeout != 5*time.Second || d.HTTPReadBufferBytes != 4<<10 {
+	if d := (Limits{}).WithDefaults(); d.MaxQueryBodyBytes != 64<<20 || d.MaxServices != service.DefaultMaxServices || d.ShutdownTimeout != 5*time.Second || d.HTTPReadBufferBytes != 4<<10 {
 		t.Errorf("defaults = %+v", d)
 	}
-	if d := (Limits{HTTPReadBufferBytes: 100}).WithDefaults(); d.HTTPReadBufferBytes != MinHTTPReadBufferBytes {
+	if d := (Limits{HTTPReadBufferBytes: 100}).WithDefaults(); d.HTTPReadBufferBytes != limits.MinHTTPReadBufferBytes {
 		t.Errorf("a read buffer under the minimum = %d", d.HTTPReadBufferBytes)
 	}
 }

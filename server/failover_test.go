@@ -12,11 +12,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/rpcclient"
+	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
@@ -29,8 +30,8 @@ type failoverRig struct {
 	t      *testing.T
 	cli    *clientv3.Client
 	eng    *engine.Engine
-	svc    *Service
-	loc    cluster.MasterLocator
+	svc    *service.Service
+	loc    source.MasterLocator
 	locStr string
 	port   int
 	events chan string
@@ -45,9 +46,9 @@ func newFailoverRig(t *testing.T) *failoverRig {
 	r := &failoverRig{t: t, cli: srv.Client(), events: make(chan string, 4096)}
 	r.eng = engine.New(engine.Config{Logger: testLogger()})
 	t.Cleanup(r.eng.Close)
-	r.svc = NewService(ServiceOptions{Engine: r.eng, Logger: testLogger(), Subscribe: ZMQSubscriber(ZMQOptions{
-		masterHook: func(id ServiceID, ev string) {
-			if id.InstanceID == failoverLocatorID {
+	r.svc = service.New(service.Options{Engine: r.eng, Logger: testLogger(), Subscribe: service.ZMQSubscriber(source.Options{
+		MasterHook: func(name, ev string) {
+			if name == service.Key(failoverLocatorID, "default", 0) {
 				r.events <- ev
 			}
 		}})})
@@ -60,7 +61,7 @@ func newFailoverRig(t *testing.T) *failoverRig {
 	r.port = r.freeEventPort()
 	var err error
 	r.locStr = loc + strconv.Itoa(r.port)
-	if r.loc, err = cluster.ParseMasterLocator(r.locStr); err != nil {
+	if r.loc, err = source.ParseMasterLocator(r.locStr); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -81,8 +82,8 @@ func (r *failoverRig) freeEventPort() int {
 	return port
 }
 
-func (r *failoverRig) reg(endpoint, typ, instance string) *Registration {
-	return &Registration{Endpoint: endpoint, Type: typ, ModelName: "m", InstanceID: instance, BlockSize: 16,
+func (r *failoverRig) reg(endpoint, typ, instance string) *service.Registration {
+	return &service.Registration{Endpoint: endpoint, Type: typ, ModelName: "m", InstanceID: instance, BlockSize: 16,
 		Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}
 }
 
@@ -176,7 +177,7 @@ func (r *failoverRig) held(key uint64) bool {
 	return false
 }
 
-func (r *failoverRig) leader() LeaderStats {
+func (r *failoverRig) leader() source.LeaderStats {
 	r.t.Helper()
 	for _, s := range r.svc.Stats() {
 		if s.Config.InstanceID == failoverLocatorID {
@@ -187,7 +188,7 @@ func (r *failoverRig) leader() LeaderStats {
 		}
 	}
 	r.t.Fatal("locator registration missing")
-	return LeaderStats{}
+	return source.LeaderStats{}
 }
 
 // waitSub waits for the n-th subscription the publisher has seen (they count cumulatively).
@@ -266,14 +267,14 @@ func TestMasterFailoverRetractsWhenNotContinued(t *testing.T) {
 	}
 }
 
-func (r *failoverRig) svcStats() ServiceStats {
+func (r *failoverRig) svcStats() service.Stats {
 	for _, s := range r.svc.Stats() {
 		if s.Config.InstanceID == failoverLocatorID {
 			return s
 		}
 	}
 	r.t.Fatal("locator registration missing")
-	return ServiceStats{}
+	return service.Stats{}
 }
 
 // TestMasterFailoverKeepsWhenContinued: the new leader's first batch continues the old
@@ -419,26 +420,6 @@ func TestMasterFailoverStaleRecoversWithNextLeader(t *testing.T) {
 	}
 }
 
-func TestStreamContinuity(t *testing.T) {
-	for _, c := range []struct {
-		cont streamCont
-		seq  uint64
-		want contDecision
-	}{
-		{streamCont{}, 1, contFresh},
-		{streamCont{}, 77, contFresh},
-		{streamCont{last: 5, has: true}, 6, contKeep},
-		{streamCont{last: 5, has: true}, 1, contRetract},
-		{streamCont{last: 5, has: true}, 5, contRetract},
-		{streamCont{last: 5, has: true}, 7, contRetract},
-		{streamCont{last: ^uint64(0), has: true}, 0, contRetract},
-	} {
-		if got := c.cont.firstBatch(c.seq); got != c.want {
-			t.Errorf("%+v first %d: %d, want %d", c.cont, c.seq, got, c.want)
-		}
-	}
-}
-
 // TestMasterLocatorRegistrationErrors: malformed locators, and locators on other types,
 // are 400 invalid_value on the endpoint field, over HTTP.
 func TestMasterLocatorRegistrationErrors(t *testing.T) {
@@ -483,7 +464,7 @@ func TestClusterMasterLocatorOnReplicas(t *testing.T) {
 	r.port = r.freeEventPort()
 	r.locStr = "etcd://" + strings.TrimPrefix(srv.Endpoint(), "http://") + "/ha?event_port=" + strconv.Itoa(r.port)
 	var err error
-	if r.loc, err = cluster.ParseMasterLocator(r.locStr); err != nil {
+	if r.loc, err = source.ParseMasterLocator(r.locStr); err != nil {
 		t.Fatal(err)
 	}
 	m1, m2 := r.master(2, 1), r.master(3, 1)

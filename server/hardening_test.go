@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
@@ -386,7 +387,7 @@ func TestRegistrationLimits(t *testing.T) {
 	if code != 400 || r["reason"] != "invalid_registration" || !strings.Contains(r["error"].(string), "max_services") {
 		t.Fatalf("third service: %d %v", code, r)
 	}
-	if n := app.Counters.ServicesRefused.Load(); n != 1 {
+	if n := app.Service.RefusedServices(); n != 1 {
 		t.Errorf("refused = %d", n)
 	}
 	for _, f := range []string{"modelname", "instance_id", "endpoint", "lora_name", "tenant_id"} {
@@ -407,7 +408,7 @@ type failingStore struct {
 	puts, deletes       int
 }
 
-func (f *failingStore) Put(*ServiceConfig) error {
+func (f *failingStore) Put(*service.Config) error {
 	if f.failPut {
 		return errors.New("disk full")
 	}
@@ -415,7 +416,7 @@ func (f *failingStore) Put(*ServiceConfig) error {
 	return nil
 }
 
-func (f *failingStore) Delete(ServiceID) error {
+func (f *failingStore) Delete(service.ID) error {
 	if f.failDelete {
 		return errors.New("disk full")
 	}
@@ -464,7 +465,7 @@ func TestStateFileNotWritable(t *testing.T) {
 	if err := os.WriteFile(parent, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	app := startWithState(t, filepath.Join(parent, StateFileName))
+	app := startWithState(t, filepath.Join(parent, service.StateFileName))
 	defer app.Stop()
 	code, r := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:82", "e", 0))
 	if code != 500 || len(app.Service.Services()) != 0 {

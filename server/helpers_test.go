@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"testing"
@@ -256,3 +257,9 @@ func asInt(t testing.TB, v any) int64 {
 }
 
 func errf(format string, a ...any) error { return fmt.Errorf(format, a...) }
+
+// isTimeout reports a deadline expiry.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -2,10 +2,13 @@ package server
 
 import (
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/server/httpserver"
+	"github.com/conductor-go/conductor/service"
 )
 
 // TestHTTPShutdownBeforeServe: App.Stop right after Start can run Shutdown before the
@@ -15,13 +18,14 @@ import (
 func TestHTTPShutdownBeforeServe(t *testing.T) {
 	eng := engine.New(engine.Config{})
 	defer eng.Close()
-	svc := NewService(ServiceOptions{Engine: eng, Logger: testLogger()})
+	svc := service.New(service.Options{Engine: eng, Logger: testLogger()})
 	for _, order := range []string{"shutdown-first", "serve-first"} {
-		h := NewHTTPServer(HTTPOptions{Service: svc, Logger: testLogger()})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		h := httpserver.New(httpserver.Options{Service: svc, Logger: testLogger()})
+		inner, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
+		ln := &acceptSignal{Listener: inner, accepting: make(chan struct{})}
 		served := make(chan error, 1)
 		if order == "shutdown-first" {
 			if err := h.Shutdown(); err != nil {
@@ -30,15 +34,9 @@ func TestHTTPShutdownBeforeServe(t *testing.T) {
 			go func() { served <- h.Serve(ln) }()
 		} else {
 			go func() { served <- h.Serve(ln) }()
-			// Wait until Serve accepts (a request is answered), then shut down.
-			for {
-				c, err := net.Dial("tcp", ln.Addr().String())
-				if err == nil {
-					c.Close()
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			// Shut down once Serve is in its accept loop (a dial would not tell: the
+			// kernel accepts into the backlog before Serve gets there).
+			<-ln.accepting
 			if err := h.Shutdown(); err != nil {
 				t.Fatal(err)
 			}
@@ -53,4 +51,16 @@ func TestHTTPShutdownBeforeServe(t *testing.T) {
 			t.Errorf("%s: listener still open after Serve returned", order)
 		}
 	}
+}
+
+// acceptSignal closes accepting when Accept is first called.
+type acceptSignal struct {
+	net.Listener
+	once      sync.Once
+	accepting chan struct{}
+}
+
+func (l *acceptSignal) Accept() (net.Conn, error) {
+	l.once.Do(func() { close(l.accepting) })
+	return l.Listener.Accept()
 }

@@ -12,12 +12,19 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
 // Metrics holds the conductor's Prometheus metrics. Query-path updates are lock-free
 // atomics (client_golang counters and histograms); per-service and per-context figures are
 // read from the subscribers and the engine at scrape time, costing the hot paths nothing.
-// A nil *Metrics disables every update.
+// Every labelled series whose labels are known in advance (protocols, routes and the
+// statuses they answer, RPC functions and codes) exists from the start, at 0, so that
+// rate() and alerts see it before its first event. A nil *Metrics disables every update.
+// It implements httpserver.Observer and rpcserver.Observer.
 type Metrics struct {
 	reg *prometheus.Registry
 
@@ -36,7 +43,7 @@ type Metrics struct {
 }
 
 // NewMetrics registers every metric of the service layer in a new registry.
-func NewMetrics(svc *Service) *Metrics {
+func NewMetrics(svc *service.Service) *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.queries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "conductor_queries_total", Help: "Prefix-hit queries answered, by protocol."}, []string{"protocol"})
@@ -61,11 +68,65 @@ func NewMetrics(svc *Service) *Metrics {
 	m.rpcQueryLatency = m.queryLatency.WithLabelValues("rpc")
 	m.httpQueryOK = m.httpRequests.WithLabelValues("/query", "200")
 	m.initByHash()
+	m.initLabelSets()
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_services_refused_total",
+		Help: "Registrations refused by max_services."}, func() float64 { return float64(svc.RefusedServices()) }))
 	return m
 }
 
+// httpRouteStatuses are the statuses each HTTP route can answer ("other": an unknown
+// path): the label sets of conductor_http_requests_total created at 0.
+func httpRouteStatuses() map[string][]int {
+	return map[string][]int{
+		"/query":         {200, 400, 405, 413, 500, 503},
+		"/query_by_hash": {200, 400, 405, 413, 500, 503},
+		"/register":      {200, 400, 401, 405, 413, 500, 503},
+		"/unregister":    {200, 400, 401, 404, 405, 413, 500, 503},
+		"/global_view":   {200, 405, 503},
+		"/services":      {200, 405, 503},
+		"other":          {404},
+	}
+}
+
+// rpcFunctionCodes are the result codes each RPC function counted in
+// conductor_rpc_requests_total can answer (Query is counted by conductor_queries_total).
+func rpcFunctionCodes() map[string][]string {
+	return map[string][]string{
+		"Register":      serviceCodes(),
+		"Unregister":    serviceCodes(),
+		"GetGlobalView": {cororpc.CodeOK.String()},
+		"ListServices":  {cororpc.CodeOK.String()},
+		"unknown":       {"function_not_registered"},
+	}
+}
+
+// serviceCodes are the RPC codes of a call that reaches the service layer.
+func serviceCodes() []string {
+	return []string{cororpc.CodeOK.String(), cororpc.CodeInvalidParams.String(), cororpc.CodeServiceNotFound.String(),
+		cororpc.CodeConductorUnavailable.String(), cororpc.CodeInternalError.String()}
+}
+
+// initLabelSets creates every known label set at 0.
+func (m *Metrics) initLabelSets() {
+	for _, p := range []string{"http", "rpc", protocolByHash} {
+		m.queries.WithLabelValues(p)
+		m.queryErrors.WithLabelValues(p)
+		m.queryLatency.WithLabelValues(p)
+	}
+	for route, statuses := range httpRouteStatuses() {
+		for _, st := range statuses {
+			m.httpRequests.WithLabelValues(route, strconv.Itoa(st))
+		}
+	}
+	for fn, codes := range rpcFunctionCodes() {
+		for _, c := range codes {
+			m.rpcRequests.WithLabelValues(fn, c)
+		}
+	}
+}
+
 // RegisterCounters exports the limit counters.
-func (m *Metrics) RegisterCounters(c *Counters) {
+func (m *Metrics) RegisterCounters(c *limits.Counters) {
 	cnt := func(name, help string, f func() uint64) {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f()) }))
 	}
@@ -80,7 +141,17 @@ func (m *Metrics) RegisterCounters(c *Counters) {
 	cnt("conductor_rpc_connections_refused_total", "RPC connections closed at accept: rpc_max_connections reached.", c.RPCConnsRefused.Load)
 	gauge("conductor_rpc_connections", "RPC connections open now.", c.RPCConns.Load)
 	cnt("conductor_rpc_timeouts_total", "RPC connections closed by rpc_idle_timeout or rpc_read_timeout.", c.RPCTimeouts.Load)
-	cnt("conductor_services_refused_total", "Registrations refused by max_services.", c.ServicesRefused.Load)
+}
+
+// registerAccessLog exports the access log's dropped lines and write errors.
+func (m *Metrics) registerAccessLog(l *accesslog.Log) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_access_log_dropped_lines_total",
+			Help: "Access log lines dropped because the buffer was full (the writer fell behind)."},
+			func() float64 { return float64(l.Dropped()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_access_log_write_errors_total",
+			Help: "Failed writes of the access log buffer."},
+			func() float64 { return float64(l.WriteErrors()) }))
 }
 
 // Registry exposes the registry (tests, embedding).
@@ -91,8 +162,8 @@ func (m *Metrics) Handler() fasthttp.RequestHandler {
 	return fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 }
 
-// observeHTTPQuery records one /query: its latency, outcome and blocks hashed.
-func (m *Metrics) observeHTTPQuery(start time.Time, status int, blocks int) {
+// ObserveHTTPQuery records one /query: its latency, outcome and blocks hashed.
+func (m *Metrics) ObserveHTTPQuery(start time.Time, status int, blocks int) {
 	if m == nil {
 		return
 	}
@@ -107,7 +178,8 @@ func (m *Metrics) observeHTTPQuery(start time.Time, status int, blocks int) {
 	m.httpRequests.WithLabelValues("/query", strconv.Itoa(status)).Inc()
 }
 
-func (m *Metrics) observeRPCQuery(start time.Time, ok bool, blocks int) {
+// ObserveRPCQuery records one RPC Query call: its latency, outcome and blocks hashed.
+func (m *Metrics) ObserveRPCQuery(start time.Time, ok bool, blocks int) {
 	if m == nil {
 		return
 	}
@@ -120,16 +192,16 @@ func (m *Metrics) observeRPCQuery(start time.Time, ok bool, blocks int) {
 	}
 }
 
-// observeHTTP counts a non-query HTTP request.
-func (m *Metrics) observeHTTP(route string, status int) {
+// ObserveHTTP counts a non-query HTTP request.
+func (m *Metrics) ObserveHTTP(route string, status int) {
 	if m == nil {
 		return
 	}
 	m.httpRequests.WithLabelValues(route, strconv.Itoa(status)).Inc()
 }
 
-// observeRPC counts one RPC request by function name and business code.
-func (m *Metrics) observeRPC(function, code string) {
+// ObserveRPC counts one RPC request by function name and business code.
+func (m *Metrics) ObserveRPC(function, code string) {
 	if m == nil {
 		return
 	}
@@ -137,7 +209,7 @@ func (m *Metrics) observeRPC(function, code string) {
 }
 
 // stateCollector reads per-service and per-context figures at scrape time.
-type stateCollector struct{ svc *Service }
+type stateCollector struct{ svc *service.Service }
 
 var (
 	descSvcReceived = prometheus.NewDesc("conductor_service_messages_received_total",
@@ -148,6 +220,10 @@ var (
 		"Events by outcome: applied, rejected (invalid), ignored (medium not indexed).", []string{"service", "type", "outcome"}, nil)
 	descSvcBlocks = prometheus.NewDesc("conductor_service_blocks_applied_total",
 		"Block hashes stored or removed.", []string{"service", "type"}, nil)
+	descSvcBurstBatches = prometheus.NewDesc("conductor_service_burst_batches_total",
+		"Batches handed to the index deferred, as part of a burst (every batch read while more were ready), applied at the burst's flush.", []string{"service", "type"}, nil)
+	descSvcBurstFlushes = prometheus.NewDesc("conductor_service_burst_flushes_total",
+		"Context-writer requests that applied a burst of deferred batches (burst_batches / burst_flushes is the mean burst size).", []string{"service", "type"}, nil)
 	descSvcRejected = prometheus.NewDesc("conductor_service_rejected_total",
 		"Messages rejected, by reason.", []string{"service", "type", "reason"}, nil)
 	descSvcGaps = prometheus.NewDesc("conductor_service_sequence_gaps_total",
@@ -193,7 +269,7 @@ var (
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcRejected,
+	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcBurstBatches, descSvcBurstFlushes, descSvcRejected,
 		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
 		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
@@ -231,6 +307,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			cnt(descSvcEvents, h.EventsRejected, "rejected")
 			cnt(descSvcEvents, h.EventsIgnored, "ignored")
 			cnt(descSvcBlocks, h.BlocksApplied)
+			cnt(descSvcBurstBatches, h.BurstBatches)
+			cnt(descSvcBurstFlushes, h.BurstFlushes)
 		}
 		stale := 0.0
 		if st.Stale {
@@ -279,4 +357,39 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 func contextLabels(k engine.ContextKey) []string {
 	return []string{k.TenantID, k.ModelName, k.LoraName, strconv.FormatInt(k.BlockSize, 10)}
+}
+
+// byHashMetrics are the pre-resolved /query_by_hash children of the query metrics
+// (protocol label "http_by_hash").
+type byHashMetrics struct {
+	queries prometheus.Counter
+	latency prometheus.Observer
+	ok      prometheus.Counter
+	errors  prometheus.Counter
+}
+
+const protocolByHash = "http_by_hash"
+
+func (m *Metrics) initByHash() {
+	m.byHash = byHashMetrics{
+		queries: m.queries.WithLabelValues(protocolByHash),
+		latency: m.queryLatency.WithLabelValues(protocolByHash),
+		ok:      m.httpRequests.WithLabelValues("/query_by_hash", "200"),
+		errors:  m.queryErrors.WithLabelValues(protocolByHash),
+	}
+}
+
+// ObserveHTTPQueryByHash records one /query_by_hash: its latency and outcome.
+func (m *Metrics) ObserveHTTPQueryByHash(start time.Time, status int) {
+	if m == nil {
+		return
+	}
+	m.byHash.queries.Inc()
+	m.byHash.latency.Observe(time.Since(start).Seconds())
+	if status == http.StatusOK {
+		m.byHash.ok.Inc()
+		return
+	}
+	m.byHash.errors.Inc()
+	m.httpRequests.WithLabelValues("/query_by_hash", strconv.Itoa(status)).Inc()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/service"
 )
 
 // scrape fetches /metrics and parses the text exposition.
@@ -123,6 +124,8 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		{"conductor_http_requests_total", []string{"route", "/register", "status", "200"}, 1},
 		{"conductor_service_messages_received_total", []string{"service", "engine-a|default|0"}, 4},
 		{"conductor_service_blocks_applied_total", nil, 8},
+		// Every batch (the malformed one too) goes through the gate on the burst path.
+		{"conductor_service_burst_batches_total", nil, 4},
 		{"conductor_service_stale", nil, 0},
 		{"conductor_context_blocks", []string{"model", "m"}, 8},
 		{"conductor_context_slots", []string{"model", "m"}, 1},
@@ -138,6 +141,10 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		if !ok || got != c.want {
 			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
 		}
+	}
+	// The 3 valid batches were applied by 1 to 3 writer requests, however they were read.
+	if v, _ := metricValue(f, "conductor_service_burst_flushes_total"); v < 1 || v > 3 {
+		t.Errorf("burst flushes = %v, want 1..3", v)
 	}
 	// Blocks hashed (keys computed, from the memo or SHA-256): each query's walk goes
 	// through all 9 blocks (the last one ends it).
@@ -215,7 +222,7 @@ func startWithState(t *testing.T, path string) *App {
 }
 
 func TestStateFileRestoresRegistrations(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "state", StateFileName)
+	path := filepath.Join(t.TempDir(), "state", service.StateFileName)
 	pub := newPublisher(t, false)
 	app := startWithState(t, path)
 	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-a", 0, "lora_name", "l1")); code != 200 {
@@ -255,7 +262,7 @@ func TestStateFileRestoresRegistrations(t *testing.T) {
 	if code, _ := msgpackPost(t, app2, "/unregister", mp("instance_id", "engine-a", "dp_rank", 0)); code != 200 {
 		t.Fatal("unregister failed")
 	}
-	if st, err := (&StateFile{Path: path}).Load(); err != nil || len(st.Services) != 0 {
+	if st, err := (&service.StateFile{Path: path}).Load(); err != nil || len(st.Services) != 0 {
 		data, _ = os.ReadFile(path)
 		t.Errorf("state file still lists the unregistered service: %v %s", err, data)
 	}
@@ -263,7 +270,7 @@ func TestStateFileRestoresRegistrations(t *testing.T) {
 
 func TestCorruptStateFileIsSetAside(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, StateFileName)
+	path := filepath.Join(dir, service.StateFileName)
 	if err := os.WriteFile(path, []byte("{not json"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -284,14 +291,14 @@ func TestCorruptStateFileIsSetAside(t *testing.T) {
 	if code, _ := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-b", 0)); code != 200 {
 		t.Fatal("register after corrupt state failed")
 	}
-	if st, err := (&StateFile{Path: path}).Load(); err != nil || len(st.Services) != 1 {
+	if st, err := (&service.StateFile{Path: path}).Load(); err != nil || len(st.Services) != 1 {
 		b, _ := os.ReadFile(path)
 		t.Errorf("new state file = %s (%v)", b, err)
 	}
 }
 
 func TestStateFileInvalidEntrySkipped(t *testing.T) {
-	path := filepath.Join(t.TempDir(), StateFileName)
+	path := filepath.Join(t.TempDir(), service.StateFileName)
 	pub := newPublisher(t, false)
 	doc := `{"version":1,"services":[
 	 {"endpoint":"` + pub.Endpoint() + `","type":"vLLM","modelname":"m","instance_id":"ok","block_size":16,"dp_rank":0,
@@ -313,7 +320,7 @@ func TestStateFileInvalidEntrySkipped(t *testing.T) {
 // conductor was down are fetched from its replay buffer when the persisted registration is
 // restored, without waiting for new traffic.
 func TestRestartCatchesUpFromReplay(t *testing.T) {
-	path := filepath.Join(t.TempDir(), StateFileName)
+	path := filepath.Join(t.TempDir(), service.StateFileName)
 	pub := newPublisher(t, true)
 	app := startWithState(t, path)
 	body := registerBody(pub.Endpoint(), "engine-r", 0, "replay_endpoint", pub.ReplayEndpoint())

@@ -10,6 +10,8 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/internal/lograte"
+	"github.com/conductor-go/conductor/server/rpcserver"
+	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
@@ -24,7 +26,7 @@ func TestRPCClientLogsRateLimited(t *testing.T) {
 	now.Store(1_700_000_000)
 	clock := func() time.Time { return time.Unix(now.Load(), 0) }
 	eng := engine.New(engine.Config{Logger: log})
-	s := NewRPCServer(RPCOptions{Service: NewService(ServiceOptions{Engine: eng, Logger: log}), Logger: log,
+	s := rpcserver.New(rpcserver.Options{Service: service.New(service.Options{Engine: eng, Logger: log}), Logger: log,
 		ClientLogLimit: lograte.Config{Burst: 3, Interval: time.Minute, Now: clock}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1055,15 +1055,17 @@ func TestRPCQueryDispatchAllocs(t *testing.T) {
 		return nil
 	})
 
-	conn := &rpcConn{s: app.RPC}
+	conn := app.RPC.Dispatcher()
 	hdr := cororpc.RequestHeader{SeqNum: 2, FunctionID: cororpc.FuncQuery, Length: uint32(len(body))}
+	var out []byte
 	dispatch := func() {
-		if err := conn.dispatch(hdr, body); err != nil {
+		var err error
+		if out, err = conn.Dispatch(hdr, body); err != nil {
 			t.Fatal(err)
 		}
 	}
 	dispatch()
-	wantBytes(t, "dispatched frame vs network answer", conn.out, cororpc.AppendResponse(nil, 2, 0, overNet))
+	wantBytes(t, "dispatched frame vs network answer", out, cororpc.AppendResponse(nil, 2, 0, overNet))
 	if n := testing.AllocsPerRun(50, dispatch); n != 0 {
 		t.Errorf("Query dispatch allocates %.1f times per call, want 0", n)
 	}

@@ -8,9 +8,9 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 func startTokenApp(t *testing.T, token string) *App {
@@ -173,8 +173,8 @@ func TestSnapshotLoadLargeBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	w := cluster.NewSnapshotWriter(&buf)
-	if err := w.Context(&cluster.SnapshotContext{Key: engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Profile: p}); err != nil {
+	w := snapshot.NewWriter(&buf)
+	if err := w.Context(&snapshot.Header{Key: engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Profile: p}); err != nil {
 		t.Fatal(err)
 	}
 	ch := &engine.SnapshotChunk{Slots: []engine.Slot{{InstanceID: "nobody"}}}

@@ -5,8 +5,10 @@ import (
 	"testing"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/fdtest"
+	"github.com/conductor-go/conductor/service"
 )
 
 // Services restored from the state file while the process is out of descriptors are not
@@ -31,11 +33,11 @@ func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	eng := engine.New(engine.Config{Logger: testLogger()})
-	svc := NewService(ServiceOptions{Engine: eng, Logger: testLogger(), Subscribe: ZMQSubscriber(ZMQOptions{Transport: tr})})
+	svc := service.New(service.Options{Engine: eng, Logger: testLogger(), Subscribe: service.ZMQSubscriber(source.Options{Transport: tr})})
 	app := &App{log: testLogger(), Engine: eng, Service: svc, zmq: tr}
 	defer app.Stop()
 	// The file is read first: what is under test is subscribing without descriptors.
-	sf := &StateFile{Path: state, Log: testLogger()}
+	sf := &service.StateFile{Path: state, Log: testLogger()}
 	loaded, lerr := sf.Load()
 	if lerr != nil || len(loaded.Services) != 1 {
 		t.Fatalf("state file: %+v, %v", loaded, lerr)
@@ -84,7 +86,7 @@ func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
 	if got := svc.Services(); len(got) != 1 || got[0].Endpoint != pub.Endpoint() {
 		t.Fatalf("services %+v", got)
 	}
-	if saved, err := (&StateFile{Path: state}).Load(); err != nil || len(saved.Services) != 1 {
+	if saved, err := (&service.StateFile{Path: state}).Load(); err != nil || len(saved.Services) != 1 {
 		t.Fatalf("state file: %+v, %v", saved, err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/server"
+	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/valyala/fasthttp"
 )
 
@@ -82,9 +83,9 @@ func New() *Server {
 }
 
 // Serve answers connections accepted on ln, through the conductor's connection layer
-// (server.FastListener), until Shutdown.
+// (httpserver.FastListener), until Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	return s.srv.Serve(server.FastListener(ln))
+	return s.srv.Serve(httpserver.FastListener(ln))
 }
 
 // Shutdown stops the server and closes its connections.

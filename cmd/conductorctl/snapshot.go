@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // snapshotPath is the conductor route (server.SnapshotPath).
@@ -87,7 +87,7 @@ func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) in
 		if err != nil {
 			return c.inputError(err)
 		}
-		st, verr := cluster.ReadSnapshot(f, 1<<40, nopSnap{})
+		st, verr := snapshot.Read(f, 1<<40, nopSnap{})
 		_ = f.Close()
 		if verr != nil {
 			fmt.Fprintf(c.stderr, "error: the snapshot received does not verify: %v\n", verr)
@@ -112,7 +112,7 @@ func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) in
 	if err != nil {
 		return c.inputError(err)
 	}
-	if _, err := cluster.ReadSnapshot(strings.NewReader(string(data)), int64(len(data)), nopSnap{}); err != nil {
+	if _, err := snapshot.Read(strings.NewReader(string(data)), int64(len(data)), nopSnap{}); err != nil {
 		return c.inputError(fmt.Errorf("%s: %w", file, err))
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(data)))
@@ -159,7 +159,7 @@ func dirOf(path string) string {
 
 type nopSnap struct{}
 
-func (nopSnap) Context(*cluster.SnapshotContext) error { return nil }
-func (nopSnap) Chunk(*cluster.SnapshotContext, *engine.SnapshotChunk) error {
+func (nopSnap) Context(*snapshot.Header) error { return nil }
+func (nopSnap) Chunk(*snapshot.Header, *engine.SnapshotChunk) error {
 	return nil
 }

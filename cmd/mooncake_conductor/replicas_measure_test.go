@@ -18,6 +18,7 @@ import (
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/server"
+	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
@@ -62,7 +63,7 @@ func TestMeasureQueryDuringPeerBootstrap(t *testing.T) {
 	keyOf := func(i int) uint64 { return uint64(i+1) * 0x9E3779B97F4A7C15 }
 	for inst := range 4 {
 		ep := fmt.Sprintf("tcp://127.0.0.1:%d", 23000+inst)
-		cfg := server.ServiceConfig{Endpoint: ep, Kind: publisher.VLLM, ModelName: "m", TenantID: "default",
+		cfg := service.Config{Endpoint: ep, Kind: publisher.VLLM, ModelName: "m", TenantID: "default",
 			InstanceID: fmt.Sprintf("engine-%d", inst), BlockSize: 16, Profile: prof}
 		if _, err := src.Service.Register(&cfg); err != nil {
 			t.Fatal(err)

@@ -817,29 +817,7 @@ func TestReplicaJoinsUnderFullRateStream(t *testing.T) {
 // metricSum sums every sample of the metric name in r's /metrics.
 func (r *replica) metricSum(name string) float64 {
 	r.t.Helper()
-	resp, err := http.Get(r.base + "/metrics")
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	var sum float64
-	found := false
-	for _, line := range strings.Split(string(raw), "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			r.t.Fatalf("%s /metrics line %q: %v", r.name, line, err)
-		}
-		sum += v
-		found = true
-	}
+	sum, found := metricSum(r.t, r.base, name)
 	if !found {
 		r.t.Fatalf("%s: metric %s not exported", r.name, name)
 	}

@@ -13,6 +13,9 @@ const (
 type burstBuf struct {
 	hashes []uint64
 	refs   []burstRef
+	// deferred: some of the ops came from batches handed over deferred (a burst), so
+	// the flush that applies them counts as a burst flush.
+	deferred bool
 }
 
 type burstRef struct {
@@ -21,9 +24,12 @@ type burstRef struct {
 }
 
 // deferOps keeps the ops h.ops[first:] of batch seq for Flush, flushing at once when the
-// burst is full.
-func (h *EventHandler) deferOps(seq uint64, first int) {
+// burst is full; deferred: the batch came through HandleBatchDeferred.
+func (h *EventHandler) deferOps(seq uint64, first int, deferred bool) {
 	b := &h.burst
+	if deferred && len(h.ops) > first {
+		b.deferred = true
+	}
 	for i := first; i < len(h.ops); i++ {
 		op := &h.ops[i]
 		b.refs = append(b.refs, burstRef{seq: seq, off: len(b.hashes), n: len(op.Hashes)})
@@ -42,6 +48,10 @@ func (h *EventHandler) Flush() {
 		return
 	}
 	b := &h.burst
+	if b.deferred {
+		h.burstFlushes.Add(1)
+		b.deferred = false
+	}
 	for i := range h.ops {
 		r := b.refs[i]
 		h.ops[i].Hashes = b.hashes[r.off : r.off+r.n : r.off+r.n]

@@ -127,11 +127,12 @@ func TestDeferredBatchesApplyAtFlush(t *testing.T) {
 	if n := blocks(t, eng); n != 8 {
 		t.Fatalf("%d blocks after Flush, want 4+4+2-2 = 8", n)
 	}
-	if st := h.Stats(); st.EventsApplied != 4 || st.BlocksApplied != 12 || st.Batches != 3 {
+	if st := h.Stats(); st.EventsApplied != 4 || st.BlocksApplied != 12 || st.Batches != 3 ||
+		st.BurstBatches != 3 || st.BurstFlushes != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 	h.Flush() // nothing left: a no-op
-	if st := h.Stats(); st.EventsApplied != 4 {
+	if st := h.Stats(); st.EventsApplied != 4 || st.BurstFlushes != 1 {
 		t.Fatalf("second Flush applied again: %+v", st)
 	}
 }
@@ -144,6 +145,10 @@ func TestHandleBatchAppliesAtOnce(t *testing.T) {
 	}
 	if n := blocks(t, eng); n != 3 {
 		t.Fatalf("%d blocks, want 3", n)
+	}
+	// Not a burst: the burst counters stay at zero.
+	if st := hs[0].Stats(); st.BurstBatches != 0 || st.BurstFlushes != 0 || st.Batches != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 
@@ -212,6 +217,9 @@ func TestBurstIsBounded(t *testing.T) {
 	h.Flush()
 	if got := blocks(t, eng); got != n*int(per) {
 		t.Fatalf("%d blocks after Flush, want %d", got, n*int(per))
+	}
+	if st := h.Stats(); st.BurstBatches != uint64(n) || st.BurstFlushes != 2 {
+		t.Fatalf("burst counters %+v, want %d batches in 2 flushes", st, n)
 	}
 }
 

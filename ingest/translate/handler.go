@@ -44,6 +44,11 @@ type HandlerStats struct {
 	EventsRejected uint64 // events skipped as invalid (decoding or a field rule)
 	EventsIgnored  uint64 // events valid but not indexed (a medium the kind does not index)
 	BlocksApplied  uint64 // block hashes stored or removed
+	// BurstBatches counts the batches handed over through HandleBatchDeferred (the
+	// subscriber's burst path); BurstFlushes the context-writer requests that applied
+	// the deferred ops of one or more of them. Their ratio is the mean burst size.
+	BurstBatches uint64
+	BurstFlushes uint64
 }
 
 // EventHandler decodes the batches of one source and applies them, in order, through the
@@ -69,6 +74,7 @@ type EventHandler struct {
 	lastBackend string
 
 	batches, batchesDropped, applied, rejected, ignored, blocks atomic.Uint64
+	burstBatches, burstFlushes                                  atomic.Uint64
 }
 
 // NewEventHandler builds the handler of one registered source.
@@ -89,6 +95,7 @@ func (h *EventHandler) Stats() HandlerStats {
 		Batches: h.batches.Load(), BatchesDropped: h.batchesDropped.Load(),
 		EventsApplied: h.applied.Load(), EventsRejected: h.rejected.Load(),
 		EventsIgnored: h.ignored.Load(), BlocksApplied: h.blocks.Load(),
+		BurstBatches: h.burstBatches.Load(), BurstFlushes: h.burstFlushes.Load(),
 	}
 }
 
@@ -100,7 +107,7 @@ var ErrDPRankConflict = errors.New("batch data_parallel_rank conflicts with trus
 // (logged, counted; not stale, as upstream). A dp_rank conflict is returned: the
 // subscriber marks the source stale. Invalid events are skipped; the rest apply in order.
 func (h *EventHandler) HandleBatch(seq uint64, payload []byte) error {
-	err := h.HandleBatchDeferred(seq, payload)
+	err := h.handleBatch(seq, payload, false)
 	h.Flush()
 	return err
 }
@@ -110,6 +117,13 @@ func (h *EventHandler) HandleBatch(seq uint64, payload []byte) error {
 // the batches of a burst reach the context writer in one request. It implements
 // ingest.BurstHandler.
 func (h *EventHandler) HandleBatchDeferred(seq uint64, payload []byte) error {
+	h.burstBatches.Add(1)
+	return h.handleBatch(seq, payload, true)
+}
+
+// handleBatch decodes one payload; the ops of a vLLM or SGLang batch wait for Flush
+// (deferred: they are part of a burst).
+func (h *EventHandler) handleBatch(seq uint64, payload []byte, deferred bool) error {
 	h.batches.Add(1)
 	b, err := h.dec.Decode(h.src.Kind, payload)
 	if err != nil {
@@ -150,7 +164,7 @@ func (h *EventHandler) HandleBatchDeferred(seq uint64, payload []byte) error {
 		}
 		h.ops = append(h.ops, op)
 	}
-	h.deferOps(seq, first)
+	h.deferOps(seq, first, deferred)
 	return nil
 }
 

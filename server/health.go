@@ -1,0 +1,61 @@
+package server
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+)
+
+// Ready reports whether the listeners are up, the static services were subscribed and,
+// in a cluster, the registry was loaded (and Stop has not begun).
+func (a *App) Ready() bool {
+	return a.ready.Load() && (a.registry == nil || (a.clusterLoaded.Load() && a.bootstrapped.Load()))
+}
+
+// WaitReady waits until the App is Ready, for at most timeout (a cluster replica first
+// loads the registry and bootstraps from a peer); it reports whether it is.
+func (a *App) WaitReady(timeout time.Duration) bool {
+	if a.bootDone != nil {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-a.bootDone:
+		case <-t.C:
+		}
+	}
+	return a.Ready()
+}
+
+// healthz answers liveness: the process serves HTTP.
+func healthz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/plain; charset=utf-8")
+	ctx.SetBodyString("ok\n")
+}
+
+// readyz answers readiness in JSON: 200 once listening with static services subscribed,
+// 503 before that and while stopping.
+func (a *App) readyz(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	if !a.Ready() {
+		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		ctx.SetBodyString(`{"ready":false}`)
+		return
+	}
+	ctx.SetBodyString(`{"ready":true,"services":` + strconv.Itoa(len(a.Service.Services())) + `}`)
+}
+
+// registerReadiness exports conductor_ready (1 while /readyz answers 200) for alerting on
+// a lost readiness; ready is read at scrape time.
+func (m *Metrics) registerReadiness(ready func() bool) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "conductor_ready",
+		Help: "1 when the conductor is ready (listening, static services subscribed, not stopping), else 0.",
+	}, func() float64 {
+		if ready() {
+			return 1
+		}
+		return 0
+	}))
+}

@@ -1,0 +1,234 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/url"
+	"path/filepath"
+	"time"
+
+	"github.com/conductor-go/conductor/cluster"
+	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/internal/lograte"
+	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/service"
+)
+
+// maxMemoEntries caps query_memo_entries (20 GiB of memo at 20 bytes a block).
+const maxMemoEntries = 1 << 30
+
+// maxLimit bounds the byte, connection and service limits: anything larger is a typo.
+const maxLimit = 1 << 40
+
+// fileSettings is the table of the configuration file's keys, in the order they are
+// applied and documented.
+func fileSettings() []setting[FileConfig] {
+	ms := func(set func(*FileConfig, time.Duration)) func(*FileConfig, int64) {
+		return func(f *FileConfig, v int64) { set(f, time.Duration(v)*time.Millisecond) }
+	}
+	return []setting[FileConfig]{
+		intSetting("http_server_port", DefaultHTTPPort, 0, 65535,
+			"HTTP port (0 binds a free port and logs it)",
+			func(f *FileConfig, v int64) { f.HTTPPort = int(v) }),
+		intSetting("rpc_server_port", DefaultRPCPort, 0, 65535,
+			"RPC port for the Python client; 0 disables RPC",
+			func(f *FileConfig, v int64) { f.RPCPort = int(v) }),
+		{key: "state_file", typ: "string", def: "`conductor_state.json` beside the config file", bounds: "a path; `\"\"` disables",
+			doc: "services registered over HTTP/RPC are kept here and registered again at start. An append-only log " +
+				"(one fsynced line per change, compacted in the background), so a change costs the same however many " +
+				"services exist. A registration that cannot be written is answered 500 and undone",
+			init: func(f *FileConfig) { f.StateFile = filepath.Join(filepath.Dir(f.Path), service.StateFileName) },
+			parse: func(f *FileConfig, raw json.RawMessage) error {
+				if err := json.Unmarshal(raw, &f.StateFile); err != nil {
+					return fmt.Errorf("state_file must be a string")
+				}
+				return nil
+			}},
+		stringSetting("http_bind_address", "", "an interface address; `\"\"` all interfaces",
+			"interface the HTTP server listens on, e.g. `127.0.0.1`", nil,
+			func(f *FileConfig, v string) { f.HTTPBindAddress = v }),
+		stringSetting("rpc_bind_address", "", "an interface address; `\"\"` all interfaces",
+			"interface the RPC server listens on", nil,
+			func(f *FileConfig, v string) { f.RPCBindAddress = v }),
+		stringSetting("admin_token", "", "any string; `\"\"` no token",
+			"when set, `POST /register` and `/unregister` (every route that changes state) need "+
+				"`Authorization: Bearer <token>` (else 401); `/query` and the read-only routes stay open", nil,
+			func(f *FileConfig, v string) { f.AdminToken = v }),
+		intSetting("max_query_body_bytes", limits.DefaultMaxQueryBodyBytes, 1, maxLimit,
+			"largest `/query` body (16M tokens as an int32 bin); larger is answered 413 without reading it",
+			func(f *FileConfig, v int64) { f.Limits.MaxQueryBodyBytes = int(v) }),
+		intSetting("max_admin_body_bytes", limits.DefaultMaxAdminBodyBytes, 1, maxLimit,
+			"largest `/register` / `/unregister` body (413 above)",
+			func(f *FileConfig, v int64) { f.Limits.MaxAdminBodyBytes = int(v) }),
+		intSetting("max_inflight_body_bytes", limits.DefaultMaxInflightBodyBytes, 1, maxLimit,
+			"request-body bytes held at once by all HTTP and RPC requests together (a query body counts with what "+
+				"it decodes to: 5× its size on `/query`, where a one-byte id becomes a 4-byte token, 9× on "+
+				"`/query_by_hash` (8-byte keys), 2× over RPC). An HTTP body that does not fit is answered 503 with "+
+				"`Retry-After: 1` before it is read; an RPC frame waits unread (TCP backpressure) until it fits or "+
+				"`rpc_read_timeout_ms` passes; bodies over 1 MiB may use only 7/8 of it, so small queries always get through",
+			func(f *FileConfig, v int64) { f.Limits.MaxInflightBodyBytes = v }),
+		intSetting("http_max_connections", limits.DefaultHTTPMaxConnections, 1, maxLimit,
+			"HTTP connections served at once; beyond it 503 and close",
+			func(f *FileConfig, v int64) { f.Limits.HTTPMaxConnections = int(v) }),
+		intSetting("http_read_buffer_bytes", limits.DefaultHTTPReadBufferBytes, limits.MinHTTPReadBufferBytes, limits.MaxHTTPReadBufferBytes,
+			"each HTTP connection's read buffer; it also bounds a request's header (431 above it). Each open "+
+				"connection holds one. Larger reads a request whose header and body fit in one system call, but then "+
+				"copies the body out of the buffer once more: on 8K-token queries it saved nothing",
+			func(f *FileConfig, v int64) { f.Limits.HTTPReadBufferBytes = int(v) }),
+		intSetting("http_read_timeout_ms", limits.DefaultHTTPReadTimeout.Milliseconds(), 1, maxLimit,
+			"time to read one HTTP request (headers and body)",
+			ms(func(f *FileConfig, d time.Duration) { f.Limits.HTTPReadTimeout = d })),
+		intSetting("http_idle_timeout_ms", limits.DefaultHTTPIdleTimeout.Milliseconds(), 1, maxLimit,
+			"an idle keep-alive HTTP connection is closed after this",
+			ms(func(f *FileConfig, d time.Duration) { f.Limits.HTTPIdleTimeout = d })),
+		intSetting("rpc_max_connections", limits.DefaultRPCMaxConnections, 1, maxLimit,
+			"RPC connections open at once; more are closed at accept",
+			func(f *FileConfig, v int64) { f.Limits.RPCMaxConnections = int(v) }),
+		intSetting("rpc_read_timeout_ms", limits.DefaultRPCReadTimeout.Milliseconds(), 1, maxLimit,
+			"time to read one RPC frame once its first byte arrived",
+			ms(func(f *FileConfig, d time.Duration) { f.Limits.RPCReadTimeout = d })),
+		intSetting("rpc_idle_timeout_ms", limits.DefaultRPCIdleTimeout.Milliseconds(), 1, maxLimit,
+			"an RPC connection with no request for this long is closed (the Python client reconnects on its next call)",
+			ms(func(f *FileConfig, d time.Duration) { f.Limits.RPCIdleTimeout = d })),
+		intSetting("max_services", service.DefaultMaxServices, 1, maxLimit,
+			"registered services, static ones included (each holds a few file descriptors); more are refused with "+
+				"`invalid_registration`",
+			func(f *FileConfig, v int64) { f.Limits.MaxServices = int(v) }),
+		intSetting("max_registration_field_bytes", service.DefaultMaxFieldBytes, 1, maxLimit,
+			"longest string field of a registration over HTTP/RPC (`invalid_value` with the field above)",
+			func(f *FileConfig, v int64) { f.Limits.MaxFieldBytes = int(v) }),
+		intSetting("shutdown_timeout_ms", limits.DefaultShutdownTimeout.Milliseconds(), 1, maxLimit,
+			"on SIGTERM/SIGINT, in-flight requests get this long; connections still open (idle or half-sent) are then closed",
+			ms(func(f *FileConfig, d time.Duration) { f.Limits.ShutdownTimeout = d })),
+		stringSetting("access_log", "", "a file path, `\"-\"` standard output, `\"\"` off",
+			"file that gets one JSON line per contract HTTP request: `time`, `route`, and for `/query` and "+
+				"`/query_by_hash` `model`, `tokens`, `blocks_hashed`, `matched`; then `latency_us`, `status`, `trace_id`. "+
+				"RPC `Query` calls get the same line with `function` instead of `route`, the RPC code (0 = OK) as "+
+				"`status` and no trace id. Lines are buffered in memory (no allocation or I/O on the request path) and "+
+				"written by a background goroutine", nil,
+			func(f *FileConfig, v string) { f.AccessLog.Path = v }),
+		stringSetting("access_log_trace_header", accesslog.DefaultTraceHeader, "a header name",
+			"request header logged as `trace_id` (first 128 bytes, JSON-escaped)", nil,
+			func(f *FileConfig, v string) { f.AccessLog.TraceHeader = v }),
+		intSetting("access_log_buffer_bytes", accesslog.DefaultBufferBytes, 4096, 1<<30,
+			"bound on buffered lines; when the writer falls behind, lines are dropped and counted in "+
+				"`conductor_access_log_dropped_lines_total`",
+			func(f *FileConfig, v int64) { f.AccessLog.BufferBytes = int(v) }),
+		intSetting("access_log_flush_interval_ms", accesslog.DefaultFlush.Milliseconds(), 1, 60000,
+			"how often the buffer is written (also when half full)",
+			ms(func(f *FileConfig, d time.Duration) { f.AccessLog.FlushInterval = d })),
+		intSetting("query_memo_entries", hashing.DefaultMemoEntries, 0, maxMemoEntries,
+			"blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, 20 a "+
+				"block: 160 MiB at the default once filled): a prompt prefix asked again skips SHA-256 for its "+
+				"remembered runs (a prompt's last, partial run is hashed each time), and its walk reads each block's "+
+				"record where the last walk found it instead of probing the index table (a record hint, checked before "+
+				"use); answers never change; 0 disables. Metrics `conductor_query_memo_{hits,misses,evictions}_total`",
+			func(f *FileConfig, v int64) { f.MemoEntries = int(v) }),
+		boolSetting("query_memo_populate", true,
+			"make the whole memo resident at start (`madvise(MADV_POPULATE_WRITE)`, Linux 5.14+; the time it took is "+
+				"logged at start), so that RSS shows the memo's memory from the start and no query pays the page faults "+
+				"of the memo's first writes (a fresh conductor's cold queries otherwise cost several times their steady "+
+				"cost until the memo has been written all over); `false` lets pages become resident as queries fill "+
+				"them; where populating is not possible the conductor logs why and goes on",
+			func(f *FileConfig, v bool) { f.PopulateMemo = v }),
+		intSetting("max_blocks", 0, 0, math.MaxInt32,
+			"most blocks indexed over all contexts together (each Mooncake object binding counts as one more); past "+
+				"it every new block evicts the oldest-written block of the whole index (counted in "+
+				"`conductor_context_evicted_blocks_total`, logged as a warning at most every 10 s per context). Each "+
+				"context is also bounded at 10,000,000 blocks",
+			func(f *FileConfig, v int64) { f.MaxBlocks = int(v) }).shown("0 (no bound)"),
+		intSetting("memory_limit_bytes", 0, 0, math.MaxInt64,
+			"memory the index's blocks and Mooncake object bindings may be charged over all contexts together: 48 "+
+				"bytes a block in contexts of up to 21 slots (its 32-byte record and its share of the hash table), 64 "+
+				"up to 64 slots, 88 up to 128; 40 bytes a binding whose object key is 64 lowercase hex digits whose "+
+				"first 16 are its block hash (SGLang HiCache keys: neither the hash nor those 16 digits are stored "+
+				"again); 48 plus 16 and the key's length for any other binding (its key kept as a string, in a second "+
+				"index); plus 16 and its length for each component of a binding whose set of components is not "+
+				"interned (a context's bindings share up to 8,190 sets over up to 64 component names at once). Past "+
+				"it every new block or binding evicts the oldest-written block of the whole index (up to two per "+
+				"insertion while over; counted in `conductor_context_evicted_blocks_total`, logged as a warning at "+
+				"most every 10 s per context). Process RSS is higher: the Go runtime, buffers, connections and the "+
+				"slack of hash tables between growth steps come on top, and so does the query key memo (20 bytes a "+
+				"block of `query_memo_entries`: 160 MiB by default, resident from the start unless "+
+				"`query_memo_populate` is false)",
+			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
+		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,
+			"bytes one ZMQ message (all frames) may have, on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`); "+
+				"-1 unlimited. libzmq refuses a bigger one before allocating it and drops the connection; the "+
+				"conductor counts it (`ProtocolErrors`), reconnects and recovers the lost batch through replay, or "+
+				"marks the source stale",
+			func(f *FileConfig, v int64) { f.ZMQMaxMessageSize = v }),
+		intSetting("zmq_io_threads", 1, 0, 64,
+			"libzmq I/O threads of the one ZMQ context all subscriptions share (0: 1)",
+			func(f *FileConfig, v int64) { f.ZMQIOThreads = int(v) }),
+		intSetting("zmq_join_check_delay_ms", ingest.DefaultJoinCheckDelay.Milliseconds(), -1, 3_600_000,
+			"milliseconds after a subscription with a `replay_endpoint` first connects before its join check asks "+
+				"the replay endpoint for everything after the last applied batch (batches published after the "+
+				"catch-up read the publisher's buffer but before the subscription took effect); -1 turns the check off",
+			func(f *FileConfig, v int64) { f.ZMQJoinCheckDelayMS = int(v) }),
+		intSetting("ingest_log_burst", lograte.DefaultBurst, -1, 1<<20,
+			"per subscription and kind of log line (level and message), lines written per interval; the rest are "+
+				"counted and reported as `suppressed` on the next line of the kind (and when the service stops); -1 "+
+				"unlimited. Counters and metrics keep exact numbers",
+			func(f *FileConfig, v int64) { f.IngestLogBurst = int(v) }),
+		intSetting("ingest_log_interval_seconds", int64(lograte.DefaultInterval/time.Second), 0, 86400,
+			"the interval of `ingest_log_burst` (0: the default)",
+			func(f *FileConfig, v int64) { f.IngestLogIntervalSeconds = int(v) }),
+		objectSetting("cluster", "object", "unset (one node, `state_file`)", "the `cluster.*` keys below; null: unset",
+			"run as one replica of a cluster whose registrations live in etcd; with `cluster` set, `state_file` is not used",
+			parseCluster),
+		objectSetting("services", "any", "unset", "ignored",
+			"accepted and ignored, as upstream does (its own tests write it)",
+			func(*FileConfig, json.RawMessage) error { return nil }),
+		objectSetting("kvevent_instance", "object", "`{}`", "entry name → registration",
+			"services registered at start (`name: {endpoint, type, modelname, ...}`, the fields of `POST /register`; "+
+				"the name is the `instance_id` when the entry has none); an invalid entry is logged and skipped",
+			parseServices),
+	}
+}
+
+// clusterSettings is the table of the "cluster" object's keys.
+func clusterSettings() []setting[cluster.Config] {
+	return []setting[cluster.Config]{
+		objectSetting("etcd_endpoints", "array of strings", "required", "at least one `http(s)://host:port` URL",
+			"the etcd cluster that holds the registrations",
+			func(c *cluster.Config, raw json.RawMessage) error {
+				var eps []string
+				if err := json.Unmarshal(raw, &eps); err != nil {
+					return fmt.Errorf("etcd_endpoints must be an array of strings")
+				}
+				for _, ep := range eps {
+					u, err := url.Parse(ep)
+					if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+						return fmt.Errorf("etcd_endpoints: %q is not an http(s)://host:port URL", ep)
+					}
+				}
+				c.Endpoints = eps
+				return nil
+			}),
+		stringSetting("key_prefix", cluster.DefaultKeyPrefix, "starts with `/`",
+			"the root of every registry key in etcd",
+			func(v string) string {
+				if v == "" || v[0] != '/' {
+					return "must start with /"
+				}
+				return ""
+			},
+			func(c *cluster.Config, v string) { c.KeyPrefix = v }),
+		stringSetting("advertise_url", "", "a URL with a host; `\"\"` none",
+			"this replica's HTTP URL, published under `members/` with a 10 s lease (peers load its snapshot from there)",
+			func(v string) string {
+				if u, err := url.Parse(v); v != "" && (err != nil || u.Host == "") {
+					return fmt.Sprintf("%q is not a URL", v)
+				}
+				return ""
+			},
+			func(c *cluster.Config, v string) { c.AdvertiseURL = v }),
+		intSetting("dial_timeout_ms", cluster.DefaultDialTimeout.Milliseconds(), 1, 600_000,
+			"bounds connecting to etcd and each registry request",
+			func(c *cluster.Config, v int64) { c.DialTimeout = time.Duration(v) * time.Millisecond }),
+	}
+}

@@ -1,0 +1,246 @@
+package service
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/ingest/source"
+	"github.com/conductor-go/conductor/wire/publisher"
+)
+
+// Config is one validated publisher registration.
+type Config struct {
+	Endpoint       string
+	ReplayEndpoint string
+	Kind           publisher.Kind
+	ModelName      string
+	LoraName       string
+	TenantID       string
+	InstanceID     string
+	BlockSize      int64
+	DPRank         int
+	// CacheGroup is nil when absent; only 0 is accepted otherwise.
+	CacheGroup *int64
+	Profile    hashing.Profile
+}
+
+// Key is the service key `instance_id|tenant_id|dp_rank`, as upstream prints it (in
+// logs, `removed_key` and error texts). It is ambiguous when an id contains `|`; the
+// service layer identifies services by ID, never by this text.
+func (c *Config) Key() string {
+	return Key(c.InstanceID, c.TenantID, c.DPRank)
+}
+
+// ID identifies a registration: the structured form of the service key, so that
+// instance "a|b" in tenant "c" and instance "a" in tenant "b|c" stay two services.
+type ID struct {
+	InstanceID string
+	TenantID   string
+	DPRank     int
+}
+
+// ID is the registration's structured identity.
+func (c *Config) ID() ID {
+	return ID{InstanceID: c.InstanceID, TenantID: c.TenantID, DPRank: c.DPRank}
+}
+
+// String is the upstream text form `instance_id|tenant_id|dp_rank`.
+func (id ID) String() string { return Key(id.InstanceID, id.TenantID, id.DPRank) }
+
+// Label is the service's metrics label: the text key, except that `\` and `|` inside
+// the ids are escaped with a backslash, so two services never share a label set.
+func (id ID) Label() string {
+	if !strings.ContainsAny(id.InstanceID, "|\\") && !strings.ContainsAny(id.TenantID, "|\\") {
+		return id.String()
+	}
+	esc := strings.NewReplacer("\\", "\\\\", "|", "\\|")
+	return esc.Replace(id.InstanceID) + "|" + esc.Replace(id.TenantID) + "|" + strconv.Itoa(id.DPRank)
+}
+
+// Less orders IDs field by field (instance, tenant, rank): a total order, unlike the text.
+func (id ID) Less(o ID) bool {
+	if id.InstanceID != o.InstanceID {
+		return id.InstanceID < o.InstanceID
+	}
+	if id.TenantID != o.TenantID {
+		return id.TenantID < o.TenantID
+	}
+	return id.DPRank < o.DPRank
+}
+
+// Key builds the service key `instance_id|tenant_id|dp_rank`.
+func Key(instanceID, tenantID string, dpRank int) string {
+	return instanceID + "|" + tenantID + "|" + strconv.Itoa(dpRank)
+}
+
+// Context is the registration's index context.
+func (c *Config) Context() engine.ContextKey {
+	return engine.ContextKey{TenantID: c.TenantID, ModelName: c.ModelName, LoraName: c.LoraName, BlockSize: c.BlockSize}
+}
+
+// Slot is the registration's (instance, rank) slot in its context.
+func (c *Config) Slot() engine.Slot {
+	return engine.Slot{InstanceID: c.InstanceID, DPRank: c.DPRank}
+}
+
+// Equal reports whether two registrations are the same configuration (an identical
+// re-registration is idempotent; anything else under the same key is a conflict).
+func (c *Config) Equal(o *Config) bool {
+	if (c.CacheGroup == nil) != (o.CacheGroup == nil) {
+		return false
+	}
+	if c.CacheGroup != nil && *c.CacheGroup != *o.CacheGroup {
+		return false
+	}
+	return c.Endpoint == o.Endpoint && c.ReplayEndpoint == o.ReplayEndpoint && c.Kind == o.Kind &&
+		c.ModelName == o.ModelName && c.LoraName == o.LoraName && c.TenantID == o.TenantID &&
+		c.InstanceID == o.InstanceID && c.BlockSize == o.BlockSize && c.DPRank == o.DPRank &&
+		c.Profile.Equal(o.Profile) && c.Profile.Seed == o.Profile.Seed
+}
+
+// Registration is unvalidated registration input, whichever protocol or file it came from.
+// Resolve validates it once for all of them.
+type Registration struct {
+	Endpoint       string
+	ReplayEndpoint string
+	Type           string
+	ModelName      string
+	LoraName       string
+	TenantID       string
+	InstanceID     string
+	BlockSize      int64
+	DPRank         int64
+	CacheGroup     *int64
+
+	Strategy        string
+	Algorithm       string
+	PythonHashSeed  string
+	IndexProjection string
+	// RootDigest is only carried by the RPC wire: empty, or it must equal the derived root.
+	RootDigest string
+}
+
+const maxDPRank = 1<<31 - 1
+
+// Resolve validates the registration and resolves its hash profile. Field names in errors
+// are the HTTP names (modelname, type, and the bare hash-profile key such as strategy).
+func (r *Registration) Resolve() (Config, *Error) {
+	var cfg Config
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"type", r.Type}, {"modelname", r.ModelName}, {"instance_id", r.InstanceID},
+	} {
+		if f.v == "" {
+			return cfg, invalidField("invalid_value", f.name, f.name+" must not be empty")
+		}
+	}
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"replay_endpoint", r.ReplayEndpoint}, {"modelname", r.ModelName},
+		{"instance_id", r.InstanceID}, {"lora_name", r.LoraName}, {"tenant_id", r.TenantID},
+	} {
+		if !utf8.ValidString(f.v) {
+			return cfg, invalidField("invalid_value", f.name, f.name+" must be valid UTF-8")
+		}
+	}
+	if err := checkServiceEndpoint(r.Endpoint, r.Type); err != "" {
+		return cfg, invalidField("invalid_value", "endpoint", "endpoint "+err)
+	}
+	if r.ReplayEndpoint != "" {
+		if err := checkEndpoint(r.ReplayEndpoint); err != "" {
+			return cfg, invalidField("invalid_value", "replay_endpoint", "replay_endpoint "+err)
+		}
+	}
+	kind, ok := publisher.Parse(r.Type)
+	if !ok {
+		return cfg, invalidField("invalid_value", "type", "type must be vLLM, SGLang or Mooncake")
+	}
+	if r.BlockSize <= 0 {
+		return cfg, invalidField("out_of_range", "block_size", "block_size must be greater than zero")
+	}
+	if r.DPRank < 0 || r.DPRank > maxDPRank {
+		return cfg, invalidField("out_of_range", "dp_rank", "dp_rank must be in 0..2147483647")
+	}
+	if r.CacheGroup != nil && *r.CacheGroup != 0 {
+		return cfg, invalidField("unsupported", "cache_group", "cache_group: only 0 is supported")
+	}
+	profile, err := hashing.Resolve(r.Strategy, r.Algorithm, r.PythonHashSeed, r.IndexProjection)
+	if err != nil {
+		// Upstream's field is the bare key (strategy, algorithm, index_projection,
+		// python_hash_seed): clients switch on it.
+		field := "hash_profile"
+		if fe, ok := err.(*hashing.FieldError); ok {
+			field = fe.Field
+		}
+		return cfg, invalidField("invalid_value", field, "hash_profile: "+err.Error())
+	}
+	if r.RootDigest != "" && r.RootDigest != profile.RootHex() {
+		return cfg, invalidField("invalid_value", "root_digest",
+			"root_digest does not match python_hash_seed and hash selectors")
+	}
+	tenant := r.TenantID
+	if tenant == "" {
+		tenant = "default"
+	}
+	cfg = Config{
+		Endpoint:       r.Endpoint,
+		ReplayEndpoint: r.ReplayEndpoint,
+		Kind:           kind,
+		ModelName:      r.ModelName,
+		LoraName:       r.LoraName,
+		TenantID:       tenant,
+		InstanceID:     r.InstanceID,
+		BlockSize:      r.BlockSize,
+		DPRank:         int(r.DPRank),
+		Profile:        profile,
+	}
+	if r.CacheGroup != nil {
+		g := *r.CacheGroup
+		cfg.CacheGroup = &g
+	}
+	return cfg, nil
+}
+
+// checkServiceEndpoint validates a registration's endpoint: a master locator (only for
+// type Mooncake) or a ZMQ endpoint (checkEndpoint).
+func checkServiceEndpoint(ep, typ string) string {
+	if !source.IsMasterLocator(ep) {
+		return checkEndpoint(ep)
+	}
+	if k, ok := publisher.Parse(typ); ok && k != publisher.Mooncake {
+		return "is an etcd:// Mooncake master locator, which only type Mooncake may use"
+	}
+	if _, err := source.ParseMasterLocator(ep); err != nil {
+		return "is not a valid Mooncake master locator (etcd://host:port[,host:port]/<cluster_id>?event_port=N): " + err.Error()
+	}
+	return ""
+}
+
+// checkEndpoint returns why a ZMQ endpoint cannot be subscribed to ("" when it can).
+// Control bytes are refused: libzmq stops at a NUL, so "tcp://h:1\x00A" would connect
+// to tcp://h:1 while escaping the endpoint-in-use check, which compares the whole
+// string. Of the transports, only tcp:// and ipc:// reach a publisher in another
+// process (inproc:// never does, and the multicast ones are not what engines bind); a
+// string with no "scheme://" at all is left to libzmq, whose refusal is the
+// subscribe failure (500 / INTERNAL_ERROR) that upstream answers.
+func checkEndpoint(ep string) string {
+	for i := 0; i < len(ep); i++ {
+		if c := ep[i]; c < 0x20 || c == 0x7f {
+			return fmt.Sprintf("must not contain control bytes (0x%02x at byte %d)", c, i)
+		}
+	}
+	scheme, _, found := strings.Cut(ep, "://")
+	if !found {
+		return ""
+	}
+	switch scheme {
+	case "tcp", "ipc":
+		if len(ep) == len(scheme)+3 {
+			return "has no address after " + scheme + "://"
+		}
+		return ""
+	}
+	return "transport " + strconv.Quote(scheme) + " cannot reach a publisher: use tcp:// or ipc://"
+}

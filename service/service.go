@@ -1,0 +1,426 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/source"
+	"github.com/conductor-go/conductor/ingest/translate"
+)
+
+// Subscription is a running event consumer for one registered service. Those of package
+// ingest/source also report their handler's counters (source.Subscription) and, for a
+// Mooncake master locator, the master view's (source.LeaderStatser).
+type Subscription interface {
+	Stop()
+	Stats() ingest.SubscriberStats
+}
+
+// SubscribeFunc starts consuming the events of a validated registration. The default is
+// ZMQSubscriber's (package ingest/source); tests may substitute it.
+type SubscribeFunc func(cfg *Config, eng *engine.Engine, log *slog.Logger) (Subscription, error)
+
+// Limits of the service layer (the max_services and max_registration_field_bytes keys).
+const (
+	DefaultMaxServices   = 1024
+	DefaultMaxFieldBytes = 1024
+)
+
+// Options configures a Service.
+type Options struct {
+	Engine    *engine.Engine
+	Logger    *slog.Logger
+	Subscribe SubscribeFunc // nil: ZMQSubscriber with default options
+	// Store, if set, makes the services registered over HTTP or RPC (not the static
+	// ones from the config file) durable: a change is acknowledged only once stored.
+	Store Store
+	// MaxServices caps registered services (0: DefaultMaxServices).
+	MaxServices int
+	// MaxFieldBytes bounds each string field of RegisterInput (0: DefaultMaxFieldBytes).
+	MaxFieldBytes int
+}
+
+type registration struct {
+	cfg Config
+	sub Subscription
+	// static: registered from the config file at start (not persisted in the state file).
+	static bool
+}
+
+// Service is the business layer shared by the HTTP routes and the RPC listener: every
+// registration, unregistration and query goes through it, so validation is written once.
+type Service struct {
+	eng       *engine.Engine
+	log       *slog.Logger
+	subscribe SubscribeFunc
+	store     Store
+
+	maxServices   int
+	maxFieldBytes int
+	// refused counts registrations refused by maxServices.
+	refused atomic.Uint64
+
+	mu        sync.Mutex
+	services  map[ID]*registration // by structured service key
+	endpoints map[string]ID        // endpoint -> owner
+	stopping  atomic.Bool
+	stopOnce  sync.Once
+}
+
+// New builds the service layer over an engine.
+func New(opts Options) *Service {
+	s := &Service{
+		eng:       opts.Engine,
+		log:       opts.Logger,
+		subscribe: opts.Subscribe,
+		store:     opts.Store,
+		services:  make(map[ID]*registration),
+		endpoints: make(map[string]ID),
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.subscribe == nil {
+		s.subscribe = ZMQSubscriber(source.Options{})
+	}
+	s.maxServices, s.maxFieldBytes = opts.MaxServices, opts.MaxFieldBytes
+	if s.maxServices <= 0 {
+		s.maxServices = DefaultMaxServices
+	}
+	if s.maxFieldBytes <= 0 {
+		s.maxFieldBytes = DefaultMaxFieldBytes
+	}
+	return s
+}
+
+// RefusedServices counts the registrations refused by max_services.
+func (s *Service) RefusedServices() uint64 { return s.refused.Load() }
+
+// Engine returns the index the service serves.
+func (s *Service) Engine() *engine.Engine { return s.eng }
+
+var errStopping = StoppingError()
+
+// RegisterInput validates raw registration input and registers it.
+func (s *Service) RegisterInput(r *Registration) (cfg Config, isNew bool, err *Error) {
+	for _, f := range [...]struct{ name, v string }{
+		{"endpoint", r.Endpoint}, {"replay_endpoint", r.ReplayEndpoint}, {"modelname", r.ModelName},
+		{"instance_id", r.InstanceID}, {"lora_name", r.LoraName}, {"tenant_id", r.TenantID},
+		{"strategy", r.Strategy}, {"algorithm", r.Algorithm}, {"python_hash_seed", r.PythonHashSeed},
+		{"index_projection", r.IndexProjection}, {"root_digest", r.RootDigest},
+	} {
+		if len(f.v) > s.maxFieldBytes {
+			return cfg, false, invalidField("invalid_value", f.name,
+				fmt.Sprintf("%s is %d bytes, longer than the limit of %d (max_registration_field_bytes)", f.name, len(f.v), s.maxFieldBytes))
+		}
+	}
+	cfg, err = r.Resolve()
+	if err != nil {
+		return cfg, false, err
+	}
+	isNew, err = s.Register(&cfg)
+	return cfg, isNew, err
+}
+
+// Register registers a validated configuration and starts consuming its events. An
+// identical configuration already registered succeeds with isNew false.
+func (s *Service) Register(cfg *Config) (isNew bool, err *Error) {
+	return s.register(cfg, false)
+}
+
+// RegisterStatic registers a service from the config file: like Register, but it is not
+// written to the state file (the config file already brings it back).
+func (s *Service) RegisterStatic(cfg *Config) (isNew bool, err *Error) {
+	return s.register(cfg, true)
+}
+
+// Store makes dynamic registrations durable (StateFile implements it; so does the
+// cluster registry's glue in package server). Each call returns once the change is on
+// stable storage; on error nothing was recorded. A Put that the store refuses (the
+// cluster registry's transactions find a conflict) returns a *Error, which is the
+// registration's answer; any other error is answered as an internal failure.
+type Store interface {
+	Put(cfg *Config) error
+	Delete(id ID) error
+}
+
+// SetStore installs the store (after start-up registration).
+func (s *Service) SetStore(st Store) {
+	s.mu.Lock()
+	s.store = st
+	s.mu.Unlock()
+}
+
+// DynamicServices lists the services registered over HTTP or RPC (not static ones).
+func (s *Service) DynamicServices() []Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Config
+	for _, r := range s.services {
+		if !r.static {
+			out = append(out, r.cfg)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i], &out[j]) })
+	return out
+}
+
+func (s *Service) register(cfg *Config, static bool) (isNew bool, err *Error) {
+	if s.stopping.Load() {
+		return false, errStopping
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping.Load() {
+		return false, errStopping
+	}
+	return s.registerLocked(cfg, static, !static)
+}
+
+// registerLocked is register with s.mu held; persist says whether the store must record
+// it (false for static services and for registrations the cluster registry reports).
+func (s *Service) registerLocked(cfg *Config, static, persist bool) (isNew bool, err *Error) {
+	key := cfg.Key()
+	id := cfg.ID()
+	if cur, ok := s.services[id]; ok {
+		if cur.cfg.Equal(cfg) {
+			return false, nil
+		}
+		return false, invalidRegistration("conflicting registration for service key %s", key)
+	}
+	if len(s.services) >= s.maxServices {
+		s.refused.Add(1)
+		return false, invalidRegistration("too many services: the limit is %d (max_services)", s.maxServices)
+	}
+	if other, ok := s.endpoints[cfg.Endpoint]; ok {
+		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other.String())
+	}
+	ctx := cfg.Context()
+	if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
+		return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+	}
+	// The slot is registered before the subscriber starts, so that no event (a catch-up
+	// replay can arrive at once) finds it missing. If subscribing fails, the slot goes again,
+	// and so does a context this registration created: it would otherwise pin this
+	// (possibly wrong) hash profile until restart.
+	_, ctxExisted := s.eng.ContextProfile(ctx)
+	slotCreated := false
+	if cfg.Kind.IsEngine() {
+		created, rerr := s.registerSlot(cfg, key)
+		if rerr != nil {
+			return false, rerr
+		}
+		slotCreated = created
+	}
+	rollback := func() {
+		if slotCreated {
+			s.eng.UnregisterSlot(ctx, cfg.Slot())
+		}
+		if !ctxExisted {
+			s.eng.DropEmptyContext(ctx)
+		}
+	}
+	sub, serr := s.subscribe(cfg, s.eng, s.log)
+	if serr != nil {
+		rollback()
+		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
+		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
+	}
+	if persist && s.store != nil {
+		// Durable before acknowledged: a registration that could not be stored is undone
+		// whole (subscriber stopped, anything it indexed retracted, slot and new context
+		// removed) and answered 500.
+		if perr := s.store.Put(cfg); perr != nil {
+			sub.Stop()
+			if !cfg.Kind.IsEngine() {
+				s.eng.RetractSource(cfg.Endpoint)
+			}
+			rollback()
+			var refused *Error
+			if errors.As(perr, &refused) {
+				s.log.Info("registration refused by the store; rolled back", "service", key, "err", perr)
+				return false, refused
+			}
+			s.log.Error("registration could not be made durable; rolled back", "service", key, "err", perr)
+			return false, &Error{Code: CodeInternal, Msg: "Failed to persist registration: " + perr.Error()}
+		}
+	}
+	s.services[id] = &registration{cfg: *cfg, sub: sub, static: static}
+	s.endpoints[cfg.Endpoint] = id
+	s.log.Info("service registered", "service", key, "type", cfg.Kind.String(), "endpoint", cfg.Endpoint,
+		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", cfg.LoraName,
+		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName())
+	return true, nil
+}
+
+// registerSlot adds an engine registration's (instance, rank) to its context, creating
+// the context on first use.
+func (s *Service) registerSlot(cfg *Config, key string) (created bool, err *Error) {
+	created, rerr := s.eng.RegisterSlot(cfg.Context(), cfg.Profile, cfg.Slot())
+	if rerr != nil {
+		if errors.Is(rerr, engine.ErrProfileConflict) {
+			return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+		}
+		return false, &Error{Code: CodeInternal, Msg: fmt.Sprintf("register %s: %v", key, rerr)}
+	}
+	return created, nil
+}
+
+// Unregister stops consuming a service's events (waiting for its in-flight batch) and
+// removes what it contributed to the index. It returns the removed service key.
+func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *Error) {
+	if tenantID == "" {
+		tenantID = "default"
+	}
+	if instanceID == "" {
+		return "", invalidField("invalid_value", "instance_id", "instance_id must not be empty")
+	}
+	if dpRank < 0 {
+		return "", invalidField("invalid_value", "dp_rank", "dp_rank must be a non-negative int")
+	}
+	if s.stopping.Load() {
+		return "", errStopping
+	}
+	id := ID{InstanceID: instanceID, TenantID: tenantID, DPRank: dpRank}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unregisterLocked(id, true)
+}
+
+// unregisterLocked is Unregister with s.mu held; persist false leaves the store alone
+// (the cluster registry reported the unregistration).
+func (s *Service) unregisterLocked(id ID, persist bool) (string, *Error) {
+	key := id.String()
+	reg, ok := s.services[id]
+	if !ok {
+		return "", &Error{Code: CodeNotFound, Msg: "service not found: " + key}
+	}
+	if persist && !reg.static && s.store != nil {
+		// Recorded first: if the removal cannot be made durable, nothing changes and the
+		// caller gets 500 (the service would otherwise come back at restart).
+		if perr := s.store.Delete(id); perr != nil {
+			s.log.Error("unregistration could not be made durable; service kept", "service", key, "err", perr)
+			return "", &Error{Code: CodeInternal, Msg: "Failed to persist unregistration: " + perr.Error()}
+		}
+	}
+	reg.sub.Stop()
+	s.retract(&reg.cfg)
+	delete(s.services, id)
+	delete(s.endpoints, reg.cfg.Endpoint)
+	s.log.Info("service unregistered", "service", key, "endpoint", reg.cfg.Endpoint)
+	return key, nil
+}
+
+// retract removes everything a stopped service contributed.
+func (s *Service) retract(cfg *Config) {
+	if cfg.Kind.IsEngine() {
+		s.eng.UnregisterSlot(cfg.Context(), cfg.Slot())
+	} else {
+		s.eng.RetractSource(cfg.Endpoint)
+	}
+}
+
+// Subscription returns the running subscription of a registration.
+func (s *Service) Subscription(id ID) (Subscription, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.services[id]
+	if !ok {
+		return nil, false
+	}
+	return r.sub, true
+}
+
+// Services lists the active registrations ordered by service key.
+func (s *Service) Services() []Config {
+	s.mu.Lock()
+	out := make([]Config, 0, len(s.services))
+	for _, r := range s.services {
+		out = append(out, r.cfg)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i], &out[j]) })
+	return out
+}
+
+// Stats is one service's key, configuration and subscriber counters.
+type Stats struct {
+	Key string
+	// Label is the unambiguous metrics label (ID.Label).
+	Label  string
+	Config Config
+	Stats  ingest.SubscriberStats
+	// Handler holds the event handler's counters when HasHandler (ZMQ subscriptions).
+	Handler    translate.HandlerStats
+	HasHandler bool
+	// Leader holds the master-view counters when HasLeader (Mooncake master locators).
+	Leader    source.LeaderStats
+	HasLeader bool
+}
+
+// handlerStatser is implemented by subscriptions that expose their event handler's counters.
+type handlerStatser interface{ HandlerStats() translate.HandlerStats }
+
+// Stats returns every service's subscriber counters, ordered by service key.
+func (s *Service) Stats() []Stats {
+	s.mu.Lock()
+	out := make([]Stats, 0, len(s.services))
+	for _, r := range s.services {
+		st := Stats{Key: r.cfg.Key(), Label: r.cfg.ID().Label(), Config: r.cfg, Stats: r.sub.Stats()}
+		if hs, ok := r.sub.(handlerStatser); ok {
+			st.Handler, st.HasHandler = hs.HandlerStats(), true
+		}
+		if ls, ok := r.sub.(source.LeaderStatser); ok {
+			st.Leader, st.HasLeader = ls.LeaderStats(), true
+		}
+		out = append(out, st)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return lessConfig(&out[i].Config, &out[j].Config) })
+	return out
+}
+
+// GlobalView returns the indexed contexts.
+func (s *Service) GlobalView() ([]engine.ContextView, *Error) {
+	if s.stopping.Load() {
+		return nil, errStopping
+	}
+	return s.eng.GlobalView(), nil
+}
+
+// Stopping reports whether Stop has begun.
+func (s *Service) Stopping() bool { return s.stopping.Load() }
+
+// BeginStop makes every later request answer "unavailable" (HTTP 503, RPC
+// CONDUCTOR_UNAVAILABLE) while in-flight ones finish.
+func (s *Service) BeginStop() { s.stopping.Store(true) }
+
+// Stop refuses new work and stops every subscriber, once. Registrations are kept in memory
+// (the process is exiting); the engine is closed by its owner.
+func (s *Service) Stop() {
+	s.stopping.Store(true)
+	s.stopOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, r := range s.services {
+			r.sub.Stop()
+		}
+		s.log.Info("service layer stopped", "services", len(s.services))
+	})
+}
+
+// lessConfig orders services by their text key, as upstream lists them, then by the
+// structured ID where two texts coincide.
+func lessConfig(a, b *Config) bool {
+	ka, kb := a.Key(), b.Key()
+	if ka != kb {
+		return ka < kb
+	}
+	return a.ID().Less(b.ID())
+}
