@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 func mustResolve(t testing.TB, s, a, seed, pr string) Profile {
@@ -16,14 +18,45 @@ func mustResolve(t testing.TB, s, a, seed, pr string) Profile {
 	return p
 }
 
-// allProfiles is one profile per hashing algorithm/strategy.
+func mustResolveSpec(t testing.TB, s Spec) Profile {
+	t.Helper()
+	p, err := ResolveSpec(s)
+	if err != nil {
+		t.Fatalf("ResolveSpec(%+v): %v", s, err)
+	}
+	return p
+}
+
+// allProfiles is one profile per hashing algorithm/strategy, plus the vLLM profiles of
+// issue 25 (tagged extra keys with a lora path, lookahead, xxhash, the unset seed).
 func allProfiles(t testing.TB) map[string]Profile {
 	return map[string]Profile{
 		"pickle":        mustResolve(t, "vllm_v1", "sha256", "0", "low64_be"),
 		"cbor":          mustResolve(t, "vllm_v1", "sha256_cbor", "random", "low64_be"),
 		"sglang":        mustResolve(t, "sglang", "sha256_raw", "", "first64_be"),
 		"sglang_bigram": mustResolve(t, "sglang_bigram", "sha256_raw", "", "first64_be"),
+		"pickle_tagged_la3": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset",
+			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "/adapters/a", LookaheadTokens: 3}),
+		"cbor_tagged_la1": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0",
+			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "é", LookaheadTokens: 1}),
+		"xxhash": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "xxhash", PythonHashSeed: "0",
+			IndexProjection: "low64_be"}),
+		"xxhash_cbor_tagged_la2": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "xxhash_cbor", PythonHashSeed: "7",
+			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "p", LookaheadTokens: 2}),
 	}
+}
+
+// digestOf is the profile's block digest of a preimage, computed from the libraries
+// directly (SHA-256, or XXH3-128 in the last 16 bytes).
+func digestOf(p Profile, pre []byte) [32]byte {
+	var d [32]byte
+	if p.Algorithm.xxh() {
+		h := xxh3.Hash128(pre)
+		binary.BigEndian.PutUint64(d[16:], h.Hi)
+		binary.BigEndian.PutUint64(d[24:], h.Lo)
+		return d
+	}
+	return sum256(pre)
 }
 
 // eagerDigests is an independent, straightforward computation of every block digest,
@@ -33,21 +66,24 @@ func eagerDigests(p Profile, bs int, lora, salt string, toks []int32) [][32]byte
 	switch p.Strategy {
 	case StrategyVLLMV1:
 		parent := p.Root
+		dl := p.DigestSize()
 		var pk pickler
-		for i := 0; (i+1)*bs <= len(toks); i++ {
-			s := ""
+		L := p.Lookahead
+		for i := 0; (i+1)*bs+L <= len(toks); i++ {
+			ex := blockExtras{tagged: p.ExtraKeys == ExtraKeysTagged, lora: lora, path: p.LoraPath}
 			if i == 0 {
-				s = salt
+				ex.salt = salt
 			}
 			blk := toks[i*bs : (i+1)*bs]
+			look := toks[(i+1)*bs : (i+1)*bs+L]
 			var pre []byte
-			if p.Algorithm == AlgoSHA256Pickle {
-				pk.vllmBlock(&parent, blk, lora, s)
-				pre = pk.b
+			if p.Algorithm.cbor() {
+				pre = appendCBORVLLMBlock(nil, parent[32-dl:], blk, ex, look)
 			} else {
-				pre = appendCBORVLLMBlock(nil, &parent, blk, lora, s)
+				pk.vllmBlock(parent[32-dl:], blk, ex, look)
+				pre = pk.b
 			}
-			parent = sum256(pre)
+			parent = digestOf(p, pre)
 			out = append(out, parent)
 		}
 	default:
@@ -132,7 +168,7 @@ func TestChainCounts(t *testing.T) {
 		for bs := 1; bs <= 5; bs++ {
 			for name, p := range ps {
 				ch.Reset(&p, bs, "", "", toks)
-				wantPos, wantBlocks := n, n/bs
+				wantPos, wantBlocks := n, max(n-p.Lookahead, 0)/bs
 				switch name {
 				case "sglang":
 					wantBlocks = (n + bs - 1) / bs
