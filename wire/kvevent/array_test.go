@@ -170,3 +170,34 @@ func TestDecodeNewFields(t *testing.T) {
 		t.Fatalf("metadata: %+v", e)
 	}
 }
+
+func TestTextExtraKeys(t *testing.T) {
+	raw := func(items ...[]byte) []byte { return evArr(items...) }
+	cases := []struct {
+		name   string
+		raw    []byte
+		lora   string
+		salt   string
+		hasS   bool
+		wantOK bool
+	}{
+		{"absent", nil, "", "", false, true},
+		{"all nil", raw(evNil(), evNil()), "", "", false, true},
+		{"salt on block 0", raw(evArr(evS("s1")), evNil()), "", "s1", true, true},
+		{"lora every block", raw(evArr(evS("a")), evArr(evS("a"))), "a", "", false, true},
+		{"lora then salt", raw(evArr(evS("a"), evS("s1")), evArr(evS("a"))), "a", "s1", true, true},
+		{"lora block without it", raw(evArr(evS("a")), evNil()), "a", "", false, false},
+		{"other lora", raw(evArr(evS("b"))), "a", "", false, false},
+		{"salt past block 0", raw(evNil(), evArr(evS("s1"))), "", "", false, false},
+		{"multimodal pair", raw(evArr(evArr(evS("img"), evI(-3)))), "", "", false, false},
+		{"prompt embeds digest", raw(evArr(evBin(make([]byte, 32)))), "", "", false, false},
+		{"two strings", raw(evArr(evS("x"), evS("y"))), "", "", false, false},
+		{"not an array", evU(1), "", "", false, false},
+	}
+	for _, c := range cases {
+		salt, hasSalt, ok := kvevent.TextExtraKeys(c.raw, []byte(c.lora))
+		if ok != c.wantOK || (ok && (hasSalt != c.hasS || string(salt) != c.salt)) {
+			t.Errorf("%s: salt %q %v ok %v", c.name, salt, hasSalt, ok)
+		}
+	}
+}
