@@ -28,7 +28,9 @@ const (
 // CheckConfig sets how much of a stream a ProfileCheck verifies. Zero fields take the
 // defaults.
 type CheckConfig struct {
-	// Warmup: every batch is checked until this many events agreed (DefaultCheckWarmup).
+	// Warmup: every batch is checked until this many events were verified (agreed or
+	// not: a mismatching stream is sampled too, so a wrong profile costs no more than
+	// a right one) (DefaultCheckWarmup).
 	Warmup int
 	// SampleEvery: after the warm-up, one batch in SampleEvery is checked, and the few
 	// after it until one of its events could be verified (DefaultCheckSampleEvery).
@@ -166,11 +168,15 @@ type ProfileCheck struct {
 	ring    []uint64
 	ringPos int
 
-	ch       Chain
-	tokBuf   []int32
-	keys     []uint64
-	diagNext uint64 // diagnose the mismatch that brings Mismatched to this count
-	pending  bool   // a mismatch not diagnosed yet (it had a parent)
+	ch     Chain
+	tokBuf []int32
+	keys   []uint64
+	// cands are the diagnosis candidates for events publishing candsLook lookahead ids
+	// per block (-1: none), built once.
+	cands     []candidate
+	candsLook int
+	diagNext  uint64 // diagnose the mismatch that brings Mismatched to this count
+	pending   bool   // a mismatch not diagnosed yet (it had a parent)
 
 	verified, agreed, mismatched, mismatchedBlocks, unverifiable atomic.Uint64
 	mu                                                           sync.Mutex
@@ -181,17 +187,18 @@ type ProfileCheck struct {
 func NewProfileCheck(p Profile, blockSize int, loraName string, cfg CheckConfig) *ProfileCheck {
 	cfg = cfg.withDefaults()
 	return &ProfileCheck{p: p, blockSize: blockSize, lora: loraName, cfg: cfg,
-		digests: make(map[uint64][32]byte, cfg.Digests), ring: make([]uint64, 0, cfg.Digests), diagNext: 1}
+		digests: make(map[uint64][32]byte, cfg.Digests), ring: make([]uint64, 0, cfg.Digests), diagNext: 1,
+		candsLook: -2}
 }
 
 // BeginBatch starts a batch and reports whether its events are to be checked: every
-// batch until Warmup events agreed, then one in SampleEvery (kept due for a few batches
-// until one event could be verified). A caller that decodes token ids only for checked
-// batches calls it before decoding.
+// batch until Warmup events were verified, then one in SampleEvery (kept due for a few
+// batches until one event could be verified). A caller that decodes token ids only for
+// checked batches calls it before decoding.
 func (c *ProfileCheck) BeginBatch() bool {
 	c.batches++
 	switch {
-	case c.agreed.Load() < uint64(c.cfg.Warmup) || c.pending:
+	case c.verified.Load() < uint64(c.cfg.Warmup):
 		c.due = true
 	case c.due && !c.verifiedB && c.dueLeft > 0:
 		c.dueLeft-- // the sample found nothing verifiable yet: look at the next batch
@@ -416,7 +423,8 @@ func (c *ProfileCheck) setSuggestion(s string) {
 // candidate is a profile to try in a diagnosis and what it changes.
 type candidate struct {
 	p       Profile
-	changes []string
+	changes string
+	nChange int
 }
 
 // suggest returns the diagnosis text for a mismatching root event: it hashes the
@@ -452,15 +460,15 @@ func (c *ProfileCheck) suggest(ev *StoredEvent) string {
 				break
 			}
 		}
-		if match && (best < 0 || len(cands[i].changes) < len(cands[best].changes)) {
+		if match && (best < 0 || cands[i].nChange < cands[best].nChange) {
 			best = i
 		}
 	}
 	if best >= 0 {
-		if len(cands[best].changes) == 0 {
+		if cands[best].nChange == 0 {
 			return "the registered profile reproduces the event diagnosed: an earlier mismatch may have another cause"
 		}
-		return "engine hashes match " + strings.Join(cands[best].changes, ", ")
+		return cands[best].changes
 	}
 	msg := "no profile tried reproduces the engine's hashes"
 	if c.p.Strategy == StrategyVLLMV1 && c.lora != "" && c.p.LoraPath == "" {
@@ -472,11 +480,18 @@ func (c *ProfileCheck) suggest(ev *StoredEvent) string {
 // candidates are the profiles a diagnosis tries, for vllm_v1: every combination of the
 // algorithms, the registered seed and "unset", both extra-key forms (tagged only where
 // the lora path is known or there is no LoRA) and the lookahead registered, published
-// with the event, or none.
+// with the event, or none. They are built once per lookahead an engine publishes.
 func (c *ProfileCheck) candidates(ev *StoredEvent) []candidate {
 	p := c.p
 	if p.Strategy != StrategyVLLMV1 {
 		return nil // SGLang has no hashing option to try but the strategy (see Check)
+	}
+	look := -1
+	if ev.HasLookahead {
+		look = ev.LookaheadPerBlock
+	}
+	if c.candsLook == look {
+		return c.cands
 	}
 	var out []candidate
 	seeds := []string{p.Seed}
@@ -525,10 +540,12 @@ func (c *ProfileCheck) candidates(ev *StoredEvent) []candidate {
 					if la != p.Lookahead {
 						ch = append(ch, fmt.Sprintf("lookahead_tokens %d", la))
 					}
-					out = append(out, candidate{q, ch})
+					text := "engine hashes match " + strings.Join(ch, ", ")
+					out = append(out, candidate{q, text, len(ch)})
 				}
 			}
 		}
 	}
+	c.cands, c.candsLook = out, look
 	return out
 }

@@ -310,11 +310,11 @@ func TestProfileCheckSampling(t *testing.T) {
 }
 
 // A mismatching stream is diagnosed at the 1st, 2nd, 4th, 8th... root mismatch, not
-// at every one.
+// at every one; past the warm-up it is sampled like an agreeing one.
 func TestProfileCheckDiagnosisIsRare(t *testing.T) {
 	reg := mustResolve(t, "vllm_v1", "sha256", "0", "low64_be")
 	eng := newSimEngine(t, mustResolveSpec(t, vllmSpec("sha256", "unset")), 4, "", "", 8)
-	chk := NewProfileCheck(reg, 4, "", CheckConfig{})
+	chk := NewProfileCheck(reg, 4, "", CheckConfig{Warmup: 1000})
 	diagnosed := 0
 	for range 100 {
 		chk.BeginBatch()
@@ -327,6 +327,17 @@ func TestProfileCheckDiagnosisIsRare(t *testing.T) {
 	if st := chk.Stats(); st.Mismatched != 100 || diagnosed != 7 { // 1,2,4,...,64
 		t.Fatalf("%d diagnoses for %d mismatches", diagnosed, st.Mismatched)
 	}
+	sampled := NewProfileCheck(reg, 4, "", CheckConfig{Warmup: 5, SampleEvery: 10})
+	due := 0
+	for range 105 {
+		if sampled.BeginBatch() {
+			due++
+			sampled.Check(eng.event(0, 2))
+		}
+	}
+	if due != 5+10 {
+		t.Fatalf("a mismatching stream: %d of 105 batches checked, want the warm-up's 5 and 1 in 10", due)
+	}
 }
 
 // Stats may be read while the stream's goroutine checks (the server's metrics and views
@@ -334,7 +345,7 @@ func TestProfileCheckDiagnosisIsRare(t *testing.T) {
 func TestProfileCheckStatsWhileChecking(t *testing.T) {
 	reg := mustResolve(t, "vllm_v1", "sha256", "0", "low64_be")
 	eng := newSimEngine(t, mustResolveSpec(t, vllmSpec("sha256", "unset")), 4, "", "", 8)
-	chk := NewProfileCheck(reg, 4, "", CheckConfig{})
+	chk := NewProfileCheck(reg, 4, "", CheckConfig{Warmup: 1000})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -353,5 +364,29 @@ func TestProfileCheckStatsWhileChecking(t *testing.T) {
 		default:
 			_ = chk.Stats().String()
 		}
+	}
+}
+
+// A warm check allocates nothing per event, agreeing or not (a diagnosis, rare,
+// allocates its text).
+func TestProfileCheckAllocatesNothing(t *testing.T) {
+	reg := mustResolveSpec(t, specWith("sha256", "0", func(s *Spec) { s.LookaheadTokens = 2 }))
+	same := newSimEngine(t, reg, 16, "", "", 16*40)
+	other := newSimEngine(t, mustResolveSpec(t, specWith("sha256", "unset", func(s *Spec) { s.LookaheadTokens = 2 })), 16, "", "", 16*40)
+	chk := NewProfileCheck(reg, 16, "", CheckConfig{Warmup: 1 << 30})
+	a, b, c := same.event(0, 8), same.event(8, 16), other.event(1, 9)
+	c.Parent = same.keys[0] // a continuation from a known digest: mismatch, no diagnosis
+	run := func() {
+		chk.BeginBatch()
+		chk.Check(a)
+		chk.Check(b)
+		chk.Check(c)
+	}
+	run()
+	if a := testing.AllocsPerRun(100, run); a != 0 {
+		t.Fatalf("%v allocs per batch", a)
+	}
+	if st := chk.Stats(); st.Agreed == 0 || st.Mismatched == 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }
