@@ -16,7 +16,7 @@ import (
 // Defaults of CheckConfig.
 const (
 	DefaultCheckWarmup      = 64
-	DefaultCheckSampleEvery = 64
+	DefaultCheckSampleEvery = 128
 	DefaultCheckDigests     = 4096
 	// checkSampleWindow is how many batches in a row a due sample may wait for an event
 	// it can verify before the next sample is scheduled.
