@@ -10,7 +10,7 @@ FUZZTIME  ?= 10s
 # Python packages the tests need (pyzmq/msgspec publish events the way vLLM does).
 PY_TEST_PKGS := pytest pyzmq msgspec msgpack
 
-.PHONY: all build run test gotest nocgo pytest vet fmtcheck rules bench fuzz generate deps deps-promtool deps-etcd venv clean
+.PHONY: all build run test gotest nocgo pytest vet fmtcheck rules bench fuzz generate vectors deps-vectors deps deps-promtool deps-etcd venv clean
 
 all: build
 
@@ -123,6 +123,29 @@ fuzz: deps
 # the go:generate lines; the generators run at the versions those lines pin.
 generate:
 	$(GO) generate ./...
+
+# Engine vectors (testdata/engines/): downloads the published vLLM and SGLang wheels from
+# PyPI, runs their own hashing and KV-event code and rewrites the JSON files. Needs the
+# network, g++ and the OpenSSL headers (SGLang's page hash is C++); not part of `make
+# test`. The wheels' sources and the generator's venv live in VECTORS_CACHE (ignored).
+VECTORS_CACHE ?= .cache/enginevectors
+VECTORS_PY    := $(VECTORS_CACHE)/venv/bin/python
+VECTORS_PKGS  := msgspec cbor2 xxhash pyzmq numpy pybind11 typing_extensions
+
+deps-vectors:
+	@if ! command -v g++ >/dev/null 2>&1 || [ ! -f /usr/include/openssl/sha.h ]; then \
+		echo "installing g++ and libssl-dev (SGLang's page hash is compiled from its C++ source)"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq g++ libssl-dev; \
+	fi
+
+$(VECTORS_CACHE)/venv/.stamp:
+	python3 -m venv $(VECTORS_CACHE)/venv
+	$(VECTORS_CACHE)/venv/bin/pip install -q --disable-pip-version-check $(VECTORS_PKGS)
+	touch $@
+
+vectors: deps-vectors $(VECTORS_CACHE)/venv/.stamp
+	$(VECTORS_PY) tools/enginevectors/generate.py --cache $(VECTORS_CACHE) --out testdata/engines
 
 clean:
 	rm -rf bin $(VENV)
