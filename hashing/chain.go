@@ -72,7 +72,10 @@ type Chain struct {
 	xxh  bool
 	// ex0 and exN are the extras of block 0 (lora + salt) and of later blocks (lora).
 	ex0, exN blockExtras
-	err      error
+	// nsSeed, when ns, is the SGLang LoRA namespace the published keys are in.
+	nsSeed [32]byte
+	ns     bool
+	err    error
 
 	buf       []byte
 	extra0    []byte // encoded extras of block 0 up to the lookahead tokens
@@ -110,7 +113,7 @@ func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSal
 	c.hasParent = false
 	c.parent = [32]byte{}
 	c.pickleFast = false
-	c.lookahead, c.dlen, c.xxh = 0, 32, false
+	c.lookahead, c.dlen, c.xxh, c.ns = 0, 32, false, false
 	if p == nil || p.Strategy.String() == "" || p.Algorithm.String() == "" || p.Projection.String() == "" {
 		c.err = errNoProfile
 		return
@@ -175,6 +178,10 @@ func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSal
 			per = 8
 		}
 		need = max(32+per*unit, len(sglangSaltPrefix)+len(cacheSalt))
+		if loraName != "" && p.LoraPath != "" {
+			c.buf = sglangLoraNamespace(c.buf, loraName, p.LoraPath, &c.nsSeed)
+			c.ns = true
+		}
 		if cacheSalt != "" {
 			c.ensure(need)
 			b := append(c.buf[:0], sglangSaltPrefix...)
@@ -240,7 +247,16 @@ func (c *Chain) hashNext() (uint64, error) {
 	}
 	c.hasParent = true
 	c.next++
-	return c.proj.Apply(&c.parent), nil
+	return c.key(&c.parent), nil
+}
+
+// key is the published key of a block with digest d: its projection, in the SGLang LoRA
+// namespace when there is one.
+func (c *Chain) key(d *[32]byte) uint64 {
+	if c.ns {
+		return sglangNamespacedKey(&c.nsSeed, d)
+	}
+	return c.proj.Apply(d)
 }
 
 // hashBlock writes the digest of block i into *d, hashed from c.parent, which must be

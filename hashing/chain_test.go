@@ -43,7 +43,21 @@ func allProfiles(t testing.TB) map[string]Profile {
 			IndexProjection: "low64_be"}),
 		"xxhash_cbor_tagged_la2": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "xxhash_cbor", PythonHashSeed: "7",
 			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "p", LookaheadTokens: 2}),
+		"sglang_lora_path": mustResolveSpec(t, Spec{Strategy: "sglang", Algorithm: "sha256_raw",
+			IndexProjection: "first64_be", LoraPath: "/adapters/a"}),
 	}
+}
+
+// keyOf is the published key of a block digest: the projection, or for an SGLang LoRA
+// page with a lora path, the namespaced value (checked against SGLang 0.5.23's own in
+// engines_test.go).
+func keyOf(p Profile, lora string, d *[32]byte) uint64 {
+	if p.Strategy.isSGLang() && lora != "" && p.LoraPath != "" {
+		var seed [32]byte
+		sglangLoraNamespace(nil, lora, p.LoraPath, &seed)
+		return sglangNamespacedKey(&seed, d)
+	}
+	return p.Project(d)
 }
 
 // digestOf is the profile's block digest of a preimage, computed from the libraries
@@ -147,8 +161,8 @@ func TestChainLazyMatchesEager(t *testing.T) {
 				if ch.Digest() != want[i] || ch.Hashed() != i+1 {
 					t.Fatalf("%s bs %d n %d lora %q salt %q: block %d digest differs", name, bs, n, lora, salt, i)
 				}
-				if key != p.Project(&want[i]) {
-					t.Fatalf("%s block %d: key %d, want projection %d", name, i, key, p.Project(&want[i]))
+				if key != keyOf(p, lora, &want[i]) {
+					t.Fatalf("%s block %d: key %d, want %d", name, i, key, keyOf(p, lora, &want[i]))
 				}
 			}
 			if k == len(want) {
@@ -170,7 +184,7 @@ func TestChainCounts(t *testing.T) {
 				ch.Reset(&p, bs, "", "", toks)
 				wantPos, wantBlocks := n, max(n-p.Lookahead, 0)/bs
 				switch name {
-				case "sglang":
+				case "sglang", "sglang_lora_path":
 					wantBlocks = (n + bs - 1) / bs
 				case "sglang_bigram":
 					wantPos = max(n-1, 0)

@@ -70,8 +70,8 @@ type StoredEvent struct {
 	// Salt is the cache salt: vLLM's from the first block's extra keys, SGLang's
 	// cache_salt.
 	Salt string
-	// LoraName is the event's lora_name; SGLang pages of a LoRA adapter are hashed in
-	// a namespace the check cannot reproduce and are not verified.
+	// LoraName is the event's lora_name (the check hashes with its context's, which
+	// events are routed by).
 	LoraName string
 	// Lookahead are vLLM's lookahead_token_ids, LookaheadPerBlock per block, when
 	// HasLookahead.
@@ -216,7 +216,7 @@ func (c *ProfileCheck) Check(ev *StoredEvent) CheckOutcome {
 	if !c.due {
 		return CheckSkipped
 	}
-	if c.p.Strategy.isSGLang() && len(ev.Hashes) > 0 && len(ev.Tokens) > 0 && ev.LoraName == "" &&
+	if c.p.Strategy.isSGLang() && len(ev.Hashes) > 0 && len(ev.Tokens) > 0 &&
 		ev.Pairs != (c.p.Strategy == StrategySGLangBigram) {
 		// Bigram pages publish [a,b] pairs, plain ones single ids: the strategy is wrong
 		// whatever the hashes.
@@ -299,7 +299,7 @@ func (c *ProfileCheck) eventTokens(p *Profile, ev *StoredEvent) ([]int32, bool) 
 		return nil, false
 	}
 	if p.Strategy != StrategyVLLMV1 {
-		if ev.LoraName != "" || ev.Pairs != (p.Strategy == StrategySGLangBigram) {
+		if ev.Pairs != (p.Strategy == StrategySGLangBigram) {
 			return nil, false
 		}
 		return c.sglangTokens(ev, nh)
@@ -471,8 +471,13 @@ func (c *ProfileCheck) suggest(ev *StoredEvent) string {
 		return cands[best].changes
 	}
 	msg := "no profile tried reproduces the engine's hashes"
-	if c.p.Strategy == StrategyVLLMV1 && c.lora != "" && c.p.LoraPath == "" {
+	switch {
+	case c.p.Strategy == StrategyVLLMV1 && c.lora != "" && c.p.LoraPath == "":
 		msg += `; LoRA blocks of vLLM >= 0.31 need extra_keys "tagged" and lora_path`
+	case c.p.Strategy.isSGLang() && c.lora != "" && c.p.LoraPath == "":
+		msg += "; LoRA pages of SGLang >= 0.5.23 need lora_path (adapters from --lora-paths)"
+	case c.p.Strategy.isSGLang() && c.lora != "":
+		msg += "; an SGLang adapter loaded at run time has a random id: its pages cannot be reproduced"
 	}
 	return msg
 }
@@ -513,7 +518,7 @@ func (c *ProfileCheck) candidates(ev *StoredEvent) []candidate {
 	}
 	for _, a := range algos {
 		for _, seed := range seeds {
-			if a.xxh() && (seed == SeedUnset || seed == "random") {
+			if a.xxh() && seed == SeedUnset {
 				continue
 			}
 			for _, ek := range []ExtraKeys{p.ExtraKeys, 1 - p.ExtraKeys} {

@@ -225,10 +225,24 @@ func TestProfileCheckSGLang(t *testing.T) {
 		if out := chk.Check(last); out != CheckAgreed {
 			t.Fatalf("salt %q partial page: %d", salt, out)
 		}
-		lora := eng.event(0, 1)
-		lora.LoraName = "ad"
-		if out := chk.Check(lora); out != CheckUnverifiable {
-			t.Fatalf("LoRA page (namespaced hash): %d", out)
+	}
+	// SGLang >= 0.5.23 LoRA pages: namespaced by the adapter's path when registered with it.
+	withPath := mustResolveSpec(t, Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", LoraPath: "/p"})
+	lengine := newSimEngine(t, withPath, 4, "ad", "", 12)
+	for _, c := range []struct {
+		p    Profile
+		want CheckOutcome
+		hint string
+	}{{withPath, CheckAgreed, ""}, {sgl, CheckMismatch, "need lora_path"}} {
+		chk := NewProfileCheck(c.p, 4, "ad", CheckConfig{})
+		chk.BeginBatch()
+		if out := chk.Check(lengine.event(0, 2)); out != c.want || !strings.Contains(chk.Stats().Suggestion, c.hint) {
+			t.Fatalf("LoRA pages under %+v: %d %+v", c.p, out, chk.Stats())
+		}
+		if c.want == CheckAgreed {
+			if out := chk.Check(lengine.event(2, 3)); out != CheckAgreed { // a namespaced parent
+				t.Fatalf("namespaced continuation: %d", out)
+			}
 		}
 	}
 	// Bigram pages publish pairs.

@@ -264,7 +264,7 @@ func (c *Chain) resolve(j int) error {
 	if err := c.hashBlock(c.next, &mc.aheadD[j]); err != nil {
 		return err
 	}
-	mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
+	mc.aheadK[j] = c.key(&mc.aheadD[j])
 	mc.known[j], mc.hashed[j], mc.dv[j] = true, true, true
 	mc.hashedIn++
 	mc.hashedBlock(c.next, mc.aheadK[j], mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])

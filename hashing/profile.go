@@ -155,7 +155,9 @@ type Profile struct {
 	Root [32]byte
 	// ExtraKeys is the vLLM extra-key form (untagged unless the profile says tagged).
 	ExtraKeys ExtraKeys
-	// LoraPath is the adapter path vLLM >= 0.31 hashes into LoRA blocks (tagged only).
+	// LoraPath is the adapter path: vLLM >= 0.31 hashes it into LoRA blocks (tagged
+	// only); SGLang >= 0.5.23 derives the adapter's id from it, uuid5(name, path), and
+	// publishes LoRA pages in that id's namespace (see Chain).
 	LoraPath string
 	// Lookahead is vLLM's num_hash_lookahead_tokens: each block's hash also covers the
 	// Lookahead tokens after it.
@@ -204,7 +206,8 @@ type Spec struct {
 	Strategy, Algorithm, PythonHashSeed, IndexProjection string
 	// ExtraKeys is "untagged" (the default, also "") or "tagged".
 	ExtraKeys string
-	// LoraPath is the adapter path given to the engine (vllm_v1 tagged only).
+	// LoraPath is the adapter path given to the engine (vllm_v1 tagged; SGLang >= 0.5.23
+	// adapters from --lora-paths).
 	LoraPath string
 	// LookaheadTokens is the engine's num_hash_lookahead_tokens, 0..MaxLookahead.
 	LookaheadTokens int64
@@ -228,11 +231,12 @@ func Resolve(strategy, algorithm, seed, projection string) (Profile, error) {
 //
 // vllm_v1 accepts sha256, sha256_cbor, xxhash and xxhash_cbor; python_hash_seed is a
 // decimal in 0..4294967295, "random", or "unset" (sha256 algorithms only: vLLM >= 0.29
-// then uses DefaultNoneHashSeed). The xxhash algorithms need a decimal seed: without
-// PYTHONHASHSEED vLLM seeds them randomly per process. extra_keys "tagged" is vLLM >=
+// then uses DefaultNoneHashSeed). The xxhash algorithms need PYTHONHASHSEED set:
+// without it vLLM seeds them randomly per process ("random" is fine: vLLM hashes the
+// text "random", reproducibly, as the engine vectors show). extra_keys "tagged" is vLLM >=
 // 0.31; lora_path is allowed only with it (Profile.CheckLora says, once the
 // registration's lora_name is known, whether one is required). SGLang strategies take
-// only the defaults of the new fields.
+// lora_path (SGLang >= 0.5.23 LoRA pages) and only the defaults of the other new fields.
 func ResolveSpec(s Spec) (Profile, error) { return resolve(s, false) }
 
 // resolve is ResolveSpec; legacy restricts it to what Resolve accepted before issue 25
@@ -264,6 +268,10 @@ func resolve(s Spec, legacy bool) (Profile, error) {
 		if err := sglangDefaults(s, strategy); err != nil {
 			return Profile{}, err
 		}
+		if !utf8.ValidString(s.LoraPath) {
+			return Profile{}, &FieldError{Field: FieldLoraPath, Msg: "lora_path must be valid UTF-8"}
+		}
+		p.LoraPath = s.LoraPath
 		return p, nil
 	}
 	want := "sha256, sha256_cbor, xxhash or xxhash_cbor"
@@ -326,9 +334,6 @@ func sglangDefaults(s Spec, strategy string) error {
 	case s.ExtraKeys != "" && s.ExtraKeys != "untagged":
 		return &FieldError{Field: FieldExtraKeys,
 			Msg: fmt.Sprintf("extra_keys %q is a vllm_v1 setting; strategy %s takes only untagged", s.ExtraKeys, strategy)}
-	case s.LoraPath != "":
-		return &FieldError{Field: FieldLoraPath,
-			Msg: fmt.Sprintf("lora_path is a vllm_v1 setting; strategy %s does not hash it", strategy)}
 	case s.LookaheadTokens != 0:
 		return &FieldError{Field: FieldLookahead,
 			Msg: fmt.Sprintf("lookahead_tokens is a vllm_v1 setting; strategy %s takes only 0", strategy)}
@@ -348,9 +353,13 @@ func noneHashSeed(seed string) string {
 // part of hash_profile: with extra_keys "tagged", vLLM hashes the adapter's path into
 // every block of a LoRA request, so a non-empty lora_name needs lora_path, and a
 // lora_path without a lora_name would describe blocks no request makes. The error is a
-// *FieldError naming lora_path. SGLang profiles have nothing to check.
+// *FieldError naming lora_path. For SGLang only the latter holds: without lora_path a
+// LoRA context has the base pages' hashes, as SGLang before 0.5.23 publishes them.
 func (p Profile) CheckLora(loraName string) error {
 	if p.Strategy != StrategyVLLMV1 {
+		if p.LoraPath != "" && loraName == "" {
+			return &FieldError{Field: FieldLoraPath, Msg: "lora_path needs a non-empty lora_name: base-model pages carry no adapter"}
+		}
 		return nil
 	}
 	switch {
@@ -364,16 +373,17 @@ func (p Profile) CheckLora(loraName string) error {
 }
 
 // validateSeed accepts "random", "unset" (sha256 algorithms) or bare ASCII decimal in
-// 0..4294967295; the xxhash algorithms take only a decimal. The text is kept verbatim
+// 0..4294967295; the xxhash algorithms refuse "unset" (vLLM seeds them randomly then).
+// "random" is not random to vLLM: it hashes the text, as any other seed. The text is kept verbatim
 // (vLLM hashes the env string, so "00" and "0" give different roots); leading zeros
 // are therefore allowed as long as the value is in range.
 func validateSeed(seed string, a Algorithm, legacy bool) error {
 	if !utf8.ValidString(seed) {
 		return &FieldError{Field: FieldSeed, Msg: "python_hash_seed must be valid UTF-8"}
 	}
-	if a.xxh() && (seed == "random" || seed == SeedUnset) {
+	if a.xxh() && seed == SeedUnset {
 		return &FieldError{Field: FieldSeed,
-			Msg: fmt.Sprintf("algorithm %s needs a decimal python_hash_seed in 0..4294967295, got %q: without a fixed PYTHONHASHSEED vLLM seeds xxhash randomly per process", a, seed)}
+			Msg: fmt.Sprintf(`algorithm %s needs python_hash_seed set (a decimal in 0..4294967295, or "random"): without PYTHONHASHSEED vLLM seeds xxhash randomly per process`, a)}
 	}
 	if seed == "random" || seed == SeedUnset && !legacy {
 		return nil
@@ -461,13 +471,11 @@ func (p Profile) appendRootFold(b []byte) []byte {
 }
 
 // Equal is upstream ResolvedHashProfile equality: selectors and root must match;
-// python_hash_seed and the vLLM fields of issue 25 (extra-key form, lora_path,
-// lookahead) are compared only for vllm_v1, because SGLang profiles carry none of them.
+// python_hash_seed and the vLLM fields of issue 25 (extra-key form, lookahead) are
+// compared only for vllm_v1, because SGLang profiles carry none of them; lora_path
+// always.
 func (p Profile) Equal(o Profile) bool {
-	if !p.SameEngine(o) {
-		return false
-	}
-	return p.Strategy != StrategyVLLMV1 || p.LoraPath == o.LoraPath
+	return p.SameEngine(o) && p.LoraPath == o.LoraPath
 }
 
 // SameEngine is Equal but for lora_path: whether two profiles describe one engine's

@@ -25,7 +25,7 @@ func TestResolveSpecFields(t *testing.T) {
 	}{
 		{"xxhash", vllmSpec("xxhash", "0"), ""},
 		{"xxhash_cbor", vllmSpec("xxhash_cbor", "4294967295"), ""},
-		{"xxhash random seed", vllmSpec("xxhash", "random"), FieldSeed},
+		{"xxhash random seed", vllmSpec("xxhash", "random"), ""},
 		{"xxhash unset seed", vllmSpec("xxhash_cbor", "unset"), FieldSeed},
 		{"sha256 unset", vllmSpec("sha256", "unset"), ""},
 		{"sha256_cbor unset", vllmSpec("sha256_cbor", "unset"), ""},
@@ -45,7 +45,8 @@ func TestResolveSpecFields(t *testing.T) {
 		{"lookahead negative", Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "0", IndexProjection: "low64_be", LookaheadTokens: -1}, FieldLookahead},
 		{"sglang untagged", Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", ExtraKeys: "untagged"}, ""},
 		{"sglang tagged", Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", ExtraKeys: "tagged"}, FieldExtraKeys},
-		{"sglang lora_path", Spec{Strategy: "sglang_bigram", Algorithm: "sha256_raw", IndexProjection: "first64_be", LoraPath: "/a"}, FieldLoraPath},
+		{"sglang lora_path", Spec{Strategy: "sglang_bigram", Algorithm: "sha256_raw", IndexProjection: "first64_be", LoraPath: "/a"}, ""},
+		{"sglang lora_path utf8", Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", LoraPath: "\xff"}, FieldLoraPath},
 		{"sglang lookahead", Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", LookaheadTokens: 1}, FieldLookahead},
 		{"sglang xxhash", Spec{Strategy: "sglang", Algorithm: "xxhash", IndexProjection: "first64_be"}, FieldAlgorithm},
 	}
@@ -249,13 +250,14 @@ func TestCheckLora(t *testing.T) {
 	withPath := mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "0", IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "/a"})
 	untagged := mustResolveSpec(t, vllmSpec("sha256", "0"))
 	sgl := mustResolveSpec(t, Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"})
+	sglPath := mustResolveSpec(t, Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", LoraPath: "/a"})
 	cases := []struct {
 		p    Profile
 		lora string
 		ok   bool
 	}{
 		{tagged, "", true}, {tagged, "a", false}, {withPath, "a", true}, {withPath, "", false},
-		{untagged, "a", true}, {untagged, "", true}, {sgl, "a", true},
+		{untagged, "a", true}, {untagged, "", true}, {sgl, "a", true}, {sglPath, "a", true}, {sglPath, "", false},
 	}
 	for i, c := range cases {
 		err := c.p.CheckLora(c.lora)
