@@ -483,7 +483,7 @@ func (c *ProfileCheck) suggest(ev *StoredEvent) string {
 }
 
 // candidates are the profiles a diagnosis tries, for vllm_v1: every combination of the
-// algorithms, the registered seed and "unset", both extra-key forms (tagged only where
+// algorithms, the registered seed, "unset" and "0", both extra-key forms (tagged only where
 // the lora path is known or there is no LoRA) and the lookahead registered, published
 // with the event, or none. They are built once per lookahead an engine publishes.
 func (c *ProfileCheck) candidates(ev *StoredEvent) []candidate {
@@ -500,8 +500,10 @@ func (c *ProfileCheck) candidates(ev *StoredEvent) []candidate {
 	}
 	var out []candidate
 	seeds := []string{p.Seed}
-	if p.Seed != SeedUnset {
-		seeds = append(seeds, SeedUnset)
+	for _, s := range []string{SeedUnset, "0"} { // the default, and the usual explicit seed
+		if s != p.Seed {
+			seeds = append(seeds, s)
+		}
 	}
 	looks := []int{p.Lookahead}
 	if ev.HasLookahead && ev.LookaheadPerBlock != p.Lookahead {
