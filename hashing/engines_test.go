@@ -57,6 +57,17 @@ type vllmHashCase struct {
 	} `json:"blocks"`
 }
 
+// loraSalt is the case's lora name and cache salt ("" for none).
+func (c *vllmHashCase) loraSalt() (lora, salt string) {
+	if c.Lora != nil {
+		lora = c.Lora.Name
+	}
+	if c.CacheSalt != nil {
+		salt = *c.CacheSalt
+	}
+	return lora, salt
+}
+
 // engineFiles returns the vector files of one engine ("vllm" or "sglang").
 func engineFiles(t *testing.T, engine string) []string {
 	t.Helper()
@@ -152,13 +163,7 @@ func TestEngineVectorsVLLMBlocks(t *testing.T) {
 				t.Errorf("%s %s: %v", f.Version, c.ID, err)
 				continue
 			}
-			lora, salt := "", ""
-			if c.Lora != nil {
-				lora = c.Lora.Name
-			}
-			if c.CacheSalt != nil {
-				salt = *c.CacheSalt
-			}
+			lora, salt := c.loraSalt()
 			var ch Chain
 			ch.Reset(&p, c.BlockSize, lora, salt, f.Prompt)
 			if ch.NumBlocks() != len(c.Blocks) {
@@ -223,13 +228,7 @@ func TestEngineVectorsVLLMProfileMatters(t *testing.T) {
 		s := vllmSpecOf(&f, c)
 		s.ExtraKeys, s.LoraPath, s.LookaheadTokens = "", "", 0 // as before issue 25
 		p := mustResolveSpec(t, s)
-		lora, salt := "", ""
-		if c.Lora != nil {
-			lora = c.Lora.Name
-		}
-		if c.CacheSalt != nil {
-			salt = *c.CacheSalt
-		}
+		lora, salt := c.loraSalt()
 		var ch Chain
 		ch.Reset(&p, c.BlockSize, lora, salt, f.Prompt)
 		if k, err := ch.Next(); err == nil && k == c.Blocks[0].EventHash {

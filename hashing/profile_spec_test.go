@@ -348,14 +348,7 @@ func TestPickleExtrasMatchCPython(t *testing.T) {
 	strs := []string{"", "", "a", "é", "lora", "cache_salt", "adapter-A", "/models/x", randString(r, 300)}
 	var cases []extrasCase
 	for range 400 {
-		dl := 32
-		if r.IntN(2) == 0 {
-			dl = 16
-		}
-		parent := make([]byte, dl)
-		for i := range parent {
-			parent[i] = byte(r.IntN(256))
-		}
+		parent := randomParent(r)
 		c := extrasCase{Parent: hex.EncodeToString(parent), Tagged: r.IntN(2) == 0, Tokens: []int32{},
 			Lora: strs[r.IntN(len(strs))], Path: strs[r.IntN(len(strs))], Salt: strs[r.IntN(len(strs))]}
 		for range r.IntN(40) {
@@ -402,6 +395,15 @@ func TestPickleExtrasMatchCPython(t *testing.T) {
 	}
 }
 
+// randomParent is a random SHA-256 (32 bytes) or xxhash (16 bytes) parent digest.
+func randomParent(r *rand.Rand) []byte {
+	parent := make([]byte, 16+16*r.IntN(2))
+	for i := range parent {
+		parent[i] = byte(r.IntN(256))
+	}
+	return parent
+}
+
 // dlBody is the chain's bound on a single-frame pickle body (see Chain.ResetMemo).
 func dlBody(dlen, toks, extra, look, post int) int {
 	return dlen + 3 + 3 + 5*toks + extra + 5*look + post + 3
@@ -412,14 +414,8 @@ func TestCBORExtrasMatchFxamacker(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 2))
 	strs := []string{"", "", "a", "é", "lora", "adapter-A", randString(r, 300)}
 	for range 400 {
-		dl := 32
-		if r.IntN(2) == 0 {
-			dl = 16
-		}
-		parent := make([]byte, dl)
-		for i := range parent {
-			parent[i] = byte(r.IntN(256))
-		}
+		parent := randomParent(r)
+		dl := len(parent)
 		ex := blockExtras{tagged: r.IntN(2) == 0, lora: strs[r.IntN(len(strs))], path: strs[r.IntN(len(strs))], salt: strs[r.IntN(len(strs))]}
 		var toks, look []int32
 		for range r.IntN(40) {

@@ -190,6 +190,20 @@ func (l *logCounter) count(prefix string) (int, string) {
 	return n, last
 }
 
+// vllmSource is a handler of the rig's slot for key, registered there under the
+// sha256_cbor seed-0 profile, with a prompt of n tokens and its keys.
+func (r *testRig) vllmSource(key engine.ContextKey, n int, seed int32, mut func(*Source)) (*EventHandler, hashing.Profile, []int32, []uint64) {
+	r.t.Helper()
+	p, _ := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
+	r.register(key, p)
+	toks := promptOf(n, seed)
+	src := Source{Kind: publisher.VLLM, Context: key, Slot: r.slot, Profile: p}
+	if mut != nil {
+		mut(&src)
+	}
+	return NewEventHandler(src, r.eng, r.log), p, toks, chainOf(r.t, p, int(key.BlockSize), "", "", toks)
+}
+
 func tier(d, loc, dsk int64) engine.Tiers {
 	return engine.Tiers{Device: d, CPULocal: loc, CPUShare: loc, Disk: dsk}
 }
@@ -280,11 +294,7 @@ func TestMultiLoRA(t *testing.T) {
 // them, and are ignored by default; SGLang indexes what its list names.
 func TestIndexMedia(t *testing.T) {
 	r := newTestRig(t)
-	p, _ := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	r.register(testKey, p)
-	toks := promptOf(64, 7)
-	k := chainOf(t, p, 16, "", "", toks)
-	def := NewEventHandler(Source{Kind: publisher.VLLM, Context: testKey, Slot: r.slot, Profile: p}, r.eng, r.log)
+	def, p, toks, k := r.vllmSource(testKey, 64, 7, nil)
 	r.handle(def, vStoredOf(k, toks, 0, 2, "").enc(), vStoredOf(k, toks, 2, 4, "").with("medium", "CPU").enc())
 	if got := r.tiers(testKey, k); got != tier(32, 32, 32) {
 		t.Fatalf("default media: %+v", got)
@@ -435,11 +445,7 @@ func TestSelfCheck(t *testing.T) {
 // TestEventForms: the handler counts map and array events and applies both.
 func TestEventForms(t *testing.T) {
 	r := newTestRig(t)
-	p, _ := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	r.register(testKey, p)
-	toks := promptOf(32, 9)
-	k := chainOf(t, p, 16, "", "", toks)
-	h := NewEventHandler(Source{Kind: publisher.VLLM, Context: testKey, Slot: r.slot, Profile: p}, r.eng, r.log)
+	h, _, toks, k := r.vllmSource(testKey, 32, 9, nil)
 	arr, err := msgp.AppendIntf(nil, []any{"BlockStored", []any{k[1]}, k[0], anyList(toks[16:32]), 16, nil, "GPU", nil})
 	if err != nil {
 		t.Fatal(err)
