@@ -164,6 +164,13 @@ func TestEngineVectorsVLLMThroughHandler(t *testing.T) {
 						if upToDate && tr.Device != full || !upToDate && changed && tr.Device != 0 {
 							t.Errorf("%s (up to date %v) request %s: device %d of %d tokens", name, upToDate, c.Requests[j].Label, tr.Device, full)
 						}
+						// The engine's own query walk over the prompt's tokens (its chain, its
+						// block count with lookahead) finds the same.
+						var res engine.Result
+						q := engine.Query{Key: cx.key, Tokens: f.Prompt, CacheSalt: c.Requests[j].CacheSalt}
+						if err := r.eng.Query(&q, &res); err != nil || len(res.Instances) != 1 || res.Instances[0].Tiers != tr {
+							t.Errorf("%s request %s: engine query %+v (%v), keys query %+v", name, c.Requests[j].Label, res.Instances, err, tr)
+						}
 					}
 				}
 				if st := h.Stats(); st.EventsRejected != 0 || st.BatchesDropped != 0 {
