@@ -38,39 +38,66 @@ func appendCBORInt(b []byte, v int32) []byte {
 	return appendCBORHead(b, cborMajorUint, uint64(v))
 }
 
-// appendCBORExtras appends vLLM's extra_keys: null, or an array of the non-empty strings.
-func appendCBORExtras(b []byte, lora, salt string) []byte {
+// appendCBORExtras appends ex's value (blockExtras): null, or an array of its parts,
+// each a text (untagged) or an array [tag, text...] (tagged).
+func appendCBORExtras(b []byte, ex blockExtras) []byte {
 	n := 0
-	if lora != "" {
+	if ex.lora != "" {
 		n++
 	}
-	if salt != "" {
+	if ex.salt != "" {
 		n++
 	}
 	if n == 0 {
 		return append(b, cborNull)
 	}
 	b = appendCBORHead(b, cborMajorArray, uint64(n))
-	if lora != "" {
-		b = appendCBORHead(b, cborMajorText, uint64(len(lora)))
-		b = append(b, lora...)
+	if ex.lora != "" {
+		if ex.tagged {
+			b = appendCBORText(append(b, cborMajorArray|3), extraTagLora)
+			b = appendCBORText(appendCBORText(b, ex.lora), ex.path)
+		} else {
+			b = appendCBORText(b, ex.lora)
+		}
 	}
-	if salt != "" {
-		b = appendCBORHead(b, cborMajorText, uint64(len(salt)))
-		b = append(b, salt...)
+	if ex.salt != "" {
+		if ex.tagged {
+			b = appendCBORText(append(b, cborMajorArray|2), extraTagSalt)
+		}
+		b = appendCBORText(b, ex.salt)
 	}
 	return b
 }
 
-// appendCBORVLLMBlock appends cbor2.dumps((parent, tuple(tokens), extras), canonical=True).
-// It is the straightforward reference; Chain inlines the same layout with precomputed
-// extras.
-func appendCBORVLLMBlock(b []byte, parent *[32]byte, tokens []int32, lora, salt string) []byte {
-	b = append(b, cborMajorArray|3, cborMajorBytes|24, 32)
-	b = append(b, parent[:]...)
+// appendCBORText appends a text string.
+func appendCBORText(b []byte, s string) []byte {
+	return append(appendCBORHead(b, cborMajorText, uint64(len(s))), s...)
+}
+
+// appendCBORExtrasLookahead appends the extras field up to its lookahead tokens: ex's
+// value, preceded when lookahead > 0 by the head of the [value, *tokens] array whose
+// tokens the chain appends per block.
+func appendCBORExtrasLookahead(b []byte, ex blockExtras, lookahead int) []byte {
+	if lookahead > 0 {
+		b = appendCBORHead(b, cborMajorArray, uint64(1+lookahead))
+	}
+	return appendCBORExtras(b, ex)
+}
+
+// appendCBORVLLMBlock appends cbor2.dumps((parent, tuple(tokens), extras), canonical=True),
+// extras being ex's value or, with lookahead tokens, (value, *look). It is the
+// straightforward reference; Chain inlines the same layout with precomputed extras.
+func appendCBORVLLMBlock(b []byte, parent []byte, tokens []int32, ex blockExtras, look []int32) []byte {
+	b = append(b, cborMajorArray|3)
+	b = appendCBORHead(b, cborMajorBytes, uint64(len(parent)))
+	b = append(b, parent...)
 	b = appendCBORHead(b, cborMajorArray, uint64(len(tokens)))
 	for _, t := range tokens {
 		b = appendCBORInt(b, t)
 	}
-	return appendCBORExtras(b, lora, salt)
+	b = appendCBORExtrasLookahead(b, ex, len(look))
+	for _, t := range look {
+		b = appendCBORInt(b, t)
+	}
+	return b
 }

@@ -47,15 +47,15 @@ func checkCBORBlock(t testing.TB, em cbor.EncMode, parent [32]byte, toks []int32
 	if err != nil {
 		t.Fatalf("oracle marshal: %v", err)
 	}
-	if got := appendCBORVLLMBlock(nil, &parent, toks, lora, salt); !bytes.Equal(got, want) {
+	if got := appendCBORVLLMBlock(nil, parent[:], toks, blockExtras{lora: lora, salt: salt}, nil); !bytes.Equal(got, want) {
 		t.Fatalf("reference encoder differs (%d tokens)\n got %x\nwant %x", len(toks), head(got), head(want))
 	}
-	extra := appendCBORExtras(nil, lora, salt)
+	extra := appendCBORExtras(nil, blockExtras{lora: lora, salt: salt})
 	// Exactly the room the encoding may take (the scalar path), then with the slack
 	// the vector path needs (taken where the CPU has it).
 	for _, slack := range []int{0, cborSlack} {
 		buf := make([]byte, 44+5*len(toks)+len(extra)+slack)
-		if got := encodeCBORBlock(buf, &parent, toks, extra); !bytes.Equal(got, want) {
+		if got := encodeCBORBlock(buf, parent[:], toks, extra, nil); !bytes.Equal(got, want) {
 			t.Fatalf("fast encoder differs (%d tokens, slack %d)\n got %x\nwant %x", len(toks), slack, head(got), head(want))
 		}
 	}
@@ -137,7 +137,7 @@ func BenchmarkCBORBlock(b *testing.B) {
 			start := time.Now()
 			for b.Loop() {
 				for j := range blocks {
-					parent[0] += encodeCBORBlock(buf, &parent, toks[16*j:16*j+16], nil)[40]
+					parent[0] += encodeCBORBlock(buf, parent[:], toks[16*j:16*j+16], nil, nil)[40]
 				}
 			}
 			reportPerBlock(b, blocks, time.Since(start))

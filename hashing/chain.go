@@ -64,21 +64,34 @@ type Chain struct {
 	// pickleFast is true when every block provably fits in one pickle frame, so the
 	// precomputed extras can be spliced in without the framer's bookkeeping.
 	pickleFast bool
-	lora, salt string
-	err        error
+	// lookahead is the profile's Lookahead (vllm_v1): block i also hashes the tokens
+	// after it, tokens[(i+1)*bs : (i+1)*bs+lookahead].
+	lookahead int
+	// dlen is the digest size (16 for xxhash, kept in parent[16:]); xxh selects XXH3-128.
+	dlen int
+	xxh  bool
+	// ex0 and exN are the extras of block 0 (lora + salt) and of later blocks (lora).
+	ex0, exN blockExtras
+	// nsSeed, when ns, is the SGLang LoRA namespace the published keys are in.
+	nsSeed [32]byte
+	ns     bool
+	err    error
 
-	buf    []byte
-	extra0 []byte // encoded extras of block 0 (lora + salt)
-	extraN []byte // encoded extras of later blocks (lora only)
-	pk     pickler
+	buf       []byte
+	extra0    []byte // encoded extras of block 0 up to the lookahead tokens
+	extraN    []byte // encoded extras of later blocks up to the lookahead tokens
+	extraPost []byte // encoded end of the extras after the lookahead tokens (pickle)
+	pk        pickler
 
 	mc memoChain // key memo state; inert unless ResetMemo attached a Memo
 }
 
-// Reset points the chain at a new prompt. p must be a Profile from Resolve; loraName is
-// part of vllm_v1 hashes only (SGLang event hashes ignore it); cacheSalt salts block 0
-// for vllm_v1 and seeds the SGLang chain. An empty string means "none" for both.
-// Reset does not hash anything.
+// Reset points the chain at a new prompt. p must be a Profile from Resolve or
+// ResolveSpec; loraName is part of vllm_v1 hashes only (SGLang event hashes ignore it),
+// with p.LoraPath when p's extra keys are tagged; cacheSalt salts block 0 for vllm_v1 and
+// seeds the SGLang chain. An empty string means "none" for both. With p.Lookahead L > 0,
+// a vllm_v1 block is hashed only when the prompt holds L tokens after it. Reset does not
+// hash anything.
 func (c *Chain) Reset(p *Profile, blockSize int, loraName, cacheSalt string, tokens []int32) {
 	c.ResetMemo(nil, p, blockSize, loraName, cacheSalt, tokens)
 }
@@ -97,10 +110,10 @@ func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSal
 	c.numBlocks = 0
 	c.positions = 0
 	c.blockSize = blockSize
-	c.lora, c.salt = loraName, cacheSalt
 	c.hasParent = false
 	c.parent = [32]byte{}
 	c.pickleFast = false
+	c.lookahead, c.dlen, c.xxh, c.ns = 0, 32, false, false
 	if p == nil || p.Strategy.String() == "" || p.Algorithm.String() == "" || p.Projection.String() == "" {
 		c.err = errNoProfile
 		return
@@ -122,21 +135,34 @@ func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSal
 	var need int
 	switch c.strategy {
 	case StrategyVLLMV1:
-		c.numBlocks = n / bs
+		if p.Lookahead < 0 {
+			c.err = errNoProfile
+			return
+		}
+		L := p.Lookahead
+		c.lookahead = L
+		c.numBlocks = max(n-L, 0) / bs
 		c.parent = p.Root
 		c.hasParent = true
+		c.dlen, c.xxh = p.Algorithm.DigestSize(), p.Algorithm.xxh()
+		c.ex0 = blockExtras{tagged: p.ExtraKeys == ExtraKeysTagged, lora: loraName, path: p.LoraPath, salt: cacheSalt}
+		c.exN = c.ex0
+		c.exN.salt = ""
+		// Bytes per lookahead token are at most 5, as for block tokens.
 		switch c.algo {
-		case AlgoSHA256Pickle:
-			c.extra0 = appendPickleExtrasFast(c.extra0[:0], loraName, cacheSalt, 2)
-			c.extraN = appendPickleExtrasFast(c.extraN[:0], loraName, "", 2)
-			// Frame payload: parent(35) + MARK/TUPLE/MEMOIZE(3) + ints + extras + TUPLE3 MEMOIZE STOP(3).
-			body := 35 + 3 + 5*unit + max(len(c.extra0), len(c.extraN)) + 3
+		case AlgoSHA256Pickle, AlgoXXHashPickle:
+			c.extra0 = appendPickleExtrasFast(c.extra0[:0], c.ex0, L)
+			c.extraN = appendPickleExtrasFast(c.extraN[:0], c.exN, L)
+			c.extraPost = pickleLookaheadEnd(c.extraPost[:0], L)
+			// Frame payload: parent(dlen+3) + MARK/TUPLE/MEMOIZE(3) + ints + extras +
+			// lookahead ints + their tuple end + TUPLE3 MEMOIZE STOP(3).
+			body := c.dlen + 3 + 3 + 5*unit + max(len(c.extra0), len(c.extraN)) + 5*L + len(c.extraPost) + 3
 			c.pickleFast = body < frameSizeTarget
 			need = 2 + frameHeaderSize + body
-		case AlgoSHA256CBOR:
-			c.extra0 = appendCBORExtras(c.extra0[:0], loraName, cacheSalt)
-			c.extraN = appendCBORExtras(c.extraN[:0], loraName, "")
-			need = 3 + 32 + 9 + 5*unit + max(len(c.extra0), len(c.extraN)) + cborSlack
+		case AlgoSHA256CBOR, AlgoXXHashCBOR:
+			c.extra0 = appendCBORExtrasLookahead(c.extra0[:0], c.ex0, L)
+			c.extraN = appendCBORExtrasLookahead(c.extraN[:0], c.exN, L)
+			need = 3 + c.dlen + 9 + 5*unit + max(len(c.extra0), len(c.extraN)) + 5*L + cborSlack
 		default:
 			c.err = errNoProfile
 			return
@@ -152,6 +178,10 @@ func (c *Chain) ResetMemo(m *Memo, p *Profile, blockSize int, loraName, cacheSal
 			per = 8
 		}
 		need = max(32+per*unit, len(sglangSaltPrefix)+len(cacheSalt))
+		if loraName != "" && p.LoraPath != "" {
+			c.buf = sglangLoraNamespace(c.buf, loraName, p.LoraPath, &c.nsSeed)
+			c.ns = true
+		}
 		if cacheSalt != "" {
 			c.ensure(need)
 			b := append(c.buf[:0], sglangSaltPrefix...)
@@ -173,8 +203,9 @@ func (c *Chain) ensure(n int) {
 	}
 }
 
-// NumBlocks is the number of blocks Next will produce: floor(n/bs) for vllm_v1 (partial
-// tails are never hashed), ceil(n/bs) for sglang, ceil(max(n-1,0)/bs) for sglang_bigram.
+// NumBlocks is the number of blocks Next will produce: floor(max(n-L,0)/bs) for vllm_v1
+// with lookahead L (partial tails are never hashed, nor a block without its L following
+// tokens), ceil(n/bs) for sglang, ceil(max(n-1,0)/bs) for sglang_bigram.
 func (c *Chain) NumBlocks() int { return c.numBlocks }
 
 // Positions is the number of KV positions the prompt occupies: n, or max(n-1,0) for
@@ -184,8 +215,9 @@ func (c *Chain) Positions() int { return c.positions }
 // Hashed is the number of blocks Next has hashed since Reset.
 func (c *Chain) Hashed() int { return c.next }
 
-// Digest returns the full 32-byte digest of the last block Next hashed (the parent of the
-// next block). Before the first Next it is the chain seed: the vLLM root, the SGLang salt
+// Digest returns the full digest of the last block Next hashed (the parent of the next
+// block); a 16-byte xxhash digest is its last 16 bytes (Profile.DigestSize), the first
+// 16 are zero. Before the first Next it is the chain seed: the vLLM root, the SGLang salt
 // seed, or zeros. Simulators use it to publish vLLM bytes-mode or SGLang hex hashes. With
 // a memo (ResetMemo) it is only kept up to date after a block that was hashed or that ends
 // a run the memo remembered (the memo keeps the keys of a run's blocks, and the digest of
@@ -215,7 +247,16 @@ func (c *Chain) hashNext() (uint64, error) {
 	}
 	c.hasParent = true
 	c.next++
-	return c.proj.Apply(&c.parent), nil
+	return c.key(&c.parent), nil
+}
+
+// key is the published key of a block with digest d: its projection, in the SGLang LoRA
+// namespace when there is one.
+func (c *Chain) key(d *[32]byte) uint64 {
+	if c.ns {
+		return sglangNamespacedKey(&c.nsSeed, d)
+	}
+	return c.proj.Apply(d)
 }
 
 // hashBlock writes the digest of block i into *d, hashed from c.parent, which must be
@@ -225,23 +266,32 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 	bs := c.blockSize
 	switch c.strategy {
 	case StrategyVLLMV1:
-		toks := c.tokens[i*bs : (i+1)*bs]
+		end := (i + 1) * bs
+		toks := c.tokens[i*bs : end]
+		look := c.tokens[end : end+c.lookahead]
 		extra := c.extraN
 		if i == 0 {
 			extra = c.extra0
 		}
+		parent := c.parent[32-c.dlen:]
+		var pre []byte
 		switch {
-		case c.algo == AlgoSHA256CBOR:
-			*d = sum256Room(encodeCBORBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
+		case c.algo.cbor():
+			pre = encodeCBORBlock(c.buf[:cap(c.buf)], parent, toks, extra, look)
 		case c.pickleFast:
-			*d = sum256Room(encodePickleBlock(c.buf[:cap(c.buf)], &c.parent, toks, extra))
+			pre = encodePickleBlock(c.buf[:cap(c.buf)], parent, toks, extra, look, c.extraPost)
 		default:
-			salt := ""
+			ex := c.exN
 			if i == 0 {
-				salt = c.salt
+				ex = c.ex0
 			}
-			c.pk.vllmBlock(&c.parent, toks, c.lora, salt)
-			*d = sum256(c.pk.b)
+			c.pk.vllmBlock(parent, toks, ex, look)
+			pre = c.pk.b
+		}
+		if c.xxh {
+			xxhDigest(d, pre)
+		} else {
+			*d = sum256Room(pre)
 		}
 	case StrategySGLang:
 		s := i * bs
@@ -285,13 +335,15 @@ func checkNonNegative(toks []int32, base int) error {
 
 // encodePickleBlock writes the single-frame pickle of (parent, tuple(toks), extras) into
 // b (which must be large enough, see Chain.Reset) and returns the used prefix. extra is
-// the precomputed in-frame encoding of the extras field.
-func encodePickleBlock(b []byte, parent *[32]byte, toks []int32, extra []byte) []byte {
+// the precomputed in-frame encoding of the extras field up to its lookahead tokens
+// (appendPickleExtrasFast), look those tokens and post the end of their tuple
+// (pickleLookaheadEnd). parent is 32 or 16 bytes.
+func encodePickleBlock(b []byte, parent []byte, toks []int32, extra []byte, look []int32, post []byte) []byte {
 	b[0], b[1], b[2] = opProto, 5, opFrame
-	b[11], b[12] = opShortBinBytes, 32
-	copy(b[13:45], parent[:])
-	b[45] = opMemoize
-	pos := 46
+	b[11], b[12] = opShortBinBytes, byte(len(parent))
+	pos := 13 + copy(b[13:], parent)
+	b[pos] = opMemoize
+	pos++
 	if len(toks) > 3 {
 		b[pos] = opMark
 		pos++
@@ -320,6 +372,12 @@ func encodePickleBlock(b []byte, parent *[32]byte, toks []int32, extra []byte) [
 	b[pos+1] = opMemoize
 	pos += 2
 	pos += copy(b[pos:], extra)
+	if len(look) > 0 {
+		for _, t := range look {
+			pos += len(appendPickleInt(b[pos:pos], t))
+		}
+		pos += copy(b[pos:], post)
+	}
 	b[pos], b[pos+1], b[pos+2] = opTuple1+2, opMemoize, opStop
 	pos += 3
 	binary.LittleEndian.PutUint64(b[3:11], uint64(pos-2-frameHeaderSize))
@@ -327,11 +385,19 @@ func encodePickleBlock(b []byte, parent *[32]byte, toks []int32, extra []byte) [
 }
 
 // encodeCBORBlock writes canonical CBOR of [parent, [toks...], extras] into b. With
-// cborSlack bytes of room beyond the encoding, its ids go the vector path.
-func encodeCBORBlock(b []byte, parent *[32]byte, toks []int32, extra []byte) []byte {
-	b[0], b[1], b[2] = cborMajorArray|3, cborMajorBytes|24, 32
-	copy(b[3:35], parent[:])
-	pos := 35
+// cborSlack bytes of room beyond the encoding, its ids go the vector path. extra is the
+// extras field up to its lookahead tokens (appendCBORExtrasLookahead), look those tokens;
+// parent is 32 or 16 bytes.
+func encodeCBORBlock(b []byte, parent []byte, toks []int32, extra []byte, look []int32) []byte {
+	var pos int
+	if len(parent) == 32 {
+		b[0], b[1], b[2] = cborMajorArray|3, cborMajorBytes|24, 32
+		pos = 3
+	} else {
+		b[0], b[1] = cborMajorArray|3, cborMajorBytes|byte(len(parent))
+		pos = 2
+	}
+	pos += copy(b[pos:], parent)
 	n := len(toks)
 	switch {
 	case n < 24:
@@ -369,6 +435,9 @@ func encodeCBORBlock(b []byte, parent *[32]byte, toks []int32, extra []byte) []b
 		}
 	}
 	pos += copy(b[pos:], extra)
+	for _, t := range look {
+		pos += len(appendCBORInt(b[pos:pos], t))
+	}
 	return b[:pos]
 }
 

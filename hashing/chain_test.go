@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 func mustResolve(t testing.TB, s, a, seed, pr string) Profile {
@@ -16,14 +18,59 @@ func mustResolve(t testing.TB, s, a, seed, pr string) Profile {
 	return p
 }
 
-// allProfiles is one profile per hashing algorithm/strategy.
+func mustResolveSpec(t testing.TB, s Spec) Profile {
+	t.Helper()
+	p, err := ResolveSpec(s)
+	if err != nil {
+		t.Fatalf("ResolveSpec(%+v): %v", s, err)
+	}
+	return p
+}
+
+// allProfiles is one profile per hashing algorithm/strategy, plus the vLLM profiles of
+// issue 25 (tagged extra keys with a lora path, lookahead, xxhash, the unset seed).
 func allProfiles(t testing.TB) map[string]Profile {
 	return map[string]Profile{
 		"pickle":        mustResolve(t, "vllm_v1", "sha256", "0", "low64_be"),
 		"cbor":          mustResolve(t, "vllm_v1", "sha256_cbor", "random", "low64_be"),
 		"sglang":        mustResolve(t, "sglang", "sha256_raw", "", "first64_be"),
 		"sglang_bigram": mustResolve(t, "sglang_bigram", "sha256_raw", "", "first64_be"),
+		"pickle_tagged_la3": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset",
+			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "/adapters/a", LookaheadTokens: 3}),
+		"cbor_tagged_la1": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0",
+			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "é", LookaheadTokens: 1}),
+		"xxhash": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "xxhash", PythonHashSeed: "0",
+			IndexProjection: "low64_be"}),
+		"xxhash_cbor_tagged_la2": mustResolveSpec(t, Spec{Strategy: "vllm_v1", Algorithm: "xxhash_cbor", PythonHashSeed: "7",
+			IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "p", LookaheadTokens: 2}),
+		"sglang_lora_path": mustResolveSpec(t, Spec{Strategy: "sglang", Algorithm: "sha256_raw",
+			IndexProjection: "first64_be", LoraPath: "/adapters/a"}),
 	}
+}
+
+// keyOf is the published key of a block digest: the projection, or for an SGLang LoRA
+// page with a lora path, the namespaced value (checked against SGLang 0.5.23's own in
+// engines_test.go).
+func keyOf(p Profile, lora string, d *[32]byte) uint64 {
+	if p.Strategy.isSGLang() && lora != "" && p.LoraPath != "" {
+		var seed [32]byte
+		sglangLoraNamespace(nil, lora, p.LoraPath, &seed)
+		return sglangNamespacedKey(&seed, d)
+	}
+	return p.Project(d)
+}
+
+// digestOf is the profile's block digest of a preimage, computed from the libraries
+// directly (SHA-256, or XXH3-128 in the last 16 bytes).
+func digestOf(p Profile, pre []byte) [32]byte {
+	var d [32]byte
+	if p.Algorithm.xxh() {
+		h := xxh3.Hash128(pre)
+		binary.BigEndian.PutUint64(d[16:], h.Hi)
+		binary.BigEndian.PutUint64(d[24:], h.Lo)
+		return d
+	}
+	return sum256(pre)
 }
 
 // eagerDigests is an independent, straightforward computation of every block digest,
@@ -33,21 +80,24 @@ func eagerDigests(p Profile, bs int, lora, salt string, toks []int32) [][32]byte
 	switch p.Strategy {
 	case StrategyVLLMV1:
 		parent := p.Root
+		dl := p.DigestSize()
 		var pk pickler
-		for i := 0; (i+1)*bs <= len(toks); i++ {
-			s := ""
+		L := p.Lookahead
+		for i := 0; (i+1)*bs+L <= len(toks); i++ {
+			ex := blockExtras{tagged: p.ExtraKeys == ExtraKeysTagged, lora: lora, path: p.LoraPath}
 			if i == 0 {
-				s = salt
+				ex.salt = salt
 			}
 			blk := toks[i*bs : (i+1)*bs]
+			look := toks[(i+1)*bs : (i+1)*bs+L]
 			var pre []byte
-			if p.Algorithm == AlgoSHA256Pickle {
-				pk.vllmBlock(&parent, blk, lora, s)
-				pre = pk.b
+			if p.Algorithm.cbor() {
+				pre = appendCBORVLLMBlock(nil, parent[32-dl:], blk, ex, look)
 			} else {
-				pre = appendCBORVLLMBlock(nil, &parent, blk, lora, s)
+				pk.vllmBlock(parent[32-dl:], blk, ex, look)
+				pre = pk.b
 			}
-			parent = sum256(pre)
+			parent = digestOf(p, pre)
 			out = append(out, parent)
 		}
 	default:
@@ -111,8 +161,8 @@ func TestChainLazyMatchesEager(t *testing.T) {
 				if ch.Digest() != want[i] || ch.Hashed() != i+1 {
 					t.Fatalf("%s bs %d n %d lora %q salt %q: block %d digest differs", name, bs, n, lora, salt, i)
 				}
-				if key != p.Project(&want[i]) {
-					t.Fatalf("%s block %d: key %d, want projection %d", name, i, key, p.Project(&want[i]))
+				if key != keyOf(p, lora, &want[i]) {
+					t.Fatalf("%s block %d: key %d, want %d", name, i, key, keyOf(p, lora, &want[i]))
 				}
 			}
 			if k == len(want) {
@@ -132,9 +182,9 @@ func TestChainCounts(t *testing.T) {
 		for bs := 1; bs <= 5; bs++ {
 			for name, p := range ps {
 				ch.Reset(&p, bs, "", "", toks)
-				wantPos, wantBlocks := n, n/bs
+				wantPos, wantBlocks := n, max(n-p.Lookahead, 0)/bs
 				switch name {
-				case "sglang":
+				case "sglang", "sglang_lora_path":
 					wantBlocks = (n + bs - 1) / bs
 				case "sglang_bigram":
 					wantPos = max(n-1, 0)

@@ -102,10 +102,10 @@ func preimagesOf(p Profile, bs int, toks []int32) [][]byte {
 		for i := 0; (i+1)*bs <= len(toks); i++ {
 			var pre []byte
 			if p.Algorithm == AlgoSHA256Pickle {
-				pk.vllmBlock(&parent, toks[i*bs:(i+1)*bs], "", "")
+				pk.vllmBlock(parent[:], toks[i*bs:(i+1)*bs], blockExtras{}, nil)
 				pre = append([]byte(nil), pk.b...)
 			} else {
-				pre = appendCBORVLLMBlock(nil, &parent, toks[i*bs:(i+1)*bs], "", "")
+				pre = appendCBORVLLMBlock(nil, parent[:], toks[i*bs:(i+1)*bs], blockExtras{}, nil)
 			}
 			parent = sum256(pre)
 			out = append(out, pre)
@@ -246,4 +246,47 @@ func BenchmarkMemo(b *testing.B) {
 		}
 		reportPerBlock(b, blocks, time.Since(start))
 	})
+}
+
+// BenchmarkSaltedChain is the query-side cost of issue 25's tagged extra keys: a salted
+// 8K-token prompt (512 blocks of 16, realistic ids), hashed block by block without a
+// memo, untagged against tagged, with and without a LoRA adapter, per algorithm. The
+// extra keys are encoded once per prompt (Chain.Reset), so tagged costs what untagged
+// does up to the few bytes more that each block hashes.
+func BenchmarkSaltedChain(b *testing.B) {
+	toks := make([]int32, 8192)
+	r := rand.New(rand.NewPCG(3, 4))
+	for i := range toks {
+		toks[i] = int32(r.IntN(151936))
+	}
+	const blocks = 512
+	for _, algo := range []string{"sha256", "sha256_cbor", "xxhash", "xxhash_cbor"} {
+		for _, lora := range []string{"", "adapter-A"} {
+			for _, form := range []string{"untagged", "tagged"} {
+				s := Spec{Strategy: "vllm_v1", Algorithm: algo, PythonHashSeed: "0", IndexProjection: "low64_be", ExtraKeys: form}
+				if form == "tagged" && lora != "" {
+					s.LoraPath = "/models/adapters/adapter-A"
+				}
+				p := mustResolveSpec(b, s)
+				name := algo + "/" + form
+				if lora != "" {
+					name += "+lora"
+				}
+				b.Run(name, func(b *testing.B) {
+					var ch Chain
+					b.ReportAllocs()
+					start := time.Now()
+					for b.Loop() {
+						ch.Reset(&p, 16, lora, "tenant-salt-0123", toks)
+						for {
+							if _, err := ch.Next(); err != nil {
+								break
+							}
+						}
+					}
+					reportPerBlock(b, blocks, time.Since(start))
+				})
+			}
+		}
+	}
 }

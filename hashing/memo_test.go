@@ -416,11 +416,12 @@ func TestMemoConcurrentChains(t *testing.T) {
 // TestMemoChainZeroAllocs: after warm-up a memo chain allocates nothing per prompt,
 // cold (inserting) or warm (served).
 func TestMemoChainZeroAllocs(t *testing.T) {
-	toks := make([]int32, 8192)
-	for i := range toks {
-		toks[i] = int32(i*31) % 150000
-	}
 	for name, p := range allProfiles(t) {
+		// Whole runs of blocks (the memo keeps whole runs), lookahead tokens included.
+		toks := make([]int32, 8192+p.Lookahead)
+		for i := range toks {
+			toks[i] = int32(i*31) % 150000
+		}
 		m := NewMemo(1 << 14)
 		var ch Chain
 		salts := []string{"a", "b", "c", "d", "e", "f", "g", "h"}

@@ -114,31 +114,37 @@ func (mc *memoChain) reset(m *Memo) {
 }
 
 // start derives the lanes' start value from everything an entry depends on besides the
-// tokens: a run's keys also depend on the projection.
+// tokens: the whole profile (its root, extra-key form, lora path and lookahead; a run's
+// keys also depend on the projection), the block size, the lora name and the salt.
 func (mc *memoChain) start(p *Profile, blockSize int, lora, salt string) {
-	var hdr [8 + 3*8]byte
-	hdr[0], hdr[1], hdr[2] = byte(p.Strategy), byte(p.Algorithm), byte(p.Projection)
+	var hdr [8 + 5*8]byte
+	hdr[0], hdr[1], hdr[2], hdr[3] = byte(p.Strategy), byte(p.Algorithm), byte(p.Projection), byte(p.ExtraKeys)
 	binary.LittleEndian.PutUint64(hdr[8:], uint64(blockSize))
 	binary.LittleEndian.PutUint64(hdr[16:], uint64(len(lora)))
 	binary.LittleEndian.PutUint64(hdr[24:], uint64(len(salt)))
+	binary.LittleEndian.PutUint64(hdr[32:], uint64(len(p.LoraPath)))
+	binary.LittleEndian.PutUint64(hdr[40:], uint64(p.Lookahead))
 	lane := func(seed uint64) uint64 {
 		mc.x.ResetWithSeed(seed)
 		_, _ = mc.x.Write(hdr[:])
 		_, _ = mc.x.Write(p.Root[:])
 		_, _ = mc.x.WriteString(lora)
 		_, _ = mc.x.WriteString(salt)
+		_, _ = mc.x.WriteString(p.LoraPath)
 		return mc.x.Sum64()
 	}
 	mc.la, mc.lb = lane(mc.m.seedA), lane(mc.m.seedB)
 }
 
-// blockTokens returns the tokens block i's digest depends on.
+// blockTokens returns the tokens block i's digest depends on besides its parent's: with
+// lookahead, the windows of consecutive blocks overlap, and the lanes of block i still
+// determine every token up to its window's end.
 func (c *Chain) blockTokens(i int) []int32 {
 	bs := c.blockSize
 	s := i * bs
 	switch c.strategy {
 	case StrategyVLLMV1:
-		return c.tokens[s : s+bs]
+		return c.tokens[s : s+bs+c.lookahead]
 	case StrategySGLangBigram:
 		return c.tokens[s : min(s+bs, c.positions)+1]
 	}
@@ -166,7 +172,7 @@ func (c *Chain) fill() {
 	n := end - c.next
 	// Lanes first (pure arithmetic), then a pass that starts every entry's cache misses,
 	// then the verified lookups, so that the misses of one batch overlap.
-	if c.strategy == StrategyVLLMV1 && c.blockSize == 16 {
+	if c.strategy == StrategyVLLMV1 && c.blockSize == 16 && c.lookahead == 0 {
 		// Every block is 16 whole tokens, one 64-byte lane group: the lanes in one loop.
 		toks, outA, outB := c.tokens[mc.cx*16:(mc.cx+n)*16], mc.aheadA[:n], mc.aheadB[:n]
 		if n > 0 {
@@ -258,7 +264,7 @@ func (c *Chain) resolve(j int) error {
 	if err := c.hashBlock(c.next, &mc.aheadD[j]); err != nil {
 		return err
 	}
-	mc.aheadK[j] = c.proj.Apply(&mc.aheadD[j])
+	mc.aheadK[j] = c.key(&mc.aheadD[j])
 	mc.known[j], mc.hashed[j], mc.dv[j] = true, true, true
 	mc.hashedIn++
 	mc.hashedBlock(c.next, mc.aheadK[j], mc.aheadA[j], mc.aheadB[j], &mc.aheadD[j])

@@ -44,6 +44,14 @@ type pickler struct {
 	b          []byte
 	frameStart int // offset of the open frame's header, -1 when none is open
 	memo       int // number of memoized objects; the next MEMOIZE gets this index
+	// inFrame writes opcodes with no framing at all: the bytes of a part that Chain
+	// splices into a block it knows fits one frame (see appendPickleExtrasFast).
+	inFrame bool
+	// shared are the strings saved so far that CPython shares by value (shareable),
+	// with their memo indices, for the back-references saveUserStr writes.
+	shared    [3]string
+	sharedIdx [3]int
+	nShared   int
 }
 
 // begin starts a dump into the reused buffer: PROTO 5 is written before framing starts.
@@ -51,11 +59,12 @@ func (p *pickler) begin() {
 	p.b = append(p.b[:0], opProto, 5)
 	p.frameStart = -1
 	p.memo = 0
+	p.nShared = 0
 }
 
 // open starts a frame if none is open, as _Pickler_Write does when framing is on.
 func (p *pickler) open() {
-	if p.frameStart < 0 {
+	if p.frameStart < 0 && !p.inFrame {
 		p.frameStart = len(p.b)
 		p.b = append(p.b, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 	}
@@ -114,7 +123,7 @@ func (p *pickler) saveNone() {
 
 // writeLarge is _Pickler_write_bytes: payloads of 64 KiB or more bypass framing.
 func writeLarge[T ~string | ~[]byte](p *pickler, header []byte, data T) {
-	if len(data) >= frameSizeTarget {
+	if len(data) >= frameSizeTarget && !p.inFrame {
 		p.commit()
 		p.b = append(p.b, header...)
 		p.b = append(p.b, data...)
@@ -209,43 +218,110 @@ func (p *pickler) stop() {
 	p.commit()
 }
 
-// vllmBlock pickles (parent, tuple(tokens), extras) exactly, whatever the sizes: extras is
-// None when lora and salt are both empty, else (lora?, salt?) with each non-empty string.
-// When lora == salt is a single Latin-1 character, CPython hands both fields the same
-// cached singleton object, so the second occurrence is a memo back-reference.
-func (p *pickler) vllmBlock(parent *[32]byte, tokens []int32, lora, salt string) {
+// Tags of vLLM >= 0.31's extra keys (kv_cache_utils.py).
+const (
+	extraTagLora = "lora"
+	extraTagSalt = "cache_salt"
+)
+
+// blockExtras is what vLLM hashes as one block's extra keys besides lookahead tokens:
+// the LoRA adapter (on every block of a LoRA request) and the cache salt (block 0 only),
+// untagged, (lora_name, cache_salt), or tagged, (("lora", lora_name, lora_path),
+// ("cache_salt", cache_salt)); each part only when its name or salt is non-empty, and
+// None when neither is.
+type blockExtras struct {
+	tagged           bool
+	lora, path, salt string
+}
+
+// vllmBlock pickles (parent, tuple(tokens), extras) exactly, whatever the sizes. extras is
+// ex's value (see saveExtras), or, with lookahead tokens, (that value, *look), as vLLM >=
+// 0.33 hashes a block with num_hash_lookahead_tokens = len(look).
+func (p *pickler) vllmBlock(parent []byte, tokens []int32, ex blockExtras, look []int32) {
 	p.begin()
 	p.startTuple(3)
-	p.saveBytes(parent[:])
+	p.saveBytes(parent)
 	p.saveTokens(tokens)
+	p.saveLookahead(ex, look)
+	p.endTuple(3)
+	p.stop()
+}
+
+// saveLookahead saves the extras field of a block: ex's value alone, or (ex's value,
+// *look) when look is not empty.
+func (p *pickler) saveLookahead(ex blockExtras, look []int32) {
+	if len(look) == 0 {
+		p.saveExtras(ex)
+		return
+	}
+	p.startTuple(1 + len(look))
+	p.saveExtras(ex)
+	for _, t := range look {
+		p.saveInt(t)
+	}
+	p.endTuple(1 + len(look))
+}
+
+// saveExtras saves None, or the tuple of ex's parts (blockExtras).
+func (p *pickler) saveExtras(ex blockExtras) {
 	n := 0
-	if lora != "" {
+	if ex.lora != "" {
 		n++
 	}
-	if salt != "" {
+	if ex.salt != "" {
 		n++
 	}
 	if n == 0 {
 		p.saveNone()
-	} else {
-		p.startTuple(n)
-		loraIdx := -1
-		if lora != "" {
-			p.saveStr(lora)
-			loraIdx = p.memo - 1
+		return
+	}
+	p.startTuple(n)
+	if ex.lora != "" {
+		if ex.tagged {
+			p.startTuple(3)
+			p.saveStr(extraTagLora)
+			p.saveUserStr(ex.lora)
+			p.saveUserStr(ex.path)
+			p.endTuple(3)
+		} else {
+			p.saveUserStr(ex.lora)
 		}
-		if salt != "" {
-			if loraIdx >= 0 && salt == lora && isLatin1Singleton(salt) {
-				p.saveGet(loraIdx)
-			} else {
-				p.saveStr(salt)
+	}
+	if ex.salt != "" {
+		if ex.tagged {
+			p.startTuple(2)
+			p.saveStr(extraTagSalt)
+			p.saveUserStr(ex.salt)
+			p.endTuple(2)
+		} else {
+			p.saveUserStr(ex.salt)
+		}
+	}
+	p.endTuple(n)
+}
+
+// saveUserStr saves a string that came from a request (lora name, lora path, salt). The
+// pickler memoizes objects by identity; requests hand each field its own object, except
+// that CPython shares the empty string and every one-character Latin-1 string, so a
+// second such string equal to one saved before is a memo back-reference.
+func (p *pickler) saveUserStr(s string) {
+	if shareable(s) {
+		for i := range p.nShared {
+			if p.shared[i] == s {
+				p.saveGet(p.sharedIdx[i])
+				return
 			}
 		}
-		p.endTuple(n)
 	}
-	p.endTuple(3)
-	p.stop()
+	p.saveStr(s)
+	if shareable(s) && p.nShared < len(p.shared) {
+		p.shared[p.nShared], p.sharedIdx[p.nShared] = s, p.memo-1
+		p.nShared++
+	}
 }
+
+// shareable reports whether CPython represents s by a cached singleton object.
+func shareable(s string) bool { return s == "" || isLatin1Singleton(s) }
 
 // isLatin1Singleton reports whether CPython represents s by one of its cached
 // one-character strings (a single code point below 256), which are shared objects.
@@ -273,45 +349,27 @@ func appendPickleInt(b []byte, v int32) []byte {
 	return append(b, opBinInt, byte(u), byte(u>>8), byte(u>>16), byte(u>>24))
 }
 
-// appendPickleExtrasFast appends the in-frame encoding of the extras field (None or the
-// tuple of strings) for the single-frame fast path. memoBase is the memo count before
-// extras (2: parent bytes and the token tuple).
-func appendPickleExtrasFast(b []byte, lora, salt string, memoBase int) []byte {
-	n := 0
-	if lora != "" {
-		n++
+// appendPickleExtrasFast appends the in-frame encoding of the extras field up to its
+// lookahead tokens, for the single-frame fast path (Chain splices it after the token
+// tuple): ex's value, preceded when lookahead > 0 by the opening of the (value, *tokens)
+// tuple, whose end is pickleLookaheadEnd. The memo count before it is 2 (the parent
+// bytes and the token tuple).
+func appendPickleExtrasFast(b []byte, ex blockExtras, lookahead int) []byte {
+	pk := pickler{b: b, frameStart: -1, memo: 2, inFrame: true}
+	if lookahead > 0 {
+		pk.startTuple(1 + lookahead)
 	}
-	if salt != "" {
-		n++
-	}
-	if n == 0 {
-		return append(b, opNone)
-	}
-	memo := memoBase
-	loraIdx := -1
-	if lora != "" {
-		b = appendPickleStrFast(b, lora)
-		loraIdx = memo
-		memo++
-	}
-	if salt != "" {
-		if loraIdx >= 0 && salt == lora && isLatin1Singleton(salt) {
-			b = append(b, opBinGet, byte(loraIdx))
-		} else {
-			b = appendPickleStrFast(b, salt)
-		}
-	}
-	return append(b, opTuple1+byte(n-1), opMemoize)
+	pk.saveExtras(ex)
+	return pk.b
 }
 
-// appendPickleStrFast appends a str below 64 KiB (no frame bypass) plus MEMOIZE.
-func appendPickleStrFast(b []byte, s string) []byte {
-	if len(s) <= 0xff {
-		b = append(b, opShortBinUnicode, byte(len(s)))
-	} else {
-		b = append(b, opBinUnicode)
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+// pickleLookaheadEnd appends the end of a (value, *tokens) extras tuple with lookahead
+// tokens (nothing for 0).
+func pickleLookaheadEnd(b []byte, lookahead int) []byte {
+	if lookahead == 0 {
+		return b
 	}
-	b = append(b, s...)
-	return append(b, opMemoize)
+	pk := pickler{b: b, frameStart: -1, inFrame: true}
+	pk.endTuple(1 + lookahead)
+	return pk.b
 }

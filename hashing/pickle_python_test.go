@@ -181,17 +181,17 @@ func TestPickleMatchesCPython(t *testing.T) {
 		}
 		var parent [32]byte
 		copy(parent[:], mustHex(t, c.P))
-		pk.vllmBlock(&parent, c.T, c.L, c.S)
+		pk.vllmBlock(parent[:], c.T, blockExtras{lora: c.L, salt: c.S}, nil)
 		if !bytes.Equal(pk.b, want[i]) {
 			t.Fatalf("case %d (%d tokens, lora %d B, salt %d B): pickle differs at byte %d (len %d vs %d)\n got %x\nwant %x",
 				i, len(c.T), len(c.L), len(c.S), firstDiff(pk.b, want[i]), len(pk.b), len(want[i]), head(pk.b), head(want[i]))
 		}
 		// The single-frame fast path must agree wherever the chain would use it.
 		if len(c.T) > 0 {
-			extra := appendPickleExtrasFast(nil, c.L, c.S, 2)
+			extra := appendPickleExtrasFast(nil, blockExtras{lora: c.L, salt: c.S}, 0)
 			if 35+3+5*len(c.T)+len(extra)+3 < frameSizeTarget {
 				buf := make([]byte, 2+frameHeaderSize+35+3+5*len(c.T)+len(extra)+3)
-				if got := encodePickleBlock(buf, &parent, c.T, extra); !bytes.Equal(got, want[i]) {
+				if got := encodePickleBlock(buf, parent[:], c.T, extra, nil, nil); !bytes.Equal(got, want[i]) {
 					t.Fatalf("case %d: fast path differs at byte %d\n got %x\nwant %x", i, firstDiff(got, want[i]), head(got), head(want[i]))
 				}
 				fastChecked++

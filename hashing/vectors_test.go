@@ -185,10 +185,10 @@ func TestVectorsVLLM(t *testing.T) {
 				var pre []byte
 				if tc.Algo == "sha256" {
 					var pk pickler
-					pk.vllmBlock(&parent, toks, lora, blkSalt)
+					pk.vllmBlock(parent[:], toks, blockExtras{lora: lora, salt: blkSalt}, nil)
 					pre = pk.b
 				} else {
-					pre = appendCBORVLLMBlock(nil, &parent, toks, lora, blkSalt)
+					pre = appendCBORVLLMBlock(nil, parent[:], toks, blockExtras{lora: lora, salt: blkSalt}, nil)
 				}
 				if got := hex.EncodeToString(pre); got != blk.PreimageHex {
 					t.Fatalf("block %d preimage\n got %s\nwant %s", i, got, blk.PreimageHex)
@@ -238,7 +238,7 @@ func TestVectorsPickleMultiframe(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pk pickler
-	pk.vllmBlock(&p.Root, toks, "", "")
+	pk.vllmBlock(p.Root[:], toks, blockExtras{}, nil)
 	if len(pk.b) != mf.PreimageLen {
 		t.Fatalf("preimage length %d, want %d", len(pk.b), mf.PreimageLen)
 	}

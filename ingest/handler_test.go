@@ -968,7 +968,8 @@ func TestVLLMFieldRules(t *testing.T) {
 	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
 	s := r.vllmStream("vllm-a", 0, zmqtest.Config{})
 	bad := vStored(k[3:4]) // block 3: any wrongly accepted store shows up as 64 tokens
-	arrayEvent := raw(enc(nil, []any{"BlockStored", k[3:4], nil, nil, 16, nil, "GPU", nil}))
+	// Positional (vLLM <= 0.23) events are decoded like maps, then meet the same rules.
+	arrayEvent := raw(enc(nil, []any{"BlockStored", k[3:4], nil, nil, 8, nil, "GPU", nil}))
 	s.publishAndWait(engineBatch(0,
 		vStored(k[:1]),
 		vRemoved(k[:1]).with("group_idx", 2),                    // rejected: would empty block 0
@@ -984,7 +985,7 @@ func TestVLLMFieldRules(t *testing.T) {
 		bad.with("medium", nil),                                 // ignored: not indexed
 		bad.with("block_hashes", "deadbeef"),                    // decoder: wrong type
 		bad.with("surprise", kv{"x", 1}, "extra_keys", []any{}), // decoder: extra_keys count
-		arrayEvent, // events must be maps
+		arrayEvent, // positional, block size mismatch
 		vStored(k[1:3]).with("group_idx", 0, "kv_cache_spec_kind", "full_attention",
 			"extra_keys", []any{nil, nil}, "future_field", "ignored"),
 	))

@@ -2,8 +2,11 @@
 // engine operations and applies them: the vLLM, SGLang and Mooncake master rules of
 // reference notes §5.2–5.4 (block size, LoRA, cache group, medium to tier, Mooncake
 // object keys and contexts), retraction when the source goes stale or its publisher
-// restarts. It has no socket: ingest's subscriber hands it ordered payloads through the
-// ingest.Handler interface, which EventHandler implements.
+// restarts. An engine source may feed several contexts, one per LoRA adapter, each
+// event going to the context of its lora_name; each context's profile is checked
+// against the hashes its engine publishes (hashing.ProfileCheck). It has no socket:
+// ingest's subscriber hands it ordered payloads through the ingest.Handler interface,
+// which EventHandler implements.
 package translate
 
 import (
@@ -12,7 +15,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
@@ -28,13 +33,28 @@ type Source struct {
 	Kind publisher.Kind
 	// Endpoint identifies the source's contributions (Mooncake bindings are keyed by it).
 	Endpoint string
-	// Context is the registration's context. Engine events always go there; Mooncake
-	// events carry their own context, which must exist with Profile.
+	// Context is the registration's context. Engine events whose lora_name is its
+	// LoraName go there; AddContext adds the contexts of other adapters of the same
+	// engine. Mooncake events carry their own context, which must exist with Profile.
 	Context engine.ContextKey
 	// Slot is the engine registration's (instance, rank); unused for Mooncake.
 	Slot    engine.Slot
 	Profile hashing.Profile
+	// Media is what an engine source indexes (a registration's index_media, see
+	// ParseIndexMedia); the zero value is the contract's default.
+	Media MediaSet
+	// Check configures the profile self-check of engine sources (zero: the defaults);
+	// CheckOff turns it off.
+	Check    hashing.CheckConfig
+	CheckOff bool
+	// CheckLogInterval is the least time between two mismatch warnings of one context
+	// (0: DefaultCheckLogInterval).
+	CheckLogInterval time.Duration
 }
+
+// DefaultCheckLogInterval is how often, at most, a context whose profile does not match
+// its engine's hashes is logged.
+const DefaultCheckLogInterval = time.Minute
 
 // HandlerStats are an EventHandler's counters, read atomically.
 type HandlerStats struct {
@@ -42,13 +62,36 @@ type HandlerStats struct {
 	BatchesDropped uint64 // envelope failures: the whole payload was dropped
 	EventsApplied  uint64 // events that reached the index (including idempotent no-ops)
 	EventsRejected uint64 // events skipped as invalid (decoding or a field rule)
-	EventsIgnored  uint64 // events valid but not indexed (a medium the kind does not index)
+	EventsIgnored  uint64 // events valid but not indexed (a medium the source does not index)
 	BlocksApplied  uint64 // block hashes stored or removed
 	// BurstBatches counts the batches handed over through HandleBatchDeferred (the
 	// subscriber's burst path); BurstFlushes the context-writer requests that applied
 	// the deferred ops of one or more of them. Their ratio is the mean burst size.
 	BurstBatches uint64
 	BurstFlushes uint64
+	// EventsMapForm and EventsArrayForm count decoded engine events by encoding: tagged
+	// maps, and tagged positional arrays (vLLM <= 0.23, SGLang <= 0.5.19).
+	EventsMapForm, EventsArrayForm uint64
+	// HashVerified, HashMismatched and HashUnverifiable sum the self-check of every
+	// context (CheckStats has each one's): events verified, those whose hashes the
+	// registered profile does not reproduce, and events of checked batches that could
+	// not be verified.
+	HashVerified, HashMismatched, HashUnverifiable uint64
+}
+
+// route is one context an engine source feeds: the context of one lora_name.
+type route struct {
+	key   engine.ContextKey
+	check *hashing.ProfileCheck // nil: no self-check
+	// lastLog is when this context's last mismatch warning was logged (stream goroutine).
+	lastLog time.Time
+}
+
+// routes are an engine source's contexts by lora name, replaced whole (copy on write)
+// by AddContext and RemoveContext while the stream goroutine reads them.
+type routes struct {
+	byLora map[string]*route
+	list   []*route // in the order they were added
 }
 
 // EventHandler decodes the batches of one source and applies them, in order, through the
@@ -60,8 +103,19 @@ type EventHandler struct {
 	log *slog.Logger
 	dec kvevent.Decoder
 	ops []engine.Op
+	// opRoutes[i] is the context of ops[i]; opDup[i] marks a copy of the previous op for
+	// another context (a removal or clear goes to every context), not counted again.
+	opRoutes []*route
+	opDup    []bool
 	// The engine ops of a burst of batches wait here until Flush (burst.go).
 	burst burstBuf
+
+	// routes of an engine source; mu serialises their writers.
+	routes atomic.Pointer[routes]
+	mu     sync.Mutex
+	// checked: the current batch is one the self-check of some context verifies.
+	checked bool
+	logGap  time.Duration
 
 	// Mooncake: the context of the pending ops, and a one-entry cache of the last
 	// event context so a steady stream does not build key strings per event.
@@ -75,28 +129,136 @@ type EventHandler struct {
 
 	batches, batchesDropped, applied, rejected, ignored, blocks atomic.Uint64
 	burstBatches, burstFlushes                                  atomic.Uint64
+	mapForm, arrayForm                                          atomic.Uint64
 }
 
-// NewEventHandler builds the handler of one registered source.
+// NewEventHandler builds the handler of one registered source. An engine source starts
+// with one context, src.Context.
 func NewEventHandler(src Source, eng *engine.Engine, log *slog.Logger) *EventHandler {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &EventHandler{src: src, eng: eng, log: log.With("service", src.Name)}
-	// No rule here reads token ids (blocks are indexed by the hashes the engine sent);
+	h := &EventHandler{src: src, eng: eng, log: log.With("service", src.Name), logGap: src.CheckLogInterval}
+	if h.logGap <= 0 {
+		h.logGap = DefaultCheckLogInterval
+	}
+	// No index rule reads token ids (blocks are indexed by the hashes the engine sent);
 	// they are still checked, so a batch is accepted or rejected as when they are read.
+	// Batches the self-check verifies decode them (HandleBatchDeferred).
 	h.dec.SkipTokenIDs = true
+	rs := &routes{byLora: map[string]*route{}}
+	if src.Kind != publisher.Mooncake {
+		r := h.newRoute(src.Context, src.Profile)
+		rs.byLora[src.Context.LoraName] = r
+		rs.list = []*route{r}
+	}
+	h.routes.Store(rs)
 	return h
+}
+
+func (h *EventHandler) newRoute(key engine.ContextKey, p hashing.Profile) *route {
+	r := &route{key: key}
+	if !h.src.CheckOff {
+		r.check = hashing.NewProfileCheck(p, int(key.BlockSize), key.LoraName, h.src.Check)
+	}
+	return r
+}
+
+// ErrContext is the refusal of AddContext.
+var ErrContext = errors.New("context cannot be added to this source")
+
+// AddContext makes the events whose lora_name is key.LoraName go to key, with p its
+// profile for the self-check: a multi-LoRA engine publishes the blocks of every adapter
+// on one stream, and each adapter is registered as its own context. key must differ
+// from the source's context in its LoraName alone, and that name must not have a
+// context yet. Safe to call while the stream is handled; the service registers the
+// source's slot in the context first.
+func (h *EventHandler) AddContext(key engine.ContextKey, p hashing.Profile) error {
+	if h.src.Kind == publisher.Mooncake {
+		return fmt.Errorf("%w: Mooncake events name their own contexts", ErrContext)
+	}
+	base := h.src.Context
+	if key.TenantID != base.TenantID || key.ModelName != base.ModelName || key.BlockSize != base.BlockSize {
+		return fmt.Errorf("%w: %s/%s/%d is not the source's tenant, model and block size %s/%s/%d",
+			ErrContext, key.TenantID, key.ModelName, key.BlockSize, base.TenantID, base.ModelName, base.BlockSize)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.routes.Load()
+	if _, dup := old.byLora[key.LoraName]; dup {
+		return fmt.Errorf("%w: lora_name %q already has a context", ErrContext, key.LoraName)
+	}
+	rs := &routes{byLora: make(map[string]*route, len(old.byLora)+1), list: append([]*route(nil), old.list...)}
+	for k, v := range old.byLora {
+		rs.byLora[k] = v
+	}
+	r := h.newRoute(key, p)
+	rs.byLora[key.LoraName] = r
+	rs.list = append(rs.list, r)
+	h.routes.Store(rs)
+	return nil
+}
+
+// RemoveContext stops routing the events of loraName (unregistering one adapter of a
+// multi-LoRA engine leaves the others); its events are then rejected as of an
+// unregistered adapter. It reports whether there was such a context. What the context
+// holds is the service's to retract (its slot's unregistration).
+func (h *EventHandler) RemoveContext(loraName string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.routes.Load()
+	if _, ok := old.byLora[loraName]; !ok {
+		return false
+	}
+	rs := &routes{byLora: make(map[string]*route, len(old.byLora))}
+	for _, r := range old.list {
+		if r.key.LoraName != loraName {
+			rs.byLora[r.key.LoraName] = r
+			rs.list = append(rs.list, r)
+		}
+	}
+	h.routes.Store(rs)
+	return true
+}
+
+// Contexts returns the contexts the source feeds, in the order they were added.
+func (h *EventHandler) Contexts() []engine.ContextKey {
+	rs := h.routes.Load()
+	out := make([]engine.ContextKey, len(rs.list))
+	for i, r := range rs.list {
+		out[i] = r.key
+	}
+	return out
+}
+
+// CheckStats returns the self-check of the context of loraName (false: no such context,
+// or the check is off). Its String is the hash_check a view shows.
+func (h *EventHandler) CheckStats(loraName string) (hashing.CheckStats, bool) {
+	r, ok := h.routes.Load().byLora[loraName]
+	if !ok || r.check == nil {
+		return hashing.CheckStats{}, false
+	}
+	return r.check.Stats(), true
 }
 
 // Stats returns the handler's counters.
 func (h *EventHandler) Stats() HandlerStats {
-	return HandlerStats{
+	st := HandlerStats{
 		Batches: h.batches.Load(), BatchesDropped: h.batchesDropped.Load(),
 		EventsApplied: h.applied.Load(), EventsRejected: h.rejected.Load(),
 		EventsIgnored: h.ignored.Load(), BlocksApplied: h.blocks.Load(),
 		BurstBatches: h.burstBatches.Load(), BurstFlushes: h.burstFlushes.Load(),
+		EventsMapForm: h.mapForm.Load(), EventsArrayForm: h.arrayForm.Load(),
 	}
+	for _, r := range h.routes.Load().list {
+		if r.check != nil {
+			cs := r.check.Stats()
+			st.HashVerified += cs.Verified
+			st.HashMismatched += cs.Mismatched
+			st.HashUnverifiable += cs.Unverifiable
+		}
+	}
+	return st
 }
 
 // ErrDPRankConflict is the batch-level rejection of a batch whose dp_rank is not the
@@ -125,12 +287,26 @@ func (h *EventHandler) HandleBatchDeferred(seq uint64, payload []byte) error {
 // (deferred: they are part of a burst).
 func (h *EventHandler) handleBatch(seq uint64, payload []byte, deferred bool) error {
 	h.batches.Add(1)
+	var rs *routes
+	if h.src.Kind != publisher.Mooncake {
+		rs = h.routes.Load()
+		h.checked = false
+		for _, r := range rs.list {
+			if r.check != nil && r.check.BeginBatch() {
+				h.checked = true
+			}
+		}
+		// The self-check needs the token ids; other batches only scan them.
+		h.dec.SkipTokenIDs = !h.checked
+	}
 	b, err := h.dec.Decode(h.src.Kind, payload)
 	if err != nil {
 		h.batchesDropped.Add(1)
 		h.log.Warn("kv event batch dropped", "seq", seq, "err", err)
 		return nil
 	}
+	h.mapForm.Add(uint64(b.MapEvents))
+	h.arrayForm.Add(uint64(b.ArrayEvents))
 	if h.src.Kind == publisher.Mooncake {
 		h.Flush()
 		h.handleMooncake(seq, b)
@@ -158,14 +334,73 @@ func (h *EventHandler) handleBatch(seq uint64, payload []byte, deferred bool) er
 			h.reject(seq, fmt.Errorf("event %d (%s): %w", i, ev.Type, rerr))
 			continue
 		}
+		if ev.Type != kvevent.EventBlockStored {
+			// Removals and clears name no adapter: every context of the engine gets them
+			// (a hash only one of them holds is a no-op in the others).
+			if !ok {
+				h.ignored.Add(1)
+				continue
+			}
+			for j, r := range rs.list {
+				h.addOp(op, r, j > 0)
+			}
+			continue
+		}
+		r := rs.byLora[string(ev.LoraName.Bytes)]
+		if r == nil {
+			h.reject(seq, fmt.Errorf("event %d (%s): %w %q", i, ev.Type, errLoraName, ev.LoraName.Bytes))
+			continue
+		}
+		if h.checked && r.check != nil {
+			h.check(seq, r, ev)
+		}
 		if !ok {
 			h.ignored.Add(1)
 			continue
 		}
-		h.ops = append(h.ops, op)
+		h.addOp(op, r, false)
 	}
 	h.deferOps(seq, first, deferred)
 	return nil
+}
+
+// addOp queues op for r's context; dup marks a copy of the previous op (not counted).
+func (h *EventHandler) addOp(op engine.Op, r *route, dup bool) {
+	h.ops = append(h.ops, op)
+	h.opRoutes = append(h.opRoutes, r)
+	h.opDup = append(h.opDup, dup)
+}
+
+// check runs r's self-check on a BlockStored event of a checked batch, and warns, at
+// most once per logGap per context, when the profile does not reproduce its hashes.
+// The blocks are indexed by the engine's hashes whatever the outcome.
+func (h *EventHandler) check(seq uint64, r *route, ev *kvevent.Event) {
+	se := hashing.StoredEvent{Hashes: ev.BlockHashes, Parent: ev.ParentBlockHash.Uint,
+		HasParent: ev.ParentBlockHash.Valid, Tokens: ev.TokenIDs, Pairs: ev.TokenPairs,
+		BlockSize: int(ev.BlockSize.Int), LoraName: r.key.LoraName,
+		Lookahead: ev.LookaheadTokenIDs, LookaheadPerBlock: ev.LookaheadPerBlock, HasLookahead: ev.HasLookahead}
+	if h.src.Kind == publisher.VLLM {
+		salt, hasSalt, ok := kvevent.TextExtraKeys(ev.ExtraKeys, ev.LoraName.Bytes)
+		se.Opaque = !ok
+		if hasSalt {
+			se.Salt = string(salt)
+		}
+	} else {
+		se.LoraName = string(ev.LoraName.Bytes)
+		if ev.CacheSalt.Valid {
+			se.Salt = string(ev.CacheSalt.Bytes)
+		}
+	}
+	if r.check.Check(&se) != hashing.CheckMismatch {
+		return
+	}
+	if now := time.Now(); r.lastLog.IsZero() || now.Sub(r.lastLog) >= h.logGap {
+		r.lastLog = now
+		st := r.check.Stats()
+		h.log.Warn("registered hash profile does not reproduce the engine's block hashes: queries of this context miss",
+			"seq", seq, "lora_name", r.key.LoraName, "hash_check", st.String(),
+			"mismatched_events", st.Mismatched, "verified_events", st.Verified)
+	}
 }
 
 func (h *EventHandler) reject(seq uint64, err error) {
@@ -176,7 +411,7 @@ func (h *EventHandler) reject(seq uint64, err error) {
 var (
 	errBlockSize   = errors.New("block_size does not match the registration")
 	errLoraID      = errors.New("lora_id requires a positive id and a non-empty lora_name")
-	errLoraName    = errors.New("lora_name does not match the registration")
+	errLoraName    = errors.New("no context is registered for lora_name")
 	errGroup       = errors.New("only cache group 0 is supported")
 	errSpecKind    = errors.New("unsupported kv_cache_spec_kind")
 	errSliding     = errors.New("sliding-window KV cache groups are not indexed")
@@ -185,22 +420,26 @@ var (
 )
 
 // vllmOp applies the BlockStored/BlockRemoved/AllBlocksCleared rules of reference notes
-// §5.2. ok false: valid but not indexed (a medium other than gpu).
+// §5.2 (the context, by lora_name, is the caller's). ok false: valid but not indexed (a
+// medium the source does not index). Media: GPU → device, CPU → cpu_local, STORAGE →
+// disk. An offloading connector's placeholder store (block_size 0) is taken for CPU and
+// STORAGE.
 func (h *EventHandler) vllmOp(ev *kvevent.Event) (engine.Op, bool, error) {
-	op := engine.Op{Slot: h.src.Slot, Tier: engine.TierDevice}
+	op := engine.Op{Slot: h.src.Slot}
+	m := vllmMedium(ev.Medium)
 	switch ev.Type {
 	case kvevent.EventAllBlocksCleared:
-		op.Kind, op.ClearTiers = engine.OpClear, engine.MaskDevice
+		op.Kind, op.ClearTiers = engine.OpClear, h.src.Media.clearMask(publisher.VLLM)
 		return op, true, nil
 	case kvevent.EventBlockStored:
-		if ev.BlockSize.Int != h.src.Context.BlockSize {
+		// Offloading connectors publish placeholders of block_size 0 for blocks they hold
+		// without their request's metadata: the hash is still the block's.
+		placeholder := ev.BlockSize.Int == 0 && m != mediumGPU
+		if ev.BlockSize.Int != h.src.Context.BlockSize && !placeholder {
 			return op, false, errBlockSize
 		}
 		if ev.LoraID.Valid && (ev.LoraID.Int <= 0 || len(ev.LoraName.Bytes) == 0) {
 			return op, false, errLoraID
-		}
-		if string(ev.LoraName.Bytes) != h.src.Context.LoraName {
-			return op, false, errLoraName
 		}
 		if ev.KVCacheSpecKind.Valid && !kvevent.SupportedSpecKind(ev.KVCacheSpecKind) {
 			return op, false, errSpecKind
@@ -217,20 +456,22 @@ func (h *EventHandler) vllmOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	if ev.GroupIdx.Valid && ev.GroupIdx.Int != 0 {
 		return op, false, errGroup
 	}
-	if !kvevent.MediumIs(ev.Medium.Bytes, "gpu") {
+	if m == 0 || m&h.src.Media.effective(publisher.VLLM) == 0 {
 		return op, false, nil
 	}
+	op.Tier = tierOf(m)
 	op.Hashes = ev.BlockHashes
 	return op, true, nil
 }
 
 // sglangOp applies the SGLang rules of reference notes §5.3: a partial last page may be
-// shorter than the registered page size; media map to the engine's three local tiers.
+// shorter than the registered page size; media map to the engine's three local tiers
+// (those the source indexes).
 func (h *EventHandler) sglangOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	op := engine.Op{Slot: h.src.Slot}
 	switch ev.Type {
 	case kvevent.EventAllBlocksCleared:
-		op.Kind, op.ClearTiers = engine.OpClear, engine.MaskAllEngine
+		op.Kind, op.ClearTiers = engine.OpClear, h.src.Media.clearMask(publisher.SGLang)
 		return op, true, nil
 	case kvevent.EventBlockStored:
 		if ev.BlockSize.Int < 1 || ev.BlockSize.Int > h.src.Context.BlockSize {
@@ -245,17 +486,14 @@ func (h *EventHandler) sglangOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	default:
 		return op, false, fmt.Errorf("unexpected event type %s", ev.Type)
 	}
-	m := ev.Medium.Bytes
-	switch {
-	case !ev.Medium.Valid || kvevent.MediumIs(m, "gpu"):
-		op.Tier = engine.TierDevice
-	case kvevent.MediumIs(m, "cpu") || kvevent.MediumIs(m, "cpu_pinned"):
-		op.Tier = engine.TierCPULocal
-	case kvevent.MediumIs(m, "disk"):
-		op.Tier = engine.TierDisk
-	default:
-		return op, false, fmt.Errorf("%w %q", errSGLangMedia, m)
+	m := sglangMedium(ev.Medium)
+	if m == 0 {
+		return op, false, fmt.Errorf("%w %q", errSGLangMedia, ev.Medium.Bytes)
 	}
+	if m&h.src.Media.effective(publisher.SGLang) == 0 {
+		return op, false, nil
+	}
+	op.Tier = tierOf(m)
 	op.Hashes = ev.BlockHashes
 	return op, true, nil
 }
@@ -264,6 +502,7 @@ func (h *EventHandler) sglangOp(ev *kvevent.Event) (engine.Op, bool, error) {
 // Mooncake binding from this endpoint.
 func (h *EventHandler) OnStale(reason string) {
 	h.Flush()
+	h.forgetChecks()
 	h.log.Error("source marked stale; its entries are retracted until it is registered again",
 		"endpoint", h.src.Endpoint, "reason", reason)
 	h.retract()
@@ -274,6 +513,7 @@ func (h *EventHandler) OnStale(reason string) {
 // The subscriber re-baselines the sequence (and replays what the new process buffers).
 func (h *EventHandler) OnPublisherRestart(lastSeq, firstSeq uint64) {
 	h.Flush()
+	h.forgetChecks()
 	h.log.Warn("publisher restarted; retracting its previous entries", "endpoint", h.src.Endpoint,
 		"last_seq", lastSeq, "first_seq", firstSeq)
 	h.retract()
@@ -284,9 +524,21 @@ func (h *EventHandler) retract() {
 		h.eng.RetractSource(h.src.Endpoint)
 		return
 	}
-	ops := []engine.Op{{Kind: engine.OpClear, Slot: h.src.Slot, ClearTiers: engine.MaskAllEngine}}
-	if err := h.eng.Apply(h.src.Context, ops); err != nil {
-		h.log.Warn("retraction not applied", "err", err)
+	for _, r := range h.routes.Load().list {
+		ops := []engine.Op{{Kind: engine.OpClear, Slot: h.src.Slot, ClearTiers: engine.MaskAllEngine}}
+		if err := h.eng.Apply(r.key, ops); err != nil {
+			h.log.Warn("retraction not applied", "lora_name", r.key.LoraName, "err", err)
+		}
+	}
+}
+
+// forgetChecks drops the digests the self-checks remembered: the engine's blocks from
+// before a restart (or a gap) are gone.
+func (h *EventHandler) forgetChecks() {
+	for _, r := range h.routes.Load().list {
+		if r.check != nil {
+			r.check.Forget()
+		}
 	}
 }
 

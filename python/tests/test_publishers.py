@@ -210,11 +210,11 @@ def test_vllm_publisher(conductor, publisher, vectors):
     pub.publish(batch(AllBlocksCleared()))
     wait_hit(conductor, "vllm-py", 16, tiers(0))
 
-    # Legacy array-encoded events are refused (the contract takes maps only): had this
-    # one been indexed, the next batch would leave 32 tokens, not 16.
+    # Array-encoded events (vLLM <= 0.23: the tag, then the fields in declaration
+    # order) are decoded like maps: this one stores both blocks, the next removes block 1.
     pub.publish(msgpack.packb([time.time(), [["BlockStored", h, None, TOKENS[:32], 16, None, "GPU", None]], 0]))
-    pub.publish(batch(BlockStored(block_hashes=h[:1], parent_block_hash=None, token_ids=TOKENS[:16],
-                                  block_size=16, lora_id=None, medium="GPU", lora_name=None)))
+    wait_hit(conductor, "vllm-py", 16, tiers(32))
+    pub.publish(msgpack.packb([time.time(), [["BlockRemoved", h[1:], "GPU"]], 0]))
     wait_hit(conductor, "vllm-py", 16, tiers(16))
 
     status, resp = post(conductor, "/unregister", {"instance_id": "vllm-py", "dp_rank": 0})

@@ -3,15 +3,31 @@ package httpapi
 import (
 	"math"
 	"strings"
+
+	"github.com/conductor-go/conductor/hashing"
 )
 
 // HashProfileFields is the hash_profile map of a registration as sent. Only its shape is
 // checked here; whether the combination is one Conductor can hash is decided when the
-// server resolves it.
+// server resolves it (hashing.ResolveSpec of Spec).
 type HashProfileFields struct {
 	Strategy, Algorithm, PythonHashSeed, IndexProjection string
 	// HasSeed reports whether python_hash_seed was sent; SGLang strategies may omit it.
 	HasSeed bool
+	// ExtraKeys is extra_keys ("" when absent: the untagged default).
+	ExtraKeys string
+	// LoraPath is lora_path ("" when absent).
+	LoraPath string
+	// LookaheadTokens is lookahead_tokens (0 when absent); the decoder has checked it is
+	// a non-negative integer, the resolver bounds it.
+	LookaheadTokens int64
+}
+
+// Spec is the profile as hashing.ResolveSpec takes it.
+func (f HashProfileFields) Spec() hashing.Spec {
+	return hashing.Spec{Strategy: f.Strategy, Algorithm: f.Algorithm, PythonHashSeed: f.PythonHashSeed,
+		IndexProjection: f.IndexProjection, ExtraKeys: f.ExtraKeys, LoraPath: f.LoraPath,
+		LookaheadTokens: f.LookaheadTokens}
 }
 
 // RegisterRequest is a decoded POST /register body. Strings are copies: the service keeps
@@ -181,6 +197,9 @@ const (
 	hpAlgorithm
 	hpSeed
 	hpProjection
+	hpExtraKeys
+	hpLoraPath
+	hpLookahead
 	hpFields
 )
 
@@ -194,15 +213,21 @@ func hashProfileSlot(key []byte) int {
 		return hpSeed
 	case "index_projection":
 		return hpProjection
+	case "extra_keys":
+		return hpExtraKeys
+	case "lora_path":
+		return hpLoraPath
+	case "lookahead_tokens":
+		return hpLookahead
 	}
 	return -1
 }
 
 // hashProfile checks the shape of hash_profile. As upstream (reference notes
 // § Register), errors about its keys carry the bare key as field (`strategy`,
-// `algorithm`, `python_hash_seed`, `index_projection`), while the message names the
-// nested path for people; root_digest is derived by the server and rejected as an
-// unknown field.
+// `algorithm`, `python_hash_seed`, `index_projection`, and the optional `extra_keys`,
+// `lora_path`, `lookahead_tokens` of issue 25), while the message names the nested path
+// for people; root_digest is derived by the server and rejected as an unknown field.
 func hashProfile(raw []byte) (HashProfileFields, *RequestError) {
 	p, rerr := hashProfileFields(raw)
 	if rerr != nil && rerr.Field != "hash_profile" {
@@ -256,6 +281,28 @@ func hashProfileFields(raw []byte) (HashProfileFields, *RequestError) {
 	}
 	if p.IndexProjection, rerr = requiredString(vals[hpProjection], "hash_profile.index_projection"); rerr != nil {
 		return p, rerr
+	}
+	// Optional, each a non-empty string or an integer when sent; values are the
+	// resolver's.
+	if vals[hpExtraKeys] != nil {
+		if p.ExtraKeys, rerr = requiredString(vals[hpExtraKeys], "hash_profile.extra_keys"); rerr != nil {
+			return p, rerr
+		}
+	}
+	if vals[hpLoraPath] != nil {
+		if p.LoraPath, rerr = requiredString(vals[hpLoraPath], "hash_profile.lora_path"); rerr != nil {
+			return p, rerr
+		}
+	}
+	if raw := vals[hpLookahead]; raw != nil {
+		v, kind, _ := readInt(raw)
+		switch {
+		case kind == intNotInt || kind == intShort:
+			return p, newRequestError(ReasonInvalidType, "hash_profile.lookahead_tokens", "hash_profile.lookahead_tokens must be an integer")
+		case kind == intTooBig || v < 0:
+			return p, newRequestError(ReasonOutOfRange, "hash_profile.lookahead_tokens", "hash_profile.lookahead_tokens must be a non-negative integer")
+		}
+		p.LookaheadTokens = v
 	}
 	return p, nil
 }

@@ -226,6 +226,8 @@ type eventState struct {
 	legacyParent NullUint // Mooncake legacy parent_block_hash
 	extraKeysN   int
 	hasExtraKeys bool
+	lookaheadN   int  // entries of lookahead_token_ids (one per block hash)
+	array        bool // the event is a positional (array-encoded) one
 }
 
 // fail records the first error of an event.
@@ -241,16 +243,29 @@ func (d *Decoder) fail(ev *Event, idx int, f field, err error) {
 	ev.Err = &d.errs[len(d.errs)-1]
 }
 
-// decodeEvent decodes one element of the events array into ev. It returns an error
-// only for structural damage (the rest of the payload cannot be located); anything
-// else invalidates just this event, which is then skipped whole.
+// decodeEvent decodes one element of the events array into ev: a tagged map, or for
+// the engines a tagged positional array (decodeArrayEvent). It returns an error only
+// for structural damage (the rest of the payload cannot be located); anything else
+// invalidates just this event, which is then skipped whole.
 func (d *Decoder) decodeEvent(kind publisher.Kind, r *reader, idx int, ev *Event) error {
 	hashMark, tokenMark := len(d.hashes), len(d.tokens)
 	c, err := r.Peek()
 	if err != nil {
 		return err
 	}
-	if !msgpack.IsMap(c) {
+	var st eventState
+	switch {
+	case msgpack.IsMap(c):
+		d.batch.MapEvents++
+		if err := d.decodeMapEvent(kind, r, idx, ev, &st); err != nil {
+			return err
+		}
+	case msgpack.IsArray(c) && kind != publisher.Mooncake:
+		d.batch.ArrayEvents++
+		if err := d.decodeArrayEvent(kind, r, idx, ev, &st); err != nil {
+			return err
+		}
+	default:
 		if err := r.Skip(); err != nil {
 			return err
 		}
@@ -258,17 +273,35 @@ func (d *Decoder) decodeEvent(kind publisher.Kind, r *reader, idx int, ev *Event
 		*ev = Event{Err: ev.Err}
 		return nil
 	}
+	if ev.Err == nil {
+		var f field
+		var err error
+		if kind == publisher.Mooncake {
+			f, err = d.checkMooncake(ev, &st)
+		} else {
+			f, err = checkEngine(kind, ev, &st)
+		}
+		if err != nil {
+			d.fail(ev, idx, f, err)
+		}
+	}
+	if ev.Err != nil {
+		d.hashes = d.hashes[:hashMark]
+		d.tokens = d.tokens[:tokenMark]
+		*ev = Event{Err: ev.Err}
+	}
+	return nil
+}
+
+// decodeMapEvent reads a tagged map event's keys into ev.
+func (d *Decoder) decodeMapEvent(kind publisher.Kind, r *reader, idx int, ev *Event, st *eventState) error {
 	n, err := r.ReadMapHeader()
 	if err != nil {
 		return err
 	}
-	var st eventState
 	for i := 0; i < n; i++ {
 		if ev.Err != nil {
-			if err := r.Skip(); err != nil {
-				return err
-			}
-			if err := r.Skip(); err != nil {
+			if err := r.SkipN(2); err != nil {
 				return err
 			}
 			continue
@@ -278,10 +311,7 @@ func (d *Decoder) decodeEvent(kind publisher.Kind, r *reader, idx int, ev *Event
 			if !errors.Is(err, ErrEventWrongType) {
 				return err
 			}
-			if err := r.Skip(); err != nil {
-				return err
-			}
-			if err := r.Skip(); err != nil {
+			if err := r.SkipN(2); err != nil {
 				return err
 			}
 			d.fail(ev, idx, efUnknown, ErrEventKeyNotString)
@@ -309,40 +339,71 @@ func (d *Decoder) decodeEvent(kind publisher.Kind, r *reader, idx int, ev *Event
 			d.fail(ev, idx, f, ErrEventDuplicateKey)
 			continue
 		}
-		st.seen |= bit(f)
-		start := r.Pos
-		if ferr := d.decodeField(kind, r, f, ev, &st); ferr != nil {
-			// Rewind and skip: a type error may stop mid-value, and skip is what
-			// tells a wrong type (event-local) from a broken payload (fatal).
-			r.Pos = start
+		if err := d.decodeValue(kind, r, f, idx, ev, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// decodeArrayEvent reads a tagged positional event, [tag, field1, field2, ...], the
+// form of msgspec's array_like structs (vLLM up to 0.23, SGLang up to 0.5.19). Fields are
+// in declaration order (arrayFields); an older engine sends fewer, a newer one more:
+// missing trailing fields are absent, elements past the known ones are skipped.
+func (d *Decoder) decodeArrayEvent(kind publisher.Kind, r *reader, idx int, ev *Event, st *eventState) error {
+	n, err := r.ReadArrayHeader()
+	if err != nil {
+		return err
+	}
+	st.array = true
+	if n == 0 {
+		d.fail(ev, idx, efType, ErrEventMissingKey)
+		return nil
+	}
+	if err := d.decodeValue(kind, r, efType, idx, ev, st); err != nil {
+		return err
+	}
+	pos := arrayFields(kind, st.tag)
+	for i := 1; i < n; i++ {
+		f := efUnknown
+		if i-1 < len(pos) {
+			f = pos[i-1]
+		}
+		if ev.Err != nil || f == efUnknown {
 			if err := r.Skip(); err != nil {
 				return err
 			}
-			if errors.Is(ferr, ErrPayloadTruncated) || errors.Is(ferr, ErrPayloadInvalid) {
-				// skip succeeded, so the value is intact: the reader only refused a
-				// header that could not fit. Treat as a type problem.
-				ferr = ErrEventWrongType
-			}
-			d.fail(ev, idx, f, ferr)
+			continue
+		}
+		if err := d.decodeValue(kind, r, f, idx, ev, st); err != nil {
+			return err
 		}
 	}
-	if ev.Err == nil {
-		var f field
-		var err error
-		if kind == publisher.Mooncake {
-			f, err = d.checkMooncake(ev, &st)
-		} else {
-			f, err = checkEngine(kind, ev, &st)
-		}
-		if err != nil {
-			d.fail(ev, idx, f, err)
-		}
+	return nil
+}
+
+// decodeValue decodes the value of recognised field f into ev, marking it seen; a
+// value of the wrong shape fails the event (and is skipped whole), a broken payload is
+// returned.
+func (d *Decoder) decodeValue(kind publisher.Kind, r *reader, f field, idx int, ev *Event, st *eventState) error {
+	st.seen |= bit(f)
+	start := r.Pos
+	ferr := d.decodeField(kind, r, f, ev, st)
+	if ferr == nil {
+		return nil
 	}
-	if ev.Err != nil {
-		d.hashes = d.hashes[:hashMark]
-		d.tokens = d.tokens[:tokenMark]
-		*ev = Event{Err: ev.Err}
+	// Rewind and skip: a type error may stop mid-value, and skip is what tells a wrong
+	// type (event-local) from a broken payload (fatal).
+	r.Pos = start
+	if err := r.Skip(); err != nil {
+		return err
 	}
+	if errors.Is(ferr, ErrPayloadTruncated) || errors.Is(ferr, ErrPayloadInvalid) {
+		// skip succeeded, so the value is intact: the reader only refused a header that
+		// could not fit. Treat as a type problem.
+		ferr = ErrEventWrongType
+	}
+	d.fail(ev, idx, f, ferr)
 	return nil
 }
 
@@ -377,11 +438,18 @@ func checkEngine(kind publisher.Kind, ev *Event, st *eventState) (field, error) 
 		if kind == publisher.SGLang {
 			req, allowed = sglStoredReq, sglStoredAllowed
 		}
+		if st.array {
+			// The fields every release's positional form has: later ones were appended.
+			req = storedArrayReq
+		}
 	case "BlockRemoved":
 		ev.Type = EventBlockRemoved
 		req, allowed = vllmRemovedReq, vllmRemovedAllowed
 		if kind == publisher.SGLang {
 			req, allowed = sglRemovedReq, sglRemovedAllowed
+		}
+		if st.array {
+			req = removedArrayReq
 		}
 	case "AllBlocksCleared":
 		ev.Type = EventAllBlocksCleared
@@ -395,6 +463,9 @@ func checkEngine(kind publisher.Kind, ev *Event, st *eventState) (field, error) 
 	if ev.Type == EventBlockStored {
 		if st.hasExtraKeys && st.extraKeysN != len(ev.BlockHashes) {
 			return efExtraKeys, ErrEventMismatch
+		}
+		if ev.HasLookahead && st.lookaheadN != len(ev.BlockHashes) {
+			return efLookahead, ErrEventMismatch
 		}
 		if kind == publisher.SGLang && ev.BlockSize.Int <= 0 {
 			return efBlockSize, ErrEventOutOfRange

@@ -126,18 +126,14 @@ func TestDecodeVLLMVectors(t *testing.T) {
 	t.Run("bytes hashes use last 8 bytes big-endian", func(t *testing.T) {
 		evCheckVLLMVector(t, evDecode(t, publisher.VLLM, evHex(t, evVecVLLMBytes)))
 	})
-	t.Run("legacy array events are each invalid", func(t *testing.T) {
+	t.Run("legacy array events decode like the map form", func(t *testing.T) {
 		b := evDecode(t, publisher.VLLM, evHex(t, evVecVLLMLegacy))
-		if len(b.Events) != 3 || b.TS != evTS {
-			t.Fatalf("got %d events ts %v", len(b.Events), b.TS)
+		evCheckVLLMVector(t, b)
+		if b.ArrayEvents != 3 || b.MapEvents != 0 {
+			t.Fatalf("forms: %d array, %d map", b.ArrayEvents, b.MapEvents)
 		}
-		for i := range b.Events {
-			evWantErr(t, &b.Events[i], kvevent.ErrEventNotMap, "")
-			var ee *kvevent.EventError
-			errors.As(b.Events[i].Err, &ee)
-			if ee.Index != i {
-				t.Fatalf("index %d, want %d", ee.Index, i)
-			}
+		if b = evDecode(t, publisher.VLLM, evHex(t, evVecVLLMInt)); b.ArrayEvents != 0 || b.MapEvents != 3 {
+			t.Fatalf("map forms: %d array, %d map", b.ArrayEvents, b.MapEvents)
 		}
 	})
 	t.Run("omit defaults example", func(t *testing.T) {
@@ -153,17 +149,31 @@ func TestDecodeVLLMVectors(t *testing.T) {
 }
 
 func TestDecodeSGLangVectors(t *testing.T) {
-	for name, h := range map[string]string{"legacy batch": evVecSGLangLegacy, "legacy salted": evVecSGLangSalted} {
-		t.Run(name, func(t *testing.T) {
-			b := evDecode(t, publisher.SGLang, evHex(t, h))
-			if len(b.Events) == 0 || b.TS != evTS || b.DPRank != 0 || !b.HasDPRank {
-				t.Fatalf("envelope %+v", b)
+	t.Run("legacy array batch", func(t *testing.T) {
+		b := evDecode(t, publisher.SGLang, evHex(t, evVecSGLangLegacy))
+		if len(b.Events) != 2 || b.TS != evTS || b.DPRank != 0 || !b.HasDPRank || b.ArrayEvents != 2 {
+			t.Fatalf("envelope %+v", b)
+		}
+		for i, e := range b.Events {
+			evWantValid(t, &e, kvevent.EventBlockStored)
+			if len(e.BlockHashes) != 1 || len(e.TokenIDs) != 16 || e.TokenIDs[0] != int32(1+16*i) ||
+				e.BlockSize.Int != 16 || e.LoraID.Valid || string(e.Medium.Bytes) != "GPU" || e.CacheSalt.Valid {
+				t.Fatalf("event %d: %+v", i, e)
 			}
-			for i := range b.Events {
-				evWantErr(t, &b.Events[i], kvevent.ErrEventNotMap, "")
-			}
-		})
-	}
+		}
+		if p := b.Events[1].ParentBlockHash; !p.Valid || p.Uint != b.Events[0].BlockHashes[0] || b.Events[0].ParentBlockHash.Valid {
+			t.Fatalf("parents %+v %+v", b.Events[0].ParentBlockHash, p)
+		}
+	})
+	t.Run("legacy array salted (metadata element)", func(t *testing.T) {
+		b := evDecode(t, publisher.SGLang, evHex(t, evVecSGLangSalted))
+		e := &b.Events[0]
+		evWantValid(t, e, kvevent.EventBlockStored)
+		if !slices.Equal(e.BlockHashes, []uint64{2241309735000630258}) || string(e.CacheSalt.Bytes) != "s1" ||
+			len(e.TokenIDs) != 16 || e.BlockSize.Int != 16 {
+			t.Fatalf("decoded %+v", e)
+		}
+	})
 	t.Run("salted map form", func(t *testing.T) {
 		// The salted vector re-encoded as SGLang's current tagged map.
 		ev := evMap{
@@ -246,7 +256,9 @@ func TestDecodeSharedVectors(t *testing.T) {
 	} {
 		b := evDecode(t, c.kind, payload(c.name))
 		for i := range b.Events {
-			evWantErr(t, &b.Events[i], kvevent.ErrEventNotMap, "")
+			if b.Events[i].Err != nil {
+				t.Errorf("%s event %d: %v", c.name, i, b.Events[i].Err)
+			}
 		}
 	}
 }
@@ -378,7 +390,11 @@ func TestDecodeEventIsolation(t *testing.T) {
 	}{
 		{"wrong type", stored.with("block_size", evS("16")).enc(), kvevent.ErrEventWrongType, "block_size"},
 		{"duplicate key", stored.plus("medium", evS("GPU")).enc(), kvevent.ErrEventDuplicateKey, "medium"},
-		{"array event", evArr(evS("BlockStored"), evUints(1)), kvevent.ErrEventNotMap, ""},
+		{"short array event", evArr(evS("BlockStored"), evUints(1)), kvevent.ErrEventMissingKey, "parent_block_hash"},
+		{"array event wrong type", evArr(evS("BlockStored"), evUints(1), evS("x"), evTokens(1, 3), evU(2), evNil()), kvevent.ErrEventWrongType, "parent_block_hash"},
+		{"array event without tag", evArr(), kvevent.ErrEventMissingKey, "type"},
+		{"array event tag not a string", evArr(evU(1), evUints(1)), kvevent.ErrEventWrongType, "type"},
+		{"array event unknown tag", evArr(evS("BlockMoved"), evUints(1)), kvevent.ErrEventUnknownTag, "type"},
 		{"integer event", evU(7), kvevent.ErrEventNotMap, ""},
 		{"nil event", evNil(), kvevent.ErrEventNotMap, ""},
 		{"unknown tag", stored.with("type", evS("BlockMoved")).enc(), kvevent.ErrEventUnknownTag, "type"},
@@ -998,6 +1014,9 @@ func TestDecodeZeroAllocs(t *testing.T) {
 			evVLLMStored().with("block_size", evS("bad")).enc(), // invalid events record errors
 			evVLLMRemoved().enc(), evU(3), evCleared().enc())},
 		{publisher.VLLM, evHex(t, evVecVLLMBytes)},
+		{publisher.VLLM, evHex(t, evVecVLLMLegacy)},
+		{publisher.VLLM, evBatch(evF64(1), evU(0), evVLLMStoredFull().enc(), evPositional(evVLLMStoredFull()))},
+		{publisher.SGLang, evHex(t, evVecSGLangSalted)},
 		{publisher.VLLM, evMap{{"ts", evF64(1)}, {"events", evArr(evVLLMStored().enc())}}.enc()},
 		{publisher.SGLang, evBatch(evF64(1), evNil(),
 			evSGLangStored().with("token_ids", evArr(evArr(evU(1), evU(2)))).enc(),

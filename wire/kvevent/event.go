@@ -90,7 +90,8 @@ var (
 
 // Event-level failures, found in EventError.Err. Only that event is skipped.
 var (
-	// ErrEventNotMap means the event is not a msgpack map (legacy array events included).
+	// ErrEventNotMap means the event is neither a msgpack map nor, for the engines, a
+	// tagged positional array (Mooncake events must be maps).
 	ErrEventNotMap = errors.New("event is not a map")
 	// ErrEventKeyNotString means an event map key is not a str.
 	ErrEventKeyNotString = errors.New("map key is not a string")
@@ -151,6 +152,10 @@ type Batch struct {
 	// Events are in wire order; invalid ones are kept (Err set) so the handler can
 	// log them with their index and still apply the rest in order.
 	Events []Event
+	// MapEvents and ArrayEvents count the batch's events by encoding: tagged maps
+	// (current engines) and tagged positional arrays (vLLM up to 0.23, SGLang up to
+	// 0.5.19), valid or not. Other shapes count in neither.
+	MapEvents, ArrayEvents int
 }
 
 // Event is one decoded event. When Err is non-nil, Type is EventInvalid and every
@@ -181,18 +186,29 @@ type Event struct {
 	LoraID NullInt
 	// Medium is medium, as sent (compare with MediumIs).
 	Medium NullBytes
-	// LoraName is lora_name.
+	// LoraName is lora_name (vLLM; SGLang >= 0.5.22 maps; Mooncake).
 	LoraName NullBytes
 	// ExtraKeys is the raw msgpack array of vLLM extra_keys (nil when absent or nil);
 	// the decoder has checked one nil-or-array entry per block hash.
 	ExtraKeys []byte
+	// LookaheadTokenIDs are vLLM lookahead_token_ids (vLLM >= 0.33 with lookahead
+	// hashing), flattened: LookaheadPerBlock ids for each block hash, in order. Empty
+	// (and LookaheadPerBlock 0) when HasLookahead is false; nil with SkipTokenIDs.
+	LookaheadTokenIDs []int32
+	// LookaheadPerBlock is the number of lookahead ids per block (every list has it:
+	// the decoder refuses lists of different lengths).
+	LookaheadPerBlock int
+	// HasLookahead reports lookahead_token_ids present and not nil; the decoder has
+	// checked one list per block hash.
+	HasLookahead bool
 	// GroupIdx is vLLM group_idx.
 	GroupIdx NullInt
 	// KVCacheSpecKind is vLLM kv_cache_spec_kind (check with SupportedSpecKind).
 	KVCacheSpecKind NullBytes
 	// KVCacheSpecSlidingWindow is vLLM kv_cache_spec_sliding_window.
 	KVCacheSpecSlidingWindow NullInt
-	// CacheSalt is SGLang cache_salt.
+	// CacheSalt is SGLang cache_salt (a named field, or the metadata map of a
+	// positional BlockStoredWithMetadata).
 	CacheSalt NullBytes
 	// SessionID is SGLang session_id (attribution only).
 	SessionID NullBytes

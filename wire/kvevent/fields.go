@@ -1,5 +1,7 @@
 package kvevent
 
+import "github.com/conductor-go/conductor/wire/publisher"
+
 // field identifies a recognised event key across all publishers; recognised-key
 // sets are bitmasks over it.
 type field uint8
@@ -40,6 +42,8 @@ const (
 	efSeqHashes
 	efBaseBlockIdx
 	efParentHash
+	efLookahead
+	efMetadata
 	numFields
 	efUnknown field = 255
 )
@@ -60,6 +64,7 @@ var fieldNames = [numFields]string{
 	efTPRank: "tp_rank", efHeadOrTPRank: "head_or_tp_rank", efPCPRank: "pcp_rank",
 	efDCPRank: "dcp_rank", efPPRank: "pp_rank", efLayerID: "layer_id",
 	efSeqHashes: "seq_hashes", efBaseBlockIdx: "base_block_idx", efParentHash: "parent_hash",
+	efLookahead: "lookahead_token_ids", efMetadata: "metadata",
 }
 
 type fieldSet uint64
@@ -70,17 +75,25 @@ func bit(f field) fieldSet { return 1 << f }
 const (
 	vllmStoredReq = fieldSet(1<<efType | 1<<efBlockHashes | 1<<efParentBlockHash |
 		1<<efTokenIDs | 1<<efBlockSize | 1<<efLoraID | 1<<efMedium | 1<<efLoraName)
-	vllmStoredAllowed  = vllmStoredReq | 1<<efExtraKeys | 1<<efGroupIdx | 1<<efSpecKind | 1<<efSlidingWindow
+	vllmStoredAllowed = vllmStoredReq | 1<<efExtraKeys | 1<<efGroupIdx | 1<<efSpecKind | 1<<efSlidingWindow |
+		1<<efLookahead
 	vllmRemovedReq     = fieldSet(1<<efType | 1<<efBlockHashes | 1<<efMedium)
 	vllmRemovedAllowed = vllmRemovedReq | 1<<efGroupIdx
 
 	sglStoredReq = fieldSet(1<<efType | 1<<efBlockHashes | 1<<efParentBlockHash |
 		1<<efTokenIDs | 1<<efBlockSize | 1<<efLoraID)
-	sglStoredAllowed  = sglStoredReq | 1<<efMedium | 1<<efCacheSalt | 1<<efSessionID
+	sglStoredAllowed = sglStoredReq | 1<<efMedium | 1<<efCacheSalt | 1<<efSessionID | 1<<efLoraName |
+		1<<efMetadata
 	sglRemovedReq     = fieldSet(1<<efType | 1<<efBlockHashes)
 	sglRemovedAllowed = sglRemovedReq | 1<<efMedium
 
 	clearedSet = fieldSet(1 << efType)
+
+	// Positional (array-encoded) events need only the fields of the first releases:
+	// vLLM #16750 and SGLang's first BlockStored had these five; BlockRemoved its hashes.
+	storedArrayReq = fieldSet(1<<efType | 1<<efBlockHashes | 1<<efParentBlockHash |
+		1<<efTokenIDs | 1<<efBlockSize | 1<<efLoraID)
+	removedArrayReq = fieldSet(1<<efType | 1<<efBlockHashes)
 
 	mcCommonReq = fieldSet(1<<efEventID | 1<<efTimestamp | 1<<efEventType | 1<<efModelName |
 		1<<efBlockSize | 1<<efAdditionalSalt | 1<<efLoraName | 1<<efTenantID | 1<<efBackendID |
@@ -95,6 +108,40 @@ const (
 	mcStoredReq      = mcRemovedReq | 1<<efParentHash | 1<<efTokenIDs
 	mcStoredAllowed  = mcRemovedAllowed | 1<<efParentHash | 1<<efTokenIDs | 1<<efParentBlockHash
 )
+
+// Field order of the positional events (msgspec array_like structs: the tag, then the
+// fields in declaration order). Later releases appended fields, so one list per tag
+// serves every release: vLLM BlockStored gained medium, lora_name, extra_keys,
+// group_idx, the kv_cache_spec pair, then locality, ownership, session_id (not read:
+// efUnknown) and lookahead_token_ids; SGLang's BlockStoredWithMetadata appends a
+// metadata map ({cache_salt}) to BlockStored.
+var (
+	vllmStoredPos = []field{efBlockHashes, efParentBlockHash, efTokenIDs, efBlockSize, efLoraID,
+		efMedium, efLoraName, efExtraKeys, efGroupIdx, efSpecKind, efSlidingWindow,
+		efUnknown, efUnknown, efUnknown, efLookahead}
+	vllmRemovedPos = []field{efBlockHashes, efMedium, efGroupIdx}
+	sglStoredPos   = []field{efBlockHashes, efParentBlockHash, efTokenIDs, efBlockSize, efLoraID,
+		efMedium, efMetadata}
+	sglRemovedPos = []field{efBlockHashes, efMedium}
+)
+
+// arrayFields is the positional field list of an engine event tag (nil: no fields, or
+// an unknown tag, which the checks reject).
+func arrayFields(kind publisher.Kind, tag []byte) []field {
+	switch string(tag) {
+	case "BlockStored":
+		if kind == publisher.SGLang {
+			return sglStoredPos
+		}
+		return vllmStoredPos
+	case "BlockRemoved":
+		if kind == publisher.SGLang {
+			return sglRemovedPos
+		}
+		return vllmRemovedPos
+	}
+	return nil
+}
 
 func lookupVLLM(k []byte) field {
 	switch string(k) {
@@ -122,6 +169,8 @@ func lookupVLLM(k []byte) field {
 		return efSpecKind
 	case "kv_cache_spec_sliding_window":
 		return efSlidingWindow
+	case "lookahead_token_ids":
+		return efLookahead
 	}
 	return efUnknown
 }
@@ -146,6 +195,8 @@ func lookupSGLang(k []byte) field {
 		return efCacheSalt
 	case "session_id":
 		return efSessionID
+	case "lora_name":
+		return efLoraName
 	}
 	return efUnknown
 }

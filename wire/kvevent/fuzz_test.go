@@ -28,6 +28,9 @@ func evSeedPayloads(t testing.TB) map[publisher.Kind][][]byte {
 			evBatch(evF64(1), evU(0), st.with("extra_keys", evArr(evNil(), evArr(evS("a")))).enc(),
 				st.with("block_size", evS("x")).enc(), rm.enc(), evU(1), cl.with("medium", evNil()).enc()),
 			evBatch(evF32(1), evNil(), st.plus("type", evS("BlockStored")).enc(), st.with("block_hashes", evArr(evBin(make([]byte, 32)))).enc()),
+			// Positional events: the newest field list, an old prefix, a removal, a clear.
+			evBatch(evF64(1), evU(0), evPositional(evVLLMStoredFull()), evPositional(st[:6]),
+				evPositional(rm.with("group_idx", evU(0))), evPositional(cl), evVLLMStoredFull().enc()),
 		},
 		publisher.SGLang: {
 			evHex(t, evVecSGLangLegacy),
@@ -35,6 +38,10 @@ func evSeedPayloads(t testing.TB) map[publisher.Kind][][]byte {
 			evBatch(evF64(1), evU(0), evSGLangStored().enc(),
 				evSGLangStored().with("token_ids", evArr(evArr(evU(1), evU(2)), evU(3))).with("cache_salt", evS("s")).enc(),
 				evMap{{"type", evS("BlockRemoved")}, {"block_hashes", evArr(evI(-1))}, {"medium", evS("CPU")}}.enc(), cl.enc()),
+			evBatch(evF64(1), evU(0), evPositional(evSGLangStored().with("medium", evS("GPU")).
+				with("metadata", evMap{{"cache_salt", evS("s")}, {"session_id", evNil()}}.enc())),
+				evPositional(evMap{{"type", evS("BlockRemoved")}, {"block_hashes", evArr(evI(-1))}}), evPositional(cl),
+				evSGLangStored().with("lora_name", evS("a")).enc()),
 		},
 		publisher.Mooncake: {
 			evBatch(evU(evMooncakeTS), evU(0), evMooncakeStored().enc(), evMooncakeRemoved().enc(), evMooncakeCommon("cleared").enc()),
@@ -89,7 +96,7 @@ func evFuzzDecode(t *testing.T, kind publisher.Kind, payload, other []byte) {
 
 // evCheckSkipTokens: a decoder with SkipTokenIDs accepts and rejects exactly what a full
 // one does (batch and every event, same errors) and returns the same batch but for
-// Event.TokenIDs, which it leaves nil.
+// Event.TokenIDs and Event.LookaheadTokenIDs, which it leaves nil.
 func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *kvevent.Batch, fullErr error) {
 	t.Helper()
 	var want string
@@ -100,6 +107,7 @@ func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *
 		cp.Events = slices.Clone(full.Events)
 		for i := range cp.Events {
 			cp.Events[i].TokenIDs = nil
+			cp.Events[i].LookaheadTokenIDs = nil
 		}
 		want = evFingerprint(&cp, nil)
 	}
@@ -107,7 +115,7 @@ func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *
 	b, err := skip.Decode(kind, payload)
 	if err == nil {
 		for i := range b.Events {
-			if b.Events[i].TokenIDs != nil {
+			if b.Events[i].TokenIDs != nil || b.Events[i].LookaheadTokenIDs != nil {
 				t.Fatalf("skipping decoder kept the token ids of event %d", i)
 			}
 		}

@@ -302,6 +302,76 @@ func (r *reader) readExtraKeys(ev *Event, st *eventState) error {
 	return nil
 }
 
+// readLookahead reads vLLM lookahead_token_ids: nil, or an array of int32 arrays, all of
+// one length, flattened into the token buffer (only checked with SkipTokenIDs).
+func (d *Decoder) readLookahead(r *reader, ev *Event, st *eventState) error {
+	if r.ReadNil() {
+		return nil
+	}
+	n, err := r.ReadArrayHeader()
+	if err != nil {
+		return err
+	}
+	start := len(d.tokens)
+	per := -1
+	for i := 0; i < n; i++ {
+		m, err := r.ReadArrayHeader()
+		if err != nil {
+			return err
+		}
+		if per >= 0 && m != per {
+			d.tokens = d.tokens[:start]
+			return ErrEventMismatch
+		}
+		per = m
+		for j := 0; j < m; j++ {
+			t, err := readToken(r)
+			if err != nil {
+				d.tokens = d.tokens[:start]
+				return err
+			}
+			if !d.SkipTokenIDs {
+				d.tokens = append(d.tokens, t)
+			}
+		}
+	}
+	if !d.SkipTokenIDs {
+		end := len(d.tokens)
+		ev.LookaheadTokenIDs = d.tokens[start:end:end]
+	}
+	ev.LookaheadPerBlock = max(per, 0)
+	ev.HasLookahead = true
+	st.lookaheadN = n
+	return nil
+}
+
+// readMetadata reads the metadata map of SGLang's positional BlockStoredWithMetadata:
+// cache_salt (and session_id) as nullable strings; other keys are skipped.
+func (r *reader) readMetadata(ev *Event) error {
+	n, err := r.ReadMapHeader()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		key, err := r.ReadStr()
+		if err != nil {
+			return err
+		}
+		switch string(key) {
+		case "cache_salt":
+			ev.CacheSalt, err = r.readNullStr()
+		case "session_id":
+			ev.SessionID, err = r.readNullStr()
+		default:
+			err = r.Skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // decodeField decodes the value of one recognised key; an error leaves the reader
 // anywhere inside the value (the caller rewinds).
 func (d *Decoder) decodeField(kind publisher.Kind, r *reader, f field, ev *Event, st *eventState) error {
@@ -355,6 +425,10 @@ func (d *Decoder) decodeField(kind publisher.Kind, r *reader, f field, ev *Event
 		ev.LoraName, err = r.readNullStr()
 	case efExtraKeys:
 		err = r.readExtraKeys(ev, st)
+	case efLookahead:
+		err = d.readLookahead(r, ev, st)
+	case efMetadata:
+		err = r.readMetadata(ev)
 	case efGroupIdx:
 		ev.GroupIdx, err = r.readNullInt()
 	case efSpecKind:
