@@ -31,6 +31,10 @@ type FleetConfig struct {
 	// MaxBatchEvents caps the events of one published batch (long prompts span several
 	// batches, like chunked prefill); 0 means 1024, values below 7 mean 7.
 	MaxBatchEvents int
+	// DrainPoll is the longest pause between Drain's queries for its marker (they start at
+	// 100 us and double); 0 means 20 ms. A shorter one times the end of a burst more
+	// closely, at the cost of more queries while the conductor works.
+	DrainPoll time.Duration
 }
 
 // Fleet is a set of simulated engine ranks. It is driven from one goroutine.
@@ -64,6 +68,9 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	}
 	if cfg.InstancePrefix == "" {
 		cfg.InstancePrefix = "sim-"
+	}
+	if cfg.DrainPoll <= 0 {
+		cfg.DrainPoll = 20 * time.Millisecond
 	}
 	h, err := NewHasher(cfg.Hash, cfg.BlockSize, cfg.Lora, "")
 	if err != nil {
@@ -317,7 +324,7 @@ func (f *Fleet) Drain(cl *httpclient.Client, timeout time.Duration) (uint64, err
 			return 0, fmt.Errorf("marker %d not applied on every rank after %v", f.markerGen, timeout)
 		}
 		time.Sleep(pause)
-		pause = min(2*pause, 20*time.Millisecond)
+		pause = min(2*pause, f.cfg.DrainPoll)
 	}
 	count, err := f.prefixCount(cl)
 	if err != nil {
