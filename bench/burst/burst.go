@@ -133,19 +133,21 @@ type Result struct {
 
 	// What the conductor's /metrics counted over the burst and the settling time (the
 	// fleet's services only exist for this burst): sequence gaps, sequence numbers missed
-	// in them, replays by result, messages rejected, and sources stale at the end.
-	// MetricsRead is false when /metrics could not be read (the counts are then 0).
+	// in them, replays by result, batches received twice and dropped (a replay at join
+	// overlapping the live stream), other messages rejected, and sources stale at the
+	// end. MetricsRead is false when /metrics could not be read (the counts are then 0).
 	MetricsRead   bool   `json:"metrics_read"`
 	Gaps          uint64 `json:"sequence_gaps"`
 	Missed        uint64 `json:"sequences_missed"`
 	ReplaysOK     uint64 `json:"replays_ok"`
 	ReplaysFailed uint64 `json:"replays_failed"`
+	Duplicates    uint64 `json:"duplicate_batches"`
 	Rejected      uint64 `json:"rejected_messages"`
 	Stale         uint64 `json:"stale_sources"`
 }
 
 // Lossless reports whether the conductor indexed every block without a gap, replay,
-// rejection or stale source.
+// rejection or stale source (a batch received twice loses nothing).
 func (r *Result) Lossless() bool {
 	return r.IndexedBlocks == uint64(r.Blocks) && r.Gaps == 0 && r.Missed == 0 && r.ReplaysOK == 0 &&
 		r.ReplaysFailed == 0 && r.Rejected == 0 && r.Stale == 0
@@ -241,7 +243,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.SendSeconds = sent.Sub(start).Seconds()
 	res.SendBlocksPerSec = float64(cfg.Blocks) / res.SendSeconds
-	count, err := f.Drain(cl, 10*time.Minute)
+	count, err := drain(ctx, f, cl, cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("burst: %w", err)
 	}
@@ -294,7 +296,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Missed = delta("conductor_service_sequences_missed_total")
 		res.ReplaysOK = delta("conductor_service_replays_total", `result="ok"`)
 		res.ReplaysFailed = delta("conductor_service_replays_total", `result="failed"`)
-		res.Rejected = delta("conductor_service_rejected_total")
+		res.Duplicates = delta("conductor_service_rejected_total", `reason="duplicate_sequence"`)
+		res.Rejected = delta("conductor_service_rejected_total") - res.Duplicates
 		stale, _ := m1.Sum("conductor_service_stale")
 		res.Stale = uint64(stale)
 	}
@@ -302,6 +305,41 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return res, fmt.Errorf("burst: conductor indexes %d blocks, %d were published", count, cfg.Blocks)
 	}
 	return res, nil
+}
+
+// staleWatch is how often drain reads the conductor's /metrics for stale sources.
+const staleWatch = 500 * time.Millisecond
+
+// errStale is the cause drain gives up with when a source went stale: its marker will
+// never be applied.
+var errStale = errors.New("a publisher's source went stale (its entries retracted)")
+
+// drain waits for the fleet's drain marker (at most 10 minutes), giving up as soon as the
+// conductor's /metrics shows a stale source.
+func drain(ctx context.Context, f *sim.Fleet, cl *httpclient.Client, addr string) (uint64, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(staleWatch):
+			}
+			if m, err := target.ReadMetrics(ctx, addr); err == nil {
+				if stale, _ := m.Sum("conductor_service_stale"); stale > 0 {
+					cancel(fmt.Errorf("%w: %.0f of them", errStale, stale))
+					return
+				}
+			}
+		}
+	}()
+	count, err := f.DrainContext(ctx, cl, 10*time.Minute)
+	cancel(nil)
+	<-watched
+	return count, err
 }
 
 func progress(w io.Writer, format string, args ...any) {

@@ -2,12 +2,19 @@ package burst
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/bench/target"
+	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/wire/publisher"
+	"github.com/tinylib/msgp/msgp"
 )
 
 func inProcess(t *testing.T) *target.Conductor {
@@ -81,5 +88,39 @@ func TestBurstRefusals(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), Config{Addr: "127.0.0.1:1", Rate: -1}); err == nil {
 		t.Fatal("negative rate accepted")
+	}
+}
+
+// TestDrainGivesUpOnStale: once the conductor's /metrics shows a stale source, the drain
+// ends with errStale instead of waiting for a marker that will never be applied.
+func TestDrainGivesUpOnStale(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			fmt.Fprintln(w, `conductor_service_stale{service="burst-0|default|0",type="vLLM"} 1`)
+		case "/query":
+			// {"instances": {}}: the marker is nowhere (yet).
+			b := msgp.AppendMapHeader(nil, 1)
+			b = msgp.AppendString(b, "instances")
+			_, _ = w.Write(msgp.AppendMapHeader(b, 0))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	cl, err := httpclient.New(addr, httpclient.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	f, err := sim.NewFleet(sim.FleetConfig{Instances: 1, DPRanks: 1, Kind: publisher.VLLM, Hash: sim.VLLMHash("sha256", "0"),
+		Model: "burst", BlockSize: 16, Cache: sim.CacheConfig{Device: 1}, Publish: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := drain(context.Background(), f, cl, addr); !errors.Is(err, errStale) {
+		t.Fatalf("drain: %v, want errStale", err)
 	}
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -304,6 +305,12 @@ func (f *Fleet) Unregister(cl *httpclient.Client) {
 // marker on all of them (each stream is applied in order). It returns the context's
 // prefix_count at that moment, not counting the marker, and then retracts the marker.
 func (f *Fleet) Drain(cl *httpclient.Client, timeout time.Duration) (uint64, error) {
+	return f.DrainContext(context.Background(), cl, timeout)
+}
+
+// DrainContext is Drain that also gives up when ctx is done (the marker stays published
+// then: a later drain's marker is another block).
+func (f *Fleet) DrainContext(ctx context.Context, cl *httpclient.Client, timeout time.Duration) (uint64, error) {
 	f.markerGen++
 	marker, err := f.publishMarker(f.markerGen)
 	if err != nil {
@@ -322,6 +329,9 @@ func (f *Fleet) Drain(cl *httpclient.Client, timeout time.Duration) (uint64, err
 		}
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("marker %d not applied on every rank after %v", f.markerGen, timeout)
+		}
+		if err := context.Cause(ctx); err != nil {
+			return 0, fmt.Errorf("drain: marker %d not applied on every rank: %w", f.markerGen, err)
 		}
 		time.Sleep(pause)
 		pause = min(2*pause, f.cfg.DrainPoll)

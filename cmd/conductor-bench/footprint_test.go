@@ -71,7 +71,7 @@ func TestIngestCommand(t *testing.T) {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
 	}
 	for _, want := range []string{"3 vLLM publishers flat out, 2500 blocks, 64 blocks/event", "indexed blocks", "2500 (published 2500)",
-		"CPU harness+conductor", "RSS growth per block", "gaps / missed / replays ok, failed / rejected / stale  0 / 0 / 0, 0 / 0 / 0",
+		"CPU harness+conductor", "RSS growth per block", "gaps / missed / replays ok, failed / duplicates / rejected / stale  0 / 0 / 0, 0 / ",
 		"in process: CPU and RSS are the harness's"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())

@@ -136,8 +136,8 @@ func printIngest(w io.Writer, r *burst.Result, cond *target.Conductor) {
 	t.Add("harness CPU", fmt.Sprintf("%.3f s over the burst (publishers, their libzmq I/O thread, drain queries)", r.HarnessCPUSeconds))
 	t.Add("indexed blocks", fmt.Sprintf("%d (published %d)", r.IndexedBlocks, r.Blocks))
 	if r.MetricsRead {
-		t.Add("gaps / missed / replays ok, failed / rejected / stale",
-			fmt.Sprintf("%d / %d / %d, %d / %d / %d", r.Gaps, r.Missed, r.ReplaysOK, r.ReplaysFailed, r.Rejected, r.Stale))
+		t.Add("gaps / missed / replays ok, failed / duplicates / rejected / stale",
+			fmt.Sprintf("%d / %d / %d, %d / %d / %d / %d", r.Gaps, r.Missed, r.ReplaysOK, r.ReplaysFailed, r.Duplicates, r.Rejected, r.Stale))
 	} else {
 		t.Add("gaps, replays, stale", "unknown (/metrics not read)")
 	}
