@@ -48,6 +48,11 @@ type Config struct {
 	// Rate paces the publishers to this many blocks per second in all (shared equally);
 	// 0 sends flat out.
 	Rate float64
+	// Warmup is the time between the registration and the burst (negative: none; 0 = 2
+	// s), so that the subscriptions' catch-up and join check (1 s after connecting, by
+	// default) are over: a join check during a flat-out burst replays from the
+	// conductor's applied sequence, which the publisher's ring may no longer hold.
+	Warmup time.Duration
 	// Settle is how long after the last block is applied the settled RSS is read (0 =
 	// read at once).
 	Settle time.Duration
@@ -69,6 +74,9 @@ func (c Config) withDefaults() Config {
 	def(&c.EventsPerBatch, 1)
 	def(&c.PromptBlocks, 512)
 	def(&c.BlockSize, 16)
+	if c.Warmup == 0 {
+		c.Warmup = 2 * time.Second
+	}
 	if c.Hash == (sim.HashSpec{}) {
 		c.Hash = sim.VLLMHash("sha256_cbor", "0")
 	}
@@ -85,6 +93,7 @@ type Result struct {
 	BlockSize      int     `json:"block_size"`
 	HashAlgorithm  string  `json:"hash_algorithm"`
 	PacedRate      float64 `json:"paced_blocks_per_second"` // 0: flat out
+	WarmupSeconds  float64 `json:"warmup_seconds"`
 	Batches        int     `json:"batches"`
 	PayloadBytes   int64   `json:"payload_bytes"`
 	// EncodeSeconds is the time the harness took to hash and encode every batch before
@@ -144,6 +153,10 @@ type Result struct {
 	Duplicates    uint64 `json:"duplicate_batches"`
 	Rejected      uint64 `json:"rejected_messages"`
 	Stale         uint64 `json:"stale_sources"`
+	// CatchUps and JoinChecks are the subscriptions' replay catch-ups and join checks
+	// (any result) over the same time: none when the warm-up covered them.
+	CatchUps   uint64 `json:"catch_ups"`
+	JoinChecks uint64 `json:"join_checks"`
 }
 
 // Lossless reports whether the conductor indexed every block without a gap, replay,
@@ -214,6 +227,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	defer f.Unregister(cl)
 	if err := f.Register(cl, 30*time.Second); err != nil {
 		return nil, err
+	}
+	if cfg.Warmup > 0 {
+		progress(cfg.Progress, "registered %d publishers; warming up for %v", cfg.Publishers, cfg.Warmup)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(cfg.Warmup):
+		}
+		res.WarmupSeconds = cfg.Warmup.Seconds()
 	}
 	m0, m0err := target.ReadMetrics(ctx, cfg.Addr)
 	var s0 target.Sample
@@ -298,6 +320,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.ReplaysFailed = delta("conductor_service_replays_total", `result="failed"`)
 		res.Duplicates = delta("conductor_service_rejected_total", `reason="duplicate_sequence"`)
 		res.Rejected = delta("conductor_service_rejected_total") - res.Duplicates
+		res.CatchUps = delta("conductor_service_catchups_total")
+		res.JoinChecks = delta("conductor_service_join_checks_total")
 		stale, _ := m1.Sum("conductor_service_stale")
 		res.Stale = uint64(stale)
 	}

@@ -33,7 +33,7 @@ func TestBurstFlatOut(t *testing.T) {
 	c := inProcess(t)
 	var log strings.Builder
 	res, err := Run(context.Background(), Config{Addr: c.Addr, PID: c.PID, Publishers: 4, Blocks: 4096,
-		BlocksPerEvent: 64, PromptBlocks: 256, Progress: &log})
+		BlocksPerEvent: 64, PromptBlocks: 256, Warmup: -1, Progress: &log})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
@@ -66,14 +66,14 @@ func TestBurstFlatOut(t *testing.T) {
 func TestBurstPacedUneven(t *testing.T) {
 	c := inProcess(t)
 	res, err := Run(context.Background(), Config{Addr: c.Addr, Publishers: 3, Blocks: 3001, BlocksPerEvent: 64,
-		EventsPerBatch: 2, PromptBlocks: 100, Rate: 200_000, Settle: time.Millisecond})
+		EventsPerBatch: 2, PromptBlocks: 100, Rate: 200_000, Warmup: 10 * time.Millisecond, Settle: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 31 prompts (30 of 100 blocks, one of 1) on 3 publishers: 11, 10, 10 prompts of two
 	// events each (64 + 36) but the last prompt (one event): 21, 20, 20 events; 2 per
 	// batch: 11 + 10 + 10 batches.
-	if res.IndexedBlocks != 3001 || !res.Lossless() || res.Batches != 31 || res.PacedRate != 200_000 {
+	if res.IndexedBlocks != 3001 || !res.Lossless() || res.Batches != 31 || res.PacedRate != 200_000 || res.WarmupSeconds != 0.01 {
 		t.Fatalf("result %+v", res)
 	}
 	if res.CPUSeconds != 0 || res.RSSSettledBytes != 0 || res.RSSGrowthPerBlock != 0 {

@@ -65,7 +65,7 @@ func (d *ingestDoc) check(t *testing.T, mode string, blocks int) {
 func TestIngestCommand(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut strings.Builder
-	code := run([]string{"ingest", "--publishers", "3", "--blocks", "2500", "--prompt-blocks", "200", "--settle", "10ms",
+	code := run([]string{"ingest", "--publishers", "3", "--blocks", "2500", "--prompt-blocks", "200", "--settle", "10ms", "--warmup", "0",
 		"--results", dir}, &out, &errOut)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
@@ -90,7 +90,7 @@ func TestFootprintSpawned(t *testing.T) {
 	dir := t.TempDir()
 	var out, errOut strings.Builder
 	code := run([]string{"ingest", "--conductor-bin", bin, "--publishers", "2", "--blocks", "3000", "--events-per-batch", "2",
-		"--paced", "100000", "--settle", "50ms", "--results", dir}, &out, &errOut)
+		"--paced", "100000", "--settle", "50ms", "--warmup", "100ms", "--results", dir}, &out, &errOut)
 	if code != 0 {
 		t.Fatalf("ingest exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
 	}

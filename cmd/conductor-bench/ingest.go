@@ -30,6 +30,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
 	paced := fs.Float64("paced", 0, "publish at this many blocks/s in all (shared by the publishers); 0 = flat out")
 	settle := fs.Duration("settle", 10*time.Second, "read the settled RSS this long after the last block is applied")
+	warmup := fs.Duration("warmup", 2*time.Second, "wait this long between registering the publishers and the burst (the conductor's catch-up and join check, 1 s after connecting by default, are then over)")
 	seed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
 	if err := fs.Parse(args); err != nil {
@@ -41,8 +42,11 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return fmt.Errorf("%s %d: must be positive", name, v)
 		}
 	}
-	if *paced < 0 || *settle < 0 {
-		return fmt.Errorf("--paced %v, --settle %v: must not be negative", *paced, *settle)
+	if *paced < 0 || *settle < 0 || *warmup < 0 {
+		return fmt.Errorf("--paced %v, --settle %v, --warmup %v: must not be negative", *paced, *settle, *warmup)
+	}
+	if *warmup == 0 {
+		*warmup = -1 // burst.Config: none
 	}
 	_, hs, err := hashSpec("vllm", *algo, "0")
 	if err != nil {
@@ -52,7 +56,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	cfg := burst.Config{Publishers: *pubs, Blocks: *blocks, BlocksPerEvent: *perEvent, EventsPerBatch: *perBatch,
-		PromptBlocks: *promptBlocks, BlockSize: *blockSize, Hash: hs, Rate: *paced, Settle: *settle, Seed: *seed, Progress: stderr}
+		PromptBlocks: *promptBlocks, BlockSize: *blockSize, Hash: hs, Rate: *paced, Warmup: *warmup, Settle: *settle, Seed: *seed, Progress: stderr}
 	measure := func(ctx context.Context, cf *conductorFlags) ([]report.Figure, any, error) {
 		cond, err := cf.start(stderr)
 		if err != nil {
@@ -138,6 +142,7 @@ func printIngest(w io.Writer, r *burst.Result, cond *target.Conductor) {
 	if r.MetricsRead {
 		t.Add("gaps / missed / replays ok, failed / duplicates / rejected / stale",
 			fmt.Sprintf("%d / %d / %d, %d / %d / %d / %d", r.Gaps, r.Missed, r.ReplaysOK, r.ReplaysFailed, r.Duplicates, r.Rejected, r.Stale))
+		t.Add("catch-ups / join checks", fmt.Sprintf("%d / %d during the burst (after a %.1f s warm-up)", r.CatchUps, r.JoinChecks, r.WarmupSeconds))
 	} else {
 		t.Add("gaps, replays, stale", "unknown (/metrics not read)")
 	}

@@ -134,6 +134,7 @@ func TestUsageErrors(t *testing.T) {
 		{"replay", "--trace", "synthetic:5", "--conductor", "http://x", "--conductor-bin", "y"},
 		{"ingest", "--blocks", "0"},
 		{"ingest", "--paced", "-1"},
+		{"ingest", "--warmup", "-1s"},
 		{"ingest", "--hash-algo", "md5"},
 		{"ingest", "--config-set", "max_services=10"},
 		{"ingest", "--config-set", "novalue"},
