@@ -302,7 +302,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 		res.RSSSettledBytes = s2.RSSBytes
-		res.RSSPeakBytes = max(s2.PeakRSSBytes, s1.RSSBytes, s2.RSSBytes)
+		// The kernel folds per-thread RSS counts into the peak lazily, so it may trail an
+		// RSS read by a few pages: the peak is at least every RSS read.
+		res.RSSPeakBytes = max(s2.PeakRSSBytes, s0.RSSBytes, s1.RSSBytes, s2.RSSBytes)
 		res.SettleCPUSeconds = (s2.CPU - s1.CPU).Seconds()
 		res.RSSGrowthPerBlock = (float64(s2.RSSBytes) - float64(s0.RSSBytes)) / float64(cfg.Blocks)
 		res.RSSPerBlock = float64(s2.RSSBytes) / float64(cfg.Blocks)
