@@ -125,7 +125,7 @@ func TestSharedApplyAllocatesNothing(t *testing.T) {
 			ops := []Op{op(OpSharedStore, hex, "_0_k", h), op(OpSharedStore, hex, "_0_v", h),
 				op(OpSharedRemove, hex, "_0_k", h), op(OpSharedRemove, hex, "_0_v", h)}
 			mustApply(t, e, ctxA, ops[:2]...)
-			onWriter(t, e, ctxA, func(c *context) {
+			onWriter(t, e, ctxA, func(c *cacheContext) {
 				i, ok := c.bs.find("tcp://mc:1", "mooncake", SharedCPU, hex)
 				if !ok || entExplicit(c.bs.ent(i)) != (h == 2) {
 					t.Errorf("binding found %v, explicit %v", ok, ok && entExplicit(c.bs.ent(i)))

@@ -31,7 +31,7 @@ import (
 //
 // A binding's block always has an engine record (the binding keeps it alive, see
 // reflag), whose index changes only when a compaction copies the records into a new
-// arena (context.rebuild), which retargets the chains (retarget, retargeted).
+// arena (cacheContext.rebuild), which retargets the chains (retarget, retargeted).
 
 // Origins (source, backend) and component names are interned per context in small tables
 // with reference counts (a name goes when its last binding does), and so are the sets of
@@ -981,8 +981,8 @@ func (t *nameTable[K]) unref(i uint16) {
 
 // recordKey returns the key of engine record idx in the context's current arena (for
 // its binding store, records). Writer only.
-func (c *context) recordKey(idx uint32) uint64 { return c.tab.ar.Record(idx)[recKey] }
+func (c *cacheContext) recordKey(idx uint32) uint64 { return c.tab.ar.Record(idx)[recKey] }
 
 // recordOf returns the engine record of block hash in the context's current table, if
 // any (for its binding store, records). Writer only.
-func (c *context) recordOf(hash uint64) (uint32, bool) { return c.tab.lookup(hash) }
+func (c *cacheContext) recordOf(hash uint64) (uint32, bool) { return c.tab.lookup(hash) }

@@ -16,7 +16,7 @@ func sweepState(t testing.TB, e *Engine) (pending, swept int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { pending, swept = len(c.clears), c.swept }
+	r.fn = func(c *cacheContext) { pending, swept = len(c.clears), c.swept }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func slotCountsOf(t testing.TB, e *Engine, s Slot) (counts [3]int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { counts = c.slotCounts[c.slots[s]] }
+	r.fn = func(c *cacheContext) { counts = c.slotCounts[c.slots[s]] }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func stalledCount(t testing.TB, e *Engine) (n int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { n = len(c.stalled) }
+	r.fn = func(c *cacheContext) { n = len(c.stalled) }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}

@@ -249,7 +249,7 @@ func (w *diffWorld) checkBindings() {
 	for _, k := range w.ctxs {
 		got := map[bindingKey]string{}
 		if w.e.lookup(k) != nil {
-			onWriter(w.t, w.e, k, func(c *context) {
+			onWriter(w.t, w.e, k, func(c *cacheContext) {
 				if c.bs == nil {
 					return
 				}

@@ -529,7 +529,7 @@ func stepUntil(b *testing.B, e *Engine, done <-chan struct{}) {
 }
 
 // releasePending is the number of retired table words c has still to give back.
-func releasePending(c *context) int {
+func releasePending(c *cacheContext) int {
 	n := 0
 	for _, w := range c.toRelease {
 		n += len(w)
@@ -573,7 +573,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 	var c0 time.Duration
 	var f0 int64
 	var rel0, migr0 int
-	c := func() *context { return e.lookup(ctxA) }
+	c := func() *cacheContext { return e.lookup(ctxA) }
 	e.hooks = &testHooks{step: func(begin bool) {
 		if !locked {
 			runtime.LockOSThread() // the writer goroutine keeps its thread: thread CPU time is its own

@@ -13,7 +13,7 @@ func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) {
+	r.fn = func(c *cacheContext) {
 		migrating, entries, migrations = c.tab.prev.Load() != nil, len(c.tab.entries), c.migrations
 	}
 	if err := c.do(r); err != nil {
@@ -248,7 +248,7 @@ func TestPrefaultPacedOverInserts(t *testing.T) {
 	var migrations, unfaulted int
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { migrations, unfaulted = c.migrations, c.unfaulted }
+	r.fn = func(c *cacheContext) { migrations, unfaulted = c.migrations, c.unfaulted }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}

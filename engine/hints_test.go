@@ -42,7 +42,7 @@ func recordHints(t *testing.T, e *Engine, keys []uint64) []uint32 {
 func recordHintsIn(t *testing.T, e *Engine, k ContextKey, keys []uint64) []uint32 {
 	t.Helper()
 	want := make([]uint32, len(keys))
-	onWriter(t, e, k, func(c *context) {
+	onWriter(t, e, k, func(c *cacheContext) {
 		for i, k := range keys {
 			if _, _, idx, _, ok := c.tab.locate(k); ok {
 				want[i] = idx + 1
@@ -88,7 +88,7 @@ func TestHintedWalkSkipsTheTable(t *testing.T) {
 	if filled < n-2 {
 		t.Fatalf("the walk filled %d of %d hints", filled, n)
 	}
-	onWriter(t, e, ctxA, func(c *context) { c.tab.remove(keys[7]) })
+	onWriter(t, e, ctxA, func(c *cacheContext) { c.tab.remove(keys[7]) })
 	if got := hintedQuery(t, e, keys, append([]uint32(nil), want...)); got != n {
 		t.Fatalf("hinted walk: %d blocks, want %d (it probed the table)", got, n)
 	}

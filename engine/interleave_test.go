@@ -197,7 +197,7 @@ func TestRegisterSlotRacingDropRetries(t *testing.T) {
 	e, hooks := hookedEngine(t, Config{}, a)
 	e.UnregisterSlot(ctxA, a)
 	fired, dropped := false, false
-	hooks.beforeDo = func(_ *context, r *request) {
+	hooks.beforeDo = func(_ *cacheContext, r *request) {
 		if r.kind == reqRegister && !fired {
 			fired = true
 			dropped = e.DropEmptyContext(ctxA)

@@ -16,7 +16,7 @@ import (
 // applyOps applies r's ops from r.next on, journals them for a running snapshot, and
 // reports whether all were applied: it stops before a clear that must wait for a stamp
 // (clear.go), leaving r.next at it.
-func (c *context) applyOps(r *request) bool {
+func (c *cacheContext) applyOps(r *request) bool {
 	from := r.next
 	for ; r.next < len(r.ops); r.next++ {
 		if !c.applyOp(&r.ops[r.next]) {
@@ -31,7 +31,7 @@ func (c *context) applyOps(r *request) bool {
 
 // applyOp applies op; it reports false, changing nothing, for a clear that must wait for a
 // stamp.
-func (c *context) applyOp(op *Op) bool {
+func (c *cacheContext) applyOp(op *Op) bool {
 	op.Err = nil
 	switch op.Kind {
 	case OpStore:
@@ -59,7 +59,7 @@ func (c *context) applyOp(op *Op) bool {
 // findOrCreate returns the record of key, creating an empty one at the newest end of the
 // write order when absent; a created record is left busy for the caller's final meta store
 // (setMeta with a fresh epoch). A found record is cleaned of pending clears.
-func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
+func (c *cacheContext) findOrCreate(key uint64) (idx uint32, rec []uint64, created bool) {
 	if _, _, idx, rec, ok := c.tab.locate(key); ok {
 		c.mark(idx)
 		if c.clr == nil || c.cleanRec(idx, rec) {
@@ -72,7 +72,7 @@ func (c *context) findOrCreate(key uint64) (idx uint32, rec []uint64, created bo
 }
 
 // create makes the record of key, absent (findOrCreate).
-func (c *context) create(key uint64) (idx uint32, rec []uint64) {
+func (c *cacheContext) create(key uint64) (idx uint32, rec []uint64) {
 	c.makeRoom()
 	idx = c.tab.ar.Alloc()
 	rec = c.rec(idx)
@@ -94,8 +94,8 @@ func (c *context) create(key uint64) (idx uint32, rec []uint64) {
 }
 
 // mark notes that the writer changes record idx, found by a table look-up: while a
-// widening runs, a record already copied is copied again (see context.rec).
-func (c *context) mark(idx uint32) {
+// widening runs, a record already copied is copied again (see cacheContext.rec).
+func (c *cacheContext) mark(idx uint32) {
 	if c.wide != nil {
 		c.wide.mark(idx)
 	}
@@ -104,7 +104,7 @@ func (c *context) mark(idx uint32) {
 // makeRoom ensures one more entry fits the table, in bounded work: it advances a running
 // migration by one step, or starts one (publishing a larger table that reads through to
 // the current one) when the table is full.
-func (c *context) makeRoom() {
+func (c *cacheContext) makeRoom() {
 	if c.tab.prev.Load() != nil {
 		if c.tab.migrate() {
 			c.endMigration()
@@ -149,7 +149,7 @@ func (c *context) makeRoom() {
 // is full, at twice the rate that would just finish then (faultDebt carries the fraction
 // from insert to insert): one page per insert, as before, made a 64-block batch fault 64
 // pages (about 1.3 ms) in one step at 10M blocks, where about 4 suffice.
-func (c *context) prepareNext() {
+func (c *cacheContext) prepareNext() {
 	t := c.tab
 	used := t.live + t.tombs
 	if c.next == nil {
@@ -181,7 +181,7 @@ const pageWords = 4096 / 8
 
 // migrateStep advances a running migration by one step (after every request, so that a
 // context that stops inserting still finishes).
-func (c *context) migrateStep() {
+func (c *cacheContext) migrateStep() {
 	if c.tab.prev.Load() != nil && c.tab.migrate() {
 		c.endMigration()
 	}
@@ -189,7 +189,7 @@ func (c *context) migrateStep() {
 
 // endMigration detaches the migrated table and releases its entries: a query still
 // probing them reads zeros (empty) and goes on to the new table, which holds every entry.
-func (c *context) endMigration() {
+func (c *cacheContext) endMigration() {
 	old := c.tab.prev.Load()
 	c.tab.prev.Store(nil)
 	c.tab.moved = 0
@@ -203,12 +203,12 @@ const releaseChunkWords = 1 << 15
 
 // releaseLater queues memory (a whole arena.Map'd table) to give back to the kernel a
 // chunk per writer step (releaseStep).
-func (c *context) releaseLater(words []uint64) {
+func (c *cacheContext) releaseLater(words []uint64) {
 	c.toRelease = append(c.toRelease, words)
 }
 
 // releaseStep gives back one chunk of queued memory.
-func (c *context) releaseStep() {
+func (c *cacheContext) releaseStep() {
 	if len(c.toRelease) == 0 {
 		return
 	}
@@ -227,12 +227,12 @@ func (c *context) releaseStep() {
 // bit), seq bumped and busy clear. Epochs only grow, and within one epoch seq only grows,
 // so the record never holds the same meta twice and a reader's before/after comparison
 // sees every change; should seq wrap within one epoch, the record takes a fresh epoch.
-func (c *context) setMeta(rec []uint64, epoch, flags uint64) {
+func (c *cacheContext) setMeta(rec []uint64, epoch, flags uint64) {
 	c.setMetaStamp(rec, epoch, flags, stampOf(rec[recMeta]))
 }
 
 // setMetaStamp is setMeta with the record's clear stamp set to stamp.
-func (c *context) setMetaStamp(rec []uint64, epoch, flags, stamp uint64) {
+func (c *cacheContext) setMetaStamp(rec []uint64, epoch, flags, stamp uint64) {
 	cur := rec[recMeta]
 	seq := (cur>>metaSeqShift + 1) & metaSeqMask
 	if seq == 0 && epoch == cur>>metaEpochShift {
@@ -243,7 +243,7 @@ func (c *context) setMetaStamp(rec []uint64, epoch, flags, stamp uint64) {
 }
 
 // keepMeta ends a change of rec that leaves its epoch and flags as they are.
-func (c *context) keepMeta(rec []uint64) {
+func (c *cacheContext) keepMeta(rec []uint64) {
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&(metaFlags|metaFree))
 }
@@ -254,7 +254,7 @@ func (c *context) keepMeta(rec []uint64) {
 func linkPrev(l uint64) uint32 { return uint32(l >> 32) }
 func linkNext(l uint64) uint32 { return uint32(l) }
 
-func (c *context) linkNewest(idx uint32, rec []uint64) {
+func (c *cacheContext) linkNewest(idx uint32, rec []uint64) {
 	rec[recLink] = uint64(c.newest) << 32
 	if c.newest != 0 {
 		p := c.rec(c.newest - 1)
@@ -265,7 +265,7 @@ func (c *context) linkNewest(idx uint32, rec []uint64) {
 	c.newest = idx + 1
 }
 
-func (c *context) unlink(rec []uint64) {
+func (c *cacheContext) unlink(rec []uint64) {
 	l := rec[recLink]
 	p, n := linkPrev(l), linkNext(l)
 	if p != 0 {
@@ -285,7 +285,7 @@ func (c *context) unlink(rec []uint64) {
 
 // moveNewest moves rec (linked, not the newest) to the newest end of the write order:
 // unlink and linkNewest in one, with one look-up per neighbour.
-func (c *context) moveNewest(idx uint32, rec []uint64) {
+func (c *cacheContext) moveNewest(idx uint32, rec []uint64) {
 	l := rec[recLink]
 	p, n := linkPrev(l), linkNext(l) // n != 0: rec is not the newest
 	nr := c.rec(n - 1)
@@ -302,7 +302,7 @@ func (c *context) moveNewest(idx uint32, rec []uint64) {
 	c.newest = idx + 1
 }
 
-func (c *context) engineStore(op *Op) {
+func (c *cacheContext) engineStore(op *Op) {
 	n, ok := c.slots[op.Slot]
 	if !ok {
 		op.Err = ErrSlotNotRegistered
@@ -346,7 +346,7 @@ func (c *context) engineStore(op *Op) {
 	}
 }
 
-func (c *context) engineRemove(op *Op) {
+func (c *cacheContext) engineRemove(op *Op) {
 	if op.Tier > TierDisk {
 		op.Err = ErrInvalidOp
 		return
@@ -407,7 +407,7 @@ func recordEmpty(rec []uint64) bool {
 // It goes free before its key leaves the table: a walk that reads records by hint, not
 // through the table (sameAlive1), must never find a live record whose key the table no
 // longer holds.
-func (c *context) deleteRecord(idx uint32, rec []uint64) {
+func (c *cacheContext) deleteRecord(idx uint32, rec []uint64) {
 	key := rec[recKey]
 	c.markFree(idx, rec)
 	c.deleting(key)
@@ -417,14 +417,14 @@ func (c *context) deleteRecord(idx uint32, rec []uint64) {
 
 // markFree sets rec's free flag (ending any change in progress): from then on no read
 // takes it for its key.
-func (c *context) markFree(idx uint32, rec []uint64) {
+func (c *cacheContext) markFree(idx uint32, rec []uint64) {
 	c.mark(idx) // callers may hold rec from a read-only look-up
 	m := rec[recMeta]
 	c.setMeta(rec, m>>metaEpochShift, m&metaFlags|metaFree)
 }
 
 // deleting runs the test hook of that name.
-func (c *context) deleting(key uint64) {
+func (c *cacheContext) deleting(key uint64) {
 	if h := c.eng.hooks; h != nil && h.deleting != nil {
 		h.deleting(key)
 	}
@@ -432,13 +432,13 @@ func (c *context) deleting(key uint64) {
 
 // releaseRecord takes rec, marked free, out of the write order and returns it to the
 // arena.
-func (c *context) releaseRecord(idx uint32, rec []uint64) {
+func (c *cacheContext) releaseRecord(idx uint32, rec []uint64) {
 	c.unlink(rec)
 	c.tab.ar.Free(idx)
 	c.charge(-1, -blockBytes(c.tab.w))
 }
 
-func (c *context) sharedStore(op *Op) {
+func (c *cacheContext) sharedStore(op *Op) {
 	if op.SharedTier > SharedDisk {
 		op.Err = ErrInvalidOp
 		return
@@ -482,7 +482,7 @@ func (c *context) sharedStore(op *Op) {
 	}
 }
 
-func (c *context) sharedRemove(op *Op) {
+func (c *cacheContext) sharedRemove(op *Op) {
 	if op.SharedTier > SharedDisk {
 		op.Err = ErrInvalidOp
 		return
@@ -514,7 +514,7 @@ func (c *context) sharedRemove(op *Op) {
 }
 
 // dropEmptyStore gives the binding store's memory back once it holds no binding.
-func (c *context) dropEmptyStore() {
+func (c *cacheContext) dropEmptyStore() {
 	if c.bs != nil && c.bs.n == 0 {
 		c.bs.release()
 		c.bs = nil
@@ -523,7 +523,7 @@ func (c *context) dropEmptyStore() {
 
 // reflag sets the shared flags of block hash after one of its bindings went, and deletes
 // its record when nothing owns it any more.
-func (c *context) reflag(hash uint64) {
+func (c *cacheContext) reflag(hash uint64) {
 	idx, found := c.tab.lookup(hash)
 	if !found {
 		return // unreachable: a binding keeps its block's record alive
@@ -541,7 +541,7 @@ func (c *context) reflag(hash uint64) {
 // (a later store or remove of the same object is not affected by the drop, and look-ups
 // no longer find them) and removed by dropStep, a bounded number per writer step, with r
 // handed back when the last is gone; it reports whether r waits for that.
-func (c *context) dropShared(r *request, withBackend bool) bool {
+func (c *cacheContext) dropShared(r *request, withBackend bool) bool {
 	if c.bs == nil || !c.bs.detach(func(o origin) bool { return o.source == r.source && (!withBackend || o.backend == r.backend) }) {
 		return false
 	}
@@ -558,7 +558,7 @@ const (
 
 // dropStep moves the pending drops (dropShared) on by a bounded number of bindings and,
 // once every binding was visited, hands their requests back.
-func (c *context) dropStep() {
+func (c *cacheContext) dropStep() {
 	if len(c.dropWaiters) == 0 {
 		return
 	}
@@ -585,7 +585,7 @@ func (c *context) dropStep() {
 }
 
 // endDrops hands back the requests waiting for drops.
-func (c *context) endDrops() {
+func (c *cacheContext) endDrops() {
 	c.flushCharges()
 	for i, r := range c.dropWaiters {
 		r.done <- struct{}{}
@@ -601,7 +601,7 @@ func (c *context) endDrops() {
 // (TotalBlocks, IndexBytes), and the writer adds them up and publishes them once per
 // step (flushCharges, before it hands a request back) instead of two atomic additions,
 // contended across writers, per block.
-func (c *context) charge(n, b int64) {
+func (c *cacheContext) charge(n, b int64) {
 	if c.budgeted {
 		c.eng.total.Add(n)
 		c.eng.bytes.Add(b)
@@ -612,7 +612,7 @@ func (c *context) charge(n, b int64) {
 }
 
 // flushCharges publishes the counts charge added up (see there).
-func (c *context) flushCharges() {
+func (c *cacheContext) flushCharges() {
 	if c.pendTotal != 0 {
 		c.eng.total.Add(c.pendTotal)
 		c.pendTotal = 0
@@ -635,7 +635,7 @@ func blockBytes(w int) int64 { return int64(recordWords(w)*8 + tableBytesPerBloc
 // maybeEvict keeps the context within its capacity after a block was created: the
 // oldest-written block goes, with every owner (shared bindings stay, and a repeated store
 // re-adds them). O(1): the write order is a list.
-func (c *context) maybeEvict() {
+func (c *cacheContext) maybeEvict() {
 	if limit := c.eng.maxBlocks; limit > 0 && c.units() > limit {
 		evicted := 0
 		for c.units() > limit && c.oldest != 0 {
@@ -665,7 +665,7 @@ func (c *context) maybeEvict() {
 
 // units is what the capacities count: blocks, and shared bindings (each an object key
 // string held for its block).
-func (c *context) units() int {
+func (c *cacheContext) units() int {
 	if c.bs == nil {
 		return c.tab.ar.Len()
 	}
@@ -677,7 +677,7 @@ func (c *context) units() int {
 // that context is asked to (debt, paid by its own writer right after); its published
 // oldestAt may lag by the debts in flight, so the order across contexts is approximate
 // by those few blocks. It reports whether the block went here (not as a debt).
-func (c *context) evictForBudget() bool {
+func (c *cacheContext) evictForBudget() bool {
 	e := c.eng
 	victim, best := c, c.tab.ar.Record(c.oldest - 1)[recMeta]>>metaEpochShift
 	for _, o := range *e.ctxs.Load() {
@@ -706,7 +706,7 @@ const maxDebtPerStep = 1024
 
 // payDebt evicts the oldest blocks other contexts asked this one to (see evictForBudget),
 // a bounded number per step, and publishes the write epoch of its oldest block.
-func (c *context) payDebt() {
+func (c *cacheContext) payDebt() {
 	if n := c.debt.Load(); n > 0 && !c.dropped {
 		pay := min(n, maxDebtPerStep)
 		evicted := 0
@@ -734,7 +734,7 @@ func (c *context) payDebt() {
 }
 
 // countEvicted counts evicted blocks in the context's metrics and logs them.
-func (c *context) countEvicted(evicted int, msg string) {
+func (c *cacheContext) countEvicted(evicted int, msg string) {
 	if evicted == 0 {
 		return
 	}
@@ -744,7 +744,7 @@ func (c *context) countEvicted(evicted int, msg string) {
 }
 
 // evictOldest drops the oldest-written block.
-func (c *context) evictOldest() {
+func (c *cacheContext) evictOldest() {
 	idx := c.oldest - 1
 	rec := c.rec(idx)
 	w := c.tab.w
@@ -770,7 +770,7 @@ const evictLogEvery = 10 * time.Second
 
 // logEviction logs the first eviction of a context and then at most one summary per
 // evictLogEvery, with the blocks evicted since the previous line.
-func (c *context) logEviction(msg string, evicted int, total uint64) {
+func (c *cacheContext) logEviction(msg string, evicted int, total uint64) {
 	c.evictUnlogged += evicted
 	now := time.Now()
 	if !c.evictLogged.IsZero() && now.Sub(c.evictLogged) < evictLogEvery {
@@ -796,7 +796,7 @@ func (c *context) logEviction(msg string, evicted int, total uint64) {
 // (releaseLater). Only the widening of a small context's records (registerWide) and the
 // compaction of a context left with few blocks (maybeShrink) use it; growth, shrinking and
 // the widening of larger contexts are incremental (makeRoom, shrinkTable, widen.go).
-func (c *context) rebuild(w int, compact bool) {
+func (c *cacheContext) rebuild(w int, compact bool) {
 	// Finish a running migration first, so that the walk below sees one table.
 	for c.tab.prev.Load() != nil && !c.tab.migrate() {
 	}
@@ -906,7 +906,7 @@ const compactMaxLive = 2048
 // work: a context left with few records is compacted into a new arena (its old slabs and
 // table going back to the kernel a chunk per step); a larger one migrates into a smaller
 // table incrementally, like growth.
-func (c *context) maybeShrink() {
+func (c *cacheContext) maybeShrink() {
 	t := c.tab
 	if c.wide != nil || t.prev.Load() != nil || len(t.entries) <= minTableCap || t.live*8 >= len(t.entries) || sizeFor(t.live) >= len(t.entries) {
 		return
@@ -920,7 +920,7 @@ func (c *context) maybeShrink() {
 
 // shrinkTable starts the migration of the current table into one sized for its live
 // entries (see makeRoom).
-func (c *context) shrinkTable() {
+func (c *cacheContext) shrinkTable() {
 	old := c.tab
 	if c.next != nil {
 		c.releaseLater(c.next.entries)

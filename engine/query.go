@@ -155,7 +155,7 @@ const maxViewRetries = 8
 // have credited the new owner's bits to the old one). After maxViewRetries such walks it
 // settles for every covered rank with zero counts, which under-reports and never invents
 // a hit.
-func (r *Result) settled(c *context, v *view, insts []instSlots, attempt int) bool {
+func (r *Result) settled(c *cacheContext, v *view, insts []instSlots, attempt int) bool {
 	if c.slotReuse.Load() == v.slots.reuse {
 		return true
 	}

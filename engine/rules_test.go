@@ -746,7 +746,7 @@ func settle(t testing.TB, e *Engine, k ContextKey) {
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) {
+	r.fn = func(c *cacheContext) {
 		for c.wide != nil { // a widening switches once no migration runs
 			c.migrateStep()
 			c.widenStep()
@@ -777,7 +777,7 @@ func tableOf(t testing.TB, e *Engine, k ContextKey) (entries, live, used, highWa
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) {
+	r.fn = func(c *cacheContext) {
 		entries, live, used, highWater = len(c.tab.entries), c.tab.ar.Len(), c.tab.live+c.tab.tombs, int(c.tab.ar.HighWater())
 	}
 	if err := c.do(r); err != nil {

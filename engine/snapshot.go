@@ -130,7 +130,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 	var ch SnapshotChunk
 	cursor := uint32(0)
 	first := true
-	sync := func(f func(c *context)) error {
+	sync := func(f func(c *cacheContext)) error {
 		r := e.getReq()
 		r.kind = reqSync
 		r.fn = f
@@ -146,7 +146,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 	for {
 		ch.Reset()
 		done, full := false, false
-		err := sync(func(c *context) {
+		err := sync(func(c *cacheContext) {
 			if first {
 				c.snap = &snapJournal{}
 			}
@@ -171,7 +171,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 		}
 		if err := fn(&ch); err != nil {
 			if !done {
-				_ = sync(func(c *context) { c.snap = nil })
+				_ = sync(func(c *cacheContext) { c.snap = nil })
 			}
 			return err
 		}
@@ -183,7 +183,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 
 // snapshotStep copies up to step records from *cursor on; it reports whether the cursor
 // reached the end of the arena. Writer only.
-func (c *context) snapshotStep(ch *SnapshotChunk, cursor *uint32, step int) bool {
+func (c *cacheContext) snapshotStep(ch *SnapshotChunk, cursor *uint32, step int) bool {
 	nums := make(map[int]uint32, len(c.slots))
 	for s, n := range c.slots {
 		nums[n] = uint32(len(ch.Slots))

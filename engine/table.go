@@ -260,7 +260,7 @@ func (t *table) lookup(key uint64) (idx uint32, ok bool) {
 
 // locate returns the record index and the record of key, and where its entry was found:
 // at pos of this table, or (inPrev) at pos of prev, where it is not in this table. The
-// record is for reading: a writer that changes it marks it first (context.mark). Writer
+// record is for reading: a writer that changes it marks it first (cacheContext.mark). Writer
 // only.
 func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, rec []uint64, ok bool) {
 	p := t.prev.Load()
