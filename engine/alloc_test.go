@@ -38,7 +38,7 @@ func TestQueryAllocatesNothing(t *testing.T) {
 			if err := e.Query(q, &res); err != nil {
 				t.Fatal(err)
 			}
-			if res.Instances[1].Disk != int64(res.chain.Positions()) || res.Instances[1].Disk < int64(len(tokens)-1) {
+			if res.Instances[1].Disk != int64(res.w.chain.Positions()) || res.Instances[1].Disk < int64(len(tokens)-1) {
 				t.Fatalf("walk did not reach the end: %s", formatHits(res.Instances))
 			}
 			allocs := testing.AllocsPerRun(50, func() {

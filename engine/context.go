@@ -479,7 +479,7 @@ func (c *cacheContext) unregister(s Slot) bool {
 	// The number can be handed out again at once: records not yet swept hold its old
 	// bits under stamps older than this clear, which every view masks; records a new
 	// owner writes are cleaned first. Queries holding an older slot table see
-	// slotReuse change (see settled).
+	// slotReuse change (see Engine.query).
 	c.slotUsed[n] = false
 	c.maybeShrink()
 	return true

@@ -227,8 +227,11 @@ func (w *diffWorld) check(queries int) {
 		keys, positions, filter := w.randQuery(k)
 		// Both walks: the test's tables are small enough for walk1Lean, so half the
 		// queries force the overlapped probes.
-		w.res.forceProbe = i%2 == 0
-		if err := w.e.QueryKeys(k, keys, positions, filter, &w.res); err != nil {
+		mode := walkAuto
+		if i%2 == 0 {
+			mode = walkProbed
+		}
+		if err := w.e.queryKeysWith(k, keys, nil, positions, filter, &w.res, mode); err != nil {
 			w.t.Fatalf("step %d: query: %v", w.step, err)
 		}
 		want := w.m.query(k, keys, positions, filter)

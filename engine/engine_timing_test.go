@@ -108,14 +108,15 @@ func BenchmarkQueryWalk(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				e := benchContext(b, nslots, keys, extra)
 				defer e.Close()
-				res := Result{noProbe: *noProbe}
-				if err := e.QueryKeys(ctxA, keys, blocks*16, "", &res); err != nil {
+				var res Result
+				mode := benchWalkMode()
+				if err := e.queryKeysWith(ctxA, keys, nil, blocks*16, "", &res, mode); err != nil {
 					b.Fatal(err)
 				}
 				if res.Instances[0].Disk != blocks*16 {
 					b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
 				}
-				timeBlocks(b, blocks, func(int) { _ = e.QueryKeys(ctxA, keys, blocks*16, "", &res) })
+				timeBlocks(b, blocks, func(int) { _ = e.queryKeysWith(ctxA, keys, nil, blocks*16, "", &res, mode) })
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
 			})
 		}

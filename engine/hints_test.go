@@ -57,8 +57,7 @@ func recordHintsIn(t *testing.T, e *Engine, k ContextKey, keys []uint64) []uint3
 func hintedQuery(t *testing.T, e *Engine, keys []uint64, hints []uint32) int64 {
 	t.Helper()
 	var res Result
-	res.testHints = hints
-	if err := e.QueryKeys(ctxA, keys, len(keys)*16, "", &res); err != nil {
+	if err := e.queryKeysWith(ctxA, keys, hints, len(keys)*16, "", &res, walkAuto); err != nil {
 		t.Fatal(err)
 	}
 	return rankTiers(t, res.Instances, "a", 0).Device / 16
@@ -158,8 +157,7 @@ func TestHintNeverCreditsADeletedRecord(t *testing.T) {
 				done := make(chan int64)
 				go func() {
 					var res Result
-					res.testHints = append([]uint32(nil), want...)
-					_ = e.QueryKeys(ctxA, keys, n*16, "", &res)
+					_ = e.queryKeysWith(ctxA, keys, append([]uint32(nil), want...), n*16, "", &res, walkAuto)
 					done <- rankTiers(t, res.Instances, "a", 0).Device / 16
 				}()
 				inWindow = <-done
@@ -244,10 +242,13 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var res Result
-			res.forceProbe = ri == 0
+			mode := walkAuto
+			if ri == 0 {
+				mode = walkProbed
+			}
 			for !stop.Load() {
 				s0 := seq.Load()
-				if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+				if err := e.queryWith(&Query{Key: ctxA, Tokens: tokens}, &res, mode); err != nil {
 					t.Error(err)
 					failed.Store(true)
 					return

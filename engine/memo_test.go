@@ -62,7 +62,6 @@ func TestMemoDifferential(t *testing.T) {
 					return toks
 				}
 				var ron, roff Result
-				ron.forceProbe = true // the probes take the memo's keys ahead
 				queries, hits := 0, 0
 				for step := range 600 {
 					k := keys[r.IntN(len(keys))]
@@ -104,12 +103,13 @@ func TestMemoDifferential(t *testing.T) {
 							filter = []string{"a", "b", "zz"}[r.IntN(3)]
 						}
 						q := &Query{Key: k, Tokens: qt, CacheSalt: salt, InstanceFilter: filter}
-						errOn, errOff := on.Query(q, &ron), off.Query(q, &roff)
+						// With the memo, the probes take its keys ahead.
+						errOn, errOff := on.queryWith(q, &ron, walkProbed), off.Query(q, &roff)
 						if fmt.Sprint(errOn) != fmt.Sprint(errOff) || !sameHits(ron.Instances, roff.Instances) {
 							t.Fatalf("step %d: memo %v %s, no memo %v %s", step, errOn, formatHits(ron.Instances), errOff, formatHits(roff.Instances))
 						}
-						if ron.walked != roff.walked {
-							t.Fatalf("step %d: walk went through %d blocks with the memo, %d without", step, ron.walked, roff.walked)
+						if ron.w.walked != roff.w.walked {
+							t.Fatalf("step %d: walk went through %d blocks with the memo, %d without", step, ron.w.walked, roff.w.walked)
 						}
 						queries++
 						if filter != "zz" { // a filter naming no instance returns before hashing

@@ -53,6 +53,17 @@ func newTestEngine(t testing.TB, cfg Config) *Engine {
 	return e
 }
 
+// queryWith is Query walking as mode.
+func (e *Engine) queryWith(q *Query, res *Result, mode walkMode) error {
+	return e.query(q.Key, q.InstanceFilter, walkInput{hash: true, tokens: q.Tokens, salt: q.CacheSalt}, res, mode)
+}
+
+// queryKeysWith is QueryKeys walking as mode, with record hints (one per key, or nil),
+// which the walk corrects in place.
+func (e *Engine) queryKeysWith(key ContextKey, keys []uint64, hints []uint32, positions int, filter string, res *Result, mode walkMode) error {
+	return e.query(key, filter, walkInput{keys: keys, hints: hints, positions: positions}, res, mode)
+}
+
 func mustRegister(t testing.TB, e *Engine, k ContextKey, p hashing.Profile, s Slot) {
 	t.Helper()
 	if _, err := e.RegisterSlot(k, p, s); err != nil {
@@ -327,7 +338,7 @@ func TestQueryHashesLazily(t *testing.T) {
 	if got := res.Instances[0].Disk; got != 16 {
 		t.Fatalf("disk = %d", got)
 	}
-	if n := res.chain.Hashed(); n != 2 {
+	if n := res.w.chain.Hashed(); n != 2 {
 		t.Fatalf("hashed %d blocks, want 2", n)
 	}
 }

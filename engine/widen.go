@@ -33,7 +33,7 @@ import (
 // the old arena, which the writer no longer changes after the switch (entries are only
 // tombstoned, then released; records are released a chunk per step, reading as zeros):
 // never a bit that was not there, but possibly stale or cut short, so the switch bumps
-// slotReuse and such a query walks again with the new view (Result.settled), as after a
+// slotReuse and such a query walks again with the new view (Engine.query), as after a
 // slot number's reuse. A miss in the old, dead table never retries in the new one
 // (widths differ, see retryMiss). A query that loaded the new view reads only the new
 // arena, complete at the switch. Versions (meta) are copied with the records, so the
@@ -227,7 +227,7 @@ func (c *cacheContext) switchWide() {
 			later = append(later, r)
 		}
 	}
-	// Queries that loaded an older view walk again (settled): the old arena stops
+	// Queries that loaded an older view walk again (Engine.query): the old arena stops
 	// changing now and is released over the next steps.
 	c.slotReuse.Add(1)
 	c.publish()
