@@ -225,8 +225,8 @@ func (w *diffWorld) check(queries int) {
 	for i := 0; i < queries; i++ {
 		k := w.ctxs[w.pick(len(w.ctxs))]
 		keys, positions, filter := w.randQuery(k)
-		// Both walks: the test's tables are small enough for walk1Lean, so half the
-		// queries force the overlapped probes.
+		// Both walks: the test's tables are small enough to walk without probes, so half
+		// the queries force the overlapped probes.
 		mode := walkAuto
 		if i%2 == 0 {
 			mode = walkProbed

@@ -123,6 +123,38 @@ func BenchmarkQueryWalk(b *testing.B) {
 	}
 }
 
+// BenchmarkQueryWalkShrinking is the walk's other extreme: 60 slots whose disk sets end at
+// blocks 1, 2, ..., 60, so that a set loses a slot at every block and walk1's loop reads
+// every record itself (sameRun's runs are all empty).
+func BenchmarkQueryWalkShrinking(b *testing.B) {
+	const slots = 60
+	keys := make([]uint64, slots+4)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	e := New(Config{})
+	defer e.Close()
+	p := benchProfile(b)
+	for i := range slots {
+		s := Slot{"inst", i}
+		if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys[:i+1]}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	settled(e)
+	var res Result
+	if err := e.QueryKeys(ctxA, keys, len(keys)*16, "", &res); err != nil {
+		b.Fatal(err)
+	}
+	if res.w.walked != slots+1 {
+		b.Fatalf("walked %d blocks, want %d", res.w.walked, slots+1)
+	}
+	timeBlocks(b, slots, func(int) { _ = e.QueryKeys(ctxA, keys, len(keys)*16, "", &res) })
+}
+
 // BenchmarkQueryHashed is a full public Query (vLLM sha256_cbor hashing included) of a
 // 16K-token prompt, 64 slots.
 func BenchmarkQueryHashed(b *testing.B) {

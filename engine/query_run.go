@@ -144,7 +144,7 @@ func (t *table) sameAlive1(keys []uint64, hints []uint32, a0, a1, a2, a3 uint64)
 			return j, found
 		}
 		// The run goes on while no set loses a slot (one OR and one branch, where
-		// comparing alive1's four results with the sets took four).
+		// comparing the four new sets with the old took four).
 		if d0, d1, d2, d3 := dropped1(a0, a1, a2, a3, meta, dev, loc, dsk); d0|d1|d2|d3 != 0 {
 			return j, found
 		}

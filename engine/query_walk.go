@@ -133,24 +133,24 @@ func (r *walker) walk1(tab *table, mode walkMode, src keySource, nblocks int, po
 	w := walk1State{a: [4]uint64{mask, mask, mask, mask}, tab: tab, prev: tab.prev.Load()} // prev: before any probe of tab, see table.findPrev
 	switch {
 	case mode == walkProbed:
-		return r.walk1Probed(&w, src, 0, nblocks, positions, bs)
+		return r.walk1Loop(&w, src, 0, nblocks, nblocks, positions, bs, true)
 	case mode == walkLean || len(tab.entries) <= probeMinEntries:
-		return r.walk1Lean(&w, src, 0, nblocks, nblocks, positions, bs)
+		return r.walk1Loop(&w, src, 0, nblocks, nblocks, positions, bs, false)
 	}
 	// A large table: the first leanBlocks blocks go without probes, timed. When their
 	// records were in the caches (a prompt asked again soon), probing ahead would only
 	// add its bookkeeping; when they were not, the rest of the walk probes ahead.
 	if nblocks <= leanBlocks {
-		return r.walk1Lean(&w, src, 0, nblocks, nblocks, positions, bs)
+		return r.walk1Loop(&w, src, 0, nblocks, nblocks, positions, bs, false)
 	}
 	t0 := time.Now()
-	if err := r.walk1Lean(&w, src, 0, leanBlocks, nblocks, positions, bs); err != nil || w.done {
+	if err := r.walk1Loop(&w, src, 0, leanBlocks, nblocks, positions, bs, false); err != nil || w.done {
 		return err
 	}
 	if mode == walkSwitchLean || (mode != walkSwitchProbed && time.Since(t0) < leanBlocks*probeAboveNs) {
-		return r.walk1Lean(&w, src, leanBlocks, nblocks, nblocks, positions, bs)
+		return r.walk1Loop(&w, src, leanBlocks, nblocks, nblocks, positions, bs, false)
 	}
-	return r.walk1Probed(&w, src, leanBlocks, nblocks, positions, bs)
+	return r.walk1Loop(&w, src, leanBlocks, nblocks, nblocks, positions, bs, true)
 }
 
 // walk1State is where a walk1 loop left off: the four alive sets, the table it reads
@@ -173,57 +173,53 @@ func (r *walker) finish1(w *walk1State, end, nblocks int, positions, bs int64) {
 	w.done = true
 }
 
-// walk1Probed is walk1's loop with overlapped probes (probe.go), from block from on.
-func (r *walker) walk1Probed(w *walk1State, src keySource, from, nblocks int, positions, bs int64) error {
+// walk1Loop is walk1's loop, from block from up to limit (nblocks: to the end of the
+// walk; less: it returns with w updated and the walk not done, unless it ended before
+// limit). Keys known ahead (memo runs) go through sameRun; the block that ends its run
+// is read here, as is every block whose key is not known ahead. With probe, that block
+// also starts a batch of overlapped probes (probe.go) whose records are read here. Without,
+// the loop serves tables that fit in the core's caches (probeMinEntries), where a batch's
+// bookkeeping costs more than the misses it overlaps, and the timed start of a walk in a
+// large one.
+func (r *walker) walk1Loop(w *walk1State, src keySource, from, limit, nblocks int, positions, bs int64, probe bool) error {
 	a0, a1, a2, a3 := w.a[0], w.a[1], w.a[2], w.a[3]
 	tab, prev := w.tab, w.prev
 	end := nblocks
 	pb := &r.pb
-	pb.reset()
+	pb.reset(src)
 	pb.read = !r.slow
 	rs := runState{batch: probeFirst}
-	for i := from; i < nblocks; {
+	for i := from; i < limit; {
 		if i >= pb.end && i != pb.stop {
-			// Keys known ahead (memo runs) go through sameRun; the block that ends its
-			// loop starts a batch of probes, read below.
 			if !r.slow {
-				j, all := r.sameRun(tab, src, &rs, i, nblocks-i, a0, a1, a2, a3)
+				j, all := r.sameRun(tab, src, &rs, i, limit-i, a0, a1, a2, a3)
 				if i += j; all {
 					continue
 				}
 			}
-			pb.next(tab, src, i, nblocks, a3)
+			if probe {
+				pb.next(tab, i, nblocks, a3)
+			}
 		}
-		var key uint64
-		var err error
-		if j := i - pb.base; uint(j) < uint(pb.kn) {
-			key = pb.keys[j] // hashed ahead by the batch
-		} else {
-			key, err = src.Next()
-		}
-		if err != nil {
-			return hashError(i, err)
-		}
-		rec, ok := pb.rec(i)
-		if !ok {
-			rec, ok = tab.find1(key)
-		}
-		if !ok {
-			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
-				end = i
-				break
+		key, rec := pb.ahead(i)
+		if rec == nil {
+			if key, rec = pb.fetch(tab, i); rec == nil {
+				if tab, prev, rec = pb.missed(tab, prev, key); rec == nil {
+					end = i // not indexed, or not hashed (pb.err)
+					break
+				}
 			}
 		}
 		// Version check (see the record layout in table.go): meta, key, bitsets, meta.
 		// Torn reads, test hooks and pending clears take the slow path (readSlow1),
 		// which keeps this loop's live values in registers.
 		var meta, dev, loc, dsk uint64
+		var ok bool
 		switch j := uint(i - pb.base); {
 		case r.slow:
-			ok = false
 		case j < uint(pb.n) && pb.good[j]: // read by the batch (probe.go)
 			v := &pb.vals[j]
-			meta, dev, loc, dsk = v[0], v[1], v[2], v[3]
+			meta, dev, loc, dsk, ok = v[0], v[1], v[2], v[3], true
 		case tab.w == 0:
 			meta, dev, loc, dsk, ok = readPacked1(rec, key)
 		default:
@@ -235,11 +231,10 @@ func (r *walker) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 				break
 			}
 		}
-		n0, n1, n2, n3 := alive1(a0, a1, a2, a3, meta, dev, loc, dsk)
-		if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
-			r.drop1(a0&^n0, a1&^n1, a2&^n2, a3&^n3, min(int64(i)*bs, positions))
-			a0, a1, a2, a3 = n0, n1, n2, n3
-			if a3 == 0 {
+		// The tier rule (dropped1, inlined: one OR and one branch per block while no set
+		// loses a slot); the drops themselves are recorded out of line.
+		if d0, d1, d2, d3 := dropped1(a0, a1, a2, a3, meta, dev, loc, dsk); d0|d1|d2|d3 != 0 {
+			if a0, a1, a2, a3 = r.drop1(a0, a1, a2, a3, d0, d1, d2, d3, min(int64(i)*bs, positions)); a3 == 0 {
 				r.walked = i + 1
 				w.done = true
 				return nil
@@ -247,68 +242,8 @@ func (r *walker) walk1Probed(w *walk1State, src keySource, from, nblocks int, po
 		}
 		i++
 	}
-	w.a = [4]uint64{a0, a1, a2, a3}
-	r.finish1(w, end, nblocks, positions, bs)
-	return nil
-}
-
-// walk1Lean is walk1's loop without the overlapped probes, from block from up to limit
-// (nblocks: to the end of the walk; less: it returns with w updated and the walk not
-// done, unless it ended before limit). It serves tables that fit in the core's caches
-// (probeMinEntries), where a batch's bookkeeping costs more than the misses it overlaps,
-// and the timed start of a walk in a large one: the same reads, checks and tier rules
-// as walk1Probed, in a loop with few live values.
-func (r *walker) walk1Lean(w *walk1State, src keySource, from, limit, nblocks int, positions, bs int64) error {
-	a0, a1, a2, a3 := w.a[0], w.a[1], w.a[2], w.a[3]
-	tab, prev := w.tab, w.prev
-	end := nblocks
-	// Keys known ahead (memo runs) go through sameRun; the block that ends its loop, and
-	// every block whose key is not known ahead, are read here.
-	rs := runState{batch: probeFirst}
-	for i := from; i < limit; {
-		if !r.slow {
-			j, all := r.sameRun(tab, src, &rs, i, limit-i, a0, a1, a2, a3)
-			if i += j; all {
-				continue
-			}
-		}
-		key, err := src.Next()
-		if err != nil {
-			return hashError(i, err)
-		}
-		rec, ok := tab.find1(key)
-		if !ok {
-			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
-				end = i
-				break
-			}
-		}
-		var meta, dev, loc, dsk uint64
-		switch {
-		case r.slow:
-			ok = false
-		case tab.w == 0:
-			meta, dev, loc, dsk, ok = readPacked1(rec, key)
-		default:
-			meta, dev, loc, dsk, ok = readWide1(rec, key)
-		}
-		if !ok {
-			if meta, dev, loc, dsk, ok = r.readSlow1(tab, rec, key, i); !ok {
-				end = i
-				break
-			}
-		}
-		n0, n1, n2, n3 := alive1(a0, a1, a2, a3, meta, dev, loc, dsk)
-		if n0 != a0 || n1 != a1 || n2 != a2 || n3 != a3 {
-			r.drop1(a0&^n0, a1&^n1, a2&^n2, a3&^n3, min(int64(i)*bs, positions))
-			a0, a1, a2, a3 = n0, n1, n2, n3
-			if a3 == 0 {
-				r.walked = i + 1
-				w.done = true
-				return nil
-			}
-		}
-		i++
+	if pb.err != nil {
+		return hashError(end, pb.err)
 	}
 	w.a = [4]uint64{a0, a1, a2, a3}
 	w.tab, w.prev = tab, prev
@@ -317,12 +252,6 @@ func (r *walker) walk1Lean(w *walk1State, src keySource, from, limit, nblocks in
 	}
 	r.finish1(w, end, nblocks, positions, bs)
 	return nil
-}
-
-// alive1 is walk1's tier rule for one record: the alive sets after it (see walk1).
-func alive1(a0, a1, a2, a3, meta, dev, loc, dsk uint64) (n0, n1, n2, n3 uint64) {
-	d0, d1, d2, d3 := dropped1(a0, a1, a2, a3, meta, dev, loc, dsk)
-	return a0 &^ d0, a1 &^ d1, a2 &^ d2, a3 &^ d3
 }
 
 // dropped1 is the tier rule itself: the slots that leave each alive set at this record.
@@ -342,12 +271,14 @@ func dropped1(a0, a1, a2, a3, meta, dev, loc, dsk uint64) (d0, d1, d2, d3 uint64
 	return d0, d1, d2, d3
 }
 
-// drop1 records pos as the count of the slots that left each tier's set (g0..g3).
-func (r *walker) drop1(g0, g1, g2, g3 uint64, pos int64) {
-	r.drop(0, 0, g0, pos)
-	r.drop(1, 0, g1, pos)
-	r.drop(2, 0, g2, pos)
-	r.drop(3, 0, g3, pos)
+// drop1 records pos as the count of the slots that left each tier's set a0..a3 (d0..d3)
+// and returns the sets without them.
+func (r *walker) drop1(a0, a1, a2, a3, d0, d1, d2, d3 uint64, pos int64) (uint64, uint64, uint64, uint64) {
+	r.drop(0, 0, d0, pos)
+	r.drop(1, 0, d1, pos)
+	r.drop(2, 0, d2, pos)
+	r.drop(3, 0, d3, pos)
+	return a0 &^ d0, a1 &^ d1, a2 &^ d2, a3 &^ d3
 }
 
 // zeroCounts sets the counts of every rank of insts to zero.

@@ -1,9 +1,5 @@
 package engine
 
-import (
-	"sync/atomic"
-)
-
 // walkN is walk1 for any number of bitset words.
 func (r *walker) walkN(tab *table, clr *clearSet, hook func(int, int), mode walkMode, src keySource, nblocks int, positions, bs int64, mask []uint64) error {
 	w := len(mask)
@@ -15,52 +11,33 @@ func (r *walker) walkN(tab *table, clr *clearSet, hook func(int, int), mode walk
 	for t := 0; t < 4; t++ {
 		copy(alive[t*w:(t+1)*w], mask)
 	}
-	end := nblocks
 	prev := tab.prev.Load() // before any probe of tab: see table.findPrev
 	pb := &r.pb
-	pb.reset()
+	pb.reset(src)
 	// As walk1: no probes in a table that stays in the caches.
 	probe := mode == walkProbed || (mode != walkLean && len(tab.entries) > probeMinEntries)
 	for i := 0; i < nblocks; i++ {
 		if probe && i >= pb.end && i != pb.stop {
-			pb.next(tab, src, i, nblocks, 0)
+			pb.next(tab, i, nblocks, 0)
 		}
-		var key uint64
-		var err error
-		if j := i - pb.base; uint(j) < uint(pb.kn) {
-			key = pb.keys[j] // hashed ahead by the batch
-		} else {
-			key, err = src.Next()
-		}
-		if err != nil {
-			return hashError(i, err)
-		}
-		rec, ok := pb.rec(i)
-		if !ok {
-			rec, ok = tab.find1(key)
-		}
-		if !ok {
-			if tab, prev, rec, ok = tab.findMissed(prev, key); !ok {
-				end = i
-				break
+		key, rec := pb.ahead(i)
+		if rec == nil {
+			if key, rec = pb.fetch(tab, i); rec == nil {
+				if tab, prev, rec = pb.missed(tab, prev, key); rec == nil {
+					return r.finishN(i, nblocks, positions, bs, alive) // not indexed, or not hashed
+				}
 			}
 		}
 		var meta, k, m2 uint64
 		if hook == nil {
-			meta = atomic.LoadUint64(&rec[recMeta])
-			k = atomic.LoadUint64(&rec[recKey])
-			bw := rec[recBits : recBits+len(words)]
-			for j := range words {
-				words[j] = atomic.LoadUint64(&bw[j])
-			}
-			m2 = atomic.LoadUint64(&rec[recMeta])
+			meta, k, m2 = readN(rec, words)
 		} else {
 			meta, k, m2 = hookedReadN(rec, hook, i, words)
 		}
 		if m2 != meta || meta&(metaBusy|metaFree) != 0 || k != key {
+			var ok bool
 			if meta, ok = reread(tab, hook, i, key, words); !ok {
-				end = i
-				break
+				return r.finishN(i, nblocks, positions, bs, alive)
 			}
 		}
 		if clr != nil {
@@ -94,8 +71,18 @@ func (r *walker) walkN(tab *table, clr *clearSet, hook func(int, int), mode walk
 			return nil
 		}
 	}
+	return r.finishN(nblocks, nblocks, positions, bs, alive)
+}
+
+// finishN ends walkN at block end (nblocks: it went through every block): the error of
+// a block that could not be hashed, or the counts of the slots still alive.
+func (r *walker) finishN(end, nblocks int, positions, bs int64, alive []uint64) error {
+	if r.pb.err != nil {
+		return hashError(end, r.pb.err)
+	}
 	r.walked = min(end+1, nblocks)
 	pos := min(int64(end)*bs, positions)
+	w := len(alive) / 4
 	for t := 0; t < 4; t++ {
 		for j := 0; j < w; j++ {
 			r.drop(t, j, alive[t*w+j], pos)
