@@ -271,7 +271,8 @@ func (c *cacheContext) run() {
 }
 
 // idleMigrateSteps is how many migration steps an idle writer takes between two looks
-// at its request channel (a few tens of microseconds).
+// at its request channel: each step moves a bounded number of entries, so a request
+// that arrives meanwhile waits for at most this many.
 const idleMigrateSteps = 64
 
 // backgroundSteps advances the writer's bounded background work by one step each, after

@@ -221,8 +221,8 @@ func TestReadersDuringGrowthNeverMiss(t *testing.T) {
 
 // TestPrefaultPacedOverInserts: the table the next migration fills is written ahead, page
 // by page (prepareNext), spread over the inserts that fill the current table from 11/16 to
-// 13/16: a step of 64 inserts writes a few pages, not one per insert (64 page faults, over
-// a millisecond at 10M blocks), and every page is written before the migration takes the
+// 13/16: a step of 64 inserts writes a few pages, not one per insert (64 page faults in
+// one step), and every page is written before the migration takes the
 // table (else the migration faults them, hundreds per step). Stepped writer.
 func TestPrefaultPacedOverInserts(t *testing.T) {
 	a := Slot{"a", 0}

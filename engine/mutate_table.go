@@ -51,12 +51,13 @@ func (c *cacheContext) makeRoom() {
 
 // prepareNext readies the table the next migration will fill, while the current one
 // fills from 11/16 to 13/16: it maps it and writes its pages ahead, so that the page
-// faults (each a zeroed page from the kernel, 10-20 µs on a loaded VM) are paid a few at a
-// time rather than hundreds in one step once the migration writes entries all over the
-// new table. The pages are spread evenly over the inserts left before the current table
-// is full, at twice the rate that would just finish then (faultDebt carries the fraction
-// from insert to insert): one page per insert, as before, made a 64-block batch fault 64
-// pages (about 1.3 ms) in one step at 10M blocks, where about 4 suffice.
+// faults (each a zeroed page from the kernel) are paid a few at a time rather than
+// hundreds in one step once the migration writes entries all over the new table. The
+// pages are spread evenly over the inserts left before the current table is full, at
+// twice the rate that would just finish then (faultDebt carries the fraction from insert
+// to insert): one page per insert, as before, made a 64-block batch fault 64 pages in one
+// step, where about 4 suffice (BenchmarkWriterSteps reports the faults and time of the
+// longest step).
 func (c *cacheContext) prepareNext() {
 	t := c.tab
 	used := t.live + t.tombs
@@ -242,8 +243,8 @@ func convertBits(dst []uint64, dw int, src []uint64, sw int) {
 }
 
 // compactMaxLive is the most live records maybeShrink compacts into a new arena in one
-// step (a copy of each, about 50 ns apiece); a larger context keeps its arena and only
-// its table shrinks, incrementally.
+// step (a copy of each, which bounds the step); a larger context keeps its arena and
+// only its table shrinks, incrementally.
 const compactMaxLive = 2048
 
 // maybeShrink shrinks a table that clears and removals left mostly empty, in bounded

@@ -33,8 +33,8 @@ const (
 	probeMinEntries = 1 << 15
 	// leanBlocks and probeAboveNs: in a larger table walk1 times its first leanBlocks
 	// blocks without probes and probes the rest only when they took probeAboveNs or
-	// more per block, which records in the caches never do (~10-30 ns per block) and
-	// cache misses (or hashing) always do.
+	// more per block, which records in the caches never do (BenchmarkQueryWalk's hot
+	// walks) and cache misses (BenchmarkQueryWalkCold) or hashing always do.
 	leanBlocks   = 32
 	probeAboveNs = 60 * time.Nanosecond
 )

@@ -8,8 +8,7 @@ import (
 )
 
 // DefaultSnapshotStep is how many records one snapshot step copies: the context's writer
-// does nothing else during a step (a few hundred microseconds), then serves its queue
-// again before the next one.
+// does nothing else during a step, then serves its queue again before the next one.
 const DefaultSnapshotStep = 4096
 
 // SnapshotEntry is one (block, slot) pair of an engine-tier block: Slot indexes the
