@@ -342,16 +342,25 @@ func DecodeUnregisterResult(b []byte) (UnregisterResult, error) {
 	return r, err
 }
 
-// DecodeServiceList decodes a GET /services body.
+// DecodeServiceList decodes a GET /services body. No services is an empty, non-nil
+// Services, which prints as [] in JSON (as the server sent it), not null.
 func DecodeServiceList(b []byte) (ServiceList, error) {
 	var l ServiceList
-	return l, unmarshalBody(&l, b, "services response")
+	err := unmarshalBody(&l, b, "services response")
+	if l.Services == nil {
+		l.Services = []Service{}
+	}
+	return l, err
 }
 
-// DecodeGlobalView decodes a GET /global_view body.
+// DecodeGlobalView decodes a GET /global_view body. Empty lists (no contexts, an instance
+// without ranks) are empty, non-nil slices, which print as [] in JSON, not null.
 func DecodeGlobalView(b []byte) (GlobalView, error) {
 	var g GlobalView
 	err := unmarshalBody(&g, b, "global_view response")
+	if g.Contexts == nil {
+		g.Contexts = []ContextView{}
+	}
 	for _, c := range g.Contexts {
 		for id, ranks := range c.Instances {
 			if ranks == nil {

@@ -221,10 +221,17 @@ func TestCLIAgainstRealConductor(t *testing.T) {
 	if code, _, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", bad); code != 2 || !strings.Contains(errOut, "checksum") {
 		t.Fatalf("damaged load: %d %q", code, errOut)
 	}
-	if code, out, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", snap); code != 0 || !strings.Contains(out, `"applied":2`) {
+	// Without --json, a table; with it, the conductor's answer as JSON.
+	if code, out, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", snap); code != 0 ||
+		!hasRow(tableRows(out), "status", "loaded") || !hasRow(tableRows(out), "applied", "2") ||
+		!hasRow(tableRows(out), "contexts", "1") || strings.Contains(out, "{") {
 		t.Fatalf("snapshot load: %d %q %q", code, out, errOut)
 	}
 	if d := device(); d != 32 {
 		t.Fatalf("after load device = %v, want 32", d)
+	}
+	code, out, errOut = ctl(t, "--addr", addr, "--json", "snapshot", "load", "--file", snap)
+	if got, _ := jsonOf(t, out).(map[string]any); code != 0 || got["applied"] != 2.0 || got["entries"] != 2.0 || got["skipped"] != 0.0 {
+		t.Fatalf("snapshot load --json: %d %q %q", code, out, errOut)
 	}
 }

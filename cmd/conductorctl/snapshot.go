@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ func (c *cli) cmdSnapshot(g *globals, args []string) int {
 	fs := flag.NewFlagSet("snapshot", flag.ContinueOnError)
 	file := fs.String("file", "", "snapshot file (\"-\": stdout for save, stdin for load)")
 	if len(args) == 0 || (args[0] != "save" && args[0] != "load") {
+		g.register(fs) // the usage lists the global flags too, as parseFlags' does
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			c.commandUsage(c.stdout, "snapshot", fs)
 			return exitOK
@@ -125,9 +127,35 @@ func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) in
 		return code
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	fmt.Fprintln(c.stdout, strings.TrimSpace(string(body)))
-	return exitOK
+	var res snapshotLoaded
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&res); err != nil {
+		fmt.Fprintf(c.stderr, "error: POST %s: unreadable answer: %v\n", snapshotPath, err)
+		return exitReply
+	}
+	if g.json {
+		return c.printJSON(res)
+	}
+	tw := newTable(c.stdout)
+	tw.row("status", "loaded")
+	tw.row("bytes", itoa(res.Bytes))
+	tw.row("contexts", itoa(res.Contexts))
+	tw.row("entries", itoa(res.Entries))
+	tw.row("bindings", itoa(res.Bindings))
+	tw.row("applied", itoa(res.Applied))
+	tw.row("skipped", itoa(res.Skipped))
+	return tw.flush(c.stderr)
+}
+
+// snapshotLoaded is the conductor's answer to a snapshot load (POST /cluster/snapshot):
+// what the file held, and how many of its block entries and bindings were applied or
+// skipped (their slot or source is not registered on that conductor).
+type snapshotLoaded struct {
+	Bytes    int64 `json:"bytes"`
+	Contexts int64 `json:"contexts"`
+	Entries  int64 `json:"entries"`
+	Bindings int64 `json:"bindings"`
+	Applied  int64 `json:"applied"`
+	Skipped  int64 `json:"skipped"`
 }
 
 // snapshotDo sends req with the admin token; a non-200 answer is reported (exit 1) and
