@@ -325,9 +325,13 @@ func (s *stream) publishAndWait(payloads ...[]byte) {
 	waitFor(s.t, fmt.Sprintf("%d batches handled", want), func() bool { return s.handled() >= want })
 }
 
+// waitFor waits until cond holds. The subscriber and the engine work on goroutines of
+// their own, so the test asks until their state shows the step: the sleep only paces
+// the asking, and the deadline, far beyond what any step takes, only ends a run that
+// would hang.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -814,10 +818,14 @@ func TestStale(t *testing.T) {
 			waitFor(t, "stale", func() bool { return s.sub.Stats().Stale })
 			r.wantTiers(key, toks, "vllm-a", engine.Tiers{})
 			r.wantTiers(key, toks, "vllm-b", device(32))
-			// Events after the stale mark are ignored until re-registration.
+			// Events after the stale mark are ignored until re-registration: the stale
+			// subscriber closes its SUB socket (the publisher sees it unsubscribe) and
+			// reads nothing more.
 			before := s.h.Stats().Batches
 			s.publish(engineBatch(0, vStored(k[:3])))
-			time.Sleep(50 * time.Millisecond)
+			if err := s.pub.WaitUnsubscribes(1, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
 			if got := s.h.Stats().Batches; got != before {
 				t.Fatalf("stale source handled %d more batches", got-before)
 			}
@@ -952,7 +960,7 @@ func TestPublisherRestartRetractsOldEntries(t *testing.T) {
 		if p2, err = zmqtest.NewPublisher(zmqtest.Config{Endpoint: ep}); err == nil {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // paces the retries of the bind
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -83,14 +83,14 @@ func BenchmarkSubscriberThroughput(b *testing.B) {
 	start := time.Now()
 	for i := range b.N {
 		for int64(i)-h.n.Load() >= maxInFlight {
-			time.Sleep(50 * time.Microsecond)
+			time.Sleep(50 * time.Microsecond) // back-pressure: at most maxInFlight batches queued
 		}
 		if _, err := p.Publish(payload); err != nil {
 			b.Fatal(err)
 		}
 	}
 	for h.n.Load() < int64(b.N) {
-		time.Sleep(50 * time.Microsecond)
+		time.Sleep(50 * time.Microsecond) // paces the wait for the last batches
 	}
 	b.StopTimer() // the deferred Stop and Close are not part of the figure
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "batches/s")
@@ -148,7 +148,7 @@ func BenchmarkPebbeSubBaseline(b *testing.B) {
 	start := time.Now()
 	for i := range b.N {
 		for int64(i)-n.Load() >= maxInFlight {
-			time.Sleep(50 * time.Microsecond)
+			time.Sleep(50 * time.Microsecond) // back-pressure: at most maxInFlight batches queued
 		}
 		if _, err := p.Publish(payload); err != nil {
 			b.Fatal(err)
