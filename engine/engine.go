@@ -71,7 +71,8 @@ type Config struct {
 	PopulateMemo bool
 }
 
-// Errors returned by the engine. Callers compare with errors.Is.
+// Errors returned by the engine. Callers compare with errors.Is. Those of the engine and
+// its contexts:
 var (
 	// ErrProfileConflict: a registration's profile differs from its context's profile.
 	ErrProfileConflict = errors.New("registration conflicts with the context hash profile")
@@ -79,6 +80,10 @@ var (
 	ErrUnknownContext = errors.New("context is not registered")
 	// ErrClosed: the engine was closed.
 	ErrClosed = errors.New("engine is closed")
+)
+
+// Those of one op (Op.Err):
+var (
 	// ErrSlotNotRegistered: an engine store for an (instance, rank) not registered in the context.
 	ErrSlotNotRegistered = errors.New("engine owner instance/rank is not registered")
 	// ErrBindingConflict: a shared store whose binding already exists with another hash.
