@@ -104,13 +104,7 @@ func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) in
 }
 
 func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) int {
-	var data []byte
-	var err error
-	if file == "-" {
-		data, err = io.ReadAll(c.stdin)
-	} else {
-		data, err = os.ReadFile(file)
-	}
+	data, err := c.readInput(file)
 	if err != nil {
 		return c.inputError(err)
 	}
@@ -135,15 +129,10 @@ func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) in
 	if g.json {
 		return c.printJSON(res)
 	}
-	tw := newTable(c.stdout)
-	tw.row("status", "loaded")
-	tw.row("bytes", itoa(res.Bytes))
-	tw.row("contexts", itoa(res.Contexts))
-	tw.row("entries", itoa(res.Entries))
-	tw.row("bindings", itoa(res.Bindings))
-	tw.row("applied", itoa(res.Applied))
-	tw.row("skipped", itoa(res.Skipped))
-	return tw.flush(c.stderr)
+	return c.printRows([2]string{"status", "loaded"}, [2]string{"bytes", itoa(res.Bytes)},
+		[2]string{"contexts", itoa(res.Contexts)}, [2]string{"entries", itoa(res.Entries)},
+		[2]string{"bindings", itoa(res.Bindings)}, [2]string{"applied", itoa(res.Applied)},
+		[2]string{"skipped", itoa(res.Skipped)})
 }
 
 // snapshotLoaded is the conductor's answer to a snapshot load (POST /cluster/snapshot):
