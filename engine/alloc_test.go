@@ -35,16 +35,12 @@ func TestQueryAllocatesNothing(t *testing.T) {
 				store(slots[2], TierDisk, keys...))
 			q := &Query{Key: k, Tokens: tokens, CacheSalt: "salt"}
 			var res Result
-			if err := e.Query(q, &res); err != nil {
-				t.Fatal(err)
-			}
+			mustQuery(t, e, q, &res)
 			if res.Instances[1].Disk != int64(res.w.chain.Positions()) || res.Instances[1].Disk < int64(len(tokens)-1) {
 				t.Fatalf("walk did not reach the end: %s", formatHits(res.Instances))
 			}
 			allocs := testing.AllocsPerRun(50, func() {
-				if err := e.Query(q, &res); err != nil {
-					t.Fatal(err)
-				}
+				mustQuery(t, e, q, &res)
 			})
 			if allocs != 0 {
 				t.Fatalf("Query allocates %.1f per run", allocs)

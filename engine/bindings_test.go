@@ -403,13 +403,8 @@ func TestTooManySharedNames(t *testing.T) {
 // remove of a cleared object is a no-op, a store of a cleared object under another hash
 // is no conflict, and other origins' bindings are untouched.
 func TestClearSharedInBoundedSteps(t *testing.T) {
-	deferred := make(chan struct{}, 1)
-	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
-		select {
-		case deferred <- struct{}{}:
-		default:
-		}
-	}}
+	deferred, signal := notifier()
+	h := &testHooks{noIdleMigration: true, dropDeferred: signal}
 	a := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{}, h, a)
 	op := func(kind OpKind, backend, obj string, hash uint64) Op {
@@ -472,13 +467,8 @@ func TestClearSharedInBoundedSteps(t *testing.T) {
 // TestClosePendingClearShared: closing the engine hands back a ClearShared still waiting
 // for its steps.
 func TestClosePendingClearShared(t *testing.T) {
-	deferred := make(chan struct{}, 1)
-	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
-		select {
-		case deferred <- struct{}{}:
-		default:
-		}
-	}}
+	deferred, signal := notifier()
+	h := &testHooks{noIdleMigration: true, dropDeferred: signal}
 	a := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{}, h, a)
 	var ops []Op

@@ -60,9 +60,7 @@ func TestClearExactBeforeSweep(t *testing.T) {
 				const chunk, n = 16, 300
 				a, b := Slot{"a", 0}, Slot{"b", 0}
 				e, _ := hookedEngineWith(t, Config{}, &testHooks{noIdleMigration: true, sweepChunk: chunk}, a, b)
-				for i := 2; i < nslots; i++ {
-					mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-				}
+				padSlots(t, e, 2, nslots)
 				hs := seqKeys(1000, n)
 				mustApply(t, e, ctxA, store(a, TierDevice, hs...), store(a, TierCPULocal, hs...), store(b, TierDisk, hs[100:]...))
 				// The sweep visits records in index order (hs[i] is record i): the
@@ -187,9 +185,7 @@ func TestWalkRereadsRecordCleanedUnderIt(t *testing.T) {
 		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
 			s := Slot{"a", 0}
 			e, hooks := hookedEngineWith(t, Config{}, &testHooks{noIdleMigration: true, sweepChunk: 1}, s)
-			for i := 1; i < nslots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-			}
+			padSlots(t, e, 1, nslots)
 			hs := seqKeys(5, 50)
 			k := hs[40]
 			mustApply(t, e, ctxA, store(s, TierDisk, hs...))

@@ -138,7 +138,7 @@ func TestHintNeverCreditsADeletedRecord(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			var onDelete func(uint64)
 			const n = 40
-			log, _, _ := captureLogger() // an eviction logs a warning
+			log, _ := captureLogger() // an eviction logs a warning
 			cfg := Config{Logger: log}
 			if path == "evict" {
 				cfg.MaxBlocksPerContext = n
@@ -223,9 +223,7 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 	}
 	for range readers { // every reader's first query fills the memo
 		var res Result
-		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: ctxA, Tokens: tokens}, &res)
 	}
 	var stop, failed atomic.Bool
 	var wg sync.WaitGroup
@@ -333,9 +331,7 @@ func TestContextsSharingMemoRunsKeepTheirHints(t *testing.T) {
 	settled(e)
 	query := func(k ContextKey, slot string) int64 {
 		var res Result
-		if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: k, Tokens: tokens}, &res)
 		return rankTiers(t, res.Instances, slot, 0).Device / 16
 	}
 	query(ctxA, "a") // hashes the prompt: the memo's runs, without hints yet

@@ -133,11 +133,7 @@ func TestMemoDifferential(t *testing.T) {
 // the memo) queries allocate nothing once the Result is warm.
 func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 	skipAllocUnderRace(t)
-	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
-	e := newTestEngine(t, Config{MemoEntries: 1 << 16})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	s := Slot{"a", 0}
-	mustRegister(t, e, k, p, s)
+	e, p, k, s := memoEngine(t, 1<<16)
 	tokens := seqTokens(16 * 512)
 	salts := []string{"", "x", "y", "z", "w", "v", "u", "q"}
 	for _, salt := range salts {
@@ -147,9 +143,7 @@ func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 	i := 0
 	cold := func() {
 		i++
-		if err := e.Query(&Query{Key: k, Tokens: tokens, CacheSalt: salts[i%len(salts)]}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: k, Tokens: tokens, CacheSalt: salts[i%len(salts)]}, &res)
 	}
 	cold()
 	if a := testing.AllocsPerRun(5, cold); a != 0 {
@@ -169,11 +163,7 @@ func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 // filter, or QueryKeys) reports 0 blocks hashed, not the previous query's count, which
 // the server puts in metrics and the access log.
 func TestBlocksHashedDescribesTheLastQuery(t *testing.T) {
-	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
-	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	s := Slot{"a", 0}
-	mustRegister(t, e, k, p, s)
+	e, p, k, s := memoEngine(t, 1<<12)
 	tokens := seqTokens(16 * 8)
 	keys := chainKeys(t, p, 16, "", "", tokens)
 	mustApply(t, e, k, store(s, TierDevice, keys...))
@@ -204,12 +194,10 @@ func TestBlocksHashedDescribesTheLastQuery(t *testing.T) {
 // platform cannot, it says why), and an engine without the option says nothing of it.
 func TestPopulateMemoAtNew(t *testing.T) {
 	for _, populate := range []bool{true, false} {
-		log, buf, mu := captureLogger()
+		log, logs := captureLogger()
 		e := New(Config{MemoEntries: 1 << 16, PopulateMemo: populate, Logger: log})
 		e.Close()
-		mu.Lock()
-		out := buf.String()
-		mu.Unlock()
+		out := logs()
 		said := strings.Contains(out, "query key memo populated") || strings.Contains(out, "query key memo not populated")
 		if said != populate {
 			t.Fatalf("PopulateMemo %v: log %q", populate, out)

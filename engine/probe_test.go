@@ -62,9 +62,7 @@ func TestProbeStopsNearWalkEnd(t *testing.T) {
 			a, b := Slot{"a", 0}, Slot{"b", 0}
 			mustRegister(t, e, ctxA, vllmProfile(t), a)
 			mustRegister(t, e, ctxA, vllmProfile(t), b)
-			for i := 2; i < tc.slots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-			}
+			padSlots(t, e, 2, tc.slots)
 			mustApply(t, e, ctxA, tc.ops(a, b)...)
 			settled(e)
 			var res Result
@@ -126,47 +124,40 @@ func TestProbesUseMemoKeys(t *testing.T) {
 // cpu_local). The record the batch found for block 1 now holds that key: the walk must
 // look block 1 up again (gone) and stop there, not credit the reused record.
 func TestProbedRecordReusedBeforeRead(t *testing.T) {
-	for _, nslots := range []int{1, 30, 65} {
-		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
-			s := Slot{"a", 0}
-			e, hooks := hookedEngine(t, Config{}, s)
-			for i := 1; i < nslots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+	eachWidth(t, func(t *testing.T, nslots int, e *Engine, hooks *testHooks, s Slot) {
+		keys := []uint64{0xA0, 0xA1, 0xA2}
+		const kx = uint64(0xB1)
+		mustApply(t, e, ctxA, store(s, TierDisk, keys...))
+		var res Result
+		fired := false
+		hooks.walkLoad = func(i, w int) {
+			if fired || i != 0 || w != recMeta {
+				return
 			}
-			keys := []uint64{0xA0, 0xA1, 0xA2}
-			const kx = uint64(0xB1)
-			mustApply(t, e, ctxA, store(s, TierDisk, keys...))
-			var res Result
-			fired := false
-			hooks.walkLoad = func(i, w int) {
-				if fired || i != 0 || w != recMeta {
-					return
-				}
-				fired = true
-				if res.w.pb.base != 0 || res.w.pb.n != 3 {
-					t.Errorf("batch base %d n %d when block 0 is read: want 0, 3", res.w.pb.base, res.w.pb.n)
-				}
-				mustApply(t, e, ctxA, remove(s, TierDisk, keys[1]), store(s, TierCPULocal, kx))
+			fired = true
+			if res.w.pb.base != 0 || res.w.pb.n != 3 {
+				t.Errorf("batch base %d n %d when block 0 is read: want 0, 3", res.w.pb.base, res.w.pb.n)
 			}
-			err := e.queryKeysWith(ctxA, keys, nil, 3*16, "a", &res, walkProbed)
-			hooks.walkLoad = nil
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !fired {
-				t.Fatal("interleaving did not happen")
-			}
-			if got := rankTiers(t, res.Instances, "a", 0); got != (Tiers{0, 0, 0, 16}) {
-				t.Fatalf("a = %+v, want disk 16 only", got)
-			}
-			// The record was reused in place: kx holds block 1's old record.
-			c := e.lookup(ctxA)
-			tab := c.state.Load().tab
-			if rec, ok := tab.find(kx); !ok || &rec[0] != &res.w.pb.recs[1][0] {
-				t.Fatal("kx did not reuse block 1's record")
-			}
-		})
-	}
+			mustApply(t, e, ctxA, remove(s, TierDisk, keys[1]), store(s, TierCPULocal, kx))
+		}
+		err := e.queryKeysWith(ctxA, keys, nil, 3*16, "a", &res, walkProbed)
+		hooks.walkLoad = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fired {
+			t.Fatal("interleaving did not happen")
+		}
+		if got := rankTiers(t, res.Instances, "a", 0); got != (Tiers{0, 0, 0, 16}) {
+			t.Fatalf("a = %+v, want disk 16 only", got)
+		}
+		// The record was reused in place: kx holds block 1's old record.
+		c := e.lookup(ctxA)
+		tab := c.state.Load().tab
+		if rec, ok := tab.find(kx); !ok || &rec[0] != &res.w.pb.recs[1][0] {
+			t.Fatal("kx did not reuse block 1's record")
+		}
+	})
 }
 
 // TestHashAheadBound: without the memo, a walk hashes its first hashAfter blocks one by
