@@ -265,12 +265,7 @@ func subConfig(name, endpoint, replay string, log *slog.Logger) ingest.Subscribe
 
 func newPublisher(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 	t.Helper()
-	p, err := zmqtest.NewPublisher(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return zmqtest.NewForTest(t, cfg)
 }
 
 // attach starts a publisher (cfg) and a subscriber+handler for src, and waits until the
@@ -325,19 +320,10 @@ func (s *stream) publishAndWait(payloads ...[]byte) {
 	waitFor(s.t, fmt.Sprintf("%d batches handled", want), func() bool { return s.handled() >= want })
 }
 
-// waitFor waits until cond holds. The subscriber and the engine work on goroutines of
-// their own, so the test asks until their state shows the step: the sleep only paces
-// the asking, and the deadline, far beyond what any step takes, only ends a run that
-// would hang.
+// waitFor waits until cond holds (zmqtest.Await).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	zmqtest.Await(t, what, cond)
 }
 
 // hits queries the engine and returns the answer by instance (ranks copied).

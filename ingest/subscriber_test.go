@@ -108,16 +108,11 @@ func testLogger() *slog.Logger {
 
 func newPub(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 	t.Helper()
-	p, err := zmqtest.NewPublisher(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return zmqtest.NewForTest(t, cfg)
 }
 
 // startSub starts a subscriber and waits until the publisher sees its subscription.
-func startSub(t *testing.T, cfg SubscriberConfig, h Handler, p *zmqtest.Publisher) *Subscriber {
+func startSub(t testing.TB, cfg SubscriberConfig, h Handler, p *zmqtest.Publisher) *Subscriber {
 	t.Helper()
 	s, err := NewSubscriber(cfg, h)
 	if err != nil {
@@ -133,18 +128,19 @@ func startSub(t *testing.T, cfg SubscriberConfig, h Handler, p *zmqtest.Publishe
 	return s
 }
 
-// waitUntil waits until cond holds. The subscriber works on its own goroutine, so the
-// test asks until its state shows the step: the sleep only paces the asking, and the
-// deadline, far beyond what any step takes, only ends a run that would hang.
+// wantStale fails the test unless the handler was told once that the source went stale,
+// for a reason that mentions why.
+func (r *recorder) wantStale(t *testing.T, why string) {
+	t.Helper()
+	if reasons := r.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], why) {
+		t.Fatalf("stale reasons = %q, want one about %q", reasons, why)
+	}
+}
+
+// waitUntil waits until cond holds (zmqtest.Await).
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	zmqtest.Await(t, what, cond)
 }
 
 // flushSub waits until s can no longer be changed by what p published so far, so that a
@@ -380,10 +376,7 @@ func TestGapWithoutReplayGoesStale(t *testing.T) {
 	publish(t, p, "5", "6")
 	flushSub(t, p, s)
 	st := s.Stats()
-	reasons := h.staleReasons()
-	if len(reasons) != 1 || !strings.Contains(reasons[0], "gap") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "gap")
 	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
@@ -443,11 +436,8 @@ func TestUnrecoverableReplayGoesStale(t *testing.T) {
 			publish(t, p, "4", "5")
 			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
 			flushSub(t, p, s)
-			reasons := h.staleReasons()
 			st := s.Stats()
-			if len(reasons) != 1 || !strings.Contains(reasons[0], tc.reason) {
-				t.Fatalf("stale reasons = %q", reasons)
-			}
+			h.wantStale(t, tc.reason)
 			if got := h.applied(); !equalSeqs(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
@@ -473,10 +463,7 @@ func TestReplayTimeoutGoesStaleAtDeadline(t *testing.T) {
 		t.Fatalf("stale after %v, want about the 500ms recovery timeout", elapsed)
 	}
 	st := s.Stats()
-	reasons := h.staleReasons()
-	if len(reasons) != 1 || !strings.Contains(reasons[0], "deadline") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "deadline")
 	// The buffered live boundary is never applied out of order.
 	if got := h.applied(); !equalSeqs(got, []uint64{0}) || st.ReplayRetries < 2 || st.ReplaysFailed != 1 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
@@ -502,9 +489,7 @@ func TestMalformedReplayRetriedUntilDeadline(t *testing.T) {
 		t.Fatalf("stale after %v: malformed replies must be retried until the deadline", elapsed)
 	}
 	st := s.Stats()
-	if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "deadline") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "deadline")
 	if st.ReplayRetries < 3 || len(p.ReplayRequests()) < 3 {
 		t.Fatalf("stats = %+v, requests = %v", st, p.ReplayRequests())
 	}
@@ -531,9 +516,7 @@ func TestRecoveryBufferLimits(t *testing.T) {
 		}
 		publish(t, p, "5")
 		waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-		if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "limit") {
-			t.Fatalf("stale reasons = %q", reasons)
-		}
+		h.wantStale(t, "limit")
 	})
 	t.Run("bytes include the topic", func(t *testing.T) {
 		topic := strings.Repeat("t", 60)
@@ -554,9 +537,7 @@ func TestRecoveryBufferLimits(t *testing.T) {
 		}
 		publish(t, p, payload)
 		waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-		if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "limit") {
-			t.Fatalf("stale reasons = %q", reasons)
-		}
+		h.wantStale(t, "limit")
 	})
 }
 
@@ -584,10 +565,7 @@ func TestHandlerErrorGoesStaleWithoutAdvancing(t *testing.T) {
 			publish(t, p, "z")
 			flushSub(t, p, s)
 			st := s.Stats()
-			reasons := h.staleReasons()
-			if len(reasons) != 1 || !strings.Contains(reasons[0], "data_parallel_rank") {
-				t.Fatalf("stale reasons = %q", reasons)
-			}
+			h.wantStale(t, "data_parallel_rank")
 			if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
@@ -1003,9 +981,7 @@ func TestCatchUpAcceptsRingStartingLate(t *testing.T) {
 	publishSeqs(t, p, 1)
 	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
 	st = s.Stats()
-	if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "skipped sequence") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "skipped sequence")
 	if st.ReplaysFailed != 1 || st.CatchUpsFailed != 0 || st.Gaps != 1 {
 		t.Fatalf("stats = %+v", st)
 	}

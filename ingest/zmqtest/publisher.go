@@ -43,6 +43,42 @@ type ringSlot struct {
 	used    bool
 }
 
+// TB is the part of testing.TB that NewForTest uses (this package is also built into
+// tools, which need not link the testing package).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// Await waits until cond holds. The subscriber and what it feeds work on goroutines of
+// their own, so a test asks until their state shows the step: the sleep only paces the
+// asking, and the deadline, far beyond what any step takes, only ends a run that would
+// hang.
+func Await(t TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// NewForTest is NewPublisher for one test: a failure fails the test, and the publisher
+// is closed at its end.
+func NewForTest(t TB, cfg Config) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
 // NewPublisher binds the endpoints and starts serving replay requests.
 func NewPublisher(cfg Config) (*Publisher, error) {
 	if cfg.Endpoint == "" {
