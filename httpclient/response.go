@@ -336,10 +336,16 @@ func DecodeRegisterResult(b []byte) (RegisterResult, error) {
 func DecodeUnregisterResult(b []byte) (UnregisterResult, error) {
 	var r UnregisterResult
 	err := unmarshalBody(&r, b, "unregister response")
-	if r.RemovedInstances == nil {
-		r.RemovedInstances = []string{} // prints as [], as the server sent it, not null
-	}
+	r.RemovedInstances = nonNil(r.RemovedInstances) // prints as [], as the server sent it, not null
 	return r, err
+}
+
+// nonNil returns s, or an empty slice for nil (JSON prints it as [], not null).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // DecodeServiceList decodes a GET /services body. No services is an empty, non-nil
@@ -347,9 +353,7 @@ func DecodeUnregisterResult(b []byte) (UnregisterResult, error) {
 func DecodeServiceList(b []byte) (ServiceList, error) {
 	var l ServiceList
 	err := unmarshalBody(&l, b, "services response")
-	if l.Services == nil {
-		l.Services = []Service{}
-	}
+	l.Services = nonNil(l.Services)
 	return l, err
 }
 
@@ -358,14 +362,10 @@ func DecodeServiceList(b []byte) (ServiceList, error) {
 func DecodeGlobalView(b []byte) (GlobalView, error) {
 	var g GlobalView
 	err := unmarshalBody(&g, b, "global_view response")
-	if g.Contexts == nil {
-		g.Contexts = []ContextView{}
-	}
+	g.Contexts = nonNil(g.Contexts)
 	for _, c := range g.Contexts {
 		for id, ranks := range c.Instances {
-			if ranks == nil {
-				c.Instances[id] = []int64{} // prints as [], as the server sent it, not null
-			}
+			c.Instances[id] = nonNil(ranks) // prints as [], as the server sent it, not null
 		}
 	}
 	return g, err
