@@ -281,6 +281,12 @@ func (r *walker) drop1(a0, a1, a2, a3, d0, d1, d2, d3 uint64, pos int64) (uint64
 	return a0 &^ d0, a1 &^ d1, a2 &^ d2, a3 &^ d3
 }
 
+// maxTiers is the tier-by-tier maximum of a and b (an instance's tiers are the maximum
+// over its ranks).
+func maxTiers(a, b Tiers) Tiers {
+	return Tiers{max(a.Device, b.Device), max(a.CPULocal, b.CPULocal), max(a.CPUShare, b.CPUShare), max(a.Disk, b.Disk)}
+}
+
 // zeroCounts sets the counts of every rank of insts to zero.
 func (r *walker) zeroCounts(insts []instSlots) {
 	for i := range insts {
@@ -310,10 +316,7 @@ func (r *walker) assemble(insts []instSlots, dst []InstanceHit) []InstanceHit {
 			cn := &r.counts[rs.slot]
 			t := Tiers{Device: cn[0], CPULocal: cn[1], CPUShare: cn[2], Disk: cn[3]}
 			hit.Ranks[k] = RankHit{Rank: rs.rank, Tiers: t}
-			hit.Device = max(hit.Device, t.Device)
-			hit.CPULocal = max(hit.CPULocal, t.CPULocal)
-			hit.CPUShare = max(hit.CPUShare, t.CPUShare)
-			hit.Disk = max(hit.Disk, t.Disk)
+			hit.Tiers = maxTiers(hit.Tiers, t)
 		}
 		dst = append(dst, hit)
 	}
