@@ -9,9 +9,9 @@
 // that was never allocated before reads as all zeros (fresh pages of Map); a record that
 // was freed comes back from Alloc exactly as its last owner left it, because readers may
 // still be reading it and only the caller's record layout can say when its words are
-// stale. The engine, the one user, relies on this: Free only marks the record free in its
-// meta word, and when Alloc hands the record out again the engine marks it busy before it
-// rewrites the key and zeroes the bitset words (engine/mutate.go findOrCreate, freeRecord).
+// stale. The engine, the one user, relies on this: it marks a record free in its meta word
+// before it calls Free (markFree), and when Alloc hands the record out again it marks it
+// busy before it rewrites the key and zeroes the bitset words (engine/mutate.go create).
 //
 // Concurrency: exactly one goroutine (the writer) may call Alloc, Free, Len, HighWater and
 // Release; any goroutine may call Record at any time.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -121,26 +120,15 @@ func TestRegistryConcurrentConflict(t *testing.T) {
 			ra := open(t, srv, func(c *Config) { c.KeyPrefix = prefix; c.BeforeCommit = hook(ta) })
 			rb := open(t, srv, func(c *Config) { c.KeyPrefix = prefix; c.BeforeCommit = hook(tb) })
 			var errA, errB error
-			var wg sync.WaitGroup
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _, errA = ra.Put(context.Background(), tc.a) }()
-			go func() { defer wg.Done(); _, _, errB = rb.Put(context.Background(), tc.b) }()
+			doneA, doneB := make(chan struct{}), make(chan struct{})
+			go func() { defer close(doneA); _, _, errA = ra.Put(context.Background(), tc.a) }()
+			go func() { defer close(doneB); _, _, errB = rb.Put(context.Background(), tc.b) }()
 			<-validated
 			<-validated // both validated against the empty registry
 			close(release[ta])
-			// a commits before b is released: wait until the registry holds it.
-			for {
-				_, recs, err := ra.List(context.Background())
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(recs) == 1 {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			<-doneA // a's Put returned: it committed (or failed) before b is released
 			close(release[tb])
-			wg.Wait()
+			<-doneB
 			if errA != nil {
 				t.Fatalf("first commit refused: %v", errA)
 			}
@@ -272,6 +260,8 @@ func TestMembers(t *testing.T) {
 	go func() { defer close(d1); r1.KeepMember(ctx1) }()
 	go func() { defer close(d2); r2.KeepMember(ctx2) }()
 	defer func() { cancel2(); <-d2 }()
+	// The member keys are published by KeepMember's goroutines: ask until both are
+	// there. The sleep only paces the asking; the bound only ends a run that would hang.
 	waitMembers := func(want int) []string {
 		for i := 0; ; i++ {
 			m, err := r1.Members(context.Background())
@@ -288,8 +278,8 @@ func TestMembers(t *testing.T) {
 		t.Fatalf("members %v", m)
 	}
 	cancel1()
-	<-d1
-	if m := waitMembers(1); m[0] != "http://10.0.0.2:13333" {
-		t.Fatalf("after one left: %v", m)
+	<-d1 // KeepMember deleted its key before it returned
+	if m, err := r1.Members(context.Background()); err != nil || len(m) != 1 || m[0] != "http://10.0.0.2:13333" {
+		t.Fatalf("after one left: %v (%v)", m, err)
 	}
 }

@@ -35,16 +35,12 @@ func TestQueryAllocatesNothing(t *testing.T) {
 				store(slots[2], TierDisk, keys...))
 			q := &Query{Key: k, Tokens: tokens, CacheSalt: "salt"}
 			var res Result
-			if err := e.Query(q, &res); err != nil {
-				t.Fatal(err)
-			}
-			if res.Instances[1].Disk != int64(res.chain.Positions()) || res.Instances[1].Disk < int64(len(tokens)-1) {
+			mustQuery(t, e, q, &res)
+			if res.Instances[1].Disk != int64(res.w.chain.Positions()) || res.Instances[1].Disk < int64(len(tokens)-1) {
 				t.Fatalf("walk did not reach the end: %s", formatHits(res.Instances))
 			}
 			allocs := testing.AllocsPerRun(50, func() {
-				if err := e.Query(q, &res); err != nil {
-					t.Fatal(err)
-				}
+				mustQuery(t, e, q, &res)
 			})
 			if allocs != 0 {
 				t.Fatalf("Query allocates %.1f per run", allocs)
@@ -125,7 +121,7 @@ func TestSharedApplyAllocatesNothing(t *testing.T) {
 			ops := []Op{op(OpSharedStore, hex, "_0_k", h), op(OpSharedStore, hex, "_0_v", h),
 				op(OpSharedRemove, hex, "_0_k", h), op(OpSharedRemove, hex, "_0_v", h)}
 			mustApply(t, e, ctxA, ops[:2]...)
-			onWriter(t, e, ctxA, func(c *context) {
+			onWriter(t, e, ctxA, func(c *cacheContext) {
 				i, ok := c.bs.find("tcp://mc:1", "mooncake", SharedCPU, hex)
 				if !ok || entExplicit(c.bs.ent(i)) != (h == 2) {
 					t.Errorf("binding found %v, explicit %v", ok, ok && entExplicit(c.bs.ent(i)))

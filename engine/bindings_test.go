@@ -403,13 +403,8 @@ func TestTooManySharedNames(t *testing.T) {
 // remove of a cleared object is a no-op, a store of a cleared object under another hash
 // is no conflict, and other origins' bindings are untouched.
 func TestClearSharedInBoundedSteps(t *testing.T) {
-	deferred := make(chan struct{}, 1)
-	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
-		select {
-		case deferred <- struct{}{}:
-		default:
-		}
-	}}
+	deferred, signal := notifier()
+	h := &testHooks{noIdleMigration: true, dropDeferred: signal}
 	a := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{}, h, a)
 	op := func(kind OpKind, backend, obj string, hash uint64) Op {
@@ -472,13 +467,8 @@ func TestClearSharedInBoundedSteps(t *testing.T) {
 // TestClosePendingClearShared: closing the engine hands back a ClearShared still waiting
 // for its steps.
 func TestClosePendingClearShared(t *testing.T) {
-	deferred := make(chan struct{}, 1)
-	h := &testHooks{noIdleMigration: true, dropDeferred: func() {
-		select {
-		case deferred <- struct{}{}:
-		default:
-		}
-	}}
+	deferred, signal := notifier()
+	h := &testHooks{noIdleMigration: true, dropDeferred: signal}
 	a := Slot{"a", 0}
 	e, _ := hookedEngineWith(t, Config{}, h, a)
 	var ops []Op
@@ -503,7 +493,7 @@ func dropsPending(t testing.TB, e *Engine) (n int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { n = len(c.dropWaiters) }
+	r.fn = func(c *cacheContext) { n = len(c.dropWaiters) }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}
@@ -512,7 +502,7 @@ func dropsPending(t testing.TB, e *Engine) (n int) {
 }
 
 // onWriter runs fn on context k's writer goroutine (a writer step of its own).
-func onWriter(t testing.TB, e *Engine, k ContextKey, fn func(c *context)) {
+func onWriter(t testing.TB, e *Engine, k ContextKey, fn func(c *cacheContext)) {
 	t.Helper()
 	c := e.lookup(k)
 	r := e.getReq()
@@ -554,7 +544,7 @@ func TestDerivedAndExplicitHexKeys(t *testing.T) {
 	if got, want := e.IndexBytes()-before, withBlock+objSlotBytes+stringBytes+64; got != want {
 		t.Fatalf("explicit binding of a new block charged %d, want %d (derived: %d)", got, want, withBlock)
 	}
-	onWriter(t, e, ctxA, func(c *context) {
+	onWriter(t, e, ctxA, func(c *cacheContext) {
 		for _, b := range []struct {
 			key      string
 			hash     uint64
@@ -806,7 +796,7 @@ func TestBindingChainsFollowCompaction(t *testing.T) {
 				}
 			}
 			var recsBefore []uint32
-			onWriter(t, e, ctxA, func(c *context) {
+			onWriter(t, e, ctxA, func(c *cacheContext) {
 				for _, h := range bound {
 					idx, _ := c.tab.lookup(h)
 					recsBefore = append(recsBefore, idx)
@@ -820,7 +810,7 @@ func TestBindingChainsFollowCompaction(t *testing.T) {
 			}
 			settle(t, e, ctxA)
 			moved := 0
-			onWriter(t, e, ctxA, func(c *context) {
+			onWriter(t, e, ctxA, func(c *cacheContext) {
 				if c.bs.blk.depth == 0 {
 					t.Error("the block index is one table")
 				}

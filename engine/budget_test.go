@@ -6,16 +6,16 @@ import (
 	"testing"
 )
 
-// TestEngineBudgetEvictsOldestAcrossContexts: with Config.MaxBlocks, each new block past
-// the engine-wide budget evicts the oldest-written block of the whole engine, whichever
-// context holds it; the evictions are counted per context and logged.
-func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
-	log, buf, mu := captureLogger()
+// twoContexts is an engine (cfg, a clock that gives every request a later microsecond)
+// with slot a in ctxA holding blocks 1..6 on device, written first, then slot b in ctxB
+// holding 101..104.
+func twoContexts(t *testing.T, cfg Config) (e *Engine, a, b Slot, ctxB ContextKey) {
+	t.Helper()
 	var clock atomic.Uint64
-	h := &testHooks{now: func() uint64 { return clock.Add(1) }} // every request a later microsecond
-	a, b := Slot{"a", 0}, Slot{"b", 0}
-	e, _ := hookedEngineWith(t, Config{MaxBlocks: 10, Logger: log}, h, a)
-	ctxB := ContextKey{TenantID: "default", ModelName: "other", BlockSize: 16}
+	h := &testHooks{now: func() uint64 { return clock.Add(1) }}
+	a, b = Slot{"a", 0}, Slot{"b", 0}
+	e, _ = hookedEngineWith(t, cfg, h, a)
+	ctxB = ContextKey{TenantID: "default", ModelName: "other", BlockSize: 16}
 	mustRegister(t, e, ctxB, vllmProfile(t), b)
 	for k := uint64(1); k <= 6; k++ {
 		mustApply(t, e, ctxA, store(a, TierDevice, k))
@@ -23,21 +23,23 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 	for k := uint64(101); k <= 104; k++ {
 		mustApply(t, e, ctxB, store(b, TierDevice, k))
 	}
+	return e, a, b, ctxB
+}
+
+// TestEngineBudgetEvictsOldestAcrossContexts: with Config.MaxBlocks, each new block past
+// the engine-wide budget evicts the oldest-written block of the whole engine, whichever
+// context holds it; the evictions are counted per context and logged.
+func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
+	log, logs := captureLogger()
+	e, a, b, ctxB := twoContexts(t, Config{MaxBlocks: 10, Logger: log})
 	if e.TotalBlocks() != 10 {
 		t.Fatalf("total %d", e.TotalBlocks())
-	}
-	present := func(k ContextKey, h uint64) bool {
-		var res Result
-		if err := e.QueryKeys(k, []uint64{h}, 16, "", &res); err != nil {
-			t.Fatal(err)
-		}
-		return res.Instances[0].Device == 16
 	}
 	// B grows: A holds the oldest blocks (1, then 2), which A's writer evicts.
 	mustApply(t, e, ctxB, store(b, TierDevice, 105))
 	mustApply(t, e, ctxB, store(b, TierDevice, 106))
 	mustApply(t, e, ctxA) // a step of A's writer: its debt is paid by the time it returns
-	if present(ctxA, 1) || present(ctxA, 2) || !present(ctxA, 3) || !present(ctxB, 101) || !present(ctxB, 106) {
+	if holdsOnDevice(t, e, ctxA, 1) || holdsOnDevice(t, e, ctxA, 2) || !holdsOnDevice(t, e, ctxA, 3) || !holdsOnDevice(t, e, ctxB, 101) || !holdsOnDevice(t, e, ctxB, 106) {
 		t.Fatal("B's new blocks did not evict A's two oldest")
 	}
 	if e.TotalBlocks() != 10 {
@@ -49,13 +51,13 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 	mustApply(t, e, ctxA, store(a, TierDevice, 7))
 	mustApply(t, e, ctxA, store(a, TierDevice, 8))
 	mustApply(t, e, ctxB)
-	if present(ctxB, 101) || present(ctxB, 102) || !present(ctxB, 103) || !present(ctxA, 3) || !present(ctxA, 8) {
+	if holdsOnDevice(t, e, ctxB, 101) || holdsOnDevice(t, e, ctxB, 102) || !holdsOnDevice(t, e, ctxB, 103) || !holdsOnDevice(t, e, ctxA, 3) || !holdsOnDevice(t, e, ctxA, 8) {
 		t.Fatal("A's new blocks did not evict B's two oldest")
 	}
 	// A's own block is the oldest: it goes at once.
 	mustApply(t, e, ctxB, store(b, TierDisk, 103, 104, 105, 106))
 	mustApply(t, e, ctxA, store(a, TierDevice, 9))
-	if present(ctxA, 3) || !present(ctxA, 9) || e.TotalBlocks() != 10 {
+	if holdsOnDevice(t, e, ctxA, 3) || !holdsOnDevice(t, e, ctxA, 9) || e.TotalBlocks() != 10 {
 		t.Fatalf("A's oldest block survived its own growth (total %d)", e.TotalBlocks())
 	}
 	sa, _ := e.Stats(ctxA)
@@ -63,9 +65,7 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 	if sa.EvictedBlocks != 3 || sb.EvictedBlocks != 2 || sa.Blocks+sb.Blocks != 10 {
 		t.Fatalf("stats A %+v B %+v", sa, sb)
 	}
-	mu.Lock()
-	logged := buf.String()
-	mu.Unlock()
+	logged := logs()
 	if !strings.Contains(logged, "engine over max_blocks") || !strings.Contains(logged, "max_blocks=10") {
 		t.Fatalf("budget evictions not logged: %q", logged)
 	}
@@ -77,33 +77,15 @@ func TestEngineBudgetEvictsOldestAcrossContexts(t *testing.T) {
 // whichever context holds it, and the charge comes back down with evictions, removals
 // and drops.
 func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
-	log, buf, mu := captureLogger()
-	var clock atomic.Uint64
-	h := &testHooks{now: func() uint64 { return clock.Add(1) }}
-	a, b := Slot{"a", 0}, Slot{"b", 0}
+	log, logs := captureLogger()
 	const limit = 10 * 48
-	e, _ := hookedEngineWith(t, Config{MemoryLimitBytes: limit, Logger: log}, h, a)
-	ctxB := ContextKey{TenantID: "default", ModelName: "other", BlockSize: 16}
-	mustRegister(t, e, ctxB, vllmProfile(t), b)
-	for k := uint64(1); k <= 6; k++ {
-		mustApply(t, e, ctxA, store(a, TierDevice, k))
-	}
-	for k := uint64(101); k <= 104; k++ {
-		mustApply(t, e, ctxB, store(b, TierDevice, k))
-	}
+	e, a, b, ctxB := twoContexts(t, Config{MemoryLimitBytes: limit, Logger: log})
 	if got := e.IndexBytes(); got != limit {
 		t.Fatalf("charged %d bytes for 10 packed blocks, want %d", got, limit)
 	}
-	present := func(k ContextKey, h uint64) bool {
-		var res Result
-		if err := e.QueryKeys(k, []uint64{h}, 16, "", &res); err != nil {
-			t.Fatal(err)
-		}
-		return res.Instances[0].Device == 16
-	}
 	mustApply(t, e, ctxB, store(b, TierDevice, 105))
 	mustApply(t, e, ctxA) // A's writer pays its debt
-	if present(ctxA, 1) || !present(ctxA, 2) || !present(ctxB, 105) || e.IndexBytes() != limit {
+	if holdsOnDevice(t, e, ctxA, 1) || !holdsOnDevice(t, e, ctxA, 2) || !holdsOnDevice(t, e, ctxB, 105) || e.IndexBytes() != limit {
 		t.Fatalf("B's new block did not evict A's oldest (charged %d)", e.IndexBytes())
 	}
 	// A binding (56 bytes: its entry and index slots, both indexes as its object key is
@@ -132,9 +114,7 @@ func TestMemoryLimitEvictsOldestAcrossContexts(t *testing.T) {
 	if sa.EvictedBlocks+sb.EvictedBlocks < 4 {
 		t.Fatalf("evictions not counted: A %+v B %+v", sa, sb)
 	}
-	mu.Lock()
-	logged := buf.String()
-	mu.Unlock()
+	logged := logs()
 	if !strings.Contains(logged, "memory_limit_bytes=480") || !strings.Contains(logged, "engine_index_bytes=") {
 		t.Fatalf("memory-limit evictions not logged: %q", logged)
 	}

@@ -29,7 +29,7 @@ import (
 // anyway (clamped), which can only under-report, never invent a hit.
 
 // maxPendingClears bounds the pending clears of a context (stamps are 6 bits). A clear
-// beyond it waits for a stamp: its request stalls (context.stalled; an Apply keeps the ops
+// beyond it waits for a stamp: its request stalls (cacheContext.stalled; an Apply keeps the ops
 // before the clear applied and resumes at the clear) while the writer serves other
 // requests and sweeps on, a bounded chunk per step, and resumes once the oldest pending
 // clear is complete. The clear is acknowledged only once taken, and queries see its bits
@@ -94,7 +94,7 @@ func clearBits(w, n int, mask TierMask) []uint64 {
 
 // owned returns the bits of slot number n in the tiers of mask, per the writer's counts
 // (which still count bits of pending clears not yet swept).
-func (c *context) owned(n int, mask TierMask) int {
+func (c *cacheContext) owned(n int, mask TierMask) int {
 	owned := 0
 	for t := 0; t < 3; t++ {
 		if mask&(1<<t) != 0 {
@@ -106,12 +106,12 @@ func (c *context) owned(n int, mask TierMask) int {
 
 // stampFor reports whether clearSlot(n, mask) can run now: it needs a stamp unless the
 // slot owns nothing there.
-func (c *context) stampFor(n int, mask TierMask) bool {
+func (c *cacheContext) stampFor(n int, mask TierMask) bool {
 	return len(c.clears) < maxPendingClears || c.owned(n, mask) == 0
 }
 
 // stall parks r until a stamp is free (resumeStalled hands it back).
-func (c *context) stall(r *request) {
+func (c *cacheContext) stall(r *request) {
 	r.deferred = true
 	c.stalled = append(c.stalled, r)
 	if h := c.eng.hooks; h != nil && h.stalled != nil {
@@ -122,7 +122,7 @@ func (c *context) stall(r *request) {
 // resumeStalled goes on with the stalled requests, oldest first, while stamps are free;
 // each is handed back once wholly applied. Bounded: each request resumes at most once per
 // clear the sweep completed, and applies what its caller sent.
-func (c *context) resumeStalled() {
+func (c *cacheContext) resumeStalled() {
 	for len(c.stalled) > 0 && len(c.clears) < maxPendingClears {
 		r := c.stalled[0]
 		var done bool
@@ -147,7 +147,7 @@ func (c *context) resumeStalled() {
 
 // endWaiters hands back, when the engine closes, every request still waiting on this
 // writer: shared drops (done: nothing changes any more) and stalled requests (ErrClosed).
-func (c *context) endWaiters() {
+func (c *cacheContext) endWaiters() {
 	c.flushCharges()
 	c.endDrops()
 	c.endWidening()
@@ -162,7 +162,7 @@ func (c *context) endWaiters() {
 // queries, lazily in the records (see above). A slot that owns nothing there costs
 // nothing.
 // The caller has checked stampFor.
-func (c *context) clearSlot(n int, mask TierMask) {
+func (c *cacheContext) clearSlot(n int, mask TierMask) {
 	if c.owned(n, mask) == 0 {
 		return
 	}
@@ -181,7 +181,7 @@ func (c *context) clearSlot(n int, mask TierMask) {
 }
 
 // sweepChunk returns the records a sweep step visits.
-func (c *context) sweepChunk() int {
+func (c *cacheContext) sweepChunk() int {
 	if h := c.eng.hooks; h != nil && h.sweepChunk > 0 {
 		return h.sweepChunk
 	}
@@ -189,7 +189,7 @@ func (c *context) sweepChunk() int {
 }
 
 // buildClearSet rebuilds c.clr from the pending clears (nil when none).
-func (c *context) buildClearSet() {
+func (c *cacheContext) buildClearSet() {
 	if len(c.clears) == 0 {
 		c.clr = nil
 		return
@@ -210,7 +210,7 @@ func (c *context) buildClearSet() {
 
 // finishClears completes every pending clear in this step (a pass over the arena): for
 // small contexts (at most a sweep chunk of records) and tests.
-func (c *context) finishClears() {
+func (c *cacheContext) finishClears() {
 	for len(c.clears) > 0 {
 		c.sweep(int(c.tab.ar.HighWater()) + 1)
 	}
@@ -218,7 +218,7 @@ func (c *context) finishClears() {
 
 // sweepStep advances the pending clears by one bounded step; once the last completes, a
 // table the clears left mostly empty shrinks (maybeShrink, bounded too).
-func (c *context) sweepStep() {
+func (c *cacheContext) sweepStep() {
 	if len(c.clears) > 0 {
 		c.sweep(c.sweepChunk())
 		if len(c.clears) == 0 {
@@ -229,7 +229,7 @@ func (c *context) sweepStep() {
 
 // sweep cleans up to budget records, cyclically from c.sweepPos, completes the clears
 // every record of which was visited and publishes the view without them.
-func (c *context) sweep(budget int) {
+func (c *cacheContext) sweep(budget int) {
 	ar := c.tab.ar
 	done := false
 	for budget > 0 && len(c.clears) > 0 {
@@ -273,7 +273,7 @@ func (c *context) sweep(budget int) {
 // cleanRec applies the pending clears newer than rec's stamp to rec and gives it the
 // current stamp. It reports false when that left the record empty and deleted it.
 // Writer only; the caller has not started a change of rec.
-func (c *context) cleanRec(idx uint32, rec []uint64) bool {
+func (c *cacheContext) cleanRec(idx uint32, rec []uint64) bool {
 	m := rec[recMeta]
 	if c.clr == nil || stampOf(m) == c.stamp {
 		return true
@@ -313,7 +313,7 @@ func (c *context) cleanRec(idx uint32, rec []uint64) bool {
 }
 
 // uncount takes the bits b of bitset word j out of the per-slot counts.
-func (c *context) uncount(j int, b uint64) {
+func (c *cacheContext) uncount(j int, b uint64) {
 	w := c.tab.w
 	for ; b != 0; b &= b - 1 {
 		pos := bits.TrailingZeros64(b)

@@ -16,7 +16,7 @@ func sweepState(t testing.TB, e *Engine) (pending, swept int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { pending, swept = len(c.clears), c.swept }
+	r.fn = func(c *cacheContext) { pending, swept = len(c.clears), c.swept }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func slotCountsOf(t testing.TB, e *Engine, s Slot) (counts [3]int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { counts = c.slotCounts[c.slots[s]] }
+	r.fn = func(c *cacheContext) { counts = c.slotCounts[c.slots[s]] }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}
@@ -60,9 +60,7 @@ func TestClearExactBeforeSweep(t *testing.T) {
 				const chunk, n = 16, 300
 				a, b := Slot{"a", 0}, Slot{"b", 0}
 				e, _ := hookedEngineWith(t, Config{}, &testHooks{noIdleMigration: true, sweepChunk: chunk}, a, b)
-				for i := 2; i < nslots; i++ {
-					mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-				}
+				padSlots(t, e, 2, nslots)
 				hs := seqKeys(1000, n)
 				mustApply(t, e, ctxA, store(a, TierDevice, hs...), store(a, TierCPULocal, hs...), store(b, TierDisk, hs[100:]...))
 				// The sweep visits records in index order (hs[i] is record i): the
@@ -187,9 +185,7 @@ func TestWalkRereadsRecordCleanedUnderIt(t *testing.T) {
 		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
 			s := Slot{"a", 0}
 			e, hooks := hookedEngineWith(t, Config{}, &testHooks{noIdleMigration: true, sweepChunk: 1}, s)
-			for i := 1; i < nslots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-			}
+			padSlots(t, e, 1, nslots)
 			hs := seqKeys(5, 50)
 			k := hs[40]
 			mustApply(t, e, ctxA, store(s, TierDisk, hs...))
@@ -257,7 +253,7 @@ func stalledCount(t testing.TB, e *Engine) (n int) {
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { n = len(c.stalled) }
+	r.fn = func(c *cacheContext) { n = len(c.stalled) }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ type request struct {
 	ops             []Op
 	slot            Slot
 	source, backend string
-	fn              func(*context)
+	fn              func(*cacheContext)
 	isNew           bool
 	// deferred: the writer hands the request back later (a shared drop, see dropShared).
 	deferred bool
@@ -74,15 +74,16 @@ type request struct {
 	// for a stamp, a registration waiting for a widening): not (wholly) applied.
 	closed bool
 	// next is the first op of a reqApply not applied yet (a request stalled on a clear,
-	// see context.stalled).
+	// see cacheContext.stalled).
 	next int
 	// slotNum is the slot number reserved by a registration waiting for a widening.
 	slotNum int
 	done    chan struct{}
 }
 
-// context is one cache-sharing group with its writer goroutine.
-type context struct {
+// cacheContext is one context (one cache-sharing group, named by a ContextKey) with its
+// writer goroutine. (Not "context": that would shadow the standard package.)
+type cacheContext struct {
 	eng     *Engine
 	key     ContextKey
 	profile hashing.Profile
@@ -169,8 +170,8 @@ type context struct {
 	pendTotal, pendBytes int64
 }
 
-func newContext(e *Engine, key ContextKey, p hashing.Profile) *context {
-	c := &context{
+func newContext(e *Engine, key ContextKey, p hashing.Profile) *cacheContext {
+	c := &cacheContext{
 		eng:       e,
 		key:       key,
 		profile:   p,
@@ -205,7 +206,7 @@ func hintOwnerOf(k ContextKey) uint32 {
 }
 
 // do hands r to the writer and waits until it is done.
-func (c *context) do(r *request) error {
+func (c *cacheContext) do(r *request) error {
 	if h := c.eng.hooks; h != nil && h.beforeDo != nil {
 		h.beforeDo(c, r)
 	}
@@ -228,7 +229,7 @@ func (c *context) do(r *request) error {
 // writer. Callers retry on a new context (registration) or report it unknown (Apply).
 var errDropped = errors.New("context was dropped")
 
-func (c *context) run() {
+func (c *cacheContext) run() {
 	// Only an engine budget asks a writer to evict for another context (evictForBudget):
 	// without one the writer does not wait on wake (a nil channel, left out of select).
 	wake := c.wake
@@ -270,14 +271,15 @@ func (c *context) run() {
 }
 
 // idleMigrateSteps is how many migration steps an idle writer takes between two looks
-// at its request channel (a few tens of microseconds).
+// at its request channel: each step moves a bounded number of entries, so a request
+// that arrives meanwhile waits for at most this many.
 const idleMigrateSteps = 64
 
 // backgroundSteps advances the writer's bounded background work by one step each, after
 // a request or while idle: releasing retired tables, sweeping clears, resuming stalled
 // requests, deferred drops, and a widening (charges flushed before its switch hands
 // registrations back).
-func (c *context) backgroundSteps() {
+func (c *cacheContext) backgroundSteps() {
 	c.releaseStep()
 	c.sweepStep()
 	c.resumeStalled()
@@ -287,7 +289,7 @@ func (c *context) backgroundSteps() {
 }
 
 // serve applies one request (a writer step) and hands it back.
-func (c *context) serve(r *request) {
+func (c *cacheContext) serve(r *request) {
 	c.now = uint64(time.Since(c.eng.start).Microseconds())
 	if h := c.eng.hooks; h != nil && h.now != nil {
 		c.now = h.now()
@@ -316,7 +318,7 @@ func (c *context) serve(r *request) {
 	}
 }
 
-func (c *context) handle(r *request) {
+func (c *cacheContext) handle(r *request) {
 	if c.dropped {
 		r.dropped = true
 		return
@@ -364,7 +366,7 @@ func (c *context) handle(r *request) {
 
 // release gives the memory of a dropped context back to the kernel. Queries still holding
 // its view read zeros (empty table, empty records), which answer as misses.
-func (c *context) release() {
+func (c *cacheContext) release() {
 	c.tab.dead.Store(true)
 	c.tab.ar.Release()
 	if c.bs != nil {
@@ -387,13 +389,13 @@ func (c *context) release() {
 }
 
 // publish makes the current slot table and prefix table visible to queries.
-func (c *context) publish() {
+func (c *cacheContext) publish() {
 	c.state.Store(&view{slots: c.buildSlotTable(), tab: c.tab, clr: c.clr})
 }
 
 // publishTable swaps in a rebuilt prefix table, keeping the published slot table (whose
 // masks are rebuilt only when the width changes).
-func (c *context) publishTable() {
+func (c *cacheContext) publishTable() {
 	old := c.state.Load()
 	if old.tab.w == c.tab.w {
 		c.state.Store(&view{slots: old.slots, tab: c.tab, clr: c.clr})
@@ -402,7 +404,7 @@ func (c *context) publishTable() {
 	c.publish()
 }
 
-func (c *context) buildSlotTable() *slotTable {
+func (c *cacheContext) buildSlotTable() *slotTable {
 	w := maskWords(c.tab.w)
 	st := &slotTable{byID: make(map[string]int), all: make([]uint64, w), count: len(c.slots), reuse: c.slotReuse.Load()}
 	for s, n := range c.slots {
@@ -428,7 +430,7 @@ func (c *context) buildSlotTable() *slotTable {
 // register registers r.slot, setting r.isNew (false: it was registered already); it
 // reports whether r waits for a widening of the records (widen.go), to be handed back at
 // its switch.
-func (c *context) register(r *request) bool {
+func (c *cacheContext) register(r *request) bool {
 	s := r.slot
 	if c.registered(s) {
 		r.isNew = false
@@ -463,7 +465,7 @@ func (c *context) register(r *request) bool {
 
 // unregister removes s; it reports false, changing nothing, when the clear of its bits must
 // wait for a stamp (the caller stalls the request).
-func (c *context) unregister(s Slot) bool {
+func (c *cacheContext) unregister(s Slot) bool {
 	n, ok := c.slots[s]
 	if !ok {
 		return true
@@ -478,7 +480,7 @@ func (c *context) unregister(s Slot) bool {
 	// The number can be handed out again at once: records not yet swept hold its old
 	// bits under stamps older than this clear, which every view masks; records a new
 	// owner writes are cleaned first. Queries holding an older slot table see
-	// slotReuse change (see settled).
+	// slotReuse change (see Engine.query).
 	c.slotUsed[n] = false
 	c.maybeShrink()
 	return true

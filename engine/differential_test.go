@@ -225,10 +225,13 @@ func (w *diffWorld) check(queries int) {
 	for i := 0; i < queries; i++ {
 		k := w.ctxs[w.pick(len(w.ctxs))]
 		keys, positions, filter := w.randQuery(k)
-		// Both walks: the test's tables are small enough for walk1Lean, so half the
-		// queries force the overlapped probes.
-		w.res.forceProbe = i%2 == 0
-		if err := w.e.QueryKeys(k, keys, positions, filter, &w.res); err != nil {
+		// Both walks: the test's tables are small enough to walk without probes, so half
+		// the queries force the overlapped probes.
+		mode := walkAuto
+		if i%2 == 0 {
+			mode = walkProbed
+		}
+		if err := w.e.queryKeysWith(k, keys, nil, positions, filter, &w.res, mode); err != nil {
 			w.t.Fatalf("step %d: query: %v", w.step, err)
 		}
 		want := w.m.query(k, keys, positions, filter)
@@ -249,7 +252,7 @@ func (w *diffWorld) checkBindings() {
 	for _, k := range w.ctxs {
 		got := map[bindingKey]string{}
 		if w.e.lookup(k) != nil {
-			onWriter(w.t, w.e, k, func(c *context) {
+			onWriter(w.t, w.e, k, func(c *cacheContext) {
 				if c.bs == nil {
 					return
 				}

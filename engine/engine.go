@@ -71,7 +71,8 @@ type Config struct {
 	PopulateMemo bool
 }
 
-// Errors returned by the engine. Callers compare with errors.Is.
+// Errors returned by the engine. Callers compare with errors.Is. Those of the engine and
+// its contexts:
 var (
 	// ErrProfileConflict: a registration's profile differs from its context's profile.
 	ErrProfileConflict = errors.New("registration conflicts with the context hash profile")
@@ -79,6 +80,10 @@ var (
 	ErrUnknownContext = errors.New("context is not registered")
 	// ErrClosed: the engine was closed.
 	ErrClosed = errors.New("engine is closed")
+)
+
+// Those of one op (Op.Err):
+var (
 	// ErrSlotNotRegistered: an engine store for an (instance, rank) not registered in the context.
 	ErrSlotNotRegistered = errors.New("engine owner instance/rank is not registered")
 	// ErrBindingConflict: a shared store whose binding already exists with another hash.
@@ -167,7 +172,7 @@ type Engine struct {
 
 	// ctxs is an immutable map replaced (copy on write) when a context is created, so
 	// queries look contexts up without locking.
-	ctxs atomic.Pointer[map[ContextKey]*context]
+	ctxs atomic.Pointer[map[ContextKey]*cacheContext]
 
 	mu     sync.Mutex // serialises context creation and Close
 	closed bool
@@ -203,7 +208,7 @@ func New(cfg Config) *Engine {
 				"took", time.Since(start).Round(time.Millisecond))
 		}
 	}
-	m := map[ContextKey]*context{}
+	m := map[ContextKey]*cacheContext{}
 	e.ctxs.Store(&m)
 	e.reqFree = make(chan *request, 64)
 	return e
@@ -225,12 +230,12 @@ func (e *Engine) Close() {
 	e.wg.Wait()
 }
 
-func (e *Engine) lookup(key ContextKey) *context {
+func (e *Engine) lookup(key ContextKey) *cacheContext {
 	return (*e.ctxs.Load())[key]
 }
 
 // getOrCreate returns the context of key, creating it with profile p if it does not exist.
-func (e *Engine) getOrCreate(key ContextKey, p hashing.Profile) (*context, error) {
+func (e *Engine) getOrCreate(key ContextKey, p hashing.Profile) (*cacheContext, error) {
 	if c := e.lookup(key); c != nil {
 		return c, nil
 	}
@@ -244,7 +249,7 @@ func (e *Engine) getOrCreate(key ContextKey, p hashing.Profile) (*context, error
 		return c, nil
 	}
 	c := newContext(e, key, p)
-	m := make(map[ContextKey]*context, len(old)+1)
+	m := make(map[ContextKey]*cacheContext, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
@@ -306,7 +311,7 @@ func (e *Engine) DropEmptyContext(key ContextKey) bool {
 	if !dropped {
 		return false
 	}
-	m := make(map[ContextKey]*context, len(old))
+	m := make(map[ContextKey]*cacheContext, len(old))
 	for k, v := range old {
 		if k != key {
 			m[k] = v
@@ -402,13 +407,13 @@ func (e *Engine) RetractSource(source string) {
 	}
 }
 
-func (e *Engine) sortedContexts() []*context {
+func (e *Engine) sortedContexts() []*cacheContext {
 	m := *e.ctxs.Load()
-	out := make([]*context, 0, len(m))
+	out := make([]*cacheContext, 0, len(m))
 	for _, c := range m {
 		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b *context) int { return compareKeys(a.key, b.key) })
+	slices.SortFunc(out, func(a, b *cacheContext) int { return compareKeys(a.key, b.key) })
 	return out
 }
 

@@ -108,18 +108,51 @@ func BenchmarkQueryWalk(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				e := benchContext(b, nslots, keys, extra)
 				defer e.Close()
-				res := Result{noProbe: *noProbe}
-				if err := e.QueryKeys(ctxA, keys, blocks*16, "", &res); err != nil {
+				var res Result
+				mode := benchWalkMode()
+				if err := e.queryKeysWith(ctxA, keys, nil, blocks*16, "", &res, mode); err != nil {
 					b.Fatal(err)
 				}
 				if res.Instances[0].Disk != blocks*16 {
 					b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
 				}
-				timeBlocks(b, blocks, func(int) { _ = e.QueryKeys(ctxA, keys, blocks*16, "", &res) })
+				timeBlocks(b, blocks, func(int) { _ = e.queryKeysWith(ctxA, keys, nil, blocks*16, "", &res, mode) })
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*blocks), "ns/block")
 			})
 		}
 	}
+}
+
+// BenchmarkQueryWalkShrinking is the walk's other extreme: 60 slots whose disk sets end at
+// blocks 1, 2, ..., 60, so that a set loses a slot at every block and walk1's loop reads
+// every record itself (sameRun's runs are all empty).
+func BenchmarkQueryWalkShrinking(b *testing.B) {
+	const slots = 60
+	keys := make([]uint64, slots+4)
+	for i := range keys {
+		keys[i] = benchKey(i)
+	}
+	e := New(Config{})
+	defer e.Close()
+	p := benchProfile(b)
+	for i := range slots {
+		s := Slot{"inst", i}
+		if _, err := e.RegisterSlot(ctxA, p, s); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.Apply(ctxA, []Op{{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys[:i+1]}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	settled(e)
+	var res Result
+	if err := e.QueryKeys(ctxA, keys, len(keys)*16, "", &res); err != nil {
+		b.Fatal(err)
+	}
+	if res.w.walked != slots+1 {
+		b.Fatalf("walked %d blocks, want %d", res.w.walked, slots+1)
+	}
+	timeBlocks(b, slots, func(int) { _ = e.QueryKeys(ctxA, keys, len(keys)*16, "", &res) })
 }
 
 // BenchmarkQueryHashed is a full public Query (vLLM sha256_cbor hashing included) of a
@@ -529,7 +562,7 @@ func stepUntil(b *testing.B, e *Engine, done <-chan struct{}) {
 }
 
 // releasePending is the number of retired table words c has still to give back.
-func releasePending(c *context) int {
+func releasePending(c *cacheContext) int {
 	n := 0
 	for _, w := range c.toRelease {
 		n += len(w)
@@ -573,7 +606,7 @@ func writerSteps(b *testing.B, n int, mode string) (wall, cpu []time.Duration, m
 	var c0 time.Duration
 	var f0 int64
 	var rel0, migr0 int
-	c := func() *context { return e.lookup(ctxA) }
+	c := func() *cacheContext { return e.lookup(ctxA) }
 	e.hooks = &testHooks{step: func(begin bool) {
 		if !locked {
 			runtime.LockOSThread() // the writer goroutine keeps its thread: thread CPU time is its own

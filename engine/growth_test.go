@@ -13,7 +13,7 @@ func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) {
+	r.fn = func(c *cacheContext) {
 		migrating, entries, migrations = c.tab.prev.Load() != nil, len(c.tab.entries), c.migrations
 	}
 	if err := c.do(r); err != nil {
@@ -55,16 +55,12 @@ func TestIncrementalGrowthKeepsBlocksVisible(t *testing.T) {
 		// The oldest blocks are the last to be moved: remove and re-store one.
 		old := keys[1]
 		mustApply(t, e, ctxA, remove(a, TierDevice, old))
-		if got := rankTiers(t, qk(t, e, ctxA, []uint64{old}, ""), "a", 0); got != (Tiers{}) {
-			t.Fatalf("removed block still answers during migration: %+v", got)
-		}
+		wantTiers(t, e, "a", []uint64{old}, Tiers{}, "removed block still answers during migration")
 		if got := prefixCount(e, ctxA); got != len(stored)-1 {
 			t.Fatalf("prefix count %d, want %d", got, len(stored)-1)
 		}
 		mustApply(t, e, ctxA, store(a, TierDisk, old))
-		if got := rankTiers(t, qk(t, e, ctxA, []uint64{old}, ""), "a", 0); got != (Tiers{0, 0, 0, 16}) {
-			t.Fatalf("re-stored block during migration: %+v", got)
-		}
+		wantTiers(t, e, "a", []uint64{old}, Tiers{0, 0, 0, 16}, "re-stored block during migration")
 		mustApply(t, e, ctxA, remove(a, TierDisk, old), store(a, TierDevice, old))
 	}
 	if sawMigrating < 10 {
@@ -221,8 +217,8 @@ func TestReadersDuringGrowthNeverMiss(t *testing.T) {
 
 // TestPrefaultPacedOverInserts: the table the next migration fills is written ahead, page
 // by page (prepareNext), spread over the inserts that fill the current table from 11/16 to
-// 13/16: a step of 64 inserts writes a few pages, not one per insert (64 page faults, over
-// a millisecond at 10M blocks), and every page is written before the migration takes the
+// 13/16: a step of 64 inserts writes a few pages, not one per insert (64 page faults in
+// one step), and every page is written before the migration takes the
 // table (else the migration faults them, hundreds per step). Stepped writer.
 func TestPrefaultPacedOverInserts(t *testing.T) {
 	a := Slot{"a", 0}
@@ -248,7 +244,7 @@ func TestPrefaultPacedOverInserts(t *testing.T) {
 	var migrations, unfaulted int
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { migrations, unfaulted = c.migrations, c.unfaulted }
+	r.fn = func(c *cacheContext) { migrations, unfaulted = c.migrations, c.unfaulted }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func recordHints(t *testing.T, e *Engine, keys []uint64) []uint32 {
 func recordHintsIn(t *testing.T, e *Engine, k ContextKey, keys []uint64) []uint32 {
 	t.Helper()
 	want := make([]uint32, len(keys))
-	onWriter(t, e, k, func(c *context) {
+	onWriter(t, e, k, func(c *cacheContext) {
 		for i, k := range keys {
 			if _, _, idx, _, ok := c.tab.locate(k); ok {
 				want[i] = idx + 1
@@ -57,8 +57,7 @@ func recordHintsIn(t *testing.T, e *Engine, k ContextKey, keys []uint64) []uint3
 func hintedQuery(t *testing.T, e *Engine, keys []uint64, hints []uint32) int64 {
 	t.Helper()
 	var res Result
-	res.testHints = hints
-	if err := e.QueryKeys(ctxA, keys, len(keys)*16, "", &res); err != nil {
+	if err := e.queryKeysWith(ctxA, keys, hints, len(keys)*16, "", &res, walkAuto); err != nil {
 		t.Fatal(err)
 	}
 	return rankTiers(t, res.Instances, "a", 0).Device / 16
@@ -88,7 +87,7 @@ func TestHintedWalkSkipsTheTable(t *testing.T) {
 	if filled < n-2 {
 		t.Fatalf("the walk filled %d of %d hints", filled, n)
 	}
-	onWriter(t, e, ctxA, func(c *context) { c.tab.remove(keys[7]) })
+	onWriter(t, e, ctxA, func(c *cacheContext) { c.tab.remove(keys[7]) })
 	if got := hintedQuery(t, e, keys, append([]uint32(nil), want...)); got != n {
 		t.Fatalf("hinted walk: %d blocks, want %d (it probed the table)", got, n)
 	}
@@ -139,7 +138,7 @@ func TestHintNeverCreditsADeletedRecord(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			var onDelete func(uint64)
 			const n = 40
-			log, _, _ := captureLogger() // an eviction logs a warning
+			log, _ := captureLogger() // an eviction logs a warning
 			cfg := Config{Logger: log}
 			if path == "evict" {
 				cfg.MaxBlocksPerContext = n
@@ -158,8 +157,7 @@ func TestHintNeverCreditsADeletedRecord(t *testing.T) {
 				done := make(chan int64)
 				go func() {
 					var res Result
-					res.testHints = append([]uint32(nil), want...)
-					_ = e.QueryKeys(ctxA, keys, n*16, "", &res)
+					_ = e.queryKeysWith(ctxA, keys, append([]uint32(nil), want...), n*16, "", &res, walkAuto)
 					done <- rankTiers(t, res.Instances, "a", 0).Device / 16
 				}()
 				inWindow = <-done
@@ -225,9 +223,7 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 	}
 	for range readers { // every reader's first query fills the memo
 		var res Result
-		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: ctxA, Tokens: tokens}, &res)
 	}
 	var stop, failed atomic.Bool
 	var wg sync.WaitGroup
@@ -244,10 +240,13 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var res Result
-			res.forceProbe = ri == 0
+			mode := walkAuto
+			if ri == 0 {
+				mode = walkProbed
+			}
 			for !stop.Load() {
 				s0 := seq.Load()
-				if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+				if err := e.queryWith(&Query{Key: ctxA, Tokens: tokens}, &res, mode); err != nil {
 					t.Error(err)
 					failed.Store(true)
 					return
@@ -332,9 +331,7 @@ func TestContextsSharingMemoRunsKeepTheirHints(t *testing.T) {
 	settled(e)
 	query := func(k ContextKey, slot string) int64 {
 		var res Result
-		if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: k, Tokens: tokens}, &res)
 		return rankTiers(t, res.Instances, slot, 0).Device / 16
 	}
 	query(ctxA, "a") // hashes the prompt: the memo's runs, without hints yet

@@ -6,7 +6,7 @@ package engine
 type testHooks struct {
 	// beforeDo runs on the caller's goroutine before a request is handed to a context
 	// writer (after the caller looked the context up).
-	beforeDo func(c *context, r *request)
+	beforeDo func(c *cacheContext, r *request)
 	// walkLoad runs on the query goroutine before the walk loads word w (recKey,
 	// recMeta, recBits+...) of the record it found for block i.
 	walkLoad func(i, w int)

@@ -53,49 +53,55 @@ func (s *steps) allDone() bool {
 	return true
 }
 
+// eachWidth runs test for records of each width: packed (one bitset word), one word per
+// tier (walk1) and two (walkN), in an engine with test hooks, slot s registered in ctxA
+// and the context padded to nslots slots.
+func eachWidth(t *testing.T, test func(t *testing.T, nslots int, e *Engine, hooks *testHooks, s Slot)) {
+	for _, nslots := range []int{1, 30, 65} {
+		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
+			s := Slot{"a", 0}
+			e, hooks := hookedEngine(t, Config{}, s)
+			padSlots(t, e, 1, nslots)
+			test(t, nslots, e, hooks, s)
+		})
+	}
+}
+
 // TestWalkRejectsRecordReusedBetweenLoads: block K is on disk only. While a query reads
 // K's record, the record is freed and reused for K2 (cpu_local), then freed and reused for
 // K again (disk): K → K2 → K between two loads of the walk. The key re-check alone accepts
 // the mix (K2's cpu_local bit under K's key): a cpu_local hit that never existed.
 func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
-	// Packed records (one bitset word), one word per tier (walk1), two (walkN).
-	for _, nslots := range []int{1, 30, 65} {
-		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
-			s := Slot{"a", 0}
-			e, hooks := hookedEngine(t, Config{}, s)
-			for i := 1; i < nslots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-			}
-			const k, k2 = uint64(0xAAAA0001), uint64(0xBBBB0002)
-			mustApply(t, e, ctxA, store(s, TierDisk, k))
-			w := widthFor(nslots - 1)
-			at := []int{recBits + w, recBits + 2*w} // before loading cpu_local, before disk
-			if w == 0 {
-				at = []int{recBits, recMeta} // before loading the bitsets, before meta again
-			}
-			st := &steps{
-				at: at,
-				fn: []func(){
-					func() { mustApply(t, e, ctxA, remove(s, TierDisk, k), store(s, TierCPULocal, k2)) },
-					func() { mustApply(t, e, ctxA, remove(s, TierCPULocal, k2), store(s, TierDisk, k)) },
-				},
-				done: make([]bool, 2),
-			}
-			hooks.walkLoad = st.hook
-			hits := qk(t, e, ctxA, []uint64{k}, "a")
-			hooks.walkLoad = nil
-			if !st.allDone() {
-				t.Fatal("interleaving did not happen")
-			}
-			if got := rankTiers(t, hits, "a", 0); got.Device != 0 || got.CPULocal != 0 {
-				t.Fatalf("accepted bits of a reused record: %+v", got)
-			}
-			// The record was reused in place: the writer handed K2 the record K freed.
-			if got := rankTiers(t, qk(t, e, ctxA, []uint64{k}, "a"), "a", 0); got != (Tiers{0, 0, 0, 16}) {
-				t.Fatalf("after the interleaving: %+v", got)
-			}
-		})
-	}
+	eachWidth(t, func(t *testing.T, nslots int, e *Engine, hooks *testHooks, s Slot) {
+		const k, k2 = uint64(0xAAAA0001), uint64(0xBBBB0002)
+		mustApply(t, e, ctxA, store(s, TierDisk, k))
+		w := widthFor(nslots - 1)
+		at := []int{recBits + w, recBits + 2*w} // before loading cpu_local, before disk
+		if w == 0 {
+			at = []int{recBits, recMeta} // before loading the bitsets, before meta again
+		}
+		st := &steps{
+			at: at,
+			fn: []func(){
+				func() { mustApply(t, e, ctxA, remove(s, TierDisk, k), store(s, TierCPULocal, k2)) },
+				func() { mustApply(t, e, ctxA, remove(s, TierCPULocal, k2), store(s, TierDisk, k)) },
+			},
+			done: make([]bool, 2),
+		}
+		hooks.walkLoad = st.hook
+		hits := qk(t, e, ctxA, []uint64{k}, "a")
+		hooks.walkLoad = nil
+		if !st.allDone() {
+			t.Fatal("interleaving did not happen")
+		}
+		if got := rankTiers(t, hits, "a", 0); got.Device != 0 || got.CPULocal != 0 {
+			t.Fatalf("accepted bits of a reused record: %+v", got)
+		}
+		// The record was reused in place: the writer handed K2 the record K freed.
+		if got := rankTiers(t, qk(t, e, ctxA, []uint64{k}, "a"), "a", 0); got != (Tiers{0, 0, 0, 16}) {
+			t.Fatalf("after the interleaving: %+v", got)
+		}
+	})
 }
 
 // TestWalkRejectsBitsOfTwoChanges: block K is on device for a and in cpu_local for c.
@@ -109,9 +115,7 @@ func TestWalkRejectsBitsOfTwoChanges(t *testing.T) {
 		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
 			a, b, c := Slot{"a", 0}, Slot{"b", 0}, Slot{"c", 0}
 			e, hooks := hookedEngine(t, Config{}, a, b, c)
-			for i := 3; i < nslots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-			}
+			padSlots(t, e, 3, nslots)
 			const k = uint64(0xAAAA0001)
 			mustApply(t, e, ctxA, store(a, TierDevice, k), store(c, TierCPULocal, k))
 			w := widthFor(nslots - 1)
@@ -197,7 +201,7 @@ func TestRegisterSlotRacingDropRetries(t *testing.T) {
 	e, hooks := hookedEngine(t, Config{}, a)
 	e.UnregisterSlot(ctxA, a)
 	fired, dropped := false, false
-	hooks.beforeDo = func(_ *context, r *request) {
+	hooks.beforeDo = func(_ *cacheContext, r *request) {
 		if r.kind == reqRegister && !fired {
 			fired = true
 			dropped = e.DropEmptyContext(ctxA)

@@ -62,7 +62,6 @@ func TestMemoDifferential(t *testing.T) {
 					return toks
 				}
 				var ron, roff Result
-				ron.forceProbe = true // the probes take the memo's keys ahead
 				queries, hits := 0, 0
 				for step := range 600 {
 					k := keys[r.IntN(len(keys))]
@@ -104,12 +103,13 @@ func TestMemoDifferential(t *testing.T) {
 							filter = []string{"a", "b", "zz"}[r.IntN(3)]
 						}
 						q := &Query{Key: k, Tokens: qt, CacheSalt: salt, InstanceFilter: filter}
-						errOn, errOff := on.Query(q, &ron), off.Query(q, &roff)
+						// With the memo, the probes take its keys ahead.
+						errOn, errOff := on.queryWith(q, &ron, walkProbed), off.Query(q, &roff)
 						if fmt.Sprint(errOn) != fmt.Sprint(errOff) || !sameHits(ron.Instances, roff.Instances) {
 							t.Fatalf("step %d: memo %v %s, no memo %v %s", step, errOn, formatHits(ron.Instances), errOff, formatHits(roff.Instances))
 						}
-						if ron.walked != roff.walked {
-							t.Fatalf("step %d: walk went through %d blocks with the memo, %d without", step, ron.walked, roff.walked)
+						if ron.w.walked != roff.w.walked {
+							t.Fatalf("step %d: walk went through %d blocks with the memo, %d without", step, ron.w.walked, roff.w.walked)
 						}
 						queries++
 						if filter != "zz" { // a filter naming no instance returns before hashing
@@ -133,11 +133,7 @@ func TestMemoDifferential(t *testing.T) {
 // the memo) queries allocate nothing once the Result is warm.
 func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 	skipAllocUnderRace(t)
-	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
-	e := newTestEngine(t, Config{MemoEntries: 1 << 16})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	s := Slot{"a", 0}
-	mustRegister(t, e, k, p, s)
+	e, p, k, s := memoEngine(t, 1<<16)
 	tokens := seqTokens(16 * 512)
 	salts := []string{"", "x", "y", "z", "w", "v", "u", "q"}
 	for _, salt := range salts {
@@ -147,9 +143,7 @@ func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 	i := 0
 	cold := func() {
 		i++
-		if err := e.Query(&Query{Key: k, Tokens: tokens, CacheSalt: salts[i%len(salts)]}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: k, Tokens: tokens, CacheSalt: salts[i%len(salts)]}, &res)
 	}
 	cold()
 	if a := testing.AllocsPerRun(5, cold); a != 0 {
@@ -169,11 +163,7 @@ func TestQueryWithMemoAllocatesNothing(t *testing.T) {
 // filter, or QueryKeys) reports 0 blocks hashed, not the previous query's count, which
 // the server puts in metrics and the access log.
 func TestBlocksHashedDescribesTheLastQuery(t *testing.T) {
-	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
-	e := newTestEngine(t, Config{MemoEntries: 1 << 12})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	s := Slot{"a", 0}
-	mustRegister(t, e, k, p, s)
+	e, p, k, s := memoEngine(t, 1<<12)
 	tokens := seqTokens(16 * 8)
 	keys := chainKeys(t, p, 16, "", "", tokens)
 	mustApply(t, e, k, store(s, TierDevice, keys...))
@@ -204,12 +194,10 @@ func TestBlocksHashedDescribesTheLastQuery(t *testing.T) {
 // platform cannot, it says why), and an engine without the option says nothing of it.
 func TestPopulateMemoAtNew(t *testing.T) {
 	for _, populate := range []bool{true, false} {
-		log, buf, mu := captureLogger()
+		log, logs := captureLogger()
 		e := New(Config{MemoEntries: 1 << 16, PopulateMemo: populate, Logger: log})
 		e.Close()
-		mu.Lock()
-		out := buf.String()
-		mu.Unlock()
+		out := logs()
 		said := strings.Contains(out, "query key memo populated") || strings.Contains(out, "query key memo not populated")
 		if said != populate {
 			t.Fatalf("PopulateMemo %v: log %q", populate, out)

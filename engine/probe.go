@@ -29,12 +29,12 @@ const (
 	// probeMinEntries: walk1 probes ahead only in tables with more entries than this.
 	// A smaller table (256 KiB of entries, and at most 3/4 as many records) stays in
 	// the core's caches, where there are no misses to overlap and a batch's
-	// bookkeeping made walks slower (walk1Lean).
+	// bookkeeping made walks slower.
 	probeMinEntries = 1 << 15
 	// leanBlocks and probeAboveNs: in a larger table walk1 times its first leanBlocks
 	// blocks without probes and probes the rest only when they took probeAboveNs or
-	// more per block, which records in the caches never do (~10-30 ns per block) and
-	// cache misses (or hashing) always do.
+	// more per block, which records in the caches never do (BenchmarkQueryWalk's hot
+	// walks) and cache misses (BenchmarkQueryWalkCold) or hashing always do.
 	leanBlocks   = 32
 	probeAboveNs = 60 * time.Nanosecond
 )
@@ -66,26 +66,69 @@ type probeBuf struct {
 	// walk went).
 	probed, ran, loaded int
 	sink                uint64
+	// src is the walk's key source; err its error at the block where fetch ended the walk.
+	src keySource
+	err error
 }
 
-func (pb *probeBuf) reset() {
+// reset readies pb for a walk that takes its keys from src.
+func (pb *probeBuf) reset(src keySource) {
+	pb.src = src
 	pb.base, pb.n, pb.kn, pb.end, pb.stop = 0, 0, 0, 0, -1
 	pb.batch, pb.hbatch = probeFirst, 2
+	pb.err = nil
 }
 
-// rec returns the record found ahead for block i, if any, and its index in the batch.
-func (pb *probeBuf) rec(i int) ([]uint64, bool) {
+// A walk (walk1Loop, walkN) takes the key and record of its block i in up to three steps:
+// ahead serves the blocks a batch found, without a call (it is inlined; a function that
+// also called fetch would be too large to be), fetch the others, and missed the blocks
+// that the walk's table lacks.
+
+// ahead returns the key of block i and its record when the batch found them, else no
+// record.
+func (pb *probeBuf) ahead(i int) (uint64, []uint64) {
 	if j := i - pb.base; uint(j) < uint(pb.n) {
-		return pb.recs[j], true
+		return pb.keys[j], pb.recs[j]
 	}
-	return nil, false
+	return 0, nil
+}
+
+// fetch returns the key of block i, hashed ahead by the batch or the source's next, and
+// its record in tab, nil when tab lacks it or the key could not be hashed (the error is
+// kept in pb.err).
+func (pb *probeBuf) fetch(tab *table, i int) (uint64, []uint64) {
+	var key uint64
+	if j := i - pb.base; uint(j) < uint(pb.kn) {
+		key = pb.keys[j]
+	} else {
+		k, err := pb.src.Next()
+		if err != nil {
+			pb.err = err
+			return 0, nil
+		}
+		key = k
+	}
+	rec, _ := tab.find1(key)
+	return key, rec
+}
+
+// missed looks key up after fetch found no record for it in tab: in tab's predecessor
+// and, if tab was retired, in the latest table (findMissed), whose tables the walk goes
+// on with. No record ends the walk at the block: the key is not indexed, or (pb.err) it
+// could not be hashed.
+func (pb *probeBuf) missed(tab, prev *table, key uint64) (*table, *table, []uint64) {
+	if pb.err != nil {
+		return tab, prev, nil
+	}
+	return tab.findMissed(prev, key)
 }
 
 // next starts a batch at block i if src knows keys ahead, or hashes a window ahead when it
 // does not and the walk has passed hashAfter blocks. The walk calls it when the previous
 // batch is used up (i >= end) and i is not its stop. alive is the walk's disk alive set
 // (walk1) or 0 (walkN: no bound but the table's).
-func (pb *probeBuf) next(t *table, src keySource, i, nblocks int, alive uint64) {
+func (pb *probeBuf) next(t *table, i, nblocks int, alive uint64) {
+	src := pb.src
 	pb.base, pb.n, pb.kn, pb.end = i, 0, 0, i
 	if ahead := src.KeysAhead(); len(ahead) >= 2 {
 		n := copy(pb.keys[:min(len(ahead), pb.batch)], ahead)

@@ -62,30 +62,27 @@ func TestProbeStopsNearWalkEnd(t *testing.T) {
 			a, b := Slot{"a", 0}, Slot{"b", 0}
 			mustRegister(t, e, ctxA, vllmProfile(t), a)
 			mustRegister(t, e, ctxA, vllmProfile(t), b)
-			for i := 2; i < tc.slots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
-			}
+			padSlots(t, e, 2, tc.slots)
 			mustApply(t, e, ctxA, tc.ops(a, b)...)
 			settled(e)
-			res := Result{forceProbe: true}
-			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &res); err != nil {
+			var res Result
+			if err := e.queryKeysWith(ctxA, keys, nil, blocks*16, tc.filter, &res, walkProbed); err != nil {
 				t.Fatal(err)
 			}
 			if got := rankTiers(t, res.Instances, "a", 0); got != tc.want {
 				t.Fatalf("a = %+v, want %+v", got, tc.want)
 			}
-			if p := res.pb.probed + res.pb.ran; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
+			if p := res.w.pb.probed + res.w.pb.ran; p > tc.maxProbed || (tc.wantProbed > 0 && p != tc.wantProbed) {
 				t.Fatalf("probed %d blocks ahead (max %d, want %d)", p, tc.maxProbed, tc.wantProbed)
 			}
 			// sameRun's batches grow only once walked whole: the entries it loaded past
 			// the stop are at most probeFirst plus the blocks walked.
-			if res.pb.loaded > 2*res.walked+probeFirst {
-				t.Fatalf("loaded %d table entries ahead for a walk of %d blocks", res.pb.loaded, res.walked)
+			if res.w.pb.loaded > 2*res.w.walked+probeFirst {
+				t.Fatalf("loaded %d table entries ahead for a walk of %d blocks", res.w.pb.loaded, res.w.walked)
 			}
 			// The same answer without the probes.
 			var plain Result
-			plain.noProbe = true
-			if err := e.QueryKeys(ctxA, keys, blocks*16, tc.filter, &plain); err != nil {
+			if err := e.queryKeysWith(ctxA, keys, nil, blocks*16, tc.filter, &plain, walkLean); err != nil {
 				t.Fatal(err)
 			}
 			if fmt.Sprint(plain.Instances) != fmt.Sprint(res.Instances) {
@@ -108,16 +105,16 @@ func TestProbesUseMemoKeys(t *testing.T) {
 	mustApply(t, e, ctxA, store(s, TierDisk, keys...))
 	settled(e)
 	for round, want := range []int{64 - hashAfter, 64} {
-		res := Result{forceProbe: true}
-		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+		var res Result
+		if err := e.queryWith(&Query{Key: ctxA, Tokens: tokens}, &res, walkProbed); err != nil {
 			t.Fatal(err)
 		}
 		if got := res.Instances[0].Disk; got != 16*64 {
 			t.Fatalf("round %d: disk = %d", round, got)
 		}
-		if res.pb.probed+res.pb.ran != want || res.fromMemo != 64*round || res.hashed != 64 || res.walked != 64 {
+		if res.w.pb.probed+res.w.pb.ran != want || res.fromMemo != 64*round || res.hashed != 64 || res.w.walked != 64 {
 			t.Fatalf("round %d: probed %d and ran %d (want %d), %d blocks hashed, %d from the memo, %d walked",
-				round, res.pb.probed, res.pb.ran, want, res.hashed, res.fromMemo, res.walked)
+				round, res.w.pb.probed, res.w.pb.ran, want, res.hashed, res.fromMemo, res.w.walked)
 		}
 	}
 }
@@ -127,47 +124,40 @@ func TestProbesUseMemoKeys(t *testing.T) {
 // cpu_local). The record the batch found for block 1 now holds that key: the walk must
 // look block 1 up again (gone) and stop there, not credit the reused record.
 func TestProbedRecordReusedBeforeRead(t *testing.T) {
-	for _, nslots := range []int{1, 30, 65} {
-		t.Run(fmt.Sprintf("slots=%d", nslots), func(t *testing.T) {
-			s := Slot{"a", 0}
-			e, hooks := hookedEngine(t, Config{}, s)
-			for i := 1; i < nslots; i++ {
-				mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+	eachWidth(t, func(t *testing.T, nslots int, e *Engine, hooks *testHooks, s Slot) {
+		keys := []uint64{0xA0, 0xA1, 0xA2}
+		const kx = uint64(0xB1)
+		mustApply(t, e, ctxA, store(s, TierDisk, keys...))
+		var res Result
+		fired := false
+		hooks.walkLoad = func(i, w int) {
+			if fired || i != 0 || w != recMeta {
+				return
 			}
-			keys := []uint64{0xA0, 0xA1, 0xA2}
-			const kx = uint64(0xB1)
-			mustApply(t, e, ctxA, store(s, TierDisk, keys...))
-			res := Result{forceProbe: true}
-			fired := false
-			hooks.walkLoad = func(i, w int) {
-				if fired || i != 0 || w != recMeta {
-					return
-				}
-				fired = true
-				if res.pb.base != 0 || res.pb.n != 3 {
-					t.Errorf("batch base %d n %d when block 0 is read: want 0, 3", res.pb.base, res.pb.n)
-				}
-				mustApply(t, e, ctxA, remove(s, TierDisk, keys[1]), store(s, TierCPULocal, kx))
+			fired = true
+			if res.w.pb.base != 0 || res.w.pb.n != 3 {
+				t.Errorf("batch base %d n %d when block 0 is read: want 0, 3", res.w.pb.base, res.w.pb.n)
 			}
-			err := e.QueryKeys(ctxA, keys, 3*16, "a", &res)
-			hooks.walkLoad = nil
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !fired {
-				t.Fatal("interleaving did not happen")
-			}
-			if got := rankTiers(t, res.Instances, "a", 0); got != (Tiers{0, 0, 0, 16}) {
-				t.Fatalf("a = %+v, want disk 16 only", got)
-			}
-			// The record was reused in place: kx holds block 1's old record.
-			c := e.lookup(ctxA)
-			tab := c.state.Load().tab
-			if rec, ok := tab.find(kx); !ok || &rec[0] != &res.pb.recs[1][0] {
-				t.Fatal("kx did not reuse block 1's record")
-			}
-		})
-	}
+			mustApply(t, e, ctxA, remove(s, TierDisk, keys[1]), store(s, TierCPULocal, kx))
+		}
+		err := e.queryKeysWith(ctxA, keys, nil, 3*16, "a", &res, walkProbed)
+		hooks.walkLoad = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fired {
+			t.Fatal("interleaving did not happen")
+		}
+		if got := rankTiers(t, res.Instances, "a", 0); got != (Tiers{0, 0, 0, 16}) {
+			t.Fatalf("a = %+v, want disk 16 only", got)
+		}
+		// The record was reused in place: kx holds block 1's old record.
+		c := e.lookup(ctxA)
+		tab := c.state.Load().tab
+		if rec, ok := tab.find(kx); !ok || &rec[0] != &res.w.pb.recs[1][0] {
+			t.Fatal("kx did not reuse block 1's record")
+		}
+	})
 }
 
 // TestHashAheadBound: without the memo, a walk hashes its first hashAfter blocks one by
@@ -186,13 +176,13 @@ func TestHashAheadBound(t *testing.T) {
 			mustApply(t, e, ctxA, store(s, TierDisk, keys[:stored]...))
 			settled(e)
 		}
-		res := Result{forceProbe: true}
-		if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
+		var res Result
+		if err := e.queryWith(&Query{Key: ctxA, Tokens: tokens}, &res, walkProbed); err != nil {
 			t.Fatal(err)
 		}
 		walked := min(stored+1, 64)
-		if got := res.Instances[0].Disk; got != int64(16*stored) || res.walked != walked {
-			t.Fatalf("stored %d: disk %d, walked %d", stored, got, res.walked)
+		if got := res.Instances[0].Disk; got != int64(16*stored) || res.w.walked != walked {
+			t.Fatalf("stored %d: disk %d, walked %d", stored, got, res.w.walked)
 		}
 		// Windows: blocks [4,6), [6,10), [10,18), [18,34), [34,50), [50,64).
 		hashed := walked
@@ -202,8 +192,8 @@ func TestHashAheadBound(t *testing.T) {
 		if res.hashed != hashed || res.hashed > walked+probeMax-1 {
 			t.Fatalf("stored %d: hashed %d, want %d", stored, res.hashed, hashed)
 		}
-		if res.pb.probed > max(walked-hashAfter, 0) {
-			t.Fatalf("stored %d: probed %d blocks ahead, walked %d", stored, res.pb.probed, walked)
+		if res.w.pb.probed > max(walked-hashAfter, 0) {
+			t.Fatalf("stored %d: probed %d blocks ahead, walked %d", stored, res.w.pb.probed, walked)
 		}
 	}
 }
@@ -241,28 +231,27 @@ func TestWalkSwitchesToProbesMidWalk(t *testing.T) {
 			store(b, TierCPULocal, keys[:min(stop+7, blocks)]...))
 		settled(e)
 		var want Result
-		want.noProbe = true
-		if err := e.QueryKeys(ctxA, keys, blocks*16, "", &want); err != nil {
+		if err := e.queryKeysWith(ctxA, keys, nil, blocks*16, "", &want, walkLean); err != nil {
 			t.Fatal(err)
 		}
-		for _, sw := range []int8{1, -1, 0} {
-			got := Result{leanSwitch: sw}
-			if err := e.QueryKeys(ctxA, keys, blocks*16, "", &got); err != nil {
+		for _, sw := range []walkMode{walkSwitchProbed, walkSwitchLean, walkAuto} {
+			var got Result
+			if err := e.queryKeysWith(ctxA, keys, nil, blocks*16, "", &got, sw); err != nil {
 				t.Fatal(err)
 			}
-			if fmt.Sprint(got.Instances) != fmt.Sprint(want.Instances) || got.walked != want.walked {
+			if fmt.Sprint(got.Instances) != fmt.Sprint(want.Instances) || got.w.walked != want.w.walked {
 				t.Fatalf("stop %d switch %d: %+v walked %d, want %+v walked %d", stop, sw,
-					got.Instances, got.walked, want.Instances, want.walked)
+					got.Instances, got.w.walked, want.Instances, want.w.walked)
 			}
-			if sw == 1 && stop > leanBlocks && got.pb.probed == 0 {
+			if sw == walkSwitchProbed && stop > leanBlocks && got.w.pb.probed == 0 {
 				t.Fatalf("stop %d: the walk did not switch to probes", stop)
 			}
-			if sw == -1 && got.pb.probed != 0 {
-				t.Fatalf("stop %d: probed %d blocks without switching", stop, got.pb.probed)
+			if sw == walkSwitchLean && got.w.pb.probed != 0 {
+				t.Fatalf("stop %d: probed %d blocks without switching", stop, got.w.pb.probed)
 			}
 			for round := 0; round < 2; round++ { // memo cold, then warm
 				q := Query{Key: ctxA, Tokens: toks}
-				if err := e.Query(&q, &got); err != nil {
+				if err := e.queryWith(&q, &got, sw); err != nil {
 					t.Fatal(err)
 				}
 				if fmt.Sprint(got.Instances) != fmt.Sprint(want.Instances) {
@@ -295,10 +284,10 @@ func TestSameRunBatchGrowsOnlyWhenWalked(t *testing.T) {
 	if err := e.QueryKeys(ctxA, keys, blocks*16, "", &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.walked != slots+1 {
-		t.Fatalf("walked %d blocks, want %d", res.walked, slots+1)
+	if res.w.walked != slots+1 {
+		t.Fatalf("walked %d blocks, want %d", res.w.walked, slots+1)
 	}
-	if res.pb.loaded > res.walked+probeFirst {
-		t.Fatalf("loaded %d table entries ahead for a walk of %d blocks", res.pb.loaded, res.walked)
+	if res.w.pb.loaded > res.w.walked+probeFirst {
+		t.Fatalf("loaded %d table entries ahead for a walk of %d blocks", res.w.pb.loaded, res.w.walked)
 	}
 }

@@ -16,6 +16,14 @@ var (
 	warmPrompts = flag.Int("warmprompts", 16, "prompts BenchmarkQueryWarm asks in turn")
 )
 
+// benchWalkMode is the walk of the query benchmarks: without probes with -noprobe.
+func benchWalkMode() walkMode {
+	if *noProbe {
+		return walkLean
+	}
+	return walkAuto
+}
+
 // coldContext stores nprompts prompts of blocks keys each (key of block j of prompt p:
 // benchKey(p*blocks+j)) for 8 slots of one instance pair: every slot holds every block on
 // disk, slot s its first (s%4+1)/4 on cpu_local and s%4/4 on device.
@@ -63,10 +71,10 @@ func BenchmarkQueryWalkCold(b *testing.B) {
 		keys[i] = benchKey(i)
 	}
 	var res Result
-	res.noProbe = *noProbe
+	mode := benchWalkMode()
 	timeBlocks(b, blocks, func(i int) {
 		p := (i * 7919) % prompts
-		_ = e.QueryKeys(ctxA, keys[p*blocks:(p+1)*blocks], blocks*16, "", &res)
+		_ = e.queryKeysWith(ctxA, keys[p*blocks:(p+1)*blocks], nil, blocks*16, "", &res, mode)
 	})
 	if res.Instances[0].Disk != blocks*16 {
 		b.Fatalf("walk stopped early: %d", res.Instances[0].Disk)
@@ -121,18 +129,18 @@ func BenchmarkQueryCold(b *testing.B) {
 			}
 			settled(e)
 			var res Result
-			res.noProbe = *noProbe
+			mode := benchWalkMode()
 			q := &Query{Key: ctxA}
 			for pr := 0; memo && pr < prompts; pr++ { // fills the memo
 				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
-				if err := e.Query(q, &res); err != nil {
+				if err := e.queryWith(q, &res, mode); err != nil {
 					b.Fatal(err)
 				}
 			}
 			timeBlocks(b, blocks, func(i int) {
 				pr := (i * 7919) % prompts
 				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
-				_ = e.Query(q, &res)
+				_ = e.queryWith(q, &res, mode)
 			})
 			// Every block comes from the memo but those its 4-way sets lost to overflow
 			// (rare at this load, counted as evictions: each costs one hashed block).
@@ -193,12 +201,12 @@ func BenchmarkQueryWarm(b *testing.B) {
 	}
 	settled(e)
 	var res Result
-	res.noProbe = *noProbe
+	mode := benchWalkMode()
 	q := &Query{Key: ctxA}
 	ask := func(i int) {
 		pr := i % prompts
 		q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
-		if err := e.Query(q, &res); err != nil {
+		if err := e.queryWith(q, &res, mode); err != nil {
 			b.Fatal(err)
 		}
 	}

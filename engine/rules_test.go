@@ -64,6 +64,23 @@ func prefixCount(e *Engine, k ContextKey) int {
 	return st.Blocks
 }
 
+// wantTiers fails the test unless id's rank 0 has the tiers want for keys (16 positions
+// each) in ctxA; why says what the state is.
+func wantTiers(t testing.TB, e *Engine, id string, keys []uint64, want Tiers, why string) {
+	t.Helper()
+	if got := rankTiers(t, qk(t, e, ctxA, keys, ""), id, 0); got != want {
+		t.Fatalf("%s: %s = %+v, want %+v", why, id, got, want)
+	}
+}
+
+// wantBlocks fails the test unless ctxA holds want blocks; why says what they are.
+func wantBlocks(t testing.TB, e *Engine, want int, why string) {
+	t.Helper()
+	if n := prefixCount(e, ctxA); n != want {
+		t.Fatalf("blocks = %d, want %d (%s)", n, want, why)
+	}
+}
+
 func TestStoreRequiresRegisteredSlot(t *testing.T) {
 	e := setup(t, Config{}, Slot{"a", 0})
 	ops := []Op{store(Slot{"a", 1}, TierDevice, 1), store(Slot{"b", 0}, TierDevice, 1), store(Slot{"a", 0}, TierDevice, 2)}
@@ -78,9 +95,7 @@ func TestStoreRequiresRegisteredSlot(t *testing.T) {
 	if ops[2].Err != nil {
 		t.Fatalf("registered slot: %v", ops[2].Err)
 	}
-	if n := prefixCount(e, ctxA); n != 1 {
-		t.Fatalf("blocks = %d, want 1 (failed stores create nothing)", n)
-	}
+	wantBlocks(t, e, 1, "failed stores create nothing")
 	if ops[0].Err.Error() != "engine owner instance/rank is not registered" {
 		t.Fatalf("message %q", ops[0].Err)
 	}
@@ -111,12 +126,8 @@ func TestUnknownStateOpsAreNoOps(t *testing.T) {
 	mustApply(t, e, ctxA, ops...)
 	e.UnregisterSlot(ctxA, Slot{"ghost", 0})
 	e.UnregisterSlot(ContextKey{ModelName: "other"}, a)
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{1, 2}, ""), "a", 0); got != (Tiers{32, 32, 32, 32}) {
-		t.Fatalf("tiers = %+v", got)
-	}
-	if n := prefixCount(e, ctxA); n != 2 {
-		t.Fatalf("blocks = %d, want 2", n)
-	}
+	wantTiers(t, e, "a", []uint64{1, 2}, Tiers{32, 32, 32, 32}, "after the ops")
+	wantBlocks(t, e, 2, "the no-ops removed nothing")
 }
 
 func TestStoreAndRemoveAreIdempotent(t *testing.T) {
@@ -124,12 +135,8 @@ func TestStoreAndRemoveAreIdempotent(t *testing.T) {
 	e := setup(t, Config{}, a)
 	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2), store(a, TierDevice, 1, 2))
 	mustApply(t, e, ctxA, remove(a, TierDevice, 2), remove(a, TierDevice, 2))
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{1, 2}, ""), "a", 0); got != (Tiers{16, 16, 16, 16}) {
-		t.Fatalf("tiers = %+v", got)
-	}
-	if n := prefixCount(e, ctxA); n != 1 {
-		t.Fatalf("blocks = %d, want 1", n)
-	}
+	wantTiers(t, e, "a", []uint64{1, 2}, Tiers{16, 16, 16, 16}, "after the ops")
+	wantBlocks(t, e, 1, "block 2 removed")
 }
 
 // TestBlockLivesUntilLastOwner: a block is dropped only when every slot bit in every tier
@@ -149,9 +156,7 @@ func TestBlockLivesUntilLastOwner(t *testing.T) {
 		}
 		mustApply(t, e, ctxA, op)
 	}
-	if n := prefixCount(e, ctxA); n != 0 {
-		t.Fatalf("after every owner left: blocks = %d", n)
-	}
+	wantBlocks(t, e, 0, "every owner left")
 }
 
 func TestLocalTiersRespectRank(t *testing.T) {
@@ -254,12 +259,8 @@ func TestClearDeviceKeepsOtherTiersAndSlots(t *testing.T) {
 		t.Fatalf("b = %+v", got)
 	}
 	mustApply(t, e, ctxA, Op{Kind: OpClear, Slot: a, ClearTiers: MaskAllEngine}, Op{Kind: OpClear, Slot: b, ClearTiers: MaskAllEngine})
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{1, 2}, ""), "a", 0); got != (Tiers{}) {
-		t.Fatalf("after full clear: %+v (block 1 has no owner left)", got)
-	}
-	if n := prefixCount(e, ctxA); n != 1 {
-		t.Fatalf("blocks = %d, want 1 (the shared one)", n)
-	}
+	wantTiers(t, e, "a", []uint64{1, 2}, Tiers{}, "after full clear (block 1 has no owner left)")
+	wantBlocks(t, e, 1, "the shared one")
 }
 
 func TestUnregisterRemovesOnlyThatRankAndKeepsShared(t *testing.T) {
@@ -272,9 +273,7 @@ func TestUnregisterRemovesOnlyThatRankAndKeepsShared(t *testing.T) {
 	if len(hits) != 1 || len(hits[0].Ranks) != 1 || hits[0].Ranks[0].Rank != 1 {
 		t.Fatalf("hits = %s", formatHits(hits))
 	}
-	if n := prefixCount(e, ctxA); n != 2 {
-		t.Fatalf("blocks = %d, want 2 (rank 1's block 1, shared block 3)", n)
-	}
+	wantBlocks(t, e, 2, "rank 1's block 1, shared block 3")
 	e.UnregisterSlot(ctxA, r1)
 	if hits := qk(t, e, ctxA, []uint64{1}, ""); len(hits) != 0 {
 		t.Fatalf("no slots left, hits = %s", formatHits(hits))
@@ -293,9 +292,7 @@ func TestSlotReuseStartsClean(t *testing.T) {
 	e.UnregisterSlot(ctxA, a)
 	c := Slot{"c", 0}
 	mustRegister(t, e, ctxA, vllmProfile(t), c)
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{1, 2}, ""), "c", 0); got != (Tiers{}) {
-		t.Fatalf("new slot inherited %+v", got)
-	}
+	wantTiers(t, e, "c", []uint64{1, 2}, Tiers{}, "new slot inherited")
 }
 
 func TestRegistration(t *testing.T) {
@@ -375,9 +372,7 @@ func TestMultipleObjectKeysBindOneHash(t *testing.T) {
 		t.Fatalf("after first of two removed: %+v", got)
 	}
 	mustApply(t, e, ctxA, sharedOp(OpSharedRemove, "m@tp_rank:1@h", SharedCPU, 5))
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{5}, ""), "a", 0); got != (Tiers{}) {
-		t.Fatalf("after both removed: %+v", got)
-	}
+	wantTiers(t, e, "a", []uint64{5}, Tiers{}, "after both removed")
 }
 
 func TestSGLangComponentsShareOneBinding(t *testing.T) {
@@ -394,9 +389,7 @@ func TestSGLangComponentsShareOneBinding(t *testing.T) {
 		t.Fatalf("one component left: %+v", got)
 	}
 	mustApply(t, e, ctxA, op(OpSharedRemove, "_0_v"))
-	if n := prefixCount(e, ctxA); n != 0 {
-		t.Fatalf("last component removed, blocks = %d", n)
-	}
+	wantBlocks(t, e, 0, "last component removed")
 }
 
 func TestBindingConflictAndMismatch(t *testing.T) {
@@ -411,9 +404,7 @@ func TestBindingConflictAndMismatch(t *testing.T) {
 	if !errors.Is(ops[0].Err, ErrBindingConflict) || !errors.Is(ops[1].Err, ErrBindingMismatch) || ops[2].Err != nil {
 		t.Fatalf("errs = %v, %v, %v", ops[0].Err, ops[1].Err, ops[2].Err)
 	}
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{1, 2}, ""), "a", 0); got != (Tiers{0, 0, 16, 32}) {
-		t.Fatalf("tiers = %+v", got)
-	}
+	wantTiers(t, e, "a", []uint64{1, 2}, Tiers{0, 0, 16, 32}, "after the ops")
 }
 
 // TestColliding shared owners: two sources binding the same hash are removable independently.
@@ -502,9 +493,7 @@ func TestWideningPastSixtyFourSlots(t *testing.T) {
 	if hits := qk(t, e, ctxA, []uint64{1}, ""); len(hits[0].Ranks) != 100 || hits[0].Ranks[0].Rank != 1 {
 		t.Fatalf("after unregistering even ranks: %d ranks", len(hits[0].Ranks))
 	}
-	if n := prefixCount(e, ctxA); n != 101 {
-		t.Fatalf("blocks = %d, want 101", n)
-	}
+	wantBlocks(t, e, 101, "block 1 and the 100 odd ranks' own blocks")
 }
 
 func TestGlobalViewAndStats(t *testing.T) {
@@ -590,10 +579,15 @@ func TestConfigDefaults(t *testing.T) {
 	}
 }
 
-func captureLogger() (*slog.Logger, *bytes.Buffer, *sync.Mutex) {
+// captureLogger returns a logger and a func that returns what it logged so far.
+func captureLogger() (*slog.Logger, func() string) {
 	var buf bytes.Buffer
 	var mu sync.Mutex
-	return slog.New(slog.NewTextHandler(&lockedWriter{&buf, &mu}, nil)), &buf, &mu
+	return slog.New(slog.NewTextHandler(&lockedWriter{&buf, &mu}, nil)), func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
 }
 
 type lockedWriter struct {
@@ -608,7 +602,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 }
 
 func TestCapacityEvictsOldestWritten(t *testing.T) {
-	log, buf, mu := captureLogger()
+	log, logs := captureLogger()
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: 10, Logger: log}, a)
 	for h := uint64(1); h <= 10; h++ {
@@ -631,18 +625,14 @@ func TestCapacityEvictsOldestWritten(t *testing.T) {
 			t.Errorf("block %d: %d, want %d", h, got, want)
 		}
 	}
-	mu.Lock()
-	logged := buf.String()
-	mu.Unlock()
+	logged := logs()
 	// One warning for the first eviction; the second falls in the same log interval.
 	if !strings.Contains(logged, "level=WARN") || !strings.Contains(logged, "evicted=1") || strings.Count(logged, "over capacity") != 1 {
 		t.Fatalf("eviction not logged once as a warning: %q", logged)
 	}
 	// The slot's bookkeeping followed the eviction: clearing it empties the context.
 	mustApply(t, e, ctxA, Op{Kind: OpClear, Slot: a, ClearTiers: MaskAllEngine})
-	if n := prefixCount(e, ctxA); n != 0 {
-		t.Fatalf("blocks after clear = %d", n)
-	}
+	wantBlocks(t, e, 0, "after clear")
 }
 
 func TestCapacityUnlimited(t *testing.T) {
@@ -662,14 +652,12 @@ func TestCapacityUnlimited(t *testing.T) {
 // bindings included (their object keys would otherwise outlive it without bound): the
 // object key may then bind another hash.
 func TestEvictionDropsSharedBindings(t *testing.T) {
-	log, _, _ := captureLogger()
+	log, _ := captureLogger()
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: 3, Logger: log}, a)
 	mustApply(t, e, ctxA, sharedOp(OpSharedStore, "k", SharedCPU, 100)) // block + binding: 2
 	mustApply(t, e, ctxA, store(a, TierDevice, 1, 2))                   // 4 > 3: 100 goes, with "k"
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{100}, ""), "a", 0); got != (Tiers{}) {
-		t.Fatalf("evicted shared block visible: %+v", got)
-	}
+	wantTiers(t, e, "a", []uint64{100}, Tiers{}, "evicted shared block visible")
 	if st, _ := e.Stats(ctxA); st.Blocks != 2 || st.EvictedBlocks != 1 || e.TotalBlocks() != 2 {
 		t.Fatalf("stats %+v, total %d", st, e.TotalBlocks())
 	}
@@ -679,15 +667,13 @@ func TestEvictionDropsSharedBindings(t *testing.T) {
 		t.Fatalf("re-bound object key: %+v", got)
 	}
 	mustApply(t, e, ctxA, sharedOp(OpSharedRemove, "k", SharedCPU, 101))
-	if got := rankTiers(t, qk(t, e, ctxA, []uint64{101}, ""), "a", 0); got != (Tiers{}) {
-		t.Fatalf("remove after re-bind: %+v", got)
-	}
+	wantTiers(t, e, "a", []uint64{101}, Tiers{}, "remove after re-bind")
 }
 
 // TestBindingsCountAgainstCapacity: bindings count like blocks, so a block bound by many
 // object keys cannot grow memory past the capacity.
 func TestBindingsCountAgainstCapacity(t *testing.T) {
-	log, _, _ := captureLogger()
+	log, _ := captureLogger()
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: 3, Logger: log}, a)
 	mustApply(t, e, ctxA, store(a, TierDevice, 1))
@@ -708,7 +694,7 @@ func TestBindingsCountAgainstCapacity(t *testing.T) {
 
 // TestEvictionAtScale: many blocks and refreshes; eviction follows the write order.
 func TestEvictionAtScale(t *testing.T) {
-	log, _, _ := captureLogger()
+	log, _ := captureLogger()
 	a := Slot{"a", 0}
 	e := setup(t, Config{MaxBlocksPerContext: 20000, Logger: log}, a)
 	batch := make([]uint64, 64)
@@ -746,7 +732,7 @@ func settle(t testing.TB, e *Engine, k ContextKey) {
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) {
+	r.fn = func(c *cacheContext) {
 		for c.wide != nil { // a widening switches once no migration runs
 			c.migrateStep()
 			c.widenStep()
@@ -777,7 +763,7 @@ func tableOf(t testing.TB, e *Engine, k ContextKey) (entries, live, used, highWa
 	c := e.lookup(k)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) {
+	r.fn = func(c *cacheContext) {
 		entries, live, used, highWater = len(c.tab.entries), c.tab.ar.Len(), c.tab.live+c.tab.tombs, int(c.tab.ar.HighWater())
 	}
 	if err := c.do(r); err != nil {

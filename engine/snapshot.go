@@ -8,8 +8,7 @@ import (
 )
 
 // DefaultSnapshotStep is how many records one snapshot step copies: the context's writer
-// does nothing else during a step (a few hundred microseconds), then serves its queue
-// again before the next one.
+// does nothing else during a step, then serves its queue again before the next one.
 const DefaultSnapshotStep = 4096
 
 // SnapshotEntry is one (block, slot) pair of an engine-tier block: Slot indexes the
@@ -130,7 +129,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 	var ch SnapshotChunk
 	cursor := uint32(0)
 	first := true
-	sync := func(f func(c *context)) error {
+	sync := func(f func(c *cacheContext)) error {
 		r := e.getReq()
 		r.kind = reqSync
 		r.fn = f
@@ -146,7 +145,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 	for {
 		ch.Reset()
 		done, full := false, false
-		err := sync(func(c *context) {
+		err := sync(func(c *cacheContext) {
 			if first {
 				c.snap = &snapJournal{}
 			}
@@ -171,7 +170,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 		}
 		if err := fn(&ch); err != nil {
 			if !done {
-				_ = sync(func(c *context) { c.snap = nil })
+				_ = sync(func(c *cacheContext) { c.snap = nil })
 			}
 			return err
 		}
@@ -183,7 +182,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 
 // snapshotStep copies up to step records from *cursor on; it reports whether the cursor
 // reached the end of the arena. Writer only.
-func (c *context) snapshotStep(ch *SnapshotChunk, cursor *uint32, step int) bool {
+func (c *cacheContext) snapshotStep(ch *SnapshotChunk, cursor *uint32, step int) bool {
 	nums := make(map[int]uint32, len(c.slots))
 	for s, n := range c.slots {
 		nums[n] = uint32(len(ch.Slots))

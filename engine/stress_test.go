@@ -108,7 +108,11 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 		go func() {
 			defer rwg.Done()
 			rng := rand.New(rand.NewPCG(uint64(ri), 99))
-			res := Result{forceProbe: ri%2 == 0}
+			var res Result
+			mode := walkAuto
+			if ri%2 == 0 {
+				mode = walkProbed
+			}
 			first := true
 			defer func() {
 				if first { // failed before its first answer: let the writers go
@@ -121,7 +125,7 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 				if n > 0 {
 					positions -= rng.IntN(16)
 				}
-				if err := e.QueryKeys(k, univ[:n], positions, "", &res); err != nil {
+				if err := e.queryKeysWith(k, univ[:n], nil, positions, "", &res, mode); err != nil {
 					t.Error(err)
 					return
 				}

@@ -202,16 +202,17 @@ func (t *table) findPrev(p *table, key uint64) ([]uint64, bool) {
 
 // findMissed is the walk's slow path after find1 missed key in t (prev being t.prev as
 // loaded before that probe): it looks in prev, then, if t itself was released, in the
-// latest table (retryMiss). It returns the table the walk goes on with and its prev.
-func (t *table) findMissed(prev *table, key uint64) (*table, *table, []uint64, bool) {
+// latest table (retryMiss). It returns the table the walk goes on with and its prev, and
+// the record, nil when key is in none of them.
+func (t *table) findMissed(prev *table, key uint64) (*table, *table, []uint64) {
 	if rec, ok := t.findPrev(prev, key); ok {
-		return t, prev, rec, true
+		return t, prev, rec
 	}
-	nt, rec, ok := t.retryMiss(key)
+	nt, rec, _ := t.retryMiss(key) // rec is nil when not found
 	if nt != t {
 		prev = nt.prev.Load() // no later than its probe in retryMiss: nil stays nil
 	}
-	return nt, prev, rec, ok
+	return nt, prev, rec
 }
 
 // retryMiss is called after find missed key in t. A miss in a live table stands; t may
@@ -260,7 +261,7 @@ func (t *table) lookup(key uint64) (idx uint32, ok bool) {
 
 // locate returns the record index and the record of key, and where its entry was found:
 // at pos of this table, or (inPrev) at pos of prev, where it is not in this table. The
-// record is for reading: a writer that changes it marks it first (context.mark). Writer
+// record is for reading: a writer that changes it marks it first (cacheContext.mark). Writer
 // only.
 func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, rec []uint64, ok bool) {
 	p := t.prev.Load()

@@ -53,6 +53,80 @@ func newTestEngine(t testing.TB, cfg Config) *Engine {
 	return e
 }
 
+// queryWith is Query walking as mode.
+func (e *Engine) queryWith(q *Query, res *Result, mode walkMode) error {
+	return e.query(q.Key, q.InstanceFilter, walkInput{hash: true, tokens: q.Tokens, salt: q.CacheSalt}, res, mode)
+}
+
+// queryKeysWith is QueryKeys walking as mode, with record hints (one per key, or nil),
+// which the walk corrects in place.
+func (e *Engine) queryKeysWith(key ContextKey, keys []uint64, hints []uint32, positions int, filter string, res *Result, mode walkMode) error {
+	return e.query(key, filter, walkInput{keys: keys, hints: hints, positions: positions}, res, mode)
+}
+
+// padSlots registers slots ("pad", from) .. ("pad", to-1) in ctxA, so that the context's
+// slot numbers reach to (records of one or more bitset words).
+func padSlots(t testing.TB, e *Engine, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		mustRegister(t, e, ctxA, vllmProfile(t), Slot{"pad", i})
+	}
+}
+
+// notifier returns a channel of capacity one and a func that signals it without waiting
+// (a signal still pending stands for the new one).
+func notifier() (chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	return ch, func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// holdsOnDevice reports whether the one instance of k holds block h on device.
+func holdsOnDevice(t testing.TB, e *Engine, k ContextKey, h uint64) bool {
+	t.Helper()
+	var res Result
+	if err := e.QueryKeys(k, []uint64{h}, 16, "", &res); err != nil {
+		t.Fatal(err)
+	}
+	return res.Instances[0].Device == 16
+}
+
+// memoEngine is an engine with a key memo of entries, one context k of block size 16
+// (vLLM sha256_cbor profile p) and one registered slot s.
+func memoEngine(t testing.TB, entries int) (e *Engine, p hashing.Profile, k ContextKey, s Slot) {
+	t.Helper()
+	p = resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
+	e = newTestEngine(t, Config{MemoEntries: entries})
+	k = ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
+	s = Slot{"a", 0}
+	mustRegister(t, e, k, p, s)
+	return e, p, k, s
+}
+
+// mustQuery runs q into res, failing the test on an error.
+func mustQuery(t testing.TB, e *Engine, q *Query, res *Result) {
+	t.Helper()
+	if err := e.Query(q, res); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sglangEngine is an engine with one context k of block size bs, an SGLang profile p of
+// strategy (sha256_raw, first64_be), and one registered slot s.
+func sglangEngine(t testing.TB, strategy string, bs int64) (e *Engine, p hashing.Profile, k ContextKey, s Slot) {
+	t.Helper()
+	p = resolve(t, strategy, "sha256_raw", "", "first64_be")
+	e = newTestEngine(t, Config{})
+	k = ContextKey{TenantID: "default", ModelName: "m", BlockSize: bs}
+	s = Slot{"sgl", 0}
+	mustRegister(t, e, k, p, s)
+	return e, p, k, s
+}
+
 func mustRegister(t testing.TB, e *Engine, k ContextKey, p hashing.Profile, s Slot) {
 	t.Helper()
 	if _, err := e.RegisterSlot(k, p, s); err != nil {
@@ -152,9 +226,7 @@ func TestWorkedCasesNotes4(t *testing.T) {
 			keys := chainKeys(t, p, 16, "", "", tokens)
 			mustApply(t, e, k, placeOps(s, keys, tc.layout)...)
 			var res Result
-			if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
-				t.Fatal(err)
-			}
+			mustQuery(t, e, &Query{Key: k, Tokens: tokens}, &res)
 			if len(res.Instances) != 1 || len(res.Instances[0].Ranks) != 1 {
 				t.Fatalf("instances = %s", formatHits(res.Instances))
 			}
@@ -185,11 +257,7 @@ func TestSGLangPartialTail(t *testing.T) {
 		want     int64
 	}{{"sglang", 40}, {"sglang_bigram", 39}} {
 		t.Run(tc.strategy, func(t *testing.T) {
-			p := resolve(t, tc.strategy, "sha256_raw", "", "first64_be")
-			e := newTestEngine(t, Config{})
-			k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-			s := Slot{"sgl", 0}
-			mustRegister(t, e, k, p, s)
+			e, p, k, s := sglangEngine(t, tc.strategy, 16)
 			tokens := seqTokens(40)
 			keys := chainKeys(t, p, 16, "", "", tokens)
 			if len(keys) != 3 {
@@ -198,18 +266,14 @@ func TestSGLangPartialTail(t *testing.T) {
 			all := [][]string{{"N", "L", "D", "S", "M"}, {"N", "L", "D", "S", "M"}, {"N", "L", "D", "S", "M"}}
 			mustApply(t, e, k, placeOps(s, keys, all)...)
 			var res Result
-			if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
-				t.Fatal(err)
-			}
+			mustQuery(t, e, &Query{Key: k, Tokens: tokens}, &res)
 			want := Tiers{tc.want, tc.want, tc.want, tc.want}
 			if got := res.Instances[0].Tiers; got != want {
 				t.Fatalf("tiers = %+v, want %+v", got, want)
 			}
 			// A whole-block run short of the tail is not affected by the clamp.
 			mustApply(t, e, k, Op{Kind: OpRemove, Slot: s, Tier: TierDevice, Hashes: keys[2:]})
-			if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
-				t.Fatal(err)
-			}
+			mustQuery(t, e, &Query{Key: k, Tokens: tokens}, &res)
 			if got := res.Instances[0].Device; got != 32 {
 				t.Fatalf("device after removing the tail = %d, want 32", got)
 			}
@@ -220,11 +284,7 @@ func TestSGLangPartialTail(t *testing.T) {
 // TestSGLangIntegrationVector: GPU 1 block, CPU_PINNED 2 blocks, DISK 3 blocks (bs 4)
 // give device 4, cpu_local 8, cpu_share 8, disk 12 (notes §5.3).
 func TestSGLangIntegrationVector(t *testing.T) {
-	p := resolve(t, "sglang", "sha256_raw", "", "first64_be")
-	e := newTestEngine(t, Config{})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 4}
-	s := Slot{"sgl", 0}
-	mustRegister(t, e, k, p, s)
+	e, p, k, s := sglangEngine(t, "sglang", 4)
 	tokens := seqTokens(12)
 	keys := chainKeys(t, p, 4, "", "", tokens)
 	mustApply(t, e, k,
@@ -232,20 +292,14 @@ func TestSGLangIntegrationVector(t *testing.T) {
 		Op{Kind: OpStore, Slot: s, Tier: TierCPULocal, Hashes: keys[:2]},
 		Op{Kind: OpStore, Slot: s, Tier: TierDisk, Hashes: keys[:3]})
 	var res Result
-	if err := e.Query(&Query{Key: k, Tokens: tokens}, &res); err != nil {
-		t.Fatal(err)
-	}
+	mustQuery(t, e, &Query{Key: k, Tokens: tokens}, &res)
 	if got, want := res.Instances[0].Tiers, (Tiers{4, 8, 8, 12}); got != want {
 		t.Fatalf("tiers = %+v, want %+v", got, want)
 	}
 }
 
 func TestQueryHashErrorGivesEmptyAnswer(t *testing.T) {
-	p := resolve(t, "sglang", "sha256_raw", "", "first64_be")
-	e := newTestEngine(t, Config{})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 4}
-	s := Slot{"sgl", 0}
-	mustRegister(t, e, k, p, s)
+	e, p, k, s := sglangEngine(t, "sglang", 4)
 	keys := chainKeys(t, p, 4, "", "", seqTokens(4))
 	mustApply(t, e, k, Op{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: keys})
 	tokens := append(seqTokens(4), 5, -6, 7, 8)
@@ -275,9 +329,7 @@ func TestSaltChangesHashesNotContext(t *testing.T) {
 		salt string
 		want int64
 	}{{"tenant-salt", 8}, {"", 0}, {"other", 0}} {
-		if err := e.Query(&Query{Key: k, Tokens: tokens, CacheSalt: tc.salt}, &res); err != nil {
-			t.Fatal(err)
-		}
+		mustQuery(t, e, &Query{Key: k, Tokens: tokens, CacheSalt: tc.salt}, &res)
 		if got := res.Instances[0].Device; got != tc.want {
 			t.Errorf("salt %q: device = %d, want %d", tc.salt, got, tc.want)
 		}
@@ -299,9 +351,7 @@ func TestLoraIsPartOfContextAndHash(t *testing.T) {
 	keys := chainKeys(t, p, 4, "adapter-A", "", tokens)
 	mustApply(t, e, lora, Op{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: keys})
 	var res Result
-	if err := e.Query(&Query{Key: lora, Tokens: tokens}, &res); err != nil {
-		t.Fatal(err)
-	}
+	mustQuery(t, e, &Query{Key: lora, Tokens: tokens}, &res)
 	if res.Instances[0].Device != 8 {
 		t.Fatalf("lora context device = %d, want 8", res.Instances[0].Device)
 	}
@@ -321,13 +371,11 @@ func TestQueryHashesLazily(t *testing.T) {
 	keys := chainKeys(t, p, 16, "", "", tokens)
 	mustApply(t, e, ctxA, Op{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: keys[:1]})
 	var res Result
-	if err := e.Query(&Query{Key: ctxA, Tokens: tokens}, &res); err != nil {
-		t.Fatal(err)
-	}
+	mustQuery(t, e, &Query{Key: ctxA, Tokens: tokens}, &res)
 	if got := res.Instances[0].Disk; got != 16 {
 		t.Fatalf("disk = %d", got)
 	}
-	if n := res.chain.Hashed(); n != 2 {
+	if n := res.w.chain.Hashed(); n != 2 {
 		t.Fatalf("hashed %d blocks, want 2", n)
 	}
 }

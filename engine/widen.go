@@ -17,7 +17,7 @@ import (
 //   - The writer copies the records into a new arena of the new width, index for index
 //     (key, meta, write-order link, bitsets converted), a bounded chunk per writer step
 //     (and between requests while idle). Every record the writer changes after it was
-//     copied is marked (context.rec) and copied again in the next step, so when the
+//     copied is marked (cacheContext.rec) and copied again in the next step, so when the
 //     copy reaches the old arena's high-water mark the new arena holds every record
 //     exactly as the old one.
 //   - The switch is one step of bounded work, taken once every record is copied, the
@@ -33,7 +33,7 @@ import (
 // the old arena, which the writer no longer changes after the switch (entries are only
 // tombstoned, then released; records are released a chunk per step, reading as zeros):
 // never a bit that was not there, but possibly stale or cut short, so the switch bumps
-// slotReuse and such a query walks again with the new view (Result.settled), as after a
+// slotReuse and such a query walks again with the new view (Engine.query), as after a
 // slot number's reuse. A miss in the old, dead table never retries in the new one
 // (widths differ, see retryMiss). A query that loaded the new view reads only the new
 // arena, complete at the switch. Versions (meta) are copied with the records, so the
@@ -66,7 +66,7 @@ const widenSmall = compactMaxLive
 // rec returns record idx of the current arena for the writer to change: while a widening
 // runs, a record already copied is marked to be copied again before the switch. Writer
 // code that may change a record gets it from here (reads may use the arena directly).
-func (c *context) rec(idx uint32) []uint64 {
+func (c *cacheContext) rec(idx uint32) []uint64 {
 	if c.wide != nil { // inlined: the write paths pay a nil check
 		c.wide.mark(idx)
 	}
@@ -81,7 +81,7 @@ func (wd *widening) mark(idx uint32) {
 }
 
 // widenChunk returns the records a widening step copies.
-func (c *context) widenChunk() int {
+func (c *cacheContext) widenChunk() int {
 	if h := c.eng.hooks; h != nil && h.widenChunk > 0 {
 		return h.widenChunk
 	}
@@ -91,7 +91,7 @@ func (c *context) widenChunk() int {
 // registerWide handles the registration r of slot number n (reserved), which needs
 // width need > c.tab.w: at once on a small context, otherwise by a widening (started, or
 // joined). It reports whether r waits for the switch.
-func (c *context) registerWide(r *request, n, need int) bool {
+func (c *cacheContext) registerWide(r *request, n, need int) bool {
 	small := widenSmall
 	if h := c.eng.hooks; h != nil && h.widenSmall > 0 {
 		small = h.widenSmall
@@ -113,7 +113,7 @@ func (c *context) registerWide(r *request, n, need int) bool {
 }
 
 // startWidening starts copying the records into an arena of width w (> c.tab.w).
-func (c *context) startWidening(w int) {
+func (c *cacheContext) startWidening(w int) {
 	ar := arena.New(arena.Config{RecordWords: recordWords(w)})
 	c.wide = &widening{w: w, ar: ar, tab: newTable(sizeFor(c.tab.ar.Len()), ar, w, &c.state)}
 	c.widenings++
@@ -135,7 +135,7 @@ func (wd *widening) waitingFor(s Slot) *request {
 // widenStep moves a running widening on by a bounded step: it copies again the records
 // changed since they were copied, then the next chunk, and switches once every record is
 // copied and no table migration runs (the switch starts one of its own).
-func (c *context) widenStep() {
+func (c *cacheContext) widenStep() {
 	wd := c.wide
 	if wd == nil {
 		return
@@ -172,7 +172,7 @@ func (c *context) widenStep() {
 }
 
 // copyWide copies record idx into the widening's arena.
-func (c *context) copyWide(idx uint32) {
+func (c *cacheContext) copyWide(idx uint32) {
 	wd := c.wide
 	src, dst := c.tab.ar.Record(idx), wd.ar.Record(idx)
 	dst[recKey], dst[recMeta], dst[recLink] = src[recKey], src[recMeta], src[recLink]
@@ -182,7 +182,7 @@ func (c *context) copyWide(idx uint32) {
 }
 
 // switchWide makes the widened arena current (see the comment at the top).
-func (c *context) switchWide() {
+func (c *cacheContext) switchWide() {
 	wd := c.wide
 	old := c.tab
 	if h := c.eng.hooks; h != nil && h.widened != nil {
@@ -227,7 +227,7 @@ func (c *context) switchWide() {
 			later = append(later, r)
 		}
 	}
-	// Queries that loaded an older view walk again (settled): the old arena stops
+	// Queries that loaded an older view walk again (Engine.query): the old arena stops
 	// changing now and is released over the next steps.
 	c.slotReuse.Add(1)
 	c.publish()
@@ -246,14 +246,14 @@ func (c *context) switchWide() {
 	}
 }
 
-func (c *context) registered(s Slot) bool {
+func (c *cacheContext) registered(s Slot) bool {
 	_, ok := c.slots[s]
 	return ok
 }
 
 // wideMismatches counts the records of the widening's arena that differ from the current
 // arena's (tests check it is 0 at every switch).
-func (c *context) wideMismatches() int {
+func (c *cacheContext) wideMismatches() int {
 	wd := c.wide
 	bad := 0
 	hw := c.tab.ar.HighWater()
@@ -271,7 +271,7 @@ func (c *context) wideMismatches() int {
 
 // endWidening hands back, when the engine closes, the registrations waiting for a
 // widening (ErrClosed).
-func (c *context) endWidening() {
+func (c *cacheContext) endWidening() {
 	if c.wide == nil {
 		return
 	}

@@ -13,7 +13,7 @@ func widenState(t testing.TB, e *Engine) (widening bool, copied, widenings int) 
 	c := e.lookup(ctxA)
 	r := e.getReq()
 	r.kind = reqSync
-	r.fn = func(c *context) { widening, copied, widenings = c.wide != nil, c.widenCopied, c.widenings }
+	r.fn = func(c *cacheContext) { widening, copied, widenings = c.wide != nil, c.widenCopied, c.widenings }
 	if err := c.do(r); err != nil {
 		t.Fatal(err)
 	}

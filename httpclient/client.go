@@ -291,66 +291,57 @@ func (c *Client) Query(q *QueryRequest, res *QueryResult) error {
 
 // Register registers a publisher.
 func (c *Client) Register(r *RegisterRequest) (RegisterResult, error) {
+	return postAdmin(c, c.registerURI, "/register", func(b []byte) []byte { return AppendRegisterRequest(b, r) },
+		DecodeRegisterResult)
+}
+
+// postAdmin sends an admin POST to uri (route names it in errors), with the admin token
+// and the body encode appends, and decodes the answer.
+func postAdmin[T any](c *Client, uri, route string, encode func([]byte) []byte, decode func([]byte) (T, error)) (T, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	post(req, c.registerURI)
+	post(req, uri)
 	c.authorize(req)
 	buf := req.SwapBody(nil)
-	req.SwapBody(AppendRegisterRequest(buf[:0], r))
+	req.SwapBody(encode(buf[:0]))
 	if err := c.roundTrip(req, resp); err != nil {
-		return RegisterResult{}, err
+		var zero T
+		return zero, err
 	}
-	res, err := DecodeRegisterResult(resp.Body())
+	res, err := decode(resp.Body())
 	if err != nil {
-		return res, fmt.Errorf("decode /register response: %w", err)
+		return res, fmt.Errorf("decode %s response: %w", route, err)
 	}
 	return res, nil
 }
 
 // Unregister removes a publisher.
 func (c *Client) Unregister(r *UnregisterRequest) (UnregisterResult, error) {
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	post(req, c.unregisterURI)
-	c.authorize(req)
-	buf := req.SwapBody(nil)
-	req.SwapBody(AppendUnregisterRequest(buf[:0], r))
-	if err := c.roundTrip(req, resp); err != nil {
-		return UnregisterResult{}, err
-	}
-	res, err := DecodeUnregisterResult(resp.Body())
-	if err != nil {
-		return res, fmt.Errorf("decode /unregister response: %w", err)
-	}
-	return res, nil
+	return postAdmin(c, c.unregisterURI, "/unregister", func(b []byte) []byte { return AppendUnregisterRequest(b, r) },
+		DecodeUnregisterResult)
 }
 
 // Services lists the registered publishers.
 func (c *Client) Services() (ServiceList, error) {
-	var l ServiceList
-	err := c.get(c.servicesURI, func(body []byte) error {
-		var err error
-		if l, err = DecodeServiceList(body); err != nil {
-			return fmt.Errorf("decode /services response: %w", err)
-		}
-		return nil
-	})
-	return l, err
+	return getView(c, c.servicesURI, "/services", DecodeServiceList)
 }
 
 // GlobalView returns the snapshot of indexed contexts.
 func (c *Client) GlobalView() (GlobalView, error) {
-	var g GlobalView
-	err := c.get(c.viewURI, func(body []byte) error {
+	return getView(c, c.viewURI, "/global_view", DecodeGlobalView)
+}
+
+// getView GETs uri (route names it in errors) and decodes the answer.
+func getView[T any](c *Client, uri, route string, decode func([]byte) (T, error)) (T, error) {
+	var v T
+	err := c.get(uri, func(body []byte) error {
 		var err error
-		if g, err = DecodeGlobalView(body); err != nil {
-			return fmt.Errorf("decode /global_view response: %w", err)
+		if v, err = decode(body); err != nil {
+			return fmt.Errorf("decode %s response: %w", route, err)
 		}
 		return nil
 	})
-	return g, err
+	return v, err
 }

@@ -19,29 +19,13 @@ func (r QueryResult) MarshalJSON() ([]byte, error) {
 		b = append(b, `:{"longest_matched":`...)
 		b = strconv.AppendInt(b, h.LongestMatched, 10)
 		b = append(b, `,"dp":{`...)
-		first := true
-		for j := range h.Ranks {
-			rk := &h.Ranks[j]
-			if !rk.inDP {
-				continue
-			}
-			b = appendRankKey(b, rk.Rank, first)
-			first = false
-			b = strconv.AppendInt(b, rk.DP, 10)
-		}
+		b = appendRanks(b, h.Ranks, func(rk *RankHit) bool { return rk.inDP }, func(b []byte, rk *RankHit) []byte {
+			return strconv.AppendInt(b, rk.DP, 10)
+		})
 		b = append(b, `},"rank_matches":{`...)
-		first = true
-		for j := range h.Ranks {
-			rk := &h.Ranks[j]
-			if !rk.inRankMatches {
-				continue
-			}
-			b = appendRankKey(b, rk.Rank, first)
-			first = false
-			b = append(b, '{')
-			b = appendJSONTiers(b, &rk.TierCounts)
-			b = append(b, '}')
-		}
+		b = appendRanks(b, h.Ranks, func(rk *RankHit) bool { return rk.inRankMatches }, func(b []byte, rk *RankHit) []byte {
+			return append(appendJSONTiers(append(b, '{'), &rk.TierCounts), '}')
+		})
 		b = append(b, "},"...)
 		b = appendJSONTiers(b, &h.TierCounts)
 		b = append(b, '}')
@@ -75,4 +59,19 @@ func appendJSONString(b []byte, s string) []byte {
 		return append(b, `""`...)
 	}
 	return append(b, q...)
+}
+
+// appendRanks appends, as "rank":value members, the ranks that in selects.
+func appendRanks(b []byte, ranks []RankHit, in func(*RankHit) bool, value func([]byte, *RankHit) []byte) []byte {
+	first := true
+	for j := range ranks {
+		rk := &ranks[j]
+		if !in(rk) {
+			continue
+		}
+		b = appendRankKey(b, rk.Rank, first)
+		first = false
+		b = value(b, rk)
+	}
+	return b
 }

@@ -50,16 +50,11 @@ type QueryRequest struct {
 
 // AppendRegisterRequest appends r as a msgpack map to dst.
 func AppendRegisterRequest(dst []byte, r *RegisterRequest) []byte {
-	n := uint32(7) // endpoint, type, modelname, instance_id, block_size, dp_rank, hash_profile
-	for _, s := range [...]string{r.ReplayEndpoint, r.LoraName, r.TenantID} {
-		if s != "" {
-			n++
-		}
-	}
+	required := uint32(7) // endpoint, type, modelname, instance_id, block_size, dp_rank, hash_profile
 	if r.CacheGroup != nil {
-		n++
+		required++
 	}
-	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendMapHeader(dst, required, r.ReplayEndpoint, r.LoraName, r.TenantID)
 	dst = appendKV(dst, "endpoint", r.Endpoint)
 	dst = appendOptKV(dst, "replay_endpoint", r.ReplayEndpoint)
 	dst = appendKV(dst, "type", r.Type)
@@ -83,11 +78,7 @@ func AppendRegisterRequest(dst []byte, r *RegisterRequest) []byte {
 // because the contract makes it optional (and ignored) for the sglang strategies;
 // root_digest is never sent since the server refuses it as input.
 func appendProfileRequest(dst []byte, p *HashProfile) []byte {
-	n := uint32(3)
-	if p.PythonHashSeed != "" {
-		n++
-	}
-	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendMapHeader(dst, 3, p.PythonHashSeed)
 	dst = appendKV(dst, "strategy", p.Strategy)
 	dst = appendKV(dst, "algorithm", p.Algorithm)
 	dst = appendOptKV(dst, "python_hash_seed", p.PythonHashSeed)
@@ -96,11 +87,7 @@ func appendProfileRequest(dst []byte, p *HashProfile) []byte {
 
 // AppendUnregisterRequest appends r as a msgpack map to dst.
 func AppendUnregisterRequest(dst []byte, r *UnregisterRequest) []byte {
-	n := uint32(2)
-	if r.TenantID != "" {
-		n++
-	}
-	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendMapHeader(dst, 2, r.TenantID)
 	dst = appendKV(dst, "instance_id", r.InstanceID)
 	dst = appendOptKV(dst, "tenant_id", r.TenantID)
 	dst = msgp.AppendString(dst, "dp_rank")
@@ -126,13 +113,7 @@ func AppendQueryRequest(dst []byte, q *QueryRequest) []byte {
 // to and including the key of its prompt field (listKey), whose value the caller appends.
 // Empty optional strings are left out.
 func appendQueryFields(dst []byte, model string, blockSize int64, lora, tenant, instance, salt, listKey string) []byte {
-	n := uint32(3)
-	for _, s := range [...]string{lora, tenant, instance, salt} {
-		if s != "" {
-			n++
-		}
-	}
-	dst = msgp.AppendMapHeader(dst, n)
+	dst = appendMapHeader(dst, 3, lora, tenant, instance, salt)
 	dst = appendKV(dst, "model", model)
 	dst = appendOptKV(dst, "lora_name", lora)
 	dst = msgp.AppendString(dst, "block_size")
@@ -170,6 +151,18 @@ func appendTokensBin(dst []byte, toks []int32) []byte {
 func appendKV(dst []byte, key, val string) []byte {
 	dst = msgp.AppendString(dst, key)
 	return msgp.AppendString(dst, val)
+}
+
+// appendMapHeader appends the header of a map of required fields and one field per
+// non-empty optional string (appendOptKV leaves the empty ones out).
+func appendMapHeader(dst []byte, required uint32, optional ...string) []byte {
+	n := required
+	for _, s := range optional {
+		if s != "" {
+			n++
+		}
+	}
+	return msgp.AppendMapHeader(dst, n)
 }
 
 func appendOptKV(dst []byte, key, val string) []byte {

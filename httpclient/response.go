@@ -336,27 +336,36 @@ func DecodeRegisterResult(b []byte) (RegisterResult, error) {
 func DecodeUnregisterResult(b []byte) (UnregisterResult, error) {
 	var r UnregisterResult
 	err := unmarshalBody(&r, b, "unregister response")
-	if r.RemovedInstances == nil {
-		r.RemovedInstances = []string{} // prints as [], as the server sent it, not null
-	}
+	r.RemovedInstances = nonNil(r.RemovedInstances) // prints as [], as the server sent it, not null
 	return r, err
 }
 
-// DecodeServiceList decodes a GET /services body.
-func DecodeServiceList(b []byte) (ServiceList, error) {
-	var l ServiceList
-	return l, unmarshalBody(&l, b, "services response")
+// nonNil returns s, or an empty slice for nil (JSON prints it as [], not null).
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
-// DecodeGlobalView decodes a GET /global_view body.
+// DecodeServiceList decodes a GET /services body. No services is an empty, non-nil
+// Services, which prints as [] in JSON (as the server sent it), not null.
+func DecodeServiceList(b []byte) (ServiceList, error) {
+	var l ServiceList
+	err := unmarshalBody(&l, b, "services response")
+	l.Services = nonNil(l.Services)
+	return l, err
+}
+
+// DecodeGlobalView decodes a GET /global_view body. Empty lists (no contexts, an instance
+// without ranks) are empty, non-nil slices, which print as [] in JSON, not null.
 func DecodeGlobalView(b []byte) (GlobalView, error) {
 	var g GlobalView
 	err := unmarshalBody(&g, b, "global_view response")
+	g.Contexts = nonNil(g.Contexts)
 	for _, c := range g.Contexts {
 		for id, ranks := range c.Instances {
-			if ranks == nil {
-				c.Instances[id] = []int64{} // prints as [], as the server sent it, not null
-			}
+			c.Instances[id] = nonNil(ranks) // prints as [], as the server sent it, not null
 		}
 	}
 	return g, err

@@ -331,6 +331,20 @@ func TestViewDecodersLenience(t *testing.T) {
 		t.Fatalf("services: %+v %v", l, err)
 	}
 
+	// No services, no contexts: empty lists, which print as [] in JSON (not null).
+	for _, body := range []map[string]any{{"count": 0, "services": []any{}}, {"count": 0}} {
+		l, err := DecodeServiceList(mustAppendIntf(t, body))
+		if js, _ := json.Marshal(l); err != nil || !strings.Contains(string(js), `"services":[]`) {
+			t.Fatalf("no services %v: %s %v", body, js, err)
+		}
+	}
+	for _, body := range []map[string]any{{"context_count": 0, "contexts": []any{}}, {"context_count": 0}} {
+		g, err := DecodeGlobalView(mustAppendIntf(t, body))
+		if js, _ := json.Marshal(g); err != nil || !strings.Contains(string(js), `"contexts":[]`) {
+			t.Fatalf("no contexts %v: %s %v", body, js, err)
+		}
+	}
+
 	g, err := DecodeGlobalView(mustAppendIntf(t, map[string]any{"contexts": []any{map[string]any{
 		"instances": map[string]any{"a": []any{}}}}}))
 	if err != nil || len(g.Contexts) != 1 || g.Contexts[0].Instances["a"] == nil || len(g.Contexts[0].Instances["a"]) != 0 {

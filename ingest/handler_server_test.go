@@ -72,7 +72,7 @@ func TestUnregisterDuringTraffic(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // paces the traffic
 		}
 	}()
 	go func() { // master: store shared copies of every block, then remove them
@@ -88,7 +88,7 @@ func TestUnregisterDuringTraffic(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // paces the traffic
 		}
 	}()
 	go func() { // a reader that queries all along
@@ -116,7 +116,15 @@ func TestUnregisterDuringTraffic(t *testing.T) {
 	if _, serr := app.Service.Unregister("master", "default", 0); serr != nil {
 		t.Fatal(serr)
 	}
-	time.Sleep(20 * time.Millisecond) // the publishers keep sending into the void
+	// Unregistering closed both subscriptions (each publisher sees its subscriber
+	// unsubscribe); the publishers keep sending into the void a while longer.
+	for _, p := range []*zmqtest.Publisher{enginePub, masterPub} {
+		if err := p.WaitUnsubscribes(1, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		sent := p.Sent()
+		waitFor(t, "traffic after the unregistration", func() bool { return p.Sent() >= sent+10 })
+	}
 	stopAll()
 
 	if got := r0hits(t, app, key, toks); len(got) != 0 {

@@ -266,12 +266,7 @@ func subConfig(name, endpoint, replay string, log *slog.Logger) ingest.Subscribe
 
 func newPublisher(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 	t.Helper()
-	p, err := zmqtest.NewPublisher(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return zmqtest.NewForTest(t, cfg)
 }
 
 // attach starts a publisher (cfg) and a subscriber+handler for src, and waits until the
@@ -326,15 +321,10 @@ func (s *stream) publishAndWait(payloads ...[]byte) {
 	waitFor(s.t, fmt.Sprintf("%d batches handled", want), func() bool { return s.handled() >= want })
 }
 
+// waitFor waits until cond holds (zmqtest.Await).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	zmqtest.Await(t, what, cond)
 }
 
 // hits queries the engine and returns the answer by instance (ranks copied).
@@ -801,10 +791,14 @@ func TestStale(t *testing.T) {
 			waitFor(t, "stale", func() bool { return s.sub.Stats().Stale })
 			r.wantTiers(key, toks, "vllm-a", engine.Tiers{})
 			r.wantTiers(key, toks, "vllm-b", device(32))
-			// Events after the stale mark are ignored until re-registration.
+			// Events after the stale mark are ignored until re-registration: the stale
+			// subscriber closes its SUB socket (the publisher sees it unsubscribe) and
+			// reads nothing more.
 			before := s.h.Stats().Batches
 			s.publish(engineBatch(0, vStored(k[:3])))
-			time.Sleep(50 * time.Millisecond)
+			if err := s.pub.WaitUnsubscribes(1, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
 			if got := s.h.Stats().Batches; got != before {
 				t.Fatalf("stale source handled %d more batches", got-before)
 			}
@@ -939,7 +933,7 @@ func TestPublisherRestartRetractsOldEntries(t *testing.T) {
 		if p2, err = zmqtest.NewPublisher(zmqtest.Config{Endpoint: ep}); err == nil {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // paces the retries of the bind
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -159,15 +159,7 @@ func procThreads(t *testing.T) int {
 // Subscribers in one Transport cost their sockets' descriptors and no OS thread each, and
 // give every descriptor back when they stop.
 func TestSubscribersShareTransportAndReleaseDescriptors(t *testing.T) {
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := tr.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	tr := newTransport(t)
 	// One live publisher among endpoints nobody listens on (ports 1..n of 127.0.0.1).
 	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	h := &recorder{}
@@ -223,15 +215,7 @@ func TestSubscribersShareTransportAndReleaseDescriptors(t *testing.T) {
 // previous case's sockets, so which step is not fixed) or succeeds; either way the
 // subscriber ends up subscribed.
 func TestStartOutOfDescriptorsRetries(t *testing.T) {
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := tr.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	tr := newTransport(t)
 	for room := 0; room <= 5; room++ {
 		t.Run(strconv.Itoa(room), func(t *testing.T) {
 			p := newPub(t, zmqtest.Config{})
@@ -295,15 +279,7 @@ func TestStopWhileWaitingForDescriptors(t *testing.T) {
 // moment (about to wait, waiting, between two waits): with an hour-long PollTimeout, a
 // lost wake-up would hold Stop for an hour instead of the watchdog's bound.
 func TestStopWakesPollerWait(t *testing.T) {
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := tr.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	tr := newTransport(t)
 	for i := range 20 {
 		cfg := fastConfig("tcp://127.0.0.1:1", "")
 		cfg.Transport = tr
@@ -326,4 +302,19 @@ func TestStopWakesPollerWait(t *testing.T) {
 			t.Fatalf("round %d: Stop did not wake the subscriber", i)
 		}
 	}
+}
+
+// newTransport is a transport of its own for one test, closed at its end.
+func newTransport(t *testing.T) *zmqtransport.Transport {
+	t.Helper()
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return tr
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,16 +108,11 @@ func testLogger() *slog.Logger {
 
 func newPub(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 	t.Helper()
-	p, err := zmqtest.NewPublisher(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
+	return zmqtest.NewForTest(t, cfg)
 }
 
 // startSub starts a subscriber and waits until the publisher sees its subscription.
-func startSub(t *testing.T, cfg SubscriberConfig, h Handler, p *zmqtest.Publisher) *Subscriber {
+func startSub(t testing.TB, cfg SubscriberConfig, h Handler, p *zmqtest.Publisher) *Subscriber {
 	t.Helper()
 	s, err := NewSubscriber(cfg, h)
 	if err != nil {
@@ -132,15 +128,42 @@ func startSub(t *testing.T, cfg SubscriberConfig, h Handler, p *zmqtest.Publishe
 	return s
 }
 
+// wantStale fails the test unless the handler was told once that the source went stale,
+// for a reason that mentions why.
+func (r *recorder) wantStale(t *testing.T, why string) {
+	t.Helper()
+	if reasons := r.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], why) {
+		t.Fatalf("stale reasons = %q, want one about %q", reasons, why)
+	}
+}
+
+// waitUntil waits until cond holds (zmqtest.Await).
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	zmqtest.Await(t, what, cond)
+}
+
+// flushSub waits until s can no longer be changed by what p published so far, so that a
+// check that something did not happen is decided by that, not by how long the test
+// waited. A stale subscriber closes its SUB socket and reads nothing more: it waits for
+// the unsubscription that closing sends. Otherwise it sends a marker (one frame, which
+// the subscriber reads and drops as malformed: no sequence number used) and waits until
+// s has read it: s reads its SUB socket in order and is done with a message before it
+// reads the next, so every batch p published before has been handled (or buffered,
+// during a recovery) by then.
+func flushSub(t *testing.T, p *zmqtest.Publisher, s *Subscriber) {
+	t.Helper()
+	if s.Stats().Stale {
+		if err := p.WaitUnsubscribes(1, 30*time.Second); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(time.Millisecond)
+		return
 	}
+	before := s.Stats().ConsumeErrors
+	if err := p.SendRaw([]byte("flush")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the marker read", func() bool { return s.Stats().ConsumeErrors > before })
 }
 
 func publish(t *testing.T, p *zmqtest.Publisher, payloads ...string) {
@@ -289,7 +312,7 @@ func TestGapRecoveredByReplay(t *testing.T) {
 			}
 			publish(t, p, "b7", "b8")
 			waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 9 })
-			time.Sleep(50 * time.Millisecond) // anything applied twice would show up now
+			flushSub(t, p, s) // anything applied twice would show up by now
 			if got := h.applied(); !equalSeqs(got, seqRange(0, 9)) {
 				t.Fatalf("seqs = %v", got)
 			}
@@ -313,8 +336,14 @@ func TestGapRecoveredByReplay(t *testing.T) {
 
 func TestSecondGapDuringRecovery(t *testing.T) {
 	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	// The replay waits until the subscriber has read every live batch, so that the second
+	// gap shows up while the first is being recovered.
+	piled := make(chan struct{})
+	var pileOnce sync.Once
+	pileUp := func() { pileOnce.Do(func() { close(piled) }) }
+	t.Cleanup(pileUp) // before p closes (cleanups run last first)
 	p.SetResponder(func(from uint64, send func(...[]byte) error) {
-		time.Sleep(150 * time.Millisecond) // let live batches pile up behind the gap
+		<-piled
 		p.ReplayFromRing(from, send)
 	})
 	h := &recorder{}
@@ -324,6 +353,8 @@ func TestSecondGapDuringRecovery(t *testing.T) {
 	publish(t, p, "2")
 	p.Lose([]byte("3"))
 	publish(t, p, "4", "5")
+	waitUntil(t, "the live batches read", func() bool { return s.Stats().Received == 4 })
+	pileUp()
 	waitUntil(t, "both gaps", func() bool { return s.Stats().Applied == 6 })
 	st := s.Stats()
 	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) || st.Gaps != 2 || st.Dropped != 2 || st.ReplaysOK != 2 {
@@ -343,12 +374,9 @@ func TestGapWithoutReplayGoesStale(t *testing.T) {
 	publish(t, p, "4")
 	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
 	publish(t, p, "5", "6")
-	time.Sleep(50 * time.Millisecond)
+	flushSub(t, p, s)
 	st := s.Stats()
-	reasons := h.staleReasons()
-	if len(reasons) != 1 || !strings.Contains(reasons[0], "gap") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "gap")
 	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
@@ -407,12 +435,9 @@ func TestUnrecoverableReplayGoesStale(t *testing.T) {
 			}
 			publish(t, p, "4", "5")
 			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-			time.Sleep(30 * time.Millisecond)
-			reasons := h.staleReasons()
+			flushSub(t, p, s)
 			st := s.Stats()
-			if len(reasons) != 1 || !strings.Contains(reasons[0], tc.reason) {
-				t.Fatalf("stale reasons = %q", reasons)
-			}
+			h.wantStale(t, tc.reason)
 			if got := h.applied(); !equalSeqs(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
@@ -438,10 +463,7 @@ func TestReplayTimeoutGoesStaleAtDeadline(t *testing.T) {
 		t.Fatalf("stale after %v, want about the 500ms recovery timeout", elapsed)
 	}
 	st := s.Stats()
-	reasons := h.staleReasons()
-	if len(reasons) != 1 || !strings.Contains(reasons[0], "deadline") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "deadline")
 	// The buffered live boundary is never applied out of order.
 	if got := h.applied(); !equalSeqs(got, []uint64{0}) || st.ReplayRetries < 2 || st.ReplaysFailed != 1 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
@@ -467,9 +489,7 @@ func TestMalformedReplayRetriedUntilDeadline(t *testing.T) {
 		t.Fatalf("stale after %v: malformed replies must be retried until the deadline", elapsed)
 	}
 	st := s.Stats()
-	if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "deadline") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "deadline")
 	if st.ReplayRetries < 3 || len(p.ReplayRequests()) < 3 {
 		t.Fatalf("stats = %+v, requests = %v", st, p.ReplayRequests())
 	}
@@ -490,15 +510,13 @@ func TestRecoveryBufferLimits(t *testing.T) {
 		publish(t, p, "0")
 		p.Lose([]byte("1"))
 		publish(t, p, "2", "3", "4")
-		time.Sleep(50 * time.Millisecond)
+		flushSub(t, p, s)
 		if s.Stats().Stale {
 			t.Fatal("stale with the buffer at its limit, not over it")
 		}
 		publish(t, p, "5")
 		waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-		if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "limit") {
-			t.Fatalf("stale reasons = %q", reasons)
-		}
+		h.wantStale(t, "limit")
 	})
 	t.Run("bytes include the topic", func(t *testing.T) {
 		topic := strings.Repeat("t", 60)
@@ -513,15 +531,13 @@ func TestRecoveryBufferLimits(t *testing.T) {
 		publish(t, p, payload)
 		p.Lose([]byte(payload))
 		publish(t, p, payload)
-		time.Sleep(50 * time.Millisecond)
+		flushSub(t, p, s)
 		if s.Stats().Stale {
 			t.Fatal("stale with one message buffered")
 		}
 		publish(t, p, payload)
 		waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-		if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "limit") {
-			t.Fatalf("stale reasons = %q", reasons)
-		}
+		h.wantStale(t, "limit")
 	})
 }
 
@@ -547,12 +563,9 @@ func TestHandlerErrorGoesStaleWithoutAdvancing(t *testing.T) {
 			publish(t, p, "x", "y")
 			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
 			publish(t, p, "z")
-			time.Sleep(30 * time.Millisecond)
+			flushSub(t, p, s)
 			st := s.Stats()
-			reasons := h.staleReasons()
-			if len(reasons) != 1 || !strings.Contains(reasons[0], "data_parallel_rank") {
-				t.Fatalf("stale reasons = %q", reasons)
-			}
+			h.wantStale(t, "data_parallel_rank")
 			if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
@@ -577,7 +590,7 @@ func TestStopWaitsForInFlightBatch(t *testing.T) {
 			if _, err := p.Publish([]byte("traffic")); err != nil {
 				return
 			}
-			time.Sleep(100 * time.Microsecond)
+			time.Sleep(100 * time.Microsecond) // paces the traffic (no verdict depends on it)
 		}
 	}()
 	defer func() { close(stopPub); <-pubDone }()
@@ -603,7 +616,16 @@ func TestStopWaitsForInFlightBatch(t *testing.T) {
 	if last.Sub(releasedAt) > 100*time.Millisecond {
 		t.Fatalf("batches delivered %v after release", last.Sub(releasedAt))
 	}
-	time.Sleep(30 * time.Millisecond)
+	// The traffic goes on: a subscriber still reading would deliver some of the next
+	// batches.
+	for sent := p.Sent(); p.Sent() < sent+20; {
+		select {
+		case <-pubDone:
+			t.Fatal("the traffic stopped")
+		default:
+			runtime.Gosched()
+		}
+	}
 	if len(h.applied()) != n {
 		t.Fatal("batches delivered after Stop returned")
 	}
@@ -657,11 +679,14 @@ func TestStartAndStopLifecycle(t *testing.T) {
 	if err := s.Start(); err == nil {
 		t.Fatal("second Start accepted")
 	}
-	time.Sleep(20 * time.Millisecond) // let the goroutine block in poll
+	// Paces only: Stop should find the goroutine blocked in poll (if it is not there yet,
+	// Stop is quick anyway). Waiting out the poll would take PollTimeout; half of it is
+	// far beyond what a wake-up takes, on any load.
+	time.Sleep(20 * time.Millisecond)
 	t0 := time.Now()
 	s.Stop()
 	s.Stop()
-	if d := time.Since(t0); d > 500*time.Millisecond {
+	if d := time.Since(t0); d > 5*time.Second {
 		t.Fatalf("Stop took %v", d)
 	}
 	if err := s.Start(); err == nil {
@@ -681,7 +706,7 @@ func rebind(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 			t.Cleanup(func() { _ = p.Close() })
 			return p
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // paces the retries of the bind
 	}
 	t.Fatal(err)
 	return nil
@@ -921,7 +946,7 @@ func TestCatchUpOnStartReplaysEverything(t *testing.T) {
 	waitUntil(t, "catch-up", func() bool { return s.Stats().CatchUps == 1 })
 	publishSeqs(t, p, 1)
 	waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 6 })
-	time.Sleep(50 * time.Millisecond) // anything applied twice would show up now
+	flushSub(t, p, s) // anything applied twice would show up by now
 	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) {
 		t.Fatalf("seqs = %v", got)
 	}
@@ -956,9 +981,7 @@ func TestCatchUpAcceptsRingStartingLate(t *testing.T) {
 	publishSeqs(t, p, 1)
 	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
 	st = s.Stats()
-	if reasons := h.staleReasons(); len(reasons) != 1 || !strings.Contains(reasons[0], "skipped sequence") {
-		t.Fatalf("stale reasons = %q", reasons)
-	}
+	h.wantStale(t, "skipped sequence")
 	if st.ReplaysFailed != 1 || st.CatchUpsFailed != 0 || st.Gaps != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
@@ -1059,11 +1082,17 @@ func TestCatchUpWithNothingToReplay(t *testing.T) {
 }
 
 func TestCatchUpWhileLiveStreams(t *testing.T) {
-	for _, delay := range []time.Duration{0, 60 * time.Millisecond} {
-		t.Run(fmt.Sprintf("replay delay %v", delay), func(t *testing.T) {
+	// pile: the catch-up's replay waits until the subscriber has read that many live
+	// batches (they pile up behind the catch-up).
+	for _, pile := range []uint64{0, 40} {
+		t.Run(fmt.Sprintf("replay after %d live batches", pile), func(t *testing.T) {
 			p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+			var sub atomic.Pointer[Subscriber]
+			var pubEnded atomic.Bool
 			p.SetResponder(func(from uint64, send func(...[]byte) error) {
-				time.Sleep(delay) // live batches pile up behind the catch-up
+				for s := sub.Load(); s != nil && s.Stats().Received < pile && !pubEnded.Load(); {
+					runtime.Gosched() // the live stream goes on (its goroutine paces it)
+				}
 				p.ReplayFromRing(from, send)
 			})
 			publishSeqs(t, p, 20)
@@ -1071,6 +1100,7 @@ func TestCatchUpWhileLiveStreams(t *testing.T) {
 			stopPub := make(chan struct{})
 			pubDone := make(chan error, 1)
 			go func() {
+				defer pubEnded.Store(true)
 				for p.NextSeq() < total {
 					select {
 					case <-stopPub:
@@ -1082,7 +1112,7 @@ func TestCatchUpWhileLiveStreams(t *testing.T) {
 						pubDone <- err
 						return
 					}
-					time.Sleep(500 * time.Microsecond)
+					time.Sleep(500 * time.Microsecond) // paces the live stream
 				}
 				pubDone <- nil
 			}()
@@ -1091,6 +1121,7 @@ func TestCatchUpWhileLiveStreams(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			sub.Store(s)
 			if err := s.Start(); err != nil {
 				close(stopPub)
 				<-pubDone
@@ -1103,7 +1134,7 @@ func TestCatchUpWhileLiveStreams(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitUntil(t, "every batch", func() bool { return s.Stats().Applied >= total || s.Stats().Stale })
-			time.Sleep(50 * time.Millisecond)
+			flushSub(t, p, s)
 			st := s.Stats()
 			if got := h.applied(); !equalSeqs(got, seqRange(0, total)) || st.Stale {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
@@ -1134,7 +1165,7 @@ func TestCatchUpInterruptedAfterProgressIsStrict(t *testing.T) {
 	s := startSub(t, cfg, h, p)
 	publishSeqs(t, p, 1)
 	waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 6 })
-	time.Sleep(30 * time.Millisecond)
+	flushSub(t, p, s)
 	st := s.Stats()
 	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) || st.Stale {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
@@ -1175,7 +1206,7 @@ func TestCatchUpAfterPublisherRestart(t *testing.T) {
 			}
 			want := append(seqRange(0, 10), seqRange(first, 8)...)
 			waitUntil(t, "second stream", func() bool { return len(h.applied()) >= len(want) || s.Stats().Stale })
-			time.Sleep(30 * time.Millisecond)
+			flushSub(t, p2, s)
 			st := s.Stats()
 			if got := h.applied(); !equalSeqs(got, want) || st.Stale || st.Restarts != 1 || st.CatchUps != 2 {
 				t.Fatalf("seqs = %v, stats = %+v, stale reasons %q", got, st, h.staleReasons())

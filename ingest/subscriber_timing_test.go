@@ -47,6 +47,25 @@ func vllmBatch() []byte {
 	return msgp.AppendNil(b)
 }
 
+// publishPaced publishes a vLLM batch b.N times, with at most maxInFlight of them not
+// yet counted in received, and returns when it started (the timer reset then).
+func publishPaced(b *testing.B, p *zmqtest.Publisher, received *atomic.Int64) time.Time {
+	payload := vllmBatch()
+	b.SetBytes(int64(len(payload)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		for int64(i)-received.Load() >= maxInFlight {
+			time.Sleep(50 * time.Microsecond) // back-pressure: at most maxInFlight batches queued
+		}
+		if _, err := p.Publish(payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return start
+}
+
 type benchHandler struct{ n atomic.Int64 }
 
 func (h *benchHandler) HandleBatch(uint64, []byte) error { h.n.Add(1); return nil }
@@ -59,38 +78,12 @@ const maxInFlight = 5000
 // BenchmarkSubscriberThroughput: batches/s through one subscriber over tcp loopback, from
 // publish to HandleBatch, with a trivial handler.
 func BenchmarkSubscriberThroughput(b *testing.B) {
-	p, err := zmqtest.NewPublisher(zmqtest.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer p.Close()
+	p := zmqtest.NewForTest(b, zmqtest.Config{})
 	h := &benchHandler{}
-	s, err := NewSubscriber(SubscriberConfig{Name: "bench", Endpoint: p.Endpoint()}, h)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer s.Stop()
-	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
-		b.Fatal(err)
-	}
-	payload := vllmBatch()
-	b.SetBytes(int64(len(payload)))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	for i := range b.N {
-		for int64(i)-h.n.Load() >= maxInFlight {
-			time.Sleep(50 * time.Microsecond)
-		}
-		if _, err := p.Publish(payload); err != nil {
-			b.Fatal(err)
-		}
-	}
+	s := startSub(b, SubscriberConfig{Name: "bench", Endpoint: p.Endpoint()}, h, p)
+	start := publishPaced(b, p, &h.n)
 	for h.n.Load() < int64(b.N) {
-		time.Sleep(50 * time.Microsecond)
+		time.Sleep(50 * time.Microsecond) // paces the wait for the last batches
 	}
 	b.StopTimer() // the deferred Stop and Close are not part of the figure
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "batches/s")
@@ -141,19 +134,7 @@ func BenchmarkPebbeSubBaseline(b *testing.B) {
 	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
 		b.Fatal(err)
 	}
-	payload := vllmBatch()
-	b.SetBytes(int64(len(payload)))
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	for i := range b.N {
-		for int64(i)-n.Load() >= maxInFlight {
-			time.Sleep(50 * time.Microsecond)
-		}
-		if _, err := p.Publish(payload); err != nil {
-			b.Fatal(err)
-		}
-	}
+	start := publishPaced(b, p, &n)
 	<-done
 	if n.Load() != int64(b.N) {
 		b.Fatalf("received %d of %d", n.Load(), b.N)

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tiedHelperEnv makes the test binary act as a harness: TestTiedChildHelper spawns a
@@ -65,6 +67,13 @@ func TestChildEndsWithHarness(t *testing.T) {
 	}
 	// If the child outlives the test, end it here rather than leave it behind.
 	defer func() { _ = syscall.Kill(child, syscall.SIGKILL) }()
+	// A pidfd of the child (not ours to wait for: its parent is the harness) becomes
+	// readable when it exits.
+	pidfd, err := unix.PidfdOpen(child, 0)
+	if err != nil {
+		t.Skipf("pidfd_open: %v", err)
+	}
+	defer unix.Close(pidfd)
 	if !alive(child) {
 		t.Fatalf("child %d not running before the harness was killed", child)
 	}
@@ -72,10 +81,22 @@ func TestChildEndsWithHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = h.Wait()
-	for deadline := time.Now().Add(10 * time.Second); alive(child); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("child %d still running 10 s after its harness was killed", child)
+	// Wait for the child's exit itself. The timeout only keeps a broken parent-death
+	// signal from hanging the test run.
+	const hangGuard = time.Minute
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, int(hangGuard/time.Millisecond))
+		if err == unix.EINTR {
+			continue
 		}
+		if err != nil {
+			t.Fatalf("poll the child's pidfd: %v", err)
+		}
+		if n == 0 {
+			t.Fatalf("child %d still running %v after its harness was killed", child, hangGuard)
+		}
+		break
 	}
 }
 

@@ -16,74 +16,83 @@ import (
 
 func (c *cli) cmdRegister(g *globals, args []string) int {
 	const name = "register"
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var r httpclient.RegisterRequest
-	file := fs.String("file", "", "JSON object in the HTTP field names (endpoint, type, modelname, hash_profile{...}, ...); \"-\" reads stdin. Flags given too override its fields")
-	fs.StringVar(&r.Endpoint, "endpoint", "", "ZMQ PUB endpoint of the publisher (tcp://host:port)")
-	fs.StringVar(&r.ReplayEndpoint, "replay-endpoint", "", "ZMQ replay endpoint (vLLM, SGLang)")
-	fs.StringVar(&r.Type, "type", "", "publisher type: vLLM, SGLang or Mooncake")
-	fs.StringVar(&r.ModelName, "model", "", "model name")
-	fs.StringVar(&r.LoraName, "lora", "", "LoRA adapter name (empty: base model)")
-	fs.StringVar(&r.TenantID, "tenant", "", "tenant id (empty: default)")
-	fs.StringVar(&r.InstanceID, "instance", "", "router-facing instance id")
-	fs.Int64Var(&r.BlockSize, "block-size", 0, "tokens per KV block")
-	fs.Int64Var(&r.DPRank, "dp-rank", 0, "data-parallel rank")
-	cacheGroup := fs.String("cache-group", "", "cache group (only 0 is supported; empty or nil: not sent)")
-	fs.StringVar(&r.HashProfile.Strategy, "strategy", "", "hash strategy: vllm_v1, sglang or sglang_bigram (default from --type: vLLM vllm_v1, SGLang sglang)")
-	fs.StringVar(&r.HashProfile.Algorithm, "algorithm", "", "hash algorithm: sha256 or sha256_cbor for vllm_v1 (required); sha256_raw for sglang (default)")
-	fs.StringVar(&r.HashProfile.PythonHashSeed, "seed", "", "publisher's PYTHONHASHSEED, decimal or \"random\" (required for vllm_v1)")
-	fs.StringVar(&r.HashProfile.IndexProjection, "projection", "", "index projection (default from strategy: low64_be for vllm_v1, first64_be for sglang)")
+	var file, cacheGroup string
+	fs := registerFlags(&r, &file, &cacheGroup)
 	if code := c.parseFlags(name, fs, g, args); code >= 0 {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return c.usageError(name, fs, fmt.Sprintf("unexpected arguments %q", fs.Args()))
 	}
-	if *cacheGroup != "" && *cacheGroup != "nil" && *cacheGroup != "null" {
-		v, err := strconv.ParseInt(*cacheGroup, 10, 64)
-		if err != nil {
-			return c.usageError(name, fs, fmt.Sprintf("--cache-group %q is not an integer", *cacheGroup))
-		}
-		r.CacheGroup = &v
-	}
-	if *file != "" {
-		fromFile, err := c.readRegisterFile(*file)
+	if file != "" {
+		fromFile, err := c.readRegisterFile(file)
 		if err != nil {
 			return c.inputError(err)
 		}
-		r = mergeRegister(fromFile, r, fs)
+		// The flags given override the file's fields: parse them again onto its values
+		// (they parsed once already, so they parse again).
+		r = fromFile
+		again := registerFlags(&r, &file, &cacheGroup)
+		(&globals{}).register(again)
+		again.SetOutput(io.Discard)
+		_ = again.Parse(args)
+	}
+	if cacheGroup != "" && cacheGroup != "nil" && cacheGroup != "null" {
+		v, err := strconv.ParseInt(cacheGroup, 10, 64)
+		if err != nil {
+			return c.usageError(name, fs, fmt.Sprintf("--cache-group %q is not an integer", cacheGroup))
+		}
+		r.CacheGroup = &v
 	}
 	applyProfileDefaults(&r)
 	if msg := missingRegisterField(&r); msg != "" {
 		return c.usageError(name, fs, msg)
 	}
+	return call(c, g, func(cl *httpclient.Client) (httpclient.RegisterResult, error) { return cl.Register(&r) },
+		func(res httpclient.RegisterResult) int {
+			return c.printRows([2]string{"status", res.Status}, [2]string{"instance_id", res.InstanceID})
+		})
+}
+
+// call makes one request of the conductor at g.addr (do) and prints its answer: as JSON
+// with --json, otherwise with human. Failures print the reason and map to the exit status.
+func call[T any](c *cli, g *globals, do func(*httpclient.Client) (T, error), human func(T) int) int {
 	cl, code := c.client(g)
 	if cl == nil {
 		return code
 	}
 	defer cl.Close()
-	res, err := cl.Register(&r)
+	res, err := do(cl)
 	if err != nil {
 		return c.callError(err)
 	}
 	if g.json {
 		return c.printJSON(res)
 	}
+	return human(res)
+}
+
+// printRows prints name, value rows as an aligned table.
+func (c *cli) printRows(rows ...[2]string) int {
 	tw := newTable(c.stdout)
-	tw.row("status", res.Status)
-	tw.row("instance_id", res.InstanceID)
+	for _, r := range rows {
+		tw.row(r[0], r[1])
+	}
 	return tw.flush(c.stderr)
+}
+
+// readInput reads the file at path, or stdin for "-".
+func (c *cli) readInput(path string) ([]byte, error) {
+	if path == "-" {
+		return io.ReadAll(c.stdin)
+	}
+	return os.ReadFile(path)
 }
 
 func (c *cli) readRegisterFile(path string) (httpclient.RegisterRequest, error) {
 	var r httpclient.RegisterRequest
-	var data []byte
-	var err error
-	if path == "-" {
-		data, err = io.ReadAll(c.stdin)
-	} else {
-		data, err = os.ReadFile(path)
-	}
+	data, err := c.readInput(path)
 	if err != nil {
 		return r, fmt.Errorf("read --file: %w", err)
 	}
@@ -99,42 +108,27 @@ func (c *cli) readRegisterFile(path string) (httpclient.RegisterRequest, error) 
 	return r, nil
 }
 
-// mergeRegister overlays the flags the user actually set (fs.Visit) on the file's values.
-func mergeRegister(file, flags httpclient.RegisterRequest, fs *flag.FlagSet) httpclient.RegisterRequest {
-	out := file
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "endpoint":
-			out.Endpoint = flags.Endpoint
-		case "replay-endpoint":
-			out.ReplayEndpoint = flags.ReplayEndpoint
-		case "type":
-			out.Type = flags.Type
-		case "model":
-			out.ModelName = flags.ModelName
-		case "lora":
-			out.LoraName = flags.LoraName
-		case "tenant":
-			out.TenantID = flags.TenantID
-		case "instance":
-			out.InstanceID = flags.InstanceID
-		case "block-size":
-			out.BlockSize = flags.BlockSize
-		case "dp-rank":
-			out.DPRank = flags.DPRank
-		case "cache-group":
-			out.CacheGroup = flags.CacheGroup
-		case "strategy":
-			out.HashProfile.Strategy = flags.HashProfile.Strategy
-		case "algorithm":
-			out.HashProfile.Algorithm = flags.HashProfile.Algorithm
-		case "seed":
-			out.HashProfile.PythonHashSeed = flags.HashProfile.PythonHashSeed
-		case "projection":
-			out.HashProfile.IndexProjection = flags.HashProfile.IndexProjection
-		}
-	})
-	return out
+// registerFlags is register's flag set, writing into r (whose values are the defaults),
+// file and cacheGroup.
+func registerFlags(r *httpclient.RegisterRequest, file, cacheGroup *string) *flag.FlagSet {
+	fs := flag.NewFlagSet("register", flag.ContinueOnError)
+	fs.StringVar(file, "file", *file, "JSON object in the HTTP field names (endpoint, type, modelname, hash_profile{...}, ...); \"-\" reads stdin. Flags given too override its fields")
+	fs.StringVar(&r.Endpoint, "endpoint", r.Endpoint, "ZMQ PUB endpoint of the publisher (tcp://host:port)")
+	fs.StringVar(&r.ReplayEndpoint, "replay-endpoint", r.ReplayEndpoint, "ZMQ replay endpoint (vLLM, SGLang)")
+	fs.StringVar(&r.Type, "type", r.Type, "publisher type: vLLM, SGLang or Mooncake")
+	fs.StringVar(&r.ModelName, "model", r.ModelName, "model name")
+	fs.StringVar(&r.LoraName, "lora", r.LoraName, "LoRA adapter name (empty: base model)")
+	fs.StringVar(&r.TenantID, "tenant", r.TenantID, "tenant id (empty: default)")
+	fs.StringVar(&r.InstanceID, "instance", r.InstanceID, "router-facing instance id")
+	fs.Int64Var(&r.BlockSize, "block-size", r.BlockSize, "tokens per KV block")
+	fs.Int64Var(&r.DPRank, "dp-rank", r.DPRank, "data-parallel rank")
+	fs.StringVar(cacheGroup, "cache-group", *cacheGroup, "cache group (only 0 is supported; empty or nil: not sent)")
+	p := &r.HashProfile
+	fs.StringVar(&p.Strategy, "strategy", p.Strategy, "hash strategy: vllm_v1, sglang or sglang_bigram (default from --type: vLLM vllm_v1, SGLang sglang)")
+	fs.StringVar(&p.Algorithm, "algorithm", p.Algorithm, "hash algorithm: sha256 or sha256_cbor for vllm_v1 (required); sha256_raw for sglang (default)")
+	fs.StringVar(&p.PythonHashSeed, "seed", p.PythonHashSeed, "publisher's PYTHONHASHSEED, decimal or \"random\" (required for vllm_v1)")
+	fs.StringVar(&p.IndexProjection, "projection", p.IndexProjection, "index projection (default from strategy: low64_be for vllm_v1, first64_be for sglang)")
+	return fs
 }
 
 // applyProfileDefaults fills in only what the contract leaves no choice about: the
@@ -166,27 +160,26 @@ func applyProfileDefaults(r *httpclient.RegisterRequest) {
 	}
 }
 
+// missingRegisterField returns the message for the first required field r lacks, or "".
 func missingRegisterField(r *httpclient.RegisterRequest) string {
 	p := &r.HashProfile
-	switch {
-	case r.Endpoint == "":
-		return "missing --endpoint"
-	case r.Type == "":
-		return "missing --type (vLLM, SGLang or Mooncake)"
-	case r.ModelName == "":
-		return "missing --model"
-	case r.InstanceID == "":
-		return "missing --instance"
-	case r.BlockSize <= 0:
-		return "missing or non-positive --block-size"
-	case p.Strategy == "":
-		return "missing --strategy (vllm_v1, sglang or sglang_bigram)"
-	case p.Algorithm == "":
-		return "missing --algorithm (sha256 or sha256_cbor for vllm_v1)"
-	case p.IndexProjection == "":
-		return "missing --projection"
-	case p.Strategy == "vllm_v1" && p.PythonHashSeed == "":
-		return "missing --seed (the publisher's PYTHONHASHSEED, or \"random\"), required for vllm_v1"
+	for _, check := range [...]struct {
+		missing bool
+		msg     string
+	}{
+		{r.Endpoint == "", "missing --endpoint"},
+		{r.Type == "", "missing --type (vLLM, SGLang or Mooncake)"},
+		{r.ModelName == "", "missing --model"},
+		{r.InstanceID == "", "missing --instance"},
+		{r.BlockSize <= 0, "missing or non-positive --block-size"},
+		{p.Strategy == "", "missing --strategy (vllm_v1, sglang or sglang_bigram)"},
+		{p.Algorithm == "", "missing --algorithm (sha256 or sha256_cbor for vllm_v1)"},
+		{p.IndexProjection == "", "missing --projection"},
+		{p.Strategy == "vllm_v1" && p.PythonHashSeed == "", "missing --seed (the publisher's PYTHONHASHSEED, or \"random\"), required for vllm_v1"},
+	} {
+		if check.missing {
+			return check.msg
+		}
 	}
 	return ""
 }
@@ -207,68 +200,44 @@ func (c *cli) cmdUnregister(g *globals, args []string) int {
 	if r.InstanceID == "" {
 		return c.usageError(name, fs, "missing --instance")
 	}
-	cl, code := c.client(g)
-	if cl == nil {
-		return code
-	}
-	defer cl.Close()
-	res, err := cl.Unregister(&r)
-	if err != nil {
-		return c.callError(err)
-	}
-	if g.json {
-		return c.printJSON(res)
-	}
-	tw := newTable(c.stdout)
-	tw.row("status", res.Status)
-	tw.row("removed_instances", strings.Join(res.RemovedInstances, ", "))
-	return tw.flush(c.stderr)
+	return call(c, g, func(cl *httpclient.Client) (httpclient.UnregisterResult, error) { return cl.Unregister(&r) },
+		func(res httpclient.UnregisterResult) int {
+			return c.printRows([2]string{"status", res.Status},
+				[2]string{"removed_instances", strings.Join(res.RemovedInstances, ", ")})
+		})
 }
 
-// cmdNoArgs runs a command that takes no flags of its own (services, view).
-func (c *cli) cmdNoArgs(name string, g *globals, args []string) (*httpclient.Client, int) {
+// noArgs parses the flags of a command that takes none of its own (services, view). It
+// returns -1 to go on, or the exit status when parsing ended the command.
+func (c *cli) noArgs(name string, g *globals, args []string) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	if code := c.parseFlags(name, fs, g, args); code >= 0 {
-		return nil, code
+		return code
 	}
 	if fs.NArg() > 0 {
-		return nil, c.usageError(name, fs, fmt.Sprintf("unexpected arguments %q", fs.Args()))
+		return c.usageError(name, fs, fmt.Sprintf("unexpected arguments %q", fs.Args()))
 	}
-	return c.client(g)
+	return -1
 }
 
 func (c *cli) cmdServices(g *globals, args []string) int {
-	cl, code := c.cmdNoArgs("services", g, args)
-	if cl == nil {
+	if code := c.noArgs("services", g, args); code >= 0 {
 		return code
 	}
-	defer cl.Close()
-	l, err := cl.Services()
-	if err != nil {
-		return c.callError(err)
-	}
-	if g.json {
-		return c.printJSON(l)
-	}
-	writeServices(c.stdout, l, true)
-	return exitOK
+	return call(c, g, (*httpclient.Client).Services, func(l httpclient.ServiceList) int {
+		writeServices(c.stdout, l, true)
+		return exitOK
+	})
 }
 
 func (c *cli) cmdView(g *globals, args []string) int {
-	cl, code := c.cmdNoArgs("view", g, args)
-	if cl == nil {
+	if code := c.noArgs("view", g, args); code >= 0 {
 		return code
 	}
-	defer cl.Close()
-	v, err := cl.GlobalView()
-	if err != nil {
-		return c.callError(err)
-	}
-	if g.json {
-		return c.printJSON(v)
-	}
-	writeView(c.stdout, v, false, nil)
-	return exitOK
+	return call(c, g, (*httpclient.Client).GlobalView, func(v httpclient.GlobalView) int {
+		writeView(c.stdout, v, false, nil)
+		return exitOK
+	})
 }
 
 // queryFlags are the flags of a query, shared by query and watch's probe.
@@ -319,18 +288,12 @@ func (c *cli) cmdQuery(g *globals, args []string) int {
 		}
 		return c.inputError(err)
 	}
-	cl, code := c.client(g)
-	if cl == nil {
-		return code
+	query := func(cl *httpclient.Client) (*httpclient.QueryResult, error) {
+		var res httpclient.QueryResult
+		return &res, cl.Query(&f.q, &res)
 	}
-	defer cl.Close()
-	var res httpclient.QueryResult
-	if err := cl.Query(&f.q, &res); err != nil {
-		return c.callError(err)
-	}
-	if g.json {
-		return c.printJSON(res)
-	}
-	writeQuery(c.stdout, &res, len(f.q.TokenIDs))
-	return exitOK
+	return call(c, g, query, func(res *httpclient.QueryResult) int {
+		writeQuery(c.stdout, res, len(f.q.TokenIDs))
+		return exitOK
+	})
 }

@@ -82,24 +82,16 @@ var commandHelp = [...]struct{ name, args, summary string }{
 	{"snapshot", "save|load --file F (- for stdout/stdin)", "save the index to a file, or load a saved one into a conductor"},
 }
 
+// dispatch runs the command name, if there is one of that name.
 func (c *cli) dispatch(name string, g *globals, args []string) (int, bool) {
-	switch name {
-	case "register":
-		return c.cmdRegister(g, args), true
-	case "unregister":
-		return c.cmdUnregister(g, args), true
-	case "services":
-		return c.cmdServices(g, args), true
-	case "view":
-		return c.cmdView(g, args), true
-	case "query":
-		return c.cmdQuery(g, args), true
-	case "watch":
-		return c.cmdWatch(g, args), true
-	case "snapshot":
-		return c.cmdSnapshot(g, args), true
+	cmd, ok := map[string]func(*globals, []string) int{
+		"register": c.cmdRegister, "unregister": c.cmdUnregister, "services": c.cmdServices,
+		"view": c.cmdView, "query": c.cmdQuery, "watch": c.cmdWatch, "snapshot": c.cmdSnapshot,
+	}[name]
+	if !ok {
+		return 0, false
 	}
-	return 0, false
+	return cmd(g, args), true
 }
 
 func (c *cli) usage(w io.Writer) {

@@ -274,6 +274,11 @@ func TestServices(t *testing.T) {
 	if r := f.run(t, "", "services"); r.code != 0 || r.stdout != "no services registered\n" {
 		t.Fatalf("empty: %+v", r)
 	}
+	// None in JSON is an empty list, not null.
+	r = f.run(t, "", "--json", "services")
+	if got := jsonOf(t, r.stdout); r.code != 0 || !reflect.DeepEqual(got, map[string]any{"count": 0.0, "services": []any{}}) {
+		t.Fatalf("empty JSON: %+v", r)
+	}
 	if r := f.run(t, "", "services", "extra"); r.code != 2 {
 		t.Fatalf("extra argument accepted: %+v", r)
 	}
@@ -533,6 +538,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"-h"}, 0, "stdout", "usage: conductorctl"},
 		{[]string{"help"}, 0, "stdout", "commands:"},
 		{[]string{"query", "-h"}, 0, "stdout", "usage: conductorctl query"},
+		{[]string{"snapshot", "-h"}, 0, "stdout", "usage: conductorctl snapshot"},
+		{[]string{"snapshot", "-h"}, 0, "stdout", "-addr string"},
+		{[]string{"snapshot", "-h"}, 0, "stdout", "-token string"},
+		{[]string{"snapshot", "save", "-h"}, 0, "stdout", "-token string"},
+		{[]string{"snapshot", "frobnicate"}, 2, "stderr", "-token string"},
 		{[]string{"watch", "--interval", "0"}, 2, "stderr", "--interval must be positive"},
 	}
 	for _, c := range cases {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ func (c *cli) cmdSnapshot(g *globals, args []string) int {
 	fs := flag.NewFlagSet("snapshot", flag.ContinueOnError)
 	file := fs.String("file", "", "snapshot file (\"-\": stdout for save, stdin for load)")
 	if len(args) == 0 || (args[0] != "save" && args[0] != "load") {
+		g.register(fs) // the usage lists the global flags too, as parseFlags' does
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			c.commandUsage(c.stdout, "snapshot", fs)
 			return exitOK
@@ -102,13 +104,7 @@ func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) in
 }
 
 func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) int {
-	var data []byte
-	var err error
-	if file == "-" {
-		data, err = io.ReadAll(c.stdin)
-	} else {
-		data, err = os.ReadFile(file)
-	}
+	data, err := c.readInput(file)
 	if err != nil {
 		return c.inputError(err)
 	}
@@ -125,9 +121,30 @@ func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) in
 		return code
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	fmt.Fprintln(c.stdout, strings.TrimSpace(string(body)))
-	return exitOK
+	var res snapshotLoaded
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<16)).Decode(&res); err != nil {
+		fmt.Fprintf(c.stderr, "error: POST %s: unreadable answer: %v\n", snapshotPath, err)
+		return exitReply
+	}
+	if g.json {
+		return c.printJSON(res)
+	}
+	return c.printRows([2]string{"status", "loaded"}, [2]string{"bytes", itoa(res.Bytes)},
+		[2]string{"contexts", itoa(res.Contexts)}, [2]string{"entries", itoa(res.Entries)},
+		[2]string{"bindings", itoa(res.Bindings)}, [2]string{"applied", itoa(res.Applied)},
+		[2]string{"skipped", itoa(res.Skipped)})
+}
+
+// snapshotLoaded is the conductor's answer to a snapshot load (POST /cluster/snapshot):
+// what the file held, and how many of its block entries and bindings were applied or
+// skipped (their slot or source is not registered on that conductor).
+type snapshotLoaded struct {
+	Bytes    int64 `json:"bytes"`
+	Contexts int64 `json:"contexts"`
+	Entries  int64 `json:"entries"`
+	Bindings int64 `json:"bindings"`
+	Applied  int64 `json:"applied"`
+	Skipped  int64 `json:"skipped"`
 }
 
 // snapshotDo sends req with the admin token; a non-200 answer is reported (exit 1) and

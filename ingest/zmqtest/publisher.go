@@ -26,9 +26,11 @@ type Publisher struct {
 	seqBuf    [8]byte
 	ring      []ringSlot
 	subs      int
+	unsubs    int
 	responder Responder
 	requests  []uint64
 	closed    bool
+	sent      uint64 // messages sent on the PUB socket
 
 	replayEndpoint string
 	stop           chan struct{}
@@ -39,6 +41,42 @@ type ringSlot struct {
 	seq     uint64
 	payload []byte
 	used    bool
+}
+
+// TB is the part of testing.TB that NewForTest uses (this package is also built into
+// tools, which need not link the testing package).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
+// Await waits until cond holds. The subscriber and what it feeds work on goroutines of
+// their own, so a test asks until their state shows the step: the sleep only paces the
+// asking, and the deadline, far beyond what any step takes, only ends a run that would
+// hang.
+func Await(t TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// NewForTest is NewPublisher for one test: a failure fails the test, and the publisher
+// is closed at its end.
+func NewForTest(t TB, cfg Config) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 // NewPublisher binds the endpoints and starts serving replay requests.
@@ -171,7 +209,18 @@ func (p *Publisher) sendLocked(frames ...[]byte) error {
 			return err
 		}
 	}
+	p.sent++
 	return nil
+}
+
+// Sent is the number of messages sent on the PUB socket (Publish and SendRaw; not Lose
+// or Skip). A subscriber connected before the first of them (WaitSubscribers) reads
+// exactly that many, in order: tests wait for its count to reach Sent to know that it
+// has read everything published so far.
+func (p *Publisher) Sent() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.sent
 }
 
 func (p *Publisher) recordLocked(seq uint64, payload []byte) {
@@ -188,6 +237,19 @@ func (p *Publisher) recordLocked(seq uint64, payload []byte) {
 // counts subscriptions since the publisher was created (a reconnecting subscriber counts
 // again).
 func (p *Publisher) WaitSubscribers(n int, timeout time.Duration) error {
+	return p.waitSubscriptions("subscribers", func() int { return p.subs }, n, timeout)
+}
+
+// WaitUnsubscribes waits until at least n unsubscriptions have reached the publisher: a
+// subscriber that closes its SUB socket sends one (the publisher has one subscription
+// per subscriber), after which it reads nothing more.
+func (p *Publisher) WaitUnsubscribes(n int, timeout time.Duration) error {
+	return p.waitSubscriptions("unsubscribes", func() int { return p.unsubs }, n, timeout)
+}
+
+// waitSubscriptions reads the XPUB's subscription messages until count (read under the
+// lock) reaches n. The sleep paces the reading; timeout only ends a wait that would hang.
+func (p *Publisher) waitSubscriptions(what string, count func() int, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		p.mu.Lock()
@@ -200,17 +262,20 @@ func (p *Publisher) WaitSubscribers(n int, timeout time.Duration) error {
 			if err != nil {
 				break
 			}
-			if len(msg) > 0 && msg[0] == 1 {
+			switch {
+			case len(msg) > 0 && msg[0] == 1:
 				p.subs++
+			case len(msg) > 0 && msg[0] == 0:
+				p.unsubs++
 			}
 		}
-		subs := p.subs
+		got := count()
 		p.mu.Unlock()
-		if subs >= n {
+		if got >= n {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("zmqtest: %d of %d subscribers after %v", subs, n, timeout)
+			return fmt.Errorf("zmqtest: %d of %d %s after %v", got, n, what, timeout)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

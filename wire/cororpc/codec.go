@@ -37,6 +37,30 @@ func decodeErr(what string, err error) error {
 	return fmt.Errorf("decode %s: %w", what, err)
 }
 
+// at names the field read next (errors name it) and returns r, for one-line reads.
+func (r *reader) at(field string) *reader {
+	r.field = field
+	return r
+}
+
+// expected reads the flag of an expected<T, ErrorCode>: true when a T follows; false when
+// the business error code followed, which it stores in *ec.
+func (r *reader) expected(ec *ErrorCode) bool {
+	if r.at("expected flag").flag() {
+		return true
+	}
+	*ec = ErrorCode(r.at("error code").i32())
+	return false
+}
+
+// done is finish, its error naming what was decoded.
+func (r *reader) done(what string) error {
+	if err := r.finish(); err != nil {
+		return decodeErr(what, err)
+	}
+	return nil
+}
+
 // ---- QueryRequest ----
 
 func queryRequestMax(q *QueryRequest) uint64 {
@@ -75,14 +99,10 @@ func AppendQueryRequest(dst []byte, q *QueryRequest) []byte {
 }
 
 func (r *reader) contextKey(k *ContextKey, copyStr bool) {
-	r.field = "context.tenant_id"
-	k.TenantID = r.str(copyStr)
-	r.field = "context.model_name"
-	k.ModelName = r.str(copyStr)
-	r.field = "context.lora_name"
-	k.LoraName = r.str(copyStr)
-	r.field = "context.block_size"
-	k.BlockSize = r.i64()
+	k.TenantID = r.at("context.tenant_id").str(copyStr)
+	k.ModelName = r.at("context.model_name").str(copyStr)
+	k.LoraName = r.at("context.lora_name").str(copyStr)
+	k.BlockSize = r.at("context.block_size").i64()
 }
 
 func (r *reader) str(copyStr bool) string {
@@ -98,14 +118,11 @@ func (r *reader) str(copyStr bool) string {
 func DecodeQueryRequest(body []byte, q *QueryRequest) error {
 	r := open(body, codeQueryRequest)
 	r.contextKey(&q.Context, false)
-	r.field = "token_ids"
-	q.Tokens = r.i32s(q.Tokens[:0])
-	r.field = "cache_salt"
-	q.CacheSalt, q.HasCacheSalt = r.optStr(false)
-	r.field = "instance_filter"
-	q.InstanceFilter, q.HasInstanceFilter = r.optStr(false)
-	if err := r.finish(); err != nil {
-		return decodeErr("QueryRequest", err)
+	q.Tokens = r.at("token_ids").i32s(q.Tokens[:0])
+	q.CacheSalt, q.HasCacheSalt = r.at("cache_salt").optStr(false)
+	q.InstanceFilter, q.HasInstanceFilter = r.at("instance_filter").optStr(false)
+	if err := r.done("QueryRequest"); err != nil {
+		return err
 	}
 	return nil
 }
@@ -149,8 +166,7 @@ func AppendQueryResult(dst []byte, res *QueryResult) ([]byte, error) {
 		return dst, err
 	}
 	dst, w := begin(dst, codeQueryResponse, m)
-	dst = append(dst, 1)
-	dst = appendLen(dst, w, len(res.Instances))
+	dst = appendLen(append(dst, 1), w, len(res.Instances)) // the expected flag: a value
 	for i := range res.Instances {
 		in := &res.Instances[i]
 		h := &in.Hit
@@ -196,32 +212,28 @@ func AppendQueryError(dst []byte, ec ErrorCode) []byte {
 func DecodeQueryResponse(body []byte, res *QueryResult) (ErrorCode, error) {
 	r := open(body, codeQueryResponse)
 	res.Instances = res.Instances[:0]
-	r.field = "expected flag"
-	if !r.flag() {
-		r.field = "error code"
-		ec := ErrorCode(r.i32())
-		if err := r.finish(); err != nil {
-			return 0, decodeErr("Query response", err)
+	var ec ErrorCode
+	if !r.expected(&ec) {
+		if err := r.done("Query response"); err != nil {
+			return 0, err
 		}
 		return ec, nil
 	}
-	r.field = "instances"
-	n := r.length(minInstanceHit(r.w))
+	n := r.at("instances").length(minInstanceHit(r.w))
 	if r.err == nil {
 		res.Instances = growKeep(res.Instances, n)
 	}
 	for i := 0; i < n && r.err == nil; i++ {
 		in := &res.Instances[i]
-		r.field = "instance id"
-		in.InstanceID = r.strAlias()
+		in.InstanceID = r.at("instance id").strAlias()
 		if i > 0 && r.err == nil && res.Instances[i-1].InstanceID >= in.InstanceID {
 			r.fail(fmt.Errorf("%w: instance ids not strictly ascending", ErrStructPackValue))
 		}
 		r.cacheHit(&in.Hit)
 	}
-	if err := r.finish(); err != nil {
+	if err := r.done("Query response"); err != nil {
 		res.Instances = res.Instances[:0]
-		return 0, decodeErr("Query response", err)
+		return 0, err
 	}
 	return CodeOK, nil
 }
@@ -237,10 +249,8 @@ func growKeep[T any](s []T, n int) []T {
 }
 
 func (r *reader) cacheHit(h *CacheHitResult) {
-	r.field = "longest_match_tokens"
-	h.LongestMatchTokens = r.i64()
-	r.field = "dp"
-	n := r.length(16)
+	h.LongestMatchTokens = r.at("longest_match_tokens").i64()
+	n := r.at("dp").length(16)
 	h.DP = h.DP[:0]
 	for j := 0; j < n && r.err == nil; j++ {
 		d := RankValue{Rank: r.i64(), Value: r.i64()}
@@ -249,8 +259,7 @@ func (r *reader) cacheHit(h *CacheHitResult) {
 		}
 		h.DP = append(h.DP, d)
 	}
-	r.field = "rank_matches"
-	n = r.length(40)
+	n = r.at("rank_matches").length(40)
 	h.RankMatches = h.RankMatches[:0]
 	for j := 0; j < n && r.err == nil; j++ {
 		t := RankTiers{Rank: r.i64(), Device: r.i64(), CPULocal: r.i64(), CPUShare: r.i64(), Disk: r.i64()}
@@ -259,8 +268,7 @@ func (r *reader) cacheHit(h *CacheHitResult) {
 		}
 		h.RankMatches = append(h.RankMatches, t)
 	}
-	r.field = "tiers"
-	h.Device = r.i64()
+	h.Device = r.at("tiers").i64()
 	h.CPULocal = r.i64()
 	h.CPUShare = r.i64()
 	h.Disk = r.i64()
@@ -310,39 +318,24 @@ func appendServiceConfig(dst []byte, w int, c *ServiceConfig) []byte {
 }
 
 func (r *reader) hashProfile(p *HashProfile) {
-	r.field = "hash_profile.strategy"
-	p.Strategy = r.strCopy()
-	r.field = "hash_profile.algorithm"
-	p.Algorithm = r.strCopy()
-	r.field = "hash_profile.python_hash_seed"
-	p.PythonHashSeed = r.strCopy()
-	r.field = "hash_profile.root_digest"
-	p.RootDigest = r.strCopy()
-	r.field = "hash_profile.index_projection"
-	p.IndexProjection = r.strCopy()
+	p.Strategy = r.at("hash_profile.strategy").strCopy()
+	p.Algorithm = r.at("hash_profile.algorithm").strCopy()
+	p.PythonHashSeed = r.at("hash_profile.python_hash_seed").strCopy()
+	p.RootDigest = r.at("hash_profile.root_digest").strCopy()
+	p.IndexProjection = r.at("hash_profile.index_projection").strCopy()
 }
 
 func (r *reader) serviceConfig(c *ServiceConfig) {
-	r.field = "endpoint"
-	c.Endpoint = r.strCopy()
-	r.field = "replay_endpoint"
-	c.ReplayEndpoint = r.strCopy()
-	r.field = "publisher_kind"
-	c.PublisherKind = publisher.Kind(r.i32())
-	r.field = "model_name"
-	c.ModelName = r.strCopy()
-	r.field = "lora_name"
-	c.LoraName = r.strCopy()
-	r.field = "tenant_id"
-	c.TenantID = r.strCopy()
-	r.field = "instance_id"
-	c.InstanceID = r.strCopy()
-	r.field = "block_size"
-	c.BlockSize = r.i64()
-	r.field = "dp_rank"
-	c.DPRank = r.i32()
-	r.field = "cache_group"
-	c.HasCacheGroup = r.flag()
+	c.Endpoint = r.at("endpoint").strCopy()
+	c.ReplayEndpoint = r.at("replay_endpoint").strCopy()
+	c.PublisherKind = publisher.Kind(r.at("publisher_kind").i32())
+	c.ModelName = r.at("model_name").strCopy()
+	c.LoraName = r.at("lora_name").strCopy()
+	c.TenantID = r.at("tenant_id").strCopy()
+	c.InstanceID = r.at("instance_id").strCopy()
+	c.BlockSize = r.at("block_size").i64()
+	c.DPRank = r.at("dp_rank").i32()
+	c.HasCacheGroup = r.at("cache_group").flag()
 	c.CacheGroup = 0
 	if c.HasCacheGroup {
 		c.CacheGroup = r.i64()
@@ -365,8 +358,8 @@ func AppendServiceConfig(dst []byte, c *ServiceConfig) []byte {
 func DecodeServiceConfig(body []byte, c *ServiceConfig) error {
 	r := open(body, codeServiceConfig)
 	r.serviceConfig(c)
-	if err := r.finish(); err != nil {
-		return decodeErr("ServiceConfig", err)
+	if err := r.done("ServiceConfig"); err != nil {
+		return err
 	}
 	return nil
 }
@@ -388,21 +381,25 @@ func AppendRegisterError(dst []byte, ec ErrorCode) []byte {
 // DecodeRegisterResponse decodes a Register response body; the result is meaningful
 // only when the code is CodeOK.
 func DecodeRegisterResponse(body []byte) (RegisterResult, ErrorCode, error) {
-	r := open(body, codeRegisterResponse)
-	var res RegisterResult
+	return decodeExpected(body, codeRegisterResponse, "Register response", func(r *reader, res *RegisterResult) {
+		res.InstanceID = r.at("instance_id").strCopy()
+		res.IsNew = r.at("is_new").flag()
+	})
+}
+
+// decodeExpected decodes an expected<T, ErrorCode> body of type code (what names it in
+// errors): value reads the T when the flag says one follows. The T is meaningful only
+// when the code is CodeOK.
+func decodeExpected[T any](body []byte, code uint32, what string, value func(*reader, *T)) (T, ErrorCode, error) {
+	r := open(body, code)
+	var res T
 	ec := CodeOK
-	r.field = "expected flag"
-	if r.flag() {
-		r.field = "instance_id"
-		res.InstanceID = r.strCopy()
-		r.field = "is_new"
-		res.IsNew = r.flag()
-	} else {
-		r.field = "error code"
-		ec = ErrorCode(r.i32())
+	if r.expected(&ec) {
+		value(&r, &res)
 	}
-	if err := r.finish(); err != nil {
-		return RegisterResult{}, 0, decodeErr("Register response", err)
+	if err := r.done(what); err != nil {
+		var zero T
+		return zero, 0, err
 	}
 	return res, ec, nil
 }
@@ -421,14 +418,11 @@ func AppendUnregisterArgs(dst []byte, instanceID, tenantID string, dpRank int32)
 // DecodeUnregisterArgs decodes the Unregister argument body; strings are copied.
 func DecodeUnregisterArgs(body []byte) (instanceID, tenantID string, dpRank int32, err error) {
 	r := open(body, codeUnregisterArgs)
-	r.field = "instance_id"
-	instanceID = r.strCopy()
-	r.field = "tenant_id"
-	tenantID = r.strCopy()
-	r.field = "dp_rank"
-	dpRank = r.i32()
-	if err := r.finish(); err != nil {
-		return "", "", 0, decodeErr("Unregister arguments", err)
+	instanceID = r.at("instance_id").strCopy()
+	tenantID = r.at("tenant_id").strCopy()
+	dpRank = r.at("dp_rank").i32()
+	if err := r.done("Unregister arguments"); err != nil {
+		return "", "", 0, err
 	}
 	return instanceID, tenantID, dpRank, nil
 }
@@ -447,48 +441,12 @@ func AppendUnregisterError(dst []byte, ec ErrorCode) []byte {
 // DecodeUnregisterResponse decodes an Unregister response body; the result is
 // meaningful only when the code is CodeOK.
 func DecodeUnregisterResponse(body []byte) (UnregisterResult, ErrorCode, error) {
-	r := open(body, codeUnregisterResp)
-	var res UnregisterResult
-	ec := CodeOK
-	r.field = "expected flag"
-	if r.flag() {
-		r.field = "removed_key"
-		res.RemovedKey = r.strCopy()
-	} else {
-		r.field = "error code"
-		ec = ErrorCode(r.i32())
-	}
-	if err := r.finish(); err != nil {
-		return UnregisterResult{}, 0, decodeErr("Unregister response", err)
-	}
-	return res, ec, nil
+	return decodeExpected(body, codeUnregisterResp, "Unregister response", func(r *reader, res *UnregisterResult) {
+		res.RemovedKey = r.at("removed_key").strCopy()
+	})
 }
 
 // ---- GlobalView ----
-
-func globalViewMax(v *GlobalView) (uint64, error) {
-	m := maxLen(0, len(v.Contexts))
-	for i := range v.Contexts {
-		c := &v.Contexts[i]
-		m = contextKeyMax(m, &c.Context)
-		m = hashProfileMax(m, &c.Profile)
-		m = maxLen(m, len(c.InstanceRanks))
-		for j := range c.InstanceRanks {
-			ir := &c.InstanceRanks[j]
-			if j > 0 && c.InstanceRanks[j-1].InstanceID >= ir.InstanceID {
-				return 0, fmt.Errorf("%w: context %d instance %q", ErrUnsorted, i, ir.InstanceID)
-			}
-			m = maxLen(m, len(ir.InstanceID))
-			m = maxLen(m, len(ir.Ranks))
-			for k := 1; k < len(ir.Ranks); k++ {
-				if ir.Ranks[k-1] >= ir.Ranks[k] {
-					return 0, fmt.Errorf("%w: instance %q rank %d", ErrUnsorted, ir.InstanceID, ir.Ranks[k])
-				}
-			}
-		}
-	}
-	return m, nil
-}
 
 // AppendGlobalView appends the GetGlobalView response body (GlobalView, not wrapped in
 // expected). It fails only when InstanceRanks or Ranks are not strictly ascending.
@@ -517,6 +475,32 @@ func AppendGlobalView(dst []byte, v *GlobalView) ([]byte, error) {
 	return dst, nil
 }
 
+// globalViewMax is AppendGlobalView's size pass, which also checks the order of the
+// instance ids and ranks.
+func globalViewMax(v *GlobalView) (uint64, error) {
+	m := maxLen(0, len(v.Contexts))
+	for i := range v.Contexts {
+		c := &v.Contexts[i]
+		m = contextKeyMax(m, &c.Context)
+		m = hashProfileMax(m, &c.Profile)
+		m = maxLen(m, len(c.InstanceRanks))
+		for j := range c.InstanceRanks {
+			ir := &c.InstanceRanks[j]
+			if j > 0 && c.InstanceRanks[j-1].InstanceID >= ir.InstanceID {
+				return 0, fmt.Errorf("%w: context %d instance %q", ErrUnsorted, i, ir.InstanceID)
+			}
+			m = maxLen(m, len(ir.InstanceID))
+			m = maxLen(m, len(ir.Ranks))
+			for k := 1; k < len(ir.Ranks); k++ {
+				if ir.Ranks[k-1] >= ir.Ranks[k] {
+					return 0, fmt.Errorf("%w: instance %q rank %d", ErrUnsorted, ir.InstanceID, ir.Ranks[k])
+				}
+			}
+		}
+	}
+	return m, nil
+}
+
 // minContextView is the smallest ContextView on the wire: the key (3 strings and the
 // block size), 5 profile strings, the instance map length and prefix_count.
 func minContextView(w int) int { return 16 + 9*w }
@@ -525,10 +509,8 @@ func minContextView(w int) int { return 16 + 9*w }
 func DecodeGlobalView(body []byte) (GlobalView, error) {
 	r := open(body, codeGlobalView)
 	var v GlobalView
-	r.field = "context_count"
-	v.ContextCount = r.i32()
-	r.field = "contexts"
-	n := r.length(minContextView(r.w))
+	v.ContextCount = r.at("context_count").i32()
+	n := r.at("contexts").length(minContextView(r.w))
 	if r.err == nil && n > 0 {
 		v.Contexts = make([]ContextView, n)
 	}
@@ -536,20 +518,17 @@ func DecodeGlobalView(body []byte) (GlobalView, error) {
 		c := &v.Contexts[i]
 		r.contextKey(&c.Context, true)
 		r.hashProfile(&c.Profile)
-		r.field = "instance_ranks"
-		ni := r.length(2 * r.w)
+		ni := r.at("instance_ranks").length(2 * r.w)
 		if r.err == nil && ni > 0 {
 			c.InstanceRanks = make([]InstanceRanks, ni)
 		}
 		for j := 0; j < ni && r.err == nil; j++ {
 			ir := &c.InstanceRanks[j]
-			r.field = "instance_ranks key"
-			ir.InstanceID = r.strCopy()
+			ir.InstanceID = r.at("instance_ranks key").strCopy()
 			if j > 0 && r.err == nil && c.InstanceRanks[j-1].InstanceID >= ir.InstanceID {
 				r.fail(fmt.Errorf("%w: instance ids not strictly ascending", ErrStructPackValue))
 			}
-			r.field = "instance_ranks set"
-			nr := r.length(8)
+			nr := r.at("instance_ranks set").length(8)
 			if r.err == nil && nr > 0 {
 				ir.Ranks = make([]int64, 0, nr)
 			}
@@ -561,11 +540,10 @@ func DecodeGlobalView(body []byte) (GlobalView, error) {
 				ir.Ranks = append(ir.Ranks, rk)
 			}
 		}
-		r.field = "prefix_count"
-		c.PrefixCount = r.u64()
+		c.PrefixCount = r.at("prefix_count").u64()
 	}
-	if err := r.finish(); err != nil {
-		return GlobalView{}, decodeErr("GlobalView", err)
+	if err := r.done("GlobalView"); err != nil {
+		return GlobalView{}, err
 	}
 	return v, nil
 }
@@ -590,8 +568,7 @@ func AppendServiceList(dst []byte, list []ServiceConfig) []byte {
 // DecodeServiceList decodes a ListServices response body; strings are copied.
 func DecodeServiceList(body []byte) ([]ServiceConfig, error) {
 	r := open(body, codeServiceList)
-	r.field = "services"
-	n := r.length(minServiceConfig(r.w))
+	n := r.at("services").length(minServiceConfig(r.w))
 	var list []ServiceConfig
 	if r.err == nil && n > 0 {
 		list = make([]ServiceConfig, n)
@@ -599,8 +576,8 @@ func DecodeServiceList(body []byte) ([]ServiceConfig, error) {
 	for i := 0; i < n && r.err == nil; i++ {
 		r.serviceConfig(&list[i])
 	}
-	if err := r.finish(); err != nil {
-		return nil, decodeErr("ServiceConfig list", err)
+	if err := r.done("ServiceConfig list"); err != nil {
+		return nil, err
 	}
 	return list, nil
 }

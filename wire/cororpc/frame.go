@@ -101,20 +101,10 @@ func ParseRequestHeader(b []byte) (RequestHeader, error) {
 	if len(b) < RequestHeaderSize {
 		return RequestHeader{}, fmt.Errorf("rpc request header: %w", io.ErrUnexpectedEOF)
 	}
-	h := RequestHeader{
-		Version:       b[1],
-		SerializeType: b[2],
-		MsgType:       b[3],
-		SeqNum:        binary.LittleEndian.Uint32(b[4:]),
-		FunctionID:    binary.LittleEndian.Uint32(b[8:]),
-		Length:        binary.LittleEndian.Uint32(b[12:]),
-		AttachLength:  binary.LittleEndian.Uint32(b[16:]),
-	}
-	if b[0] != Magic {
-		return h, fmt.Errorf("%w: %d", ErrMagic, b[0])
-	}
-	if h.Version > Version {
-		return h, fmt.Errorf("%w: %d", ErrVersion, h.Version)
+	h := RequestHeader{Version: b[1], SerializeType: b[2], MsgType: b[3],
+		SeqNum: u32At(b, 4), FunctionID: u32At(b, 8), Length: u32At(b, 12), AttachLength: u32At(b, 16)}
+	if err := checkMagicVersion(b); err != nil {
+		return h, err
 	}
 	if h.SerializeType != SerializeStructPack {
 		return h, fmt.Errorf("%w: %d", ErrSerializeType, h.SerializeType)
@@ -127,22 +117,29 @@ func ParseResponseHeader(b []byte) (ResponseHeader, error) {
 	if len(b) < ResponseHeaderSize {
 		return ResponseHeader{}, fmt.Errorf("rpc response header: %w", io.ErrUnexpectedEOF)
 	}
-	h := ResponseHeader{
-		Version:      b[1],
-		ErrCode:      b[2],
-		MsgType:      b[3],
-		SeqNum:       binary.LittleEndian.Uint32(b[4:]),
-		Length:       binary.LittleEndian.Uint32(b[8:]),
-		AttachLength: binary.LittleEndian.Uint32(b[12:]),
-	}
-	if b[0] != Magic {
-		return h, fmt.Errorf("%w: %d", ErrMagic, b[0])
-	}
-	if h.Version > Version {
-		return h, fmt.Errorf("%w: %d", ErrVersion, h.Version)
-	}
-	return h, nil
+	h := ResponseHeader{Version: b[1], ErrCode: b[2], MsgType: b[3],
+		SeqNum: u32At(b, 4), Length: u32At(b, 8), AttachLength: u32At(b, 12)}
+	return h, checkMagicVersion(b)
 }
+
+// u32At reads the little-endian uint32 at b[i:].
+func u32At(b []byte, i int) uint32 { return binary.LittleEndian.Uint32(b[i:]) }
+
+// checkMagicVersion checks the first two bytes every frame header starts with: the
+// magic and a protocol version this package speaks.
+func checkMagicVersion(b []byte) error {
+	if b[0] != Magic {
+		return fmt.Errorf("%w: %d", ErrMagic, b[0])
+	}
+	if b[1] > Version {
+		return fmt.Errorf("%w: %d", ErrVersion, b[1])
+	}
+	return nil
+}
+
+// lengths are the body and attachment lengths a header announces.
+func (h RequestHeader) lengths() (body, attach uint32)  { return h.Length, h.AttachLength }
+func (h ResponseHeader) lengths() (body, attach uint32) { return h.Length, h.AttachLength }
 
 // readFrameBody reads length+attach bytes into buf (grown only when too small) and
 // returns the body part; the attachment is consumed and dropped, as no conductor method
@@ -196,56 +193,56 @@ func bodyErr(err error) error {
 // consumed and the header is valid, so a server can answer and carry on; any other error
 // means the connection is unusable.
 func ReadRequest(r *bufio.Reader, buf []byte, maxBody int) (RequestHeader, []byte, error) {
-	hb, err := r.Peek(RequestHeaderSize)
+	return readFrame(r, buf, maxBody, RequestHeaderSize, "request", ParseRequestHeader)
+}
+
+// ReadResponse reads one response frame, like ReadRequest.
+func ReadResponse(r *bufio.Reader, buf []byte, maxBody int) (ResponseHeader, []byte, error) {
+	return readFrame(r, buf, maxBody, ResponseHeaderSize, "response", ParseResponseHeader)
+}
+
+// readFrame reads one frame: its header of size bytes (what names it in errors), checked
+// by parse, then its body. A header error that leaves the stream in step
+// (ErrSerializeType: the header is complete) is returned with the body, read all the same.
+func readFrame[H interface{ lengths() (uint32, uint32) }](r *bufio.Reader, buf []byte, maxBody, size int, what string,
+	parse func([]byte) (H, error)) (H, []byte, error) {
+	hb, err := r.Peek(size)
 	if err != nil {
 		if err == io.EOF && len(hb) > 0 {
 			err = io.ErrUnexpectedEOF
 		}
-		return RequestHeader{}, nil, fmt.Errorf("read rpc request header: %w", err)
+		var zero H
+		return zero, nil, fmt.Errorf("read rpc %s header: %w", what, err)
 	}
-	h, herr := ParseRequestHeader(hb)
+	h, herr := parse(hb)
 	if herr != nil && !errors.Is(herr, ErrSerializeType) {
 		return h, nil, herr
 	}
-	_, _ = r.Discard(RequestHeaderSize) // cannot fail after a successful Peek
-	body, err := readFrameBody(r, buf, h.Length, h.AttachLength, maxBody)
+	_, _ = r.Discard(size) // cannot fail after a successful Peek
+	length, attach := h.lengths()
+	body, err := readFrameBody(r, buf, length, attach, maxBody)
 	if err != nil {
 		return h, nil, err
 	}
 	return h, body, herr
 }
 
-// ReadResponse reads one response frame, like ReadRequest.
-func ReadResponse(r *bufio.Reader, buf []byte, maxBody int) (ResponseHeader, []byte, error) {
-	hb, err := r.Peek(ResponseHeaderSize)
-	if err != nil {
-		if err == io.EOF && len(hb) > 0 {
-			err = io.ErrUnexpectedEOF
-		}
-		return ResponseHeader{}, nil, fmt.Errorf("read rpc response header: %w", err)
-	}
-	h, err := ParseResponseHeader(hb)
-	if err != nil {
-		return h, nil, err
-	}
-	_, _ = r.Discard(ResponseHeaderSize)
-	body, err := readFrameBody(r, buf, h.Length, h.AttachLength, maxBody)
-	if err != nil {
-		return h, nil, err
-	}
-	return h, body, nil
-}
-
 // BeginRequest appends a request header with a zero length; append the body after it
 // and call FinishRequest with the returned start. This encodes a frame in one buffer
 // without copying the body.
 func BeginRequest(dst []byte, seq, funcID uint32) ([]byte, int) {
+	return beginFrame(dst, SerializeStructPack, seq, funcID, 0, 0)
+}
+
+// beginFrame appends a frame header: the magic, the version, b2 (the serialize type or
+// the error code), a zero msg_type, then words, little-endian (the lengths zero: Finish*
+// writes the body's), and returns where it starts.
+func beginFrame(dst []byte, b2 byte, words ...uint32) ([]byte, int) {
 	start := len(dst)
-	dst = append(dst, Magic, Version, SerializeStructPack, 0)
-	dst = binary.LittleEndian.AppendUint32(dst, seq)
-	dst = binary.LittleEndian.AppendUint32(dst, funcID)
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
+	dst = append(dst, Magic, Version, b2, 0)
+	for _, w := range words {
+		dst = binary.LittleEndian.AppendUint32(dst, w)
+	}
 	return dst, start
 }
 
@@ -256,12 +253,7 @@ func FinishRequest(frame []byte, start int) error {
 
 // BeginResponse appends a response header with a zero length; see BeginRequest.
 func BeginResponse(dst []byte, seq uint32, errCode uint8) ([]byte, int) {
-	start := len(dst)
-	dst = append(dst, Magic, Version, errCode, 0)
-	dst = binary.LittleEndian.AppendUint32(dst, seq)
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
-	dst = binary.LittleEndian.AppendUint32(dst, 0)
-	return dst, start
+	return beginFrame(dst, errCode, seq, 0, 0)
 }
 
 // FinishResponse writes the body length of the response frame begun at start.
@@ -295,11 +287,16 @@ func AppendResponse(dst []byte, seq uint32, errCode uint8, body []byte) []byte {
 	return append(dst, body...)
 }
 
-// coro_rpc framework error codes (coro_rpc::errc) a conductor server or client meets.
+// coro_rpc framework error codes (coro_rpc::errc) a conductor server or client meets:
+// those of the connection itself,
 const (
-	ErrcIOError               uint16 = 1
-	ErrcNotConnected          uint16 = 2
-	ErrcTimedOut              uint16 = 3
+	ErrcIOError      uint16 = 1
+	ErrcNotConnected uint16 = 2
+	ErrcTimedOut     uint16 = 3
+)
+
+// and those of a call.
+const (
 	ErrcInvalidArguments      uint16 = 4
 	ErrcOperationCanceled     uint16 = 9
 	ErrcThrowException        uint16 = 10

@@ -21,7 +21,7 @@ import (
 )
 
 // Errors returned (wrapped, with the message and field) by the struct_pack decoders, so
-// callers can tell a hostile or broken peer from a version mismatch.
+// callers can tell a hostile or broken peer from a version mismatch. A version mismatch:
 var (
 	// ErrStructPackTypeCode means the body starts with a type code of another type: the
 	// peer was built from different struct definitions, or called another method.
@@ -29,6 +29,10 @@ var (
 	// ErrStructPackMetainfo means the metainfo byte asks for features this codec does
 	// not implement (compatible fields, debug type literals).
 	ErrStructPackMetainfo = errors.New("struct_pack: unsupported metainfo")
+)
+
+// A broken (or hostile) peer:
+var (
 	// ErrStructPackTruncated means the body ends inside a value.
 	ErrStructPackTruncated = errors.New("struct_pack: truncated body")
 	// ErrStructPackLength means a string or container length exceeds what the remaining

@@ -22,6 +22,10 @@ var (
 	ErrSGLangKeyPrefix = errors.New("SGLang hash must be separated from its namespace by '_'")
 	// ErrSGLangKeySuffix means the 64-hex run is followed by something other than '_'.
 	ErrSGLangKeySuffix = errors.New("SGLang hash must be followed by a '_' component suffix")
+)
+
+// The connector_block_hash parse failure (the key parsers' are above).
+var (
 	// ErrConnectorBlockHash means connector_block_hash is not an optional 0x plus an
 	// even number (>= 16) of hex digits.
 	ErrConnectorBlockHash = errors.New("connector_block_hash must be even-length hex with at least eight bytes")
