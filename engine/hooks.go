@@ -37,6 +37,9 @@ type testHooks struct {
 	// deleting runs on the writer while it deletes the record of key: after the record
 	// is marked free, before the key leaves the table.
 	deleting func(key uint64)
+	// memoGrew runs on the memo's grower after each request it handled, with whether the
+	// memo grew.
+	memoGrew func(grew bool)
 	// bindSets, when > 0, replaces maxSets (the component sets a context's bindings
 	// intern before the rest keep their own lists).
 	bindSets int

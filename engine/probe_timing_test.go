@@ -115,7 +115,7 @@ func BenchmarkQueryCold(b *testing.B) {
 			if memo {
 				entries = 16 * prompts * blocks // 4-way sets: room enough that few are lost
 			}
-			e := New(Config{MaxBlocksPerContext: -1, MemoEntries: entries,
+			e := New(Config{MaxBlocksPerContext: -1, MemoEntries: entries, MemoStartEntries: entries,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			defer e.Close()
 			for i := 0; i < 8; i++ {
@@ -169,7 +169,7 @@ func BenchmarkQueryWarm(b *testing.B) {
 	for i := range toks {
 		toks[i] = int32(i*7 + 1)
 	}
-	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries,
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries, MemoStartEntries: hashing.DefaultMemoEntries,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer e.Close()
 	slots := make([]Slot, 8)
@@ -233,7 +233,7 @@ func BenchmarkQueryWarmTwoContexts(b *testing.B) {
 		toks[i] = int32(i*7 + 1)
 	}
 	ctxB := ContextKey{TenantID: "other", ModelName: "m", BlockSize: 16}
-	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries,
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries, MemoStartEntries: hashing.DefaultMemoEntries,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer e.Close()
 	keys := make([]uint64, blocks)

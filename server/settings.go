@@ -121,18 +121,24 @@ func fileSettings() []setting[FileConfig] {
 			"how often the buffer is written (also when half full)",
 			ms(func(f *FileConfig, d time.Duration) { f.AccessLog.FlushInterval = d })),
 		intSetting("query_memo_entries", hashing.DefaultMemoEntries, 0, maxMemoEntries,
-			"blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, 20 a "+
-				"block: 160 MiB at the default once filled): a prompt prefix asked again skips SHA-256 for its "+
-				"remembered runs (a prompt's last, partial run is hashed each time), and its walk reads each block's "+
-				"record where the last walk found it instead of probing the index table (a record hint, checked before "+
-				"use); answers never change; 0 disables. Metrics `conductor_query_memo_{hits,misses,evictions}_total`",
+			"most blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, "+
+				"20 a block: 160 MiB at the default once grown to it and filled): a prompt prefix asked again skips "+
+				"SHA-256 for its remembered runs (a prompt's last, partial run is hashed each time), and its walk reads "+
+				"each block's record where the last walk found it instead of probing the index table (a record hint, "+
+				"checked before use); answers never change; 0 disables. The memo starts at 131,072 blocks (2.5 MiB, "+
+				"resident only once queries write to it) and doubles each time queries have filled half of it, while "+
+				"it holds fewer than twice the blocks indexed and up to this bound (logged as `query key memo grew`); "+
+				"a bound of 131,072 or less is the memo's size from the start. Metrics "+
+				"`conductor_query_memo_{hits,misses,evictions}_total`, `conductor_query_memo_capacity_entries` (its "+
+				"current size)",
 			func(f *FileConfig, v int64) { f.MemoEntries = int(v) }),
 		boolSetting("query_memo_populate", true,
-			"make the whole memo resident at start (`madvise(MADV_POPULATE_WRITE)`, Linux 5.14+; the time it took is "+
-				"logged at start), so that RSS shows the memo's memory from the start and no query pays the page faults "+
-				"of the memo's first writes (a fresh conductor's cold queries otherwise cost several times their steady "+
-				"cost until the memo has been written all over); `false` lets pages become resident as queries fill "+
-				"them; where populating is not possible the conductor logs why and goes on",
+			"make each part of the memo resident before queries use it (`madvise(MADV_POPULATE_WRITE)`, Linux 5.14+): "+
+				"a background goroutine populates each growth step, a huge page at a time, before the memo takes it "+
+				"(a memo of fixed size is populated at start, and the time it took logged), so that no query pays the "+
+				"page faults of the memo's first writes (cold queries otherwise pay a zeroed huge page for each first "+
+				"write to one); `false` lets pages become resident as queries fill them; where populating is not "+
+				"possible the conductor logs why and goes on",
 			func(f *FileConfig, v bool) { f.PopulateMemo = v }),
 		intSetting("max_blocks", 0, 0, math.MaxInt32,
 			"most blocks indexed over all contexts together (each Mooncake object binding counts as one more); past "+
@@ -152,8 +158,8 @@ func fileSettings() []setting[FileConfig] {
 				"insertion while over; counted in `conductor_context_evicted_blocks_total`, logged as a warning at "+
 				"most every 10 s per context). Process RSS is higher: the Go runtime, buffers, connections and the "+
 				"slack of hash tables between growth steps come on top, and so does the query key memo (20 bytes a "+
-				"block of `query_memo_entries`: 160 MiB by default, resident from the start unless "+
-				"`query_memo_populate` is false)",
+				"block of its current size, `conductor_query_memo_capacity_entries`: from 2.5 MiB up to 160 MiB by "+
+				"default as cold queries fill it, see `query_memo_entries`)",
 			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
 		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,
 			"bytes one ZMQ message (all frames) may have, on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`); "+
