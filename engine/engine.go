@@ -67,9 +67,9 @@ type Config struct {
 	MemoEntries int
 	// MemoStartEntries is the memo's size at start, in blocks: 0 means
 	// hashing.DefaultMemoStart. Below MemoEntries the memo grows, on a goroutine of the
-	// engine's, each time queries have filled half of it, doubling while it holds fewer
-	// than twice the blocks indexed (TotalBlocks) and up to MemoEntries (see growMemo); at
-	// or above it, the memo has MemoEntries blocks from the start.
+	// engine's, ahead of the index once queries use it (one memo block per two indexed
+	// blocks) and as queries fill it (up to two per indexed block), up to MemoEntries
+	// (query_memo.go); at or above it, the memo has MemoEntries blocks from the start.
 	MemoStartEntries int
 	// PopulateMemo makes the memo's pages resident before queries use them, so that no
 	// query pays the page faults of its first writes: each growth step's (the grower
@@ -182,6 +182,9 @@ type Engine struct {
 	log       *slog.Logger
 	memo      *hashing.Memo // nil: no memo
 	memoQuit  chan struct{} // closed by Close: stops growMemo
+	// memoAheadAt is the indexed blocks (total) past which a query asks the grower to
+	// grow the memo ahead of the index (query_memo.go).
+	memoAheadAt atomic.Int64
 
 	// ctxs is an immutable map replaced (copy on write) when a context is created, so
 	// queries look contexts up without locking.

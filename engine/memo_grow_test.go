@@ -18,37 +18,41 @@ func growTokens(i int) []int32 {
 	return toks
 }
 
-// TestMemoGrowsWithUseAndIndex: a growing memo starts small, grows when cold queries
-// have filled half of it, only while it holds fewer than twice the blocks indexed, and
-// never past MemoEntries; every answer is the full hit. The memo's requests are answered
-// by the test (manualMemoGrowth) right after the query that made them.
+// TestMemoGrowsWithUseAndIndex: a growing memo starts small; once queries hash, it grows
+// ahead of the index to one memo block per memoAhead indexed blocks; when cold queries
+// have filled half of it, it doubles, but to no more than memoPerBlock memo blocks per
+// indexed block; never past MemoEntries, after which queries ask nothing. Every answer is
+// the full hit. The memo's requests are answered by the test (manualMemoGrowth) right
+// after the query that made them.
 func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
 	log, _ := captureLogger()
-	e := newTestEngine(t, Config{MemoEntries: 2048, MemoStartEntries: 256, manualMemoGrowth: true, Logger: log})
+	e := newTestEngine(t, Config{MemoEntries: 8192, MemoStartEntries: 256, manualMemoGrowth: true, Logger: log})
 	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
 	s := Slot{"a", 0}
 	mustRegister(t, e, k, p, s)
-	indexed := 0
+	indexed := 0 // prompts of 64 blocks
 	index := func(n int) {
 		for range n {
 			mustApply(t, e, k, store(s, TierDevice, chainKeys(t, p, 16, "", "", growTokens(indexed))...))
 			indexed++
 		}
 	}
-	asked, grown := 0, 0
+	asked, steps, grown := 0, 0, 0
 	var res Result
-	// ask asks every indexed prompt not asked yet (8 runs inserted each), answering the
+	// ask asks n indexed prompts not asked yet (8 runs inserted each), answering the
 	// memo's requests as they come.
-	ask := func() {
+	ask := func(n int) {
 		warned := false
-		for ; asked < indexed; asked++ {
+		for range n {
 			mustQuery(t, e, &Query{Key: k, Tokens: growTokens(asked)}, &res)
 			if res.Instances[0].Device != 16*64 || res.BlocksFromMemo() != 0 {
 				t.Fatalf("prompt %d: %s, %d blocks from the memo", asked, formatHits(res.Instances), res.BlocksFromMemo())
 			}
+			asked++
 			select {
 			case <-e.memo.GrowRequests():
+				steps++
 				if e.growMemoStep(nil, &warned) {
 					grown++
 				}
@@ -56,44 +60,44 @@ func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 			}
 		}
 	}
-	capacity := func() int { return e.MemoStats().Capacity }
-	if capacity() != 256 || e.memo.Limit() != 2048 {
-		t.Fatalf("start: capacity %d, limit %d", capacity(), e.memo.Limit())
+	check := func(what string, capacity, wantSteps, wantGrown int) {
+		t.Helper()
+		if got := e.MemoStats().Capacity; got != capacity || steps != wantSteps || grown != wantGrown {
+			t.Fatalf("%s: capacity %d after %d requests, %d steps that grew; want %d, %d, %d",
+				what, got, steps, grown, capacity, wantSteps, wantGrown)
+		}
 	}
-	// 2 prompts, 128 blocks: 16 runs fill half, but 256 blocks are twice the index.
+	check("start", 256, 0, 0)
+	// 128 blocks indexed (no more than 2 per memo block): no request ahead. 16 runs fill
+	// half of the 32 the memo holds, but it holds twice the blocks indexed already.
 	index(2)
-	ask()
-	if capacity() != 256 || grown != 0 {
-		t.Fatalf("128 blocks indexed: capacity %d after %d steps", capacity(), grown)
-	}
-	// 6 prompts, 384 blocks: the next request (another 16 runs, at 32) doubles it; the
-	// next one would come at 64 runs, after 8 prompts.
-	index(4)
-	ask()
-	if capacity() != 512 || grown != 1 {
-		t.Fatalf("384 blocks indexed: capacity %d after %d steps", capacity(), grown)
-	}
-	// 16 prompts, 1,024 blocks: at 64 runs it doubles (1,024 < 2,048), at 128 it reaches
-	// the limit.
-	index(10)
-	ask()
-	if capacity() != 2048 || grown != 3 {
-		t.Fatalf("1,024 blocks indexed: capacity %d after %d steps", capacity(), grown)
-	}
-	index(16)
-	ask()
-	if capacity() != 2048 || grown != 3 {
-		t.Fatalf("at the limit: capacity %d after %d steps", capacity(), grown)
-	}
-	// Prompts asked again come from the memo, those its sets still hold (at a load of 1,
-	// and asking again inserts what was lost, evicting others: about half).
+	ask(2)
+	check("128 indexed, half filled", 256, 1, 0)
+	// 640 indexed: the next query asks ahead, for 320 blocks: 512.
+	index(8)
+	ask(1)
+	check("640 indexed", 512, 2, 1)
+	// 32 more runs fill half of the 64: doubled (1,024 <= 2 x 640).
+	ask(4)
+	check("half filled again", 1024, 3, 2)
+	// 4,096 indexed: ahead to 2,048.
+	index(54)
+	ask(1)
+	check("4,096 indexed", 2048, 4, 3)
+	// 20,480 indexed: ahead to the limit, 8,192; then no more requests, whatever fills it.
+	index(256)
+	ask(1)
+	check("20,480 indexed", 8192, 5, 4)
+	ask(200)
+	check("at the limit", 8192, 5, 4)
+	// Prompts asked again come from the memo, those its sets still hold.
 	from := 0
-	for i := 0; i < indexed; i++ {
+	for i := asked - 32; i < asked; i++ {
 		mustQuery(t, e, &Query{Key: k, Tokens: growTokens(i)}, &res)
 		from += res.BlocksFromMemo()
 	}
-	if from < indexed*64/4 {
-		t.Fatalf("asked again: %d of %d blocks from the memo", from, indexed*64)
+	if from < 32*64/2 {
+		t.Fatalf("asked again: %d of %d blocks from the memo", from, 32*64)
 	}
 }
 

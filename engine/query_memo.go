@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"time"
 
 	"github.com/conductor-go/conductor/hashing"
@@ -8,22 +9,36 @@ import (
 
 // The query key memo's size. A memo of fixed size (Config.MemoStartEntries at or above
 // MemoEntries) is made whole in New, and populated there with Config.PopulateMemo. A
-// growing one starts small and holds no resident memory until queries write to it; it
-// asks to grow each time they have filled half of it (hashing.Memo.GrowRequests), and
-// growMemo, a goroutine of the engine's that costs nothing while nobody asks, doubles it
-// while it holds fewer than memoPerBlock times the blocks the engine indexes, up to
-// MemoEntries. The memo's memory follows the cold prompts it remembers, and what the
-// index could give them: an engine that is only fed events, or only asked the same
-// prompts, keeps a small memo.
+// growing one starts small, with nothing resident, and growMemo, a goroutine of the
+// engine's that costs nothing while nobody asks, grows it on two signals:
+//
+//   - Ahead of the index: once queries hash blocks (the memo is in use), a query that
+//     finds the engine indexing more than memoAhead blocks per memo block asks, and the
+//     memo grows to one block per memoAhead indexed blocks. Its pages are populated by
+//     the grower before queries use them, so a cold prompt never pays a page fault for
+//     the memo (a fresh VM page costs microseconds to zero: writing a memo entry into one
+//     was most of a cold query's cost).
+//   - With use: when queries have filled half of it, it doubles, up to memoPerBlock
+//     memo blocks per indexed block.
+//
+// Both up to MemoEntries. A conductor nobody queries, or one with an empty index, holds
+// none of it; one with N indexed blocks N/memoAhead to memoPerBlock*N (10 to 40 bytes an
+// indexed block, 20 a memo block). It never shrinks.
 
-// memoPerBlock is how many memo blocks the grower allows per indexed block: the memo only
-// remembers blocks that queries walked, which the index holds (or held until evicted),
-// and with twice as many blocks as the index (4-way sets) few of them are lost to a full
-// set.
-const memoPerBlock = 2
+const (
+	// memoAhead is the indexed blocks per memo block that the grower keeps the memo at,
+	// populated, ahead of the cold queries that fill it.
+	memoAhead = 2
+	// memoPerBlock is the most memo blocks per indexed block that use may grow the memo
+	// to: the memo only remembers blocks that queries walked, which the index holds (or
+	// held until evicted), and at twice the blocks of the index (4-way sets) few are lost
+	// to a full set.
+	memoPerBlock = 2
+)
 
 // newMemo makes the engine's memo as cfg says (see above).
 func (e *Engine) newMemo(cfg Config) {
+	e.memoAheadAt.Store(math.MaxInt64)
 	if cfg.MemoEntries <= 0 {
 		return
 	}
@@ -33,6 +48,7 @@ func (e *Engine) newMemo(cfg Config) {
 	}
 	e.memo = hashing.NewGrowingMemo(start, cfg.MemoEntries, cfg.PopulateMemo)
 	if e.memo.GrowRequests() != nil {
+		e.setMemoAhead()
 		e.memoQuit = make(chan struct{})
 		if !cfg.manualMemoGrowth {
 			e.wg.Add(1)
@@ -52,6 +68,26 @@ func (e *Engine) newMemo(cfg Config) {
 		"took", time.Since(t0).Round(time.Millisecond))
 }
 
+// setMemoAhead sets the indexed blocks past which a query asks the grower to grow the
+// memo ahead of the index (memoAheadAt): more than memoAhead per memo block, or never
+// once the memo is at its limit.
+func (e *Engine) setMemoAhead() {
+	c := e.memo.Stats().Capacity
+	if c >= e.memo.Limit() {
+		e.memoAheadAt.Store(math.MaxInt64)
+		return
+	}
+	e.memoAheadAt.Store(int64(c) * memoAhead)
+}
+
+// memoAheadOfIndex asks the grower to grow the memo when a query hashed blocks (res) and
+// the index has outgrown the memo (see above): one comparison per such query.
+func (e *Engine) memoAheadOfIndex(res *Result) {
+	if res.hashed > res.fromMemo && e.total.Load() > e.memoAheadAt.Load() {
+		e.memo.RequestGrow()
+	}
+}
+
 // growMemo grows the memo when it asks (see above) until quit is closed.
 func (e *Engine) growMemo(quit <-chan struct{}) {
 	defer e.wg.Done()
@@ -69,22 +105,26 @@ func (e *Engine) growMemo(quit <-chan struct{}) {
 	}
 }
 
-// growMemoStep answers one request of the memo: it doubles the memo if it holds fewer
-// than memoPerBlock times the blocks indexed (and is below its limit), logs the step,
-// and logs the first failure to populate one (*warned; the memo grows anyway, its
-// queries paying the page faults). It reports whether the memo grew.
+// growMemoStep answers one request of the memo (see above), logs the step and the first
+// failure to populate one (*warned; the memo grows anyway, its queries paying the page
+// faults), and reports whether the memo grew.
 func (e *Engine) growMemoStep(quit <-chan struct{}, warned *bool) bool {
-	had := e.memo.Stats().Capacity
-	want := min(2*had, int(min(e.total.Load(), int64(e.memo.Limit())))*memoPerBlock)
+	had, limit := int64(e.memo.Stats().Capacity), int64(e.memo.Limit())
+	indexed := e.total.Load()
+	want := min(indexed/memoAhead, limit)
+	if e.memo.HalfFilled() {
+		want = max(want, min(2*had, indexed*memoPerBlock, limit))
+	}
 	t0 := time.Now()
-	grew, err := e.memo.Grow(want, quit)
+	grew, err := e.memo.Grow(int(want), quit)
+	e.setMemoAhead()
 	if err != nil && !*warned {
 		*warned = true
 		e.log.Warn("query key memo growth not populated: queries pay the page faults of its first writes", "err", err)
 	}
 	if grew {
 		e.log.Info("query key memo grew", "blocks", e.memo.Stats().Capacity, "bytes", e.memo.Bytes(),
-			"indexed_blocks", e.total.Load(), "took", time.Since(t0).Round(time.Microsecond))
+			"indexed_blocks", indexed, "took", time.Since(t0).Round(time.Microsecond))
 	}
 	return grew
 }

@@ -69,26 +69,45 @@ func (g *memoGrower) init(runs int, canGrow, prefault bool) {
 }
 
 // noteInserts adds n runs inserted and asks to grow when they reach the mark.
-func (g *memoGrower) noteInserts(n uint64) {
+func (m *Memo) noteInserts(n uint64) {
+	g := &m.grower
 	if g.req == nil {
 		return
 	}
 	if g.filled.Add(n) >= g.growAt.Load() {
-		select {
-		case g.req <- struct{}{}:
-		default: // a request is pending already
-		}
+		m.RequestGrow()
 	}
 }
 
 // GrowRequests delivers a value when queries have inserted runs for half the memo's
-// current capacity since it was made or last called Grow: the owner then calls Grow. It
-// is nil (never ready) for a nil memo and a memo that cannot grow.
+// current capacity since it was made or last grew (HalfFilled), or when RequestGrow asked
+// for one: the owner then calls Grow. It is nil (never ready) for a nil memo and a memo
+// that cannot grow.
 func (m *Memo) GrowRequests() <-chan struct{} {
 	if m == nil {
 		return nil
 	}
 	return m.grower.req
+}
+
+// RequestGrow makes GrowRequests deliver a value (one, however often it is called before
+// the owner takes it), for an owner whose own reasons to grow the memo arise on another
+// goroutine (the engine's: its index grew). It does nothing for a memo that cannot grow.
+func (m *Memo) RequestGrow() {
+	if m == nil || m.grower.req == nil {
+		return
+	}
+	select {
+	case m.grower.req <- struct{}{}:
+	default:
+	}
+}
+
+// HalfFilled reports whether queries have inserted runs for half the memo's capacity since
+// it was made or last grew (or since Grow last declined such a request): the reason it
+// asks to grow.
+func (m *Memo) HalfFilled() bool {
+	return m != nil && m.grower.req != nil && m.grower.filled.Load() >= m.grower.growAt.Load()
 }
 
 // Limit is the capacity in blocks that Grow can take the memo to.
@@ -103,8 +122,8 @@ func (m *Memo) Limit() int {
 // Limit), keeping the entries it holds, and reports whether it grew. With prefault
 // (NewGrowingMemo), the new part's pages are made resident first; where that is not
 // possible the error says why, and the memo grows anyway (queries then pay the faults).
-// Whether it grows or not, the memo asks again (GrowRequests) once queries have inserted
-// runs for half its capacity after this call. Grow works in steps of a huge page,
+// When it grew, or when it was HalfFilled (the owner declined the request), the memo asks
+// again once queries have inserted runs for half its capacity after this call. Grow works in steps of a huge page,
 // yielding between them, and stops early, without growing, when stop is closed. It is
 // safe while queries use the memo (see above); calls are serialised.
 func (m *Memo) Grow(blocks int, stop <-chan struct{}) (grew bool, err error) {
@@ -114,11 +133,13 @@ func (m *Memo) Grow(blocks int, stop <-chan struct{}) (grew bool, err error) {
 	g := &m.grower
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	due := m.HalfFilled()
 	defer func() {
 		n := uint64(len(m.tab.Load().ents))
-		if int(n) == len(m.ents) {
+		switch {
+		case int(n) == len(m.ents):
 			g.growAt.Store(math.MaxUint64) // at the limit: no more requests
-		} else {
+		case grew || due:
 			g.growAt.Store(g.filled.Load() + n/2)
 		}
 	}()

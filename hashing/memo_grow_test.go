@@ -260,17 +260,19 @@ func TestMemoGrowWhileInUse(t *testing.T) {
 }
 
 // TestMemoGrowRequests: a growing memo asks to grow once chains have inserted runs for
-// half its capacity, not before; after Grow (whether it grew or not) it asks again only
-// after another half of the capacity then; at its limit it never asks. A fixed memo never
+// half its capacity, not before; after Grow (whether it grew or declined) it asks again
+// only after another half of the capacity then; the owner's own requests (RequestGrow)
+// come through once each and move nothing; at its limit it never asks. A fixed memo never
 // asks.
 func TestMemoGrowRequests(t *testing.T) {
 	p := allProfiles(t)["cbor"]
 	r := rand.New(rand.NewPCG(5, 5))
 	const start = 1 << 10 // 128 runs: asks after 64
 	m := NewGrowingMemo(start, 4*start, false)
-	if NewMemo(start).GrowRequests() != nil {
+	if fixed := NewMemo(start); fixed.GrowRequests() != nil || fixed.HalfFilled() {
 		t.Fatal("a fixed memo has grow requests")
 	}
+	NewMemo(start).RequestGrow() // a fixed memo ignores it
 	asked := func() bool {
 		select {
 		case <-m.GrowRequests():
@@ -303,8 +305,17 @@ func TestMemoGrowRequests(t *testing.T) {
 	if asked() {
 		t.Fatal("asked again before another 64 runs")
 	}
+	// The owner's own request, declined, does not move the mark.
+	m.RequestGrow()
+	m.RequestGrow()
+	if !asked() || asked() || m.HalfFilled() {
+		t.Fatal("RequestGrow: not one request, or half filled")
+	}
+	if grew, _ := m.Grow(start, nil); grew {
+		t.Fatal("grew to its own size")
+	}
 	insert(8)
-	if !asked() {
+	if !asked() || !m.HalfFilled() {
 		t.Fatal("did not ask again after another 64 runs")
 	}
 	if grew, _ := m.Grow(2*start, nil); !grew || m.Stats().Capacity != 2*start {

@@ -410,7 +410,7 @@ func (c *Chain) Done() {
 	}
 	if mc.inserts != 0 {
 		st.inserts.Add(mc.inserts)
-		mc.m.grower.noteInserts(mc.inserts)
+		mc.m.noteInserts(mc.inserts)
 	}
 	if mc.evictions != 0 {
 		st.evictions.Add(mc.evictions)
