@@ -179,6 +179,9 @@ func (m *Memo) Grow(blocks int, stop <-chan struct{}) (grew bool, err error) {
 	return true, err
 }
 
+// alignUp rounds n up to a multiple of a (a power of two).
+func alignUp(n, a int) int { return (n + a - 1) &^ (a - 1) }
+
 // stopped reports whether stop is closed.
 func stopped(stop <-chan struct{}) bool {
 	select {

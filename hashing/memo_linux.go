@@ -39,9 +39,6 @@ func allocEntries(n int, owner *Memo) (ents []memoEntry, hints []uint32, region 
 		unsafe.Slice((*uint32)(unsafe.Pointer(&b[hintsOff])), n*memoRun), b, entsOff, hintsOff
 }
 
-// alignUp rounds n up to a multiple of a (a power of two).
-func alignUp(n, a int) int { return (n + a - 1) &^ (a - 1) }
-
 // madvPopulateWrite is MADV_POPULATE_WRITE (Linux 5.14): fault in every page of a range
 // as if written, without changing its contents.
 const madvPopulateWrite = 23
