@@ -406,13 +406,23 @@ func (m *memoTable) place(v *memoRunVal) (at int, wrote, evicted bool) {
 	return victim, true, m.write(&m.ents[victim], v, ck)
 }
 
-// write fills e and reports whether it held a valid-looking entry before.
+// write fills e and reports whether it held a valid-looking entry before. It stores the
+// words in memoWriter's order (the check as 0 first, so that readers see the entry absent
+// while it changes, the check last), written out rather than stepped: the tests'
+// interleavings step a memoWriter, and TestMemoWriteMatchesSteps holds the two equal.
 func (m *memoTable) write(e *memoEntry, v *memoRunVal, ck uint64) bool {
-	w := memoWriter{e: e, v: v, check: ck}
-	var old uint64
-	for k := 0; k < memoWriteSteps; k++ {
-		old |= w.step(k)
+	old := ldw(&e.check)
+	stw(&e.check, 0)
+	stw(&e.a, v.a)
+	stw(&e.b, v.b)
+	for j := range v.k {
+		stw(&e.k[j], v.k[j])
 	}
+	for j := range v.d {
+		stw(&e.d[j], v.d[j])
+	}
+	stw(&e.ref, 1)
+	stw(&e.check, ck)
 	return old != 0
 }
 

@@ -377,6 +377,27 @@ func TestMemoWriteInterleavings(t *testing.T) {
 	}
 }
 
+// TestMemoWriteMatchesSteps: the insert's written-out stores (memoTable.write) leave an
+// entry exactly as the stepped writer the interleaving tests use (memoWriter), from an
+// empty entry and over another run, and report the same "held a valid entry" flag.
+func TestMemoWriteMatchesSteps(t *testing.T) {
+	m := NewMemo(1)
+	tab := m.cur()
+	for _, before := range []memoEntry{{}, {a: 5, b: 6, check: 7, ref: 1<<40 | 1}} {
+		v := memoVal(9)
+		var byWrite, bySteps memoEntry = before, before
+		got := tab.write(&byWrite, &v, tab.checkOf(&v))
+		w := tab.newWriter(&bySteps, &v)
+		var old uint64
+		for k := 0; k < memoWriteSteps; k++ {
+			old |= w.step(k)
+		}
+		if byWrite != bySteps || got != (old != 0) {
+			t.Fatalf("from %+v: write %+v (%v), steps %+v (%v)", before, byWrite, got, bySteps, old != 0)
+		}
+	}
+}
+
 // TestMemoConcurrentChains: goroutines sharing one small memo (constant evictions and
 // replacements of the same entries) each get exactly the plain chain's keys. Under -race
 // this also checks that every shared word is accessed atomically.
