@@ -68,28 +68,29 @@ func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 		}
 	}
 	check("start", 256, 0, 0)
-	// 128 blocks indexed (no more than 2 per memo block): no request ahead. 16 runs fill
-	// half of the 32 the memo holds, but it holds twice the blocks indexed already.
-	index(2)
-	ask(2)
-	check("128 indexed, half filled", 256, 1, 0)
-	// 640 indexed: the next query asks ahead, for 320 blocks: 512.
-	index(8)
-	ask(1)
-	check("640 indexed", 512, 2, 1)
-	// 32 more runs fill half of the 64: doubled (1,024 <= 2 x 640).
-	ask(4)
-	check("half filled again", 1024, 3, 2)
-	// 4,096 indexed: ahead to 2,048.
-	index(54)
-	ask(1)
-	check("4,096 indexed", 2048, 4, 3)
-	// 20,480 indexed: ahead to the limit, 8,192; then no more requests, whatever fills it.
-	index(256)
-	ask(1)
-	check("20,480 indexed", 8192, 5, 4)
-	ask(200)
-	check("at the limit", 8192, 5, 4)
+	for _, st := range []struct {
+		what                          string
+		index, ask                    int // prompts of 64 blocks indexed, then asked
+		capacity, requests, grewSoFar int
+	}{
+		// 128 blocks indexed (no more than 2 per memo block): no request ahead. 16 runs
+		// fill half of the 32 the memo holds, but it holds twice the blocks indexed.
+		{"128 indexed, half filled", 2, 2, 256, 1, 0},
+		// 640 indexed: the next query asks ahead, for 320 blocks: 512.
+		{"640 indexed", 8, 1, 512, 2, 1},
+		// 32 more runs fill half of the 64: doubled (1,024 <= 2 x 640).
+		{"half filled again", 0, 4, 1024, 3, 2},
+		// 4,096 indexed: ahead to 2,048.
+		{"4,096 indexed", 54, 1, 2048, 4, 3},
+		// 20,480 indexed: ahead to the limit, 8,192.
+		{"20,480 indexed", 256, 1, 8192, 5, 4},
+		// At the limit no more requests, whatever fills it.
+		{"at the limit", 0, 200, 8192, 5, 4},
+	} {
+		index(st.index)
+		ask(st.ask)
+		check(st.what, st.capacity, st.requests, st.grewSoFar)
+	}
 	// Prompts asked again come from the memo, those its sets still hold.
 	from := 0
 	for i := asked - 32; i < asked; i++ {

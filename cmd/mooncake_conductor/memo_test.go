@@ -3,13 +3,10 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
 
 // TestBinaryMemoGrowsAheadOfIndex: the binary's query key memo starts at its small
@@ -17,23 +14,7 @@ import (
 // two blocks per memo block a query makes the background grower take it to one memo block
 // per two indexed blocks (conductor_query_memo_capacity_entries, and the log line).
 func TestBinaryMemoGrowsAheadOfIndex(t *testing.T) {
-	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pub.Close() })
-	httpPort := freePort(t)
-	config := writeJSON(t, t.TempDir(), map[string]any{
-		"http_server_port": httpPort, "rpc_server_port": 0, "state_file": "",
-		"kvevent_instance": map[string]any{"vllm-a-r0": vllmEntry(pub.Endpoint())},
-	})
-	c := startConductor(t, config, "CONDUCTOR_LOG_LEVEL=info")
-	base := "http://127.0.0.1:" + strconv.Itoa(httpPort)
-	c.waitHTTP("127.0.0.1:" + strconv.Itoa(httpPort))
-	c.waitReady(base)
-	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	pub, c, base := startWithPublisher(t, "CONDUCTOR_LOG_LEVEL=info")
 	capacity := func() float64 {
 		v, _ := metricSum(t, base, "conductor_query_memo_capacity_entries")
 		return v
