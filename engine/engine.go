@@ -458,7 +458,10 @@ type InstanceRanks struct {
 type ContextView struct {
 	Key     ContextKey
 	Profile hashing.Profile
-	// PrefixCount is the number of distinct block keys with at least one owner. Right
+	// PrefixCount is the number of distinct block keys with at least one owner; a block
+	// a query can find is already counted (also while the writer is still applying the
+	// rest of its request), so a reader that sees the last block of a burst reads a count
+	// that holds the whole burst. Right
 	// after a slot clear or an unregistration it also counts, until the writer's sweep
 	// (a few hundred records per step) reaches them, blocks whose only owner was
 	// cleared; queries never report those.

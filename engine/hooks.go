@@ -37,6 +37,9 @@ type testHooks struct {
 	// deleting runs on the writer while it deletes the record of key: after the record
 	// is marked free, before the key leaves the table.
 	deleting func(key uint64)
+	// created runs on the writer right after the record of a new key entered the table
+	// (from then on a query can find it).
+	created func(key uint64)
 	// bindSets, when > 0, replaces maxSets (the component sets a context's bindings
 	// intern before the rest keep their own lists).
 	bindSets int

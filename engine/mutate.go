@@ -82,7 +82,14 @@ func (c *cacheContext) create(key uint64) (idx uint32, rec []uint64) {
 			atomic.StoreUint64(&rec[j], 0)
 		}
 	}
+	// Counted before a query can find it: a reader that sees a block sees it in
+	// PrefixCount, also in the middle of a request that stores many (a burst); the
+	// store at the end of the step settles removals.
+	c.blocks.Store(int64(c.tab.ar.Len()))
 	c.tab.insertNew(key, idx)
+	if h := c.eng.hooks; h != nil && h.created != nil {
+		h.created(key)
+	}
 	c.linkNewest(idx, rec)
 	c.charge(1, blockBytes(c.tab.w))
 	return idx, rec
