@@ -116,3 +116,23 @@ func TestConfigMemoBoundedByMemory(t *testing.T) {
 		t.Fatalf("query_memo_entries %d on %d GiB: %v", over, phys>>30, err)
 	}
 }
+
+// TestConfigMalformedEndpointEntry: a kvevent_instance entry with a malformed endpoint
+// is skipped with an error naming the entry, the field and what is wrong (the others
+// start, as for any invalid entry).
+func TestConfigMalformedEndpointEntry(t *testing.T) {
+	cfg := loadEntries(t, map[string]any{
+		"bad-host": entryWith("endpoint", "tcp://*:5557"), "bad-port": entryWith("endpoint", "tcp://127.0.0.1:70000"),
+		"bad-path": entryWith("replay_endpoint", "tcp://127.0.0.1:5558/x"), "good": entryWith("instance_id", "good"),
+	})
+	if len(cfg.Services) != 1 || cfg.Services[0].InstanceID != "good" || len(cfg.Skipped) != 3 {
+		t.Fatalf("services %v skipped %v", cfg.Services, cfg.Skipped)
+	}
+	for i, want := range []string{`kvevent_instance "bad-host": endpoint has the wildcard host *`,
+		`kvevent_instance "bad-path": replay_endpoint has "/x" after the port`,
+		`kvevent_instance "bad-port": endpoint has port 70000, outside 1..65535`} {
+		if !strings.Contains(cfg.Skipped[i].Error(), want) {
+			t.Errorf("skipped[%d] = %v, want %s", i, cfg.Skipped[i], want)
+		}
+	}
+}
