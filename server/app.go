@@ -55,9 +55,12 @@ type AppConfig struct {
 	// Limits bound bodies, connections, timeouts, services (zero fields: defaults).
 	Limits Limits
 	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the HTTP
-	// routes that change state. (The RPC wire carries no token: bind RPC to a trusted
-	// interface or disable it.)
+	// routes that change state. The RPC wire carries no token: with one set, RPC
+	// Register and Unregister are refused unless RPCAllowMutations says otherwise.
 	AdminToken string
+	// RPCAllowMutations decides whether RPC Register and Unregister are served: nil
+	// (the key unset) serves them only without an AdminToken; true always, false never.
+	RPCAllowMutations *bool
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
@@ -248,15 +251,19 @@ func Start(cfg AppConfig) (*App, error) {
 			return nil, fmt.Errorf("listen rpc_bind_address %q rpc_server_port %d: %w", rpcBind, cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
+		refuse := rpcRefusesMutations(cfg.RPCAllowMutations, cfg.AdminToken)
 		app.RPC = rpcserver.New(rpcserver.Options{Service: svc, Logger: log, Metrics: rpcObs, Limits: lim, Counters: counters,
-			Budget: budget, AccessLog: app.AccessLog})
+			Budget: budget, AccessLog: app.AccessLog, RefuseMutations: refuse})
+		if warn := rpcExposureWarning(app.RPCAddr, cfg.RPCAllowMutations, refuse); warn != "" {
+			log.Warn(warn, "addr", app.RPCAddr)
+		}
 		rpcLn = limits.NewRetryListener(rpcLn, "rpc", log, counters)
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()
 			app.RPC.Serve(rpcLn)
 		}()
-		log.Info("rpc server listening", "addr", app.RPCAddr)
+		log.Info("rpc server listening", "addr", app.RPCAddr, "mutations", !refuse)
 	} else {
 		log.Info("rpc server disabled")
 	}
@@ -406,3 +413,32 @@ type failedStore struct{ err error }
 
 func (f failedStore) Put(*service.Config) error { return f.err }
 func (f failedStore) Delete(service.ID) error   { return f.err }
+
+// rpcRefusesMutations decides whether RPC Register and Unregister are refused: as the
+// rpc_allow_mutations key says, or, when it is unset, whenever an admin token protects
+// the HTTP routes (the RPC wire cannot carry the token).
+func rpcRefusesMutations(allow *bool, token string) bool {
+	if allow != nil {
+		return !*allow
+	}
+	return token != ""
+}
+
+// rpcExposureWarning is the start-up warning for an RPC listener that serves Register
+// and Unregister, unauthenticated, on an address other hosts can reach, when nobody
+// decided it (rpc_allow_mutations unset); "" when there is nothing to warn about.
+func rpcExposureWarning(addr string, allow *bool, refuse bool) string {
+	if refuse || allow != nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return "RPC Register and Unregister are served without authentication on a non-loopback address (the RPC wire " +
+		"carries no token): set rpc_allow_mutations (true to keep them, false to refuse them), set admin_token, " +
+		"or bind RPC to loopback with rpc_bind_address"
+}

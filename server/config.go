@@ -56,6 +56,9 @@ type FileConfig struct {
 	RPCBindAddress  string
 	// AdminToken, when set, is required on state-changing HTTP routes.
 	AdminToken string
+	// RPCAllowMutations is "rpc_allow_mutations" (nil when absent: RPC Register and
+	// Unregister are served only without an admin token).
+	RPCAllowMutations *bool
 	// Limits from the limit keys.
 	Limits Limits
 	// MaxBlocks is "max_blocks": the most blocks indexed over all contexts (oldest-written
@@ -242,7 +245,8 @@ func (f *FileConfig) AppConfig() AppConfig {
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
-		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
+		RPCAllowMutations: f.RPCAllowMutations,
+		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,

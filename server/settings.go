@@ -63,6 +63,24 @@ func fileSettings() []setting[FileConfig] {
 				"a control byte (a newline pasted with it) is refused at start: no HTTP header could carry it",
 			checkToken,
 			func(f *FileConfig, v string) { f.AdminToken = v }),
+		{key: "rpc_allow_mutations", typ: "boolean", def: "unset", bounds: "true, false",
+			doc: "whether RPC `Register` and `Unregister` are served. The RPC wire (coro_rpc, the upstream Python " +
+				"client's) has no field for a token, so unset means: served without `admin_token`, refused with it " +
+				"(`CONDUCTOR_UNAVAILABLE`, logged and counted under `conductor_rpc_requests_total`); `true` serves " +
+				"them anyway, `false` never. Queries and the read-only calls are always served. Unset with RPC on a " +
+				"non-loopback address and no token logs a warning at start",
+			parse: func(f *FileConfig, raw json.RawMessage) error {
+				var v bool
+				switch string(raw) {
+				case "true":
+					v = true
+				case "false":
+				default:
+					return fmt.Errorf("rpc_allow_mutations must be true or false")
+				}
+				f.RPCAllowMutations = &v
+				return nil
+			}},
 		intSetting("max_query_body_bytes", limits.DefaultMaxQueryBodyBytes, 1, maxLimit,
 			"largest `/query` body (16M tokens as an int32 bin); larger is answered 413 without reading it",
 			func(f *FileConfig, v int64) { f.Limits.MaxQueryBodyBytes = int(v) }),
