@@ -86,6 +86,9 @@ type AppConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
+	// ZMQReconnectMax bounds the doubling pause between a subscription's attempts to
+	// reach a publisher that is not there (0: zmqtransport.DefaultReconnectIntervalMax).
+	ZMQReconnectMax time.Duration
 	// ZMQJoinCheckDelay is how long after a subscription first connects its join check
 	// asks the replay endpoint for what the catch-up could not see (0: 1 s; negative:
 	// none; see ingest.SubscriberConfig.JoinCheckDelay).
@@ -166,7 +169,8 @@ func Start(cfg AppConfig) (*App, error) {
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads,
+		ReconnectIntervalMax: cfg.ZMQReconnectMax})
 	switch {
 	case errors.Is(err, zmqtransport.ErrNoCgo):
 		// A binary built without cgo serves queries; every ZMQ subscription fails with

@@ -73,6 +73,9 @@ type FileConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context.
 	ZMQIOThreads int
+	// ZMQReconnectMaxMS is "zmq_reconnect_max_ms": the longest pause between attempts
+	// to reach a publisher that is not there.
+	ZMQReconnectMaxMS int
 	// ZMQJoinCheckDelayMS is "zmq_join_check_delay_ms": milliseconds after a subscription
 	// first connects before its join check (-1: no join check).
 	ZMQJoinCheckDelayMS int
@@ -249,6 +252,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
+		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
 		Cluster: f.Cluster}

@@ -11,6 +11,7 @@ import (
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/internal/jsonval"
 	"github.com/conductor-go/conductor/internal/lograte"
@@ -195,6 +196,13 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("zmq_io_threads", 1, 0, 64,
 			"libzmq I/O threads of the one ZMQ context all subscriptions share (0: 1)",
 			func(f *FileConfig, v int64) { f.ZMQIOThreads = int(v) }),
+		intSetting("zmq_reconnect_max_ms", zmqtransport.DefaultReconnectIntervalMax.Milliseconds(), 100, 600_000,
+			"a subscription whose publisher is not there (down, restarting, a wrong address) retries after 100 ms, "+
+				"then after twice the last pause, up to this (libzmq `ZMQ_RECONNECT_IVL_MAX`), so a thousand dead "+
+				"endpoints cost a few hundred connection attempts a second rather than ten thousand. A publisher that "+
+				"comes back is connected within this long; what it published meanwhile comes back through its replay "+
+				"endpoint",
+			func(f *FileConfig, v int64) { f.ZMQReconnectMaxMS = int(v) }),
 		intSetting("zmq_join_check_delay_ms", ingest.DefaultJoinCheckDelay.Milliseconds(), -1, 3_600_000,
 			"milliseconds after a subscription with a `replay_endpoint` first connects before its join check asks "+
 				"the replay endpoint for everything after the last applied batch (batches published after the "+
