@@ -140,8 +140,10 @@ type App struct {
 	snapshotLoading sync.Mutex
 
 	// Cluster membership (nil/zero on a single node).
-	registry      *cluster.Registry
-	clusterSync   *clusterSync
+	registry    *cluster.Registry
+	clusterSync *clusterSync
+	// clusterRef is clusterSync for readers that may run before Start sets it (metrics).
+	clusterRef    atomic.Pointer[clusterSync]
 	clusterStop   context.CancelFunc
 	clusterWG     sync.WaitGroup
 	clusterLoaded atomic.Bool
@@ -152,6 +154,8 @@ type App struct {
 	gates    *source.GateSet
 	testHook func(stage string)
 	adminTok string
+	// maxServices is the max_services limit (the registry's cap is derived from it).
+	maxServices int
 }
 
 // Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
@@ -190,7 +194,8 @@ func Start(cfg AppConfig) (*App, error) {
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
 			Gates: gates})})
-	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook,
+		maxServices: lim.MaxServices}
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -199,6 +204,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if !cfg.DisableMetrics {
 		app.Metrics = NewMetrics(svc)
 		app.Metrics.registerReadiness(app.Ready)
+		app.Metrics.registerCluster(app)
 		app.Metrics.RegisterCounters(counters)
 		routes["/metrics"] = app.Metrics.Handler()
 	}
