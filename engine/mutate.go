@@ -13,7 +13,7 @@ import (
 // words with plain loads and publishes every change with atomic stores, because queries
 // read the same words concurrently.
 
-// applyOps applies r's ops from r.next on, journals them for a running snapshot, and
+// applyOps applies r's ops from r.next on, journals them for each running snapshot, and
 // reports whether all were applied: it stops before a clear that must wait for a stamp
 // (clear.go), leaving r.next at it.
 func (c *context) applyOps(r *request) bool {
@@ -23,8 +23,8 @@ func (c *context) applyOps(r *request) bool {
 			break
 		}
 	}
-	if c.snap != nil {
-		c.snap.recordOps(r.ops[from:r.next])
+	for _, j := range c.snaps {
+		j.recordOps(r.ops[from:r.next])
 	}
 	return r.next == len(r.ops)
 }
@@ -602,6 +602,8 @@ func (c *context) endDrops() {
 // step (flushCharges, before it hands a request back) instead of two atomic additions,
 // contended across writers, per block.
 func (c *context) charge(n, b int64) {
+	c.chargedN += n
+	c.chargedB += b
 	if c.budgeted {
 		c.eng.total.Add(n)
 		c.eng.bytes.Add(b)
