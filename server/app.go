@@ -24,6 +24,7 @@ import (
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/server/rpcserver"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // Limits bounds what clients can make the process hold (the limit keys of the config
@@ -100,6 +101,12 @@ type AppConfig struct {
 	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
 	// shared by every replica (StateFile is then not used); nil: a single node.
 	Cluster *cluster.Config
+	// MaxSnapshotBytes bounds a snapshot received by POST or at bootstrap (0:
+	// snapshot.DefaultMaxBytes); it is held in a temporary file, not in memory.
+	MaxSnapshotBytes int64
+	// MaxSnapshotDownloads bounds the snapshots streamed at once (0:
+	// DefaultMaxSnapshotDownloads).
+	MaxSnapshotDownloads int
 	// ClusterTestHook, in tests, is called at bootstrap stages ("subscribed": the
 	// registry is loaded and its sources buffer; "loaded": the peer snapshot is loaded,
 	// the buffers not yet applied).
@@ -135,9 +142,18 @@ type App struct {
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
-	// snapshotLoading admits one snapshot POST at a time: each may hold up to
-	// MaxSnapshotBytes while it is verified, outside the body budget.
+	// snapshotLoading admits one snapshot apply (stage and swap) at a time; receiving
+	// and verifying a stream does not hold it.
 	snapshotLoading sync.Mutex
+	// snapshotReceipts and snapshotDownloads bound the snapshot POSTs receiving their
+	// body and the GETs streaming one at once.
+	snapshotReceipts, snapshotDownloads chan struct{}
+	// maxSnapshotBytes bounds a received snapshot (max_snapshot_bytes).
+	maxSnapshotBytes int64
+	// snapshotsFailed counts snapshot streams aborted after their header was sent.
+	snapshotsFailed atomic.Uint64
+	// snapshotWriteHook, in tests, runs before each write of a snapshot stream.
+	snapshotWriteHook func()
 
 	// Cluster membership (nil/zero on a single node).
 	registry    *cluster.Registry
@@ -195,7 +211,16 @@ func Start(cfg AppConfig) (*App, error) {
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
 			Gates: gates})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook,
-		maxServices: lim.MaxServices}
+		maxServices: lim.MaxServices, adminTok: cfg.AdminToken, maxSnapshotBytes: cfg.MaxSnapshotBytes,
+		snapshotReceipts: make(chan struct{}, maxSnapshotReceipts)}
+	if app.maxSnapshotBytes <= 0 {
+		app.maxSnapshotBytes = snapshot.DefaultMaxBytes
+	}
+	downloads := cfg.MaxSnapshotDownloads
+	if downloads <= 0 {
+		downloads = DefaultMaxSnapshotDownloads
+	}
+	app.snapshotDownloads = make(chan struct{}, downloads)
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -294,7 +319,6 @@ func Start(cfg AppConfig) (*App, error) {
 		if cfg.StateFile != "" {
 			log.Info("cluster mode: registrations live in etcd; the state file is not used", "state_file", cfg.StateFile)
 		}
-		app.adminTok = cfg.AdminToken
 		if err := app.startCluster(*cfg.Cluster); err != nil {
 			app.Stop()
 			return nil, err

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +18,9 @@ import (
 
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/cluster/etcdtest"
+	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // startReplicaWith is startReplica with the App's configuration adjusted by appMod.
@@ -251,3 +255,72 @@ func TestClusterEtcdResetRepublishes(t *testing.T) {
 }
 
 func escID(id string) string { return url.PathEscape(id) }
+
+// TestClusterSnapshotMatchesRegistry: a replica accepts only snapshots signed with its
+// cluster's key (from the registry; one signed with a single node's token key is 403),
+// applies a service's entries only where its registration here has the endpoint the
+// snapshot names and the snapshot has that service's sequence cut, and refuses (409) a
+// snapshot whose context has another hash profile than the registry's.
+func TestClusterSnapshotMatchesRegistry(t *testing.T) {
+	const token = "s3cret"
+	srv := etcdtest.Start(t)
+	a := startReplicaWith(t, srv, "/snapmatch/", nil, func(c *AppConfig) { c.AdminToken = token })
+	pub := newPublisher(t, false)
+	if code := authPost(t, a, "/register", token, registerBody(pub.Endpoint(), "x", 0)); code != http.StatusOK {
+		t.Fatalf("register: %d", code)
+	}
+	info, ok := a.registry.Info()
+	if !ok {
+		t.Fatal("no cluster key")
+	}
+	tokens := seqTokens(64, 1)
+	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
+	ctxKey := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
+	slot := engine.Slot{InstanceID: "x"}
+	snap := func(key []byte, p hashing.Profile, src snapshot.Source) []byte {
+		var buf bytes.Buffer
+		w := snapshot.NewWriter(&buf, key)
+		if err := w.Context(&snapshot.Header{Key: ctxKey, Profile: p, Sources: []snapshot.Source{src}}); err != nil {
+			t.Fatal(err)
+		}
+		ch := &engine.SnapshotChunk{Slots: []engine.Slot{slot}}
+		for _, k := range keys[:3] {
+			ch.Entries = append(ch.Entries, engine.SnapshotEntry{Key: k, Tiers: engine.MaskDevice})
+		}
+		if err := w.Chunk(ch); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	good := snapshot.Source{Endpoint: pub.Endpoint(), Slot: slot, Seq: 5, HasSeq: true}
+	noCut := good
+	noCut.HasSeq = false
+	otherEP := good
+	otherEP.Endpoint = "tcp://127.0.0.1:1"
+	for _, c := range []struct {
+		name string
+		body []byte
+		code int
+		want string
+	}{
+		{"token key", snap(snapshot.KeyFromToken(token), vllmP(t, "0"), good), http.StatusForbidden, "not signed"},
+		{"no cut", snap(info.Key(), vllmP(t, "0"), noCut), http.StatusOK, "no sequence cut in the snapshot"},
+		{"other endpoint", snap(info.Key(), vllmP(t, "0"), otherEP), http.StatusOK, "registered here with another endpoint"},
+		{"other profile", snap(info.Key(), vllmP(t, "7"), good), http.StatusConflict, "another hash profile"},
+	} {
+		code, body := snapshotRequest(t, a, http.MethodPost, token, c.body)
+		if code != c.code || !strings.Contains(string(body), c.want) {
+			t.Fatalf("%s: %d %s, want %d %q", c.name, code, body, c.code, c.want)
+		}
+		if n := a.Engine.TotalBlocks(); n != 0 {
+			t.Fatalf("%s: %d blocks applied", c.name, n)
+		}
+	}
+	code, body := snapshotRequest(t, a, http.MethodPost, token, snap(info.Key(), vllmP(t, "0"), good))
+	if code != http.StatusOK || !strings.Contains(string(body), `"applied":3`) {
+		t.Fatalf("matching snapshot: %d %s", code, body)
+	}
+}

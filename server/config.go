@@ -86,6 +86,10 @@ type FileConfig struct {
 	IngestLogIntervalSeconds int
 	// Cluster is the "cluster" key (nil when absent: a single node with the state file).
 	Cluster *cluster.Config
+	// MaxSnapshotBytes and MaxSnapshotDownloads are "max_snapshot_bytes" and
+	// "max_snapshot_downloads".
+	MaxSnapshotBytes     int64
+	MaxSnapshotDownloads int
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -255,7 +259,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
-		Cluster: f.Cluster}
+		Cluster: f.Cluster, MaxSnapshotBytes: f.MaxSnapshotBytes, MaxSnapshotDownloads: f.MaxSnapshotDownloads}
 }
 
 // besideConfig resolves a path from the config file against the file's directory (as

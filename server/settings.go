@@ -17,6 +17,7 @@ import (
 	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // maxMemoEntries caps query_memo_entries (20 GiB of memo at 20 bytes a block).
@@ -216,6 +217,17 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("ingest_log_interval_seconds", int64(lograte.DefaultInterval/time.Second), 0, 86400,
 			"the interval of `ingest_log_burst` (0: the default)",
 			func(f *FileConfig, v int64) { f.IngestLogIntervalSeconds = int(v) }),
+		intSetting("max_snapshot_bytes", snapshot.DefaultMaxBytes, 1<<20, maxLimit,
+			"largest snapshot `POST /cluster/snapshot` or a bootstrapping replica accepts (413 above it; a "+
+				"`Content-Length` over it is refused before the body is read). The stream is written to a "+
+				"temporary file in `$TMPDIR` (removed at once, so nothing is left behind) while its checksum and "+
+				"signature are checked, then read back a frame at a time: memory stays bounded, the disk holds up "+
+				"to this much per load in progress (two at most)",
+			func(f *FileConfig, v int64) { f.MaxSnapshotBytes = v }),
+		intSetting("max_snapshot_downloads", DefaultMaxSnapshotDownloads, 1, 1024,
+			"snapshots `GET /cluster/snapshot` streams at once (503 with `Retry-After` beyond it). Each keeps its "+
+				"own journal of the changes between its steps (up to 4M block hashes a context)",
+			func(f *FileConfig, v int64) { f.MaxSnapshotDownloads = int(v) }),
 		objectSetting("cluster", "object", "unset (one node, `state_file`)", "the `cluster.*` keys below; null: unset",
 			"run as one replica of a cluster whose registrations live in etcd; with `cluster` set, `state_file` is not used",
 			parseCluster),

@@ -36,7 +36,8 @@ func startRealConductor(t *testing.T) string {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	cfg := filepath.Join(dir, "conductor.json")
-	raw, _ := json.Marshal(map[string]any{"http_server_port": port, "rpc_server_port": 0, "state_file": ""})
+	raw, _ := json.Marshal(map[string]any{"http_server_port": port, "rpc_server_port": 0, "state_file": "",
+		"admin_token": realConductorToken})
 	if err := os.WriteFile(cfg, raw, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -78,8 +79,13 @@ func ctl(t *testing.T, args ...string) (int, string, string) {
 	return code, stdout.String(), stderr.String()
 }
 
+// realConductorToken is the real conductor's admin_token (a snapshot load needs one);
+// the commands read it from CONDUCTOR_ADMIN_TOKEN.
+const realConductorToken = "t0ken"
+
 // TestCLIAgainstRealConductor drives every command against the real binary.
 func TestCLIAgainstRealConductor(t *testing.T) {
+	t.Setenv("CONDUCTOR_ADMIN_TOKEN", realConductorToken)
 	addr := startRealConductor(t)
 	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
 	if err != nil {
@@ -216,7 +222,7 @@ func TestCLIAgainstRealConductor(t *testing.T) {
 	}
 	bad := filepath.Join(t.TempDir(), "bad.snap")
 	raw, _ = os.ReadFile(snap)
-	raw[len(raw)-1] ^= 1
+	raw[len(raw)-40] ^= 1 // in the end frame: the checksum fails (the signature is the conductor's to check)
 	os.WriteFile(bad, raw, 0o600)
 	if code, _, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", bad); code != 2 || !strings.Contains(errOut, "checksum") {
 		t.Fatalf("damaged load: %d %q", code, errOut)
