@@ -262,15 +262,7 @@ func (r *Registry) read(ctx context.Context, svcKey, epKey, ctxKey string) (svc,
 // retryPause waits before another round of a write that collided (false: ctx ended).
 func retryPause(ctx context.Context, attempt int) bool {
 	steps := min(attempt+1, maxRetryPauseSteps)
-	d := time.Duration(rand.Int64N(int64(steps) * int64(retryPauseStep)))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return sleep(ctx, time.Duration(rand.Int64N(int64(steps)*int64(retryPauseStep))))
 }
 
 type kv struct {

@@ -232,11 +232,14 @@ func (r *Registry) Members(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-func sleep(ctx context.Context, d time.Duration) {
+// sleep waits d or until ctx ends; it reports whether the whole pause passed.
+func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+		return false
 	case <-t.C:
+		return true
 	}
 }

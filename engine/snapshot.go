@@ -279,7 +279,7 @@ func (t liveTarget) context(key ContextKey, p hashing.Profile) (*context, error)
 
 // request runs one request of kind on c (filled by set) and reports the writer's
 // verdict: errDropped when the context was dropped or retired first.
-func (c *context) request(kind reqKind, set func(r *request)) (*request, error) {
+func (c *context) request(kind reqKind, set func(r *request)) error {
 	r := c.eng.getReq()
 	r.kind = kind
 	set(r)
@@ -287,7 +287,17 @@ func (c *context) request(kind reqKind, set func(r *request)) (*request, error) 
 	if r.dropped {
 		err = errDropped
 	}
-	return r, err
+	c.eng.putReq(r)
+	return err
+}
+
+// requestOn runs a request on the target's context of key, created when absent.
+func requestOn(t loadTarget, key ContextKey, p hashing.Profile, kind reqKind, set func(r *request)) error {
+	c, err := t.context(key, p)
+	if err != nil {
+		return err
+	}
+	return c.request(kind, set)
 }
 
 // loadChunk is LoadSnapshotChunk on target t.
@@ -371,13 +381,7 @@ func registerSlotOn(t loadTarget, key ContextKey, p hashing.Profile, slot Slot) 
 		_, err := lt.e.RegisterSlot(key, p, slot)
 		return err
 	}
-	c, err := t.context(key, p)
-	if err != nil {
-		return err
-	}
-	r, err := c.request(reqRegister, func(r *request) { r.slot = slot })
-	c.eng.putReq(r)
-	return err
+	return requestOn(t, key, p, reqRegister, func(r *request) { r.slot = slot })
 }
 
 // applyOn applies ops to the target's context of key (created when absent), as Apply does.
@@ -390,13 +394,7 @@ func applyOn(t loadTarget, key ContextKey, p hashing.Profile, ops []Op) error {
 		}
 		return lt.e.Apply(key, ops)
 	}
-	c, err := t.context(key, p)
-	if err != nil {
-		return err
-	}
-	r, err := c.request(reqApply, func(r *request) { r.ops = ops })
-	c.eng.putReq(r)
-	return err
+	return requestOn(t, key, p, reqApply, func(r *request) { r.ops = ops })
 }
 
 // loadJournal applies a chunk's journal in order, leaving out changes of slots and
@@ -425,17 +423,14 @@ func loadJournal(t loadTarget, key ContextKey, p hashing.Profile, j []SnapshotOp
 			if _, ok := t.profile(key); !ok {
 				continue // nothing there to retract
 			}
-			c, err := t.context(key, p)
-			if err != nil {
+			kind, backend := reqRetractSource, ""
+			if op.ClearShared {
+				kind, backend = reqClearShared, op.Backend
+			}
+			if err := requestOn(t, key, p, kind, func(r *request) { r.source, r.backend = op.Source, backend }); err != nil &&
+				!errors.Is(err, errDropped) && !errors.Is(err, ErrClosed) {
 				return err
 			}
-			r, _ := c.request(reqRetractSource, func(r *request) {
-				r.source, r.backend = op.Source, ""
-				if op.ClearShared {
-					r.kind, r.backend = reqClearShared, op.Backend
-				}
-			})
-			c.eng.putReq(r)
 		case op.Kind == OpSharedStore || op.Kind == OpSharedRemove:
 			if allowSource == nil || allowSource(op.Source) {
 				ops = append(ops, op.Op)

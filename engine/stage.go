@@ -161,27 +161,25 @@ func (s *Stage) align(key ContextKey, keepSlot func(ContextKey, Slot) bool, keep
 	c := s.ctxs[key]
 	var want []Slot
 	if live := s.e.lookup(key); live != nil {
-		r, err := live.request(reqSync, func(r *request) {
+		err := live.request(reqSync, func(r *request) {
 			r.fn = func(lc *context) {
 				for sl := range lc.slots {
 					want = append(want, sl)
 				}
 			}
 		})
-		s.e.putReq(r)
 		if err != nil && !errors.Is(err, errDropped) {
 			return err
 		}
 	}
 	var have []Slot
-	r, err := c.request(reqSync, func(r *request) {
+	err := c.request(reqSync, func(r *request) {
 		r.fn = func(sc *context) {
 			for sl := range sc.slots {
 				have = append(have, sl)
 			}
 		}
 	})
-	s.e.putReq(r)
 	if err != nil {
 		return err
 	}
@@ -189,27 +187,21 @@ func (s *Stage) align(key ContextKey, keepSlot func(ContextKey, Slot) bool, keep
 	for _, sl := range have {
 		held[sl] = true
 		if keepSlot != nil && !keepSlot(key, sl) {
-			r, err := c.request(reqUnregister, func(r *request) { r.slot = sl })
-			s.e.putReq(r)
-			if err != nil {
+			if err := c.request(reqUnregister, func(r *request) { r.slot = sl }); err != nil {
 				return err
 			}
 		}
 	}
 	for _, sl := range want {
 		if !held[sl] {
-			r, err := c.request(reqRegister, func(r *request) { r.slot = sl })
-			s.e.putReq(r)
-			if err != nil {
+			if err := c.request(reqRegister, func(r *request) { r.slot = sl }); err != nil {
 				return err
 			}
 		}
 	}
 	for src := range s.sources[key] {
 		if keepSource != nil && !keepSource(key, src) {
-			r, err := c.request(reqRetractSource, func(r *request) { r.source = src })
-			s.e.putReq(r)
-			if err != nil {
+			if err := c.request(reqRetractSource, func(r *request) { r.source = src }); err != nil {
 				return err
 			}
 		}
@@ -238,10 +230,7 @@ func (e *Engine) retireLocked(c *context) {
 	if e.closed {
 		return
 	}
-	r := e.getReq()
-	r.kind = reqRetire
-	_ = c.do(r)
-	e.putReq(r)
+	_ = c.request(reqRetire, func(*request) {})
 	c.gone.Store(true)
 	close(c.quit)
 }
@@ -263,10 +252,9 @@ func (c *context) retire() {
 // holdsData reports whether the context holds any block or shared binding.
 func (c *context) holdsData() (bool, error) {
 	has := false
-	r, err := c.request(reqSync, func(r *request) {
+	err := c.request(reqSync, func(r *request) {
 		r.fn = func(c *context) { has = c.tab.ar.Len() > 0 || c.bs != nil }
 	})
-	c.eng.putReq(r)
 	if errors.Is(err, errDropped) {
 		return false, nil
 	}

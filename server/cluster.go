@@ -328,7 +328,10 @@ func (c *clusterSync) Republish(ctx context.Context) {
 			default:
 				c.log.Warn("cluster: writing back a registration after the registry reset failed; retrying",
 					"service", cfgs[i].Key(), "err", err)
-				sleepCtx(ctx, time.Second)
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
 				continue
 			}
 			break
@@ -455,15 +458,6 @@ func (c *clusterSync) unappliedReasons() map[string]string {
 		}
 	})
 	return out
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
 
 // startCluster connects the registry, makes it the store of dynamic registrations and

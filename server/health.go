@@ -58,35 +58,26 @@ func (a *App) readyz(ctx *fasthttp.RequestCtx) {
 
 // registerCluster exports the cluster replica's registry health (zero on a single node):
 // registry entries it could not apply, registry resets it found, registrations it wrote
-// back after one.
+// back after one. Read at scrape time (the replica's glue may not exist yet).
 func (m *Metrics) registerCluster(a *App) {
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "conductor_registry_unapplied_services",
-		Help: "Registry entries this replica could not apply (retried every second; see /readyz for why).",
-	}, func() float64 {
-		if c := a.clusterRef.Load(); c != nil {
-			return float64(c.unappliedN.Load())
+	of := func(f func(c *clusterSync) float64) func() float64 {
+		return func() float64 {
+			if c := a.clusterRef.Load(); c != nil {
+				return f(c)
+			}
+			return 0
 		}
-		return 0
-	}))
-	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "conductor_registry_resets_total",
-		Help: "Times this replica found the etcd registry reset (restored empty or from an older backup).",
-	}, func() float64 {
-		if c := a.clusterRef.Load(); c != nil {
-			return float64(c.store.reg.Resets())
-		}
-		return 0
-	}))
-	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "conductor_registry_republished_total",
-		Help: "Registrations this replica wrote back to the registry after a reset.",
-	}, func() float64 {
-		if c := a.clusterRef.Load(); c != nil {
-			return float64(c.republished.Load())
-		}
-		return 0
-	}))
+	}
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "conductor_registry_unapplied_services",
+			Help: "Registry entries this replica could not apply (retried every second; see /readyz for why)."},
+			of(func(c *clusterSync) float64 { return float64(c.unappliedN.Load()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_registry_resets_total",
+			Help: "Times this replica found the etcd registry reset (restored empty or from an older backup)."},
+			of(func(c *clusterSync) float64 { return float64(c.store.reg.Resets()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_registry_republished_total",
+			Help: "Registrations this replica wrote back to the registry after a reset."},
+			of(func(c *clusterSync) float64 { return float64(c.republished.Load()) })))
 }
 
 // registerReadiness exports conductor_ready (1 while /readyz answers 200) for alerting on
