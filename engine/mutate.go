@@ -8,7 +8,7 @@ import (
 // writer reads its own words with plain loads and publishes every change with atomic
 // stores, because queries read the same words concurrently.
 
-// applyOps applies r's ops from r.next on, journals them for a running snapshot, and
+// applyOps applies r's ops from r.next on, journals them for each running snapshot, and
 // reports whether all were applied: it stops before a clear that must wait for a stamp
 // (clear.go), leaving r.next at it.
 func (c *cacheContext) applyOps(r *request) bool {
@@ -18,8 +18,8 @@ func (c *cacheContext) applyOps(r *request) bool {
 			break
 		}
 	}
-	if c.snap != nil {
-		c.snap.recordOps(r.ops[from:r.next])
+	for _, j := range c.snaps {
+		j.recordOps(r.ops[from:r.next])
 	}
 	return r.next == len(r.ops)
 }

@@ -167,10 +167,7 @@ func NewMemo(blocks int) *Memo {
 	if blocks <= 0 {
 		return nil
 	}
-	n := memoWays
-	for n*memoRun < blocks {
-		n <<= 1
-	}
+	n := memoRuns(blocks)
 	m := &Memo{
 		setMask: uint64(n/memoWays - 1),
 		seedA:   rand.Uint64(),
@@ -183,6 +180,25 @@ func NewMemo(blocks int) *Memo {
 	}
 	m.ents, m.hints, m.region = allocEntries(n, m)
 	return m
+}
+
+// memoRuns is the number of runs a memo of blocks blocks has: at least memoWays, a
+// power of two.
+func memoRuns(blocks int) int {
+	n := memoWays
+	for n*memoRun < blocks {
+		n <<= 1
+	}
+	return n
+}
+
+// MemoBytes is the memory NewMemo(blocks) takes once every entry has been written (0 for
+// blocks <= 0), so that a configuration can be checked before the memo is allocated.
+func MemoBytes(blocks int) int64 {
+	if blocks <= 0 {
+		return 0
+	}
+	return int64(memoRuns(blocks)) * MemoEntryBytes
 }
 
 // Stats returns the memo's counters; a nil Memo has none.

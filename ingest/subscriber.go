@@ -36,7 +36,11 @@ import (
 
 // Defaults of reference notes §5.1 (upstream zmq_client.h); a zero config field takes them.
 const (
-	DefaultPollTimeout           = 100 * time.Millisecond
+	// DefaultPollTimeout bounds an idle subscriber's wait when no timer is due sooner.
+	// Nothing needs the wake-up (Stop moves the wait's deadline to the past, and every
+	// timer shortens the wait), so it is long: a safety net for a lost ZMQ_FD edge, not
+	// a poll. Upstream's 100 ms made each idle subscription wake ten times a second.
+	DefaultPollTimeout           = 10 * time.Second
 	DefaultReplayTimeout         = 5 * time.Second
 	DefaultReplayRecoveryTimeout = 30 * time.Second
 	DefaultReconnectDelay        = time.Second
@@ -591,7 +595,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 // drainMonitor consumes the SUB connection events queued so far.
 func (s *Subscriber) drainMonitor() {
 	for {
-		ev, err := s.z.MonEvent()
+		ev, _, err := s.z.MonEvent()
 		if err != nil {
 			s.log.Debug("ZMQ monitor event unreadable", "err", err)
 			return

@@ -16,7 +16,8 @@ type SubscriberConfig struct {
 	// ReplayEndpoint is the engine's ROUTER replay endpoint; "" disables replay (Mooncake
 	// master streams have none), and then any sequence gap marks the source stale.
 	ReplayEndpoint string
-	// PollTimeout bounds every wait, so Stop is noticed within it.
+	// PollTimeout bounds every wait when no timer (replay, catch-up, join check,
+	// protocol-error grace) is due sooner; Stop wakes a wait at once.
 	PollTimeout time.Duration
 	// ReplayTimeout is how long one replay attempt waits for its next reply message.
 	ReplayTimeout time.Duration

@@ -1268,3 +1268,17 @@ func TestBurstHandlerFlushedBeforeCounted(t *testing.T) {
 		t.Fatalf("after flush: flushed %v applied %d", h.flushed, s.Stats().Applied)
 	}
 }
+
+// TestIdleSubscriberWaitsLong: with no timer due (no replay, catch-up or join check in
+// progress), a subscriber's wait is bounded by DefaultPollTimeout, seconds long, so an
+// idle subscription (a thousand of them on dead endpoints) does not wake ten times a
+// second; Stop still wakes it at once (TestStartAndStopLifecycle).
+func TestIdleSubscriberWaitsLong(t *testing.T) {
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1"}, &recorder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.waitFor(time.Now()); d < time.Second {
+		t.Fatalf("idle wait %v, want at least a second", d)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/server/rpcserver"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // Limits bounds what clients can make the process hold (the limit keys of the config
@@ -55,9 +56,12 @@ type AppConfig struct {
 	// Limits bound bodies, connections, timeouts, services (zero fields: defaults).
 	Limits Limits
 	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the HTTP
-	// routes that change state. (The RPC wire carries no token: bind RPC to a trusted
-	// interface or disable it.)
+	// routes that change state. The RPC wire carries no token: with one set, RPC
+	// Register and Unregister are refused unless RPCAllowMutations says otherwise.
 	AdminToken string
+	// RPCAllowMutations decides whether RPC Register and Unregister are served: nil
+	// (the key unset) serves them only without an AdminToken; true always, false never.
+	RPCAllowMutations *bool
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
@@ -83,6 +87,9 @@ type AppConfig struct {
 	ZMQMaxMessageSize int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
+	// ZMQReconnectMax bounds the doubling pause between a subscription's attempts to
+	// reach a publisher that is not there (0: zmqtransport.DefaultReconnectIntervalMax).
+	ZMQReconnectMax time.Duration
 	// ZMQJoinCheckDelay is how long after a subscription first connects its join check
 	// asks the replay endpoint for what the catch-up could not see (0: 1 s; negative:
 	// none; see ingest.SubscriberConfig.JoinCheckDelay).
@@ -94,6 +101,12 @@ type AppConfig struct {
 	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
 	// shared by every replica (StateFile is then not used); nil: a single node.
 	Cluster *cluster.Config
+	// MaxSnapshotBytes bounds a snapshot received by POST or at bootstrap (0:
+	// snapshot.DefaultMaxBytes); it is held in a temporary file, not in memory.
+	MaxSnapshotBytes int64
+	// MaxSnapshotDownloads bounds the snapshots streamed at once (0:
+	// DefaultMaxSnapshotDownloads).
+	MaxSnapshotDownloads int
 	// ClusterTestHook, in tests, is called at bootstrap stages ("subscribed": the
 	// registry is loaded and its sources buffer; "loaded": the peer snapshot is loaded,
 	// the buffers not yet applied).
@@ -129,13 +142,24 @@ type App struct {
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
-	// snapshotLoading admits one snapshot POST at a time: each may hold up to
-	// MaxSnapshotBytes while it is verified, outside the body budget.
+	// snapshotLoading admits one snapshot apply (stage and swap) at a time; receiving
+	// and verifying a stream does not hold it.
 	snapshotLoading sync.Mutex
+	// snapshotReceipts and snapshotDownloads bound the snapshot POSTs receiving their
+	// body and the GETs streaming one at once.
+	snapshotReceipts, snapshotDownloads chan struct{}
+	// maxSnapshotBytes bounds a received snapshot (max_snapshot_bytes).
+	maxSnapshotBytes int64
+	// snapshotsFailed counts snapshot streams aborted after their header was sent.
+	snapshotsFailed atomic.Uint64
+	// snapshotWriteHook, in tests, runs before each write of a snapshot stream.
+	snapshotWriteHook func()
 
 	// Cluster membership (nil/zero on a single node).
-	registry      *cluster.Registry
-	clusterSync   *clusterSync
+	registry    *cluster.Registry
+	clusterSync *clusterSync
+	// clusterRef is clusterSync for readers that may run before Start sets it (metrics).
+	clusterRef    atomic.Pointer[clusterSync]
 	clusterStop   context.CancelFunc
 	clusterWG     sync.WaitGroup
 	clusterLoaded atomic.Bool
@@ -146,6 +170,8 @@ type App struct {
 	gates    *source.GateSet
 	testHook func(stage string)
 	adminTok string
+	// maxServices is the max_services limit (the registry's cap is derived from it).
+	maxServices int
 }
 
 // Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
@@ -163,7 +189,8 @@ func Start(cfg AppConfig) (*App, error) {
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads,
+		ReconnectIntervalMax: cfg.ZMQReconnectMax})
 	switch {
 	case errors.Is(err, zmqtransport.ErrNoCgo):
 		// A binary built without cgo serves queries; every ZMQ subscription fails with
@@ -183,7 +210,17 @@ func Start(cfg AppConfig) (*App, error) {
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
 			Gates: gates})})
-	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook,
+		maxServices: lim.MaxServices, adminTok: cfg.AdminToken, maxSnapshotBytes: cfg.MaxSnapshotBytes,
+		snapshotReceipts: make(chan struct{}, maxSnapshotReceipts)}
+	if app.maxSnapshotBytes <= 0 {
+		app.maxSnapshotBytes = snapshot.DefaultMaxBytes
+	}
+	downloads := cfg.MaxSnapshotDownloads
+	if downloads <= 0 {
+		downloads = DefaultMaxSnapshotDownloads
+	}
+	app.snapshotDownloads = make(chan struct{}, downloads)
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -192,6 +229,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if !cfg.DisableMetrics {
 		app.Metrics = NewMetrics(svc)
 		app.Metrics.registerReadiness(app.Ready)
+		app.Metrics.registerCluster(app)
 		app.Metrics.RegisterCounters(counters)
 		routes["/metrics"] = app.Metrics.Handler()
 	}
@@ -248,15 +286,19 @@ func Start(cfg AppConfig) (*App, error) {
 			return nil, fmt.Errorf("listen rpc_bind_address %q rpc_server_port %d: %w", rpcBind, cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
+		refuse := rpcRefusesMutations(cfg.RPCAllowMutations, cfg.AdminToken)
 		app.RPC = rpcserver.New(rpcserver.Options{Service: svc, Logger: log, Metrics: rpcObs, Limits: lim, Counters: counters,
-			Budget: budget, AccessLog: app.AccessLog})
+			Budget: budget, AccessLog: app.AccessLog, RefuseMutations: refuse})
+		if warn := rpcExposureWarning(app.RPCAddr, cfg.RPCAllowMutations, refuse); warn != "" {
+			log.Warn(warn, "addr", app.RPCAddr)
+		}
 		rpcLn = limits.NewRetryListener(rpcLn, "rpc", log, counters)
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()
 			app.RPC.Serve(rpcLn)
 		}()
-		log.Info("rpc server listening", "addr", app.RPCAddr)
+		log.Info("rpc server listening", "addr", app.RPCAddr, "mutations", !refuse)
 	} else {
 		log.Info("rpc server disabled")
 	}
@@ -277,7 +319,6 @@ func Start(cfg AppConfig) (*App, error) {
 		if cfg.StateFile != "" {
 			log.Info("cluster mode: registrations live in etcd; the state file is not used", "state_file", cfg.StateFile)
 		}
-		app.adminTok = cfg.AdminToken
 		if err := app.startCluster(*cfg.Cluster); err != nil {
 			app.Stop()
 			return nil, err
@@ -406,3 +447,32 @@ type failedStore struct{ err error }
 
 func (f failedStore) Put(*service.Config) error { return f.err }
 func (f failedStore) Delete(service.ID) error   { return f.err }
+
+// rpcRefusesMutations decides whether RPC Register and Unregister are refused: as the
+// rpc_allow_mutations key says, or, when it is unset, whenever an admin token protects
+// the HTTP routes (the RPC wire cannot carry the token).
+func rpcRefusesMutations(allow *bool, token string) bool {
+	if allow != nil {
+		return !*allow
+	}
+	return token != ""
+}
+
+// rpcExposureWarning is the start-up warning for an RPC listener that serves Register
+// and Unregister, unauthenticated, on an address other hosts can reach, when nobody
+// decided it (rpc_allow_mutations unset); "" when there is nothing to warn about.
+func rpcExposureWarning(addr string, allow *bool, refuse bool) string {
+	if refuse || allow != nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return "RPC Register and Unregister are served without authentication on a non-loopback address (the RPC wire " +
+		"carries no token): set rpc_allow_mutations (true to keep them, false to refuse them), set admin_token, " +
+		"or bind RPC to loopback with rpc_bind_address"
+}

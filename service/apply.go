@@ -53,3 +53,12 @@ func (tx *Tx) Unregister(id ID) *Error {
 	_, err := tx.s.unregisterLocked(id, false)
 	return err
 }
+
+// Services returns every registration (static ones included), in no particular order.
+func (tx *Tx) Services() []Config {
+	out := make([]Config, 0, len(tx.s.services))
+	for _, r := range tx.s.services {
+		out = append(out, r.cfg)
+	}
+	return out
+}

@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -218,29 +219,91 @@ func checkServiceEndpoint(ep, typ string) string {
 	return ""
 }
 
-// checkEndpoint returns why a ZMQ endpoint cannot be subscribed to ("" when it can).
-// Control bytes are refused: libzmq stops at a NUL, so "tcp://h:1\x00A" would connect
-// to tcp://h:1 while escaping the endpoint-in-use check, which compares the whole
-// string. Of the transports, only tcp:// and ipc:// reach a publisher in another
-// process (inproc:// never does, and the multicast ones are not what engines bind); a
-// string with no "scheme://" at all is left to libzmq, whose refusal is the
-// subscribe failure (500 / INTERNAL_ERROR) that upstream answers.
+// checkEndpoint returns why a ZMQ endpoint cannot be subscribed to ("" when it can):
+// the conductor connects, so the endpoint must name one publisher, as tcp://host:port
+// (a host name, an IPv4 address or a bracketed IPv6 address, and a port in 1..65535,
+// nothing after it) or ipc://path. Anything else is refused here, with the field, rather
+// than by libzmq at subscribe time (which upstream answers as an internal error):
+// libzmq refuses some (no "://", "tcp://*:5555" which only binds, a path after the port)
+// and silently accepts others (a port above 65535 wraps). Control bytes are refused:
+// libzmq stops at a NUL, so "tcp://h:1\x00A" would connect to tcp://h:1 while escaping
+// the endpoint-in-use check, which compares the whole string. Of the transports, only
+// tcp:// and ipc:// reach a publisher in another process (inproc:// never does, and the
+// multicast ones are not what engines bind). libzmq's "source;host:port" form is not
+// accepted.
 func checkEndpoint(ep string) string {
 	for i := 0; i < len(ep); i++ {
 		if c := ep[i]; c < 0x20 || c == 0x7f {
 			return fmt.Sprintf("must not contain control bytes (0x%02x at byte %d)", c, i)
 		}
 	}
-	scheme, _, found := strings.Cut(ep, "://")
+	scheme, addr, found := strings.Cut(ep, "://")
 	if !found {
-		return ""
+		return "is not a ZMQ endpoint: use tcp://host:port or ipc://path"
 	}
 	switch scheme {
-	case "tcp", "ipc":
-		if len(ep) == len(scheme)+3 {
-			return "has no address after " + scheme + "://"
+	case "tcp":
+		if addr == "" {
+			return "has no address after tcp://"
+		}
+		return checkTCPAddress(addr)
+	case "ipc":
+		switch addr {
+		case "":
+			return "has no address after ipc://"
+		case "*":
+			return "is the wildcard ipc://*, which only binds: name the publisher's socket path"
 		}
 		return ""
 	}
 	return "transport " + strconv.Quote(scheme) + " cannot reach a publisher: use tcp:// or ipc://"
+}
+
+// checkTCPAddress checks the host:port of a tcp:// endpoint.
+func checkTCPAddress(addr string) string {
+	var host, port string
+	if strings.HasPrefix(addr, "[") {
+		end := strings.IndexByte(addr, ']')
+		if end < 0 {
+			return "has an IPv6 address without its closing ]"
+		}
+		host = addr[1:end]
+		rest := addr[end+1:]
+		if !strings.HasPrefix(rest, ":") {
+			return "has no :port after the IPv6 address (tcp://[addr]:port)"
+		}
+		port = rest[1:]
+		if a, err := netip.ParseAddr(host); err != nil || !a.Is6() {
+			return "has an invalid IPv6 address " + strconv.Quote(host)
+		}
+	} else {
+		i := strings.LastIndexByte(addr, ':')
+		if i < 0 {
+			return "has no port (tcp://host:port)"
+		}
+		host, port = addr[:i], addr[i+1:]
+		switch {
+		case host == "":
+			return "has no host (tcp://host:port)"
+		case host == "*":
+			return "has the wildcard host *, which only binds: name the publisher's host"
+		}
+		for j := 0; j < len(host); j++ {
+			c := host[j]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+				return fmt.Sprintf("has an invalid host %q (a name, an IPv4 address or [IPv6]; %q is not allowed in it)", host, string(c))
+			}
+		}
+	}
+	n, err := strconv.ParseUint(port, 10, 32)
+	if err != nil {
+		if i := strings.IndexAny(port, "/?#;"); i >= 0 {
+			return fmt.Sprintf("has %q after the port: tcp://host:port names a publisher, nothing follows it", port[i:])
+		}
+		return fmt.Sprintf("has an invalid port %q (a number in 1..65535)", port)
+	}
+	if n < 1 || n > 65535 {
+		return fmt.Sprintf("has port %d, outside 1..65535", n)
+	}
+	return ""
 }

@@ -144,7 +144,9 @@ func (s *Service) RegisterStatic(cfg *Config) (isNew bool, err *Error) {
 // cluster registry's glue in package server). Each call returns once the change is on
 // stable storage; on error nothing was recorded. A Put that the store refuses (the
 // cluster registry's transactions find a conflict) returns a *Error, which is the
-// registration's answer; any other error is answered as an internal failure.
+// registration's answer; any other error is answered as an internal failure. Put is
+// also called for a registration repeated identically, which the store may already
+// hold (it then changes nothing) or may have lost.
 type Store interface {
 	Put(cfg *Config) error
 	Delete(id ID) error
@@ -189,10 +191,22 @@ func (s *Service) registerLocked(cfg *Config, static, persist bool) (isNew bool,
 	key := cfg.Key()
 	id := cfg.ID()
 	if cur, ok := s.services[id]; ok {
-		if cur.cfg.Equal(cfg) {
-			return false, nil
+		if !cur.cfg.Equal(cfg) {
+			return false, invalidRegistration("conflicting registration for service key %s", key)
 		}
-		return false, invalidRegistration("conflicting registration for service key %s", key)
+		if persist && !cur.static && s.store != nil {
+			// Stored again: the store may have lost it (an etcd restored empty, before the
+			// replica noticed), and a registration answered 200 must be in the store.
+			if perr := s.store.Put(cfg); perr != nil {
+				var refused *Error
+				if errors.As(perr, &refused) {
+					return false, refused
+				}
+				s.log.Error("repeated registration could not be made durable", "service", key, "err", perr)
+				return false, &Error{Code: CodeInternal, Msg: "Failed to persist registration: " + perr.Error()}
+			}
+		}
+		return false, nil
 	}
 	if len(s.services) >= s.maxServices {
 		s.refused.Add(1)

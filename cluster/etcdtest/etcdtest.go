@@ -177,6 +177,20 @@ func (s *Server) Restart() {
 	}
 }
 
+// RestartEmpty starts a stopped member again on the same ports with an empty data
+// directory, as an operator who restores etcd from nothing would: same name and peer
+// URL, hence the same cluster id, and revisions counting from 1 again.
+func (s *Server) RestartEmpty() {
+	s.t.Helper()
+	if s.cmd != nil {
+		s.t.Fatal("etcdtest: RestartEmpty of a running member")
+	}
+	if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+		s.t.Fatal(err)
+	}
+	s.Restart()
+}
+
 // Client returns a client of the member, closed at the end of the test.
 func (s *Server) Client() *clientv3.Client {
 	s.t.Helper()

@@ -83,7 +83,15 @@ type conductor struct {
 // the process is killed at cleanup if the test did not stop it.
 func startConductor(t *testing.T, config string, env ...string) *conductor {
 	t.Helper()
+	return startConductorIn(t, "", config, env...)
+}
+
+// startConductorIn is startConductor with the process's working directory set to dir
+// ("" keeps the test's).
+func startConductorIn(t *testing.T, dir, config string, env ...string) *conductor {
+	t.Helper()
 	cmd := exec.Command(binPath)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+config, "CONDUCTOR_LOG_LEVEL=")
 	cmd.Env = append(cmd.Env, env...)
 	out := &syncBuffer{}

@@ -110,11 +110,12 @@ static void cz_close_sock(cz_conn *c, int which) {
 // cz_open_sub creates the SUB socket and its connection monitor (bound at the unique
 // inproc address monaddr) and connects. Returns 0, or an errno with *step naming what
 // failed.
-static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t maxmsg, const char *monaddr, const char **step) {
+static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t maxmsg, int ivl, int ivlmax, const char *monaddr, const char **step) {
 	void *s = zmq_socket(c->ctx, ZMQ_SUB);
 	if (s == NULL) { *step = "create SUB socket"; return zmq_errno(); }
 	c->sock[CZ_SUB] = s;
-	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, rcvhwm) || cz_setmax(s, maxmsg)) {
+	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, rcvhwm) || cz_setmax(s, maxmsg) ||
+	    cz_setint(s, ZMQ_RECONNECT_IVL, ivl) || cz_setint(s, ZMQ_RECONNECT_IVL_MAX, ivlmax)) {
 		*step = "set SUB options"; return zmq_errno();
 	}
 	if (zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0)) { *step = "subscribe"; return zmq_errno(); }
@@ -137,11 +138,12 @@ static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t max
 // cz_open_dealer creates the DEALER for one replay attempt. RCVHWM 0 (unlimited) because a
 // ROUTER silently drops replies to a peer whose pipe is full, which would show up as a
 // skipped sequence; the publisher's replay ring bounds the volume anyway.
-static int cz_open_dealer(cz_conn *c, const char *endpoint, int64_t maxmsg, const char **step) {
+static int cz_open_dealer(cz_conn *c, const char *endpoint, int64_t maxmsg, int ivl, int ivlmax, const char **step) {
 	void *s = zmq_socket(c->ctx, ZMQ_DEALER);
 	if (s == NULL) { *step = "create DEALER socket"; return zmq_errno(); }
 	c->sock[CZ_DEALER] = s;
-	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, 0) || cz_setmax(s, maxmsg)) {
+	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, 0) || cz_setmax(s, maxmsg) ||
+	    cz_setint(s, ZMQ_RECONNECT_IVL, ivl) || cz_setint(s, ZMQ_RECONNECT_IVL_MAX, ivlmax)) {
 		*step = "set DEALER options"; return zmq_errno();
 	}
 	if (zmq_connect(s, endpoint)) { *step = "connect replay"; return zmq_errno(); }
@@ -235,14 +237,17 @@ static int cz_recv(cz_conn *c, int which, unsigned char *buf, size_t cap) {
 	return total;
 }
 
-// cz_mon_event reads one monitor event: its id (> 0), 0 if none, or -errno.
-static int cz_mon_event(cz_conn *c) {
+// cz_mon_event reads one monitor event: its id (> 0), 0 if none, or -errno; *value is
+// the event's value (for ZMQ_EVENT_CONNECT_RETRIED, the pause before the next attempt in
+// milliseconds).
+static int cz_mon_event(cz_conn *c, uint32_t *value) {
 	int n = cz_recv(c, CZ_MON, NULL, 0);
 	if (n <= 0) return n;
 	int ev = -EPROTO;
 	if (c->nparts >= 1 && c->sizes[0] >= 6) {
 		uint16_t v;
 		memcpy(&v, zmq_msg_data(&c->parts[0]), sizeof v);
+		memcpy(value, (char *)zmq_msg_data(&c->parts[0]) + 2, sizeof *value);
 		if (v != 0) ev = v;
 	}
 	cz_release(c);
@@ -265,6 +270,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -306,6 +312,8 @@ const MaxFrames = C.CZ_MAXF
 type Transport struct {
 	ctx    unsafe.Pointer
 	monSeq atomic.Uint64
+	// ivl and ivlMax are the reconnection back-off of every socket, in milliseconds.
+	ivl, ivlMax int
 
 	mu     sync.Mutex
 	closed bool
@@ -315,14 +323,19 @@ type Transport struct {
 // NewTransport creates the shared context. Close it after every subscriber using it has
 // stopped.
 func NewTransport(cfg TransportConfig) (*Transport, error) {
-	if cfg.IOThreads < 0 || cfg.MaxSockets < 0 {
-		return nil, errors.New("new ZMQ transport: negative io_threads or max_sockets")
+	if cfg.IOThreads < 0 || cfg.MaxSockets < 0 || cfg.ReconnectInterval < 0 || cfg.ReconnectIntervalMax < 0 {
+		return nil, errors.New("new ZMQ transport: negative io_threads, max_sockets or reconnect interval")
+	}
+	ivl := orDefault(cfg.ReconnectInterval, DefaultReconnectInterval).Milliseconds()
+	ivlMax := orDefault(cfg.ReconnectIntervalMax, DefaultReconnectIntervalMax).Milliseconds()
+	if ivl < 1 || ivlMax < ivl || ivlMax > math.MaxInt32 {
+		return nil, fmt.Errorf("new ZMQ transport: reconnect interval %d ms, max %d ms: want 1 <= interval <= max", ivl, ivlMax)
 	}
 	ctx := C.cz_ctx_new(C.int(orDefault(cfg.IOThreads, DefaultIOThreads)), C.int(orDefault(cfg.MaxSockets, DefaultMaxSockets)))
 	if ctx == nil {
 		return nil, fmt.Errorf("new ZMQ transport: create context: %w", zerr(C.cz_errno()))
 	}
-	return &Transport{ctx: ctx}, nil
+	return &Transport{ctx: ctx, ivl: int(ivl), ivlMax: int(ivlMax)}, nil
 }
 
 // Close terminates the context. It fails while a subscriber still holds sockets in it.
@@ -448,7 +461,7 @@ func (z *Conn) OpenSub(endpoint string, rcvhwm int) error {
 	ma := C.CString("inproc://conductor-sub-monitor-" + strconv.FormatUint(z.t.monSeq.Add(1), 10))
 	defer C.free(unsafe.Pointer(ma))
 	var step *C.char
-	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), C.int64_t(z.maxMsg), ma, &step); e != 0 {
+	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), C.int64_t(z.maxMsg), C.int(z.t.ivl), C.int(z.t.ivlMax), ma, &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
 		z.CloseSub()
 		return err
@@ -476,7 +489,7 @@ func (z *Conn) OpenDealer(endpoint string) error {
 	cs := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(cs))
 	var step *C.char
-	if e := C.cz_open_dealer(z.c, cs, C.int64_t(z.maxMsg), &step); e != 0 {
+	if e := C.cz_open_dealer(z.c, cs, C.int64_t(z.maxMsg), C.int(z.t.ivl), C.int(z.t.ivlMax), &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
 		z.CloseDealer()
 		return err
@@ -568,16 +581,18 @@ func (z *Conn) Wait(d time.Duration, stop *atomic.Bool) (int, error) {
 	return mask, err
 }
 
-// MonEvent returns the next monitor event id, or 0 when none is queued.
-func (z *Conn) MonEvent() (int, error) {
+// MonEvent returns the next monitor event id and its value (for EvConnectRetried, the
+// pause before the next attempt, in milliseconds), or 0 when none is queued.
+func (z *Conn) MonEvent() (ev int, value uint32, err error) {
 	if z.c.sock[SockMon] == nil {
-		return 0, nil
+		return 0, 0, nil
 	}
-	r := C.cz_mon_event(z.c)
+	var v C.uint32_t
+	r := C.cz_mon_event(z.c, &v)
 	if r < 0 {
-		return 0, fmt.Errorf("read monitor event: %w", zerr(-r))
+		return 0, 0, fmt.Errorf("read monitor event: %w", zerr(-r))
 	}
-	return int(r), nil
+	return int(r), uint32(v), nil
 }
 
 // Free closes every socket (linger 0, so it does not block) and the poll set, and lets

@@ -86,7 +86,7 @@ func (z *Conn) Used() int { return 0 }
 func (z *Conn) Wait(time.Duration, *atomic.Bool) (int, error) { return 0, ErrNoCgo }
 
 // MonEvent returns ErrNoCgo.
-func (z *Conn) MonEvent() (int, error) { return 0, ErrNoCgo }
+func (z *Conn) MonEvent() (int, uint32, error) { return 0, 0, ErrNoCgo }
 
 // Free does nothing.
 func (z *Conn) Free() {}

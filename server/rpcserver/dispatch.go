@@ -123,6 +123,10 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 	if err := cororpc.DecodeServiceConfig(body, &c); err != nil {
 		return out, err
 	}
+	if rc.s.refuseMutations {
+		rc.s.refused("Register", c.InstanceID)
+		return cororpc.AppendRegisterError(out, cororpc.CodeConductorUnavailable), nil
+	}
 	if !c.PublisherKind.Valid() {
 		return cororpc.AppendRegisterError(out, cororpc.CodeInvalidParams), nil
 	}
@@ -154,6 +158,10 @@ func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
 	if err != nil {
 		return out, err
 	}
+	if rc.s.refuseMutations {
+		rc.s.refused("Unregister", id)
+		return cororpc.AppendUnregisterError(out, cororpc.CodeConductorUnavailable), nil
+	}
 	key, serr := rc.s.svc.Unregister(id, tenant, int(rank))
 	if serr != nil {
 		rc.s.observe("Unregister", rpcCode(serr).String())
@@ -161,6 +169,14 @@ func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
 	}
 	rc.s.observe("Unregister", "OK")
 	return cororpc.AppendUnregisterResult(out, cororpc.UnregisterResult{RemovedKey: key}), nil
+}
+
+// refused counts and logs (rate-limited) a Register or Unregister refused because RPC
+// mutations are off.
+func (s *Server) refused(function, instance string) {
+	s.observe(function, cororpc.CodeConductorUnavailable.String())
+	s.clientLog.Warn("rpc "+function+" refused: admin_token is set and rpc_allow_mutations is not true "+
+		"(the RPC wire carries no token); register over HTTP with the token", "instance", instance)
 }
 
 func rpcProfile(p *hashing.Profile) cororpc.HashProfile {
