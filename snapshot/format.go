@@ -13,13 +13,14 @@ import (
 	"github.com/conductor-go/conductor/hashing"
 )
 
-// Snapshot stream format, version 1 (all integers little endian, strings as u32 length
+// Snapshot stream format, version 2 (all integers little endian, strings as u32 length
 // then bytes):
 //
 //	header   "CONDSNAP" u16 version
 //	frames   u8 type, u32 payload length, payload
 //	  'C' context: tenant, model, lora, i64 block size, strategy, algorithm, seed,
-//	      projection, u32 n sources then n × (endpoint, u64 last applied sequence)
+//	      projection, extra keys, lora path, u64 lookahead tokens, u32 n sources then
+//	      n × (endpoint, u64 last applied sequence)
 //	  'K' chunk of the last context: u32 n slots × (instance, i64 rank); u32 n entries ×
 //	      (u64 key, u32 slot, u8 tiers); u32 n bindings × (source, backend, object, u8
 //	      tier, u64 hash, u32 n components × component); u32 n journal ops × (u8 kind,
@@ -30,13 +31,18 @@ import (
 //	trailer  u32 CRC-32C of every byte before it
 //
 // A reader accepts nothing until it has checked the trailer (Read reads the whole
-// stream first), so a truncated or corrupted stream loads nothing.
+// stream first), so a truncated or corrupted stream loads nothing. Version 1 (earlier
+// releases) is read too: its context frames end the profile at the projection (the
+// fields of issue 25 hold their defaults).
 const (
 	snapshotMagic = "CONDSNAP"
-	Version       = 1
-	frameContext  = 'C'
-	frameChunk    = 'K'
-	frameEnd      = 'E'
+	Version       = 2
+	// versionNoProfileFields is the version whose context frames have no extra keys,
+	// lora path and lookahead.
+	versionNoProfileFields = 1
+	frameContext           = 'C'
+	frameChunk             = 'K'
+	frameEnd               = 'E'
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -102,6 +108,9 @@ func (s *Writer) Context(c *Header) error {
 	b = appendStr(b, c.Profile.AlgorithmName())
 	b = appendStr(b, c.Profile.Seed)
 	b = appendStr(b, c.Profile.ProjectionName())
+	b = appendStr(b, c.Profile.ExtraKeysName())
+	b = appendStr(b, c.Profile.LoraPath)
+	b = binary.LittleEndian.AppendUint64(b, uint64(c.Profile.Lookahead))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(c.Sequences)))
 	for ep, seq := range c.Sequences {
 		b = appendStr(b, ep)
@@ -214,8 +223,9 @@ func Read(r io.Reader, limit int64, v Visitor) (Stats, error) {
 	if len(data) < len(snapshotMagic)+2+4 || string(data[:len(snapshotMagic)]) != snapshotMagic {
 		return st, fmt.Errorf("%w: not a conductor snapshot", ErrCorrupt)
 	}
-	if ver := binary.LittleEndian.Uint16(data[len(snapshotMagic):]); ver != Version {
-		return st, fmt.Errorf("snapshot version %d is not supported (this build reads %d)", ver, Version)
+	ver := binary.LittleEndian.Uint16(data[len(snapshotMagic):])
+	if ver != Version && ver != versionNoProfileFields {
+		return st, fmt.Errorf("snapshot version %d is not supported (this build reads %d and %d)", ver, versionNoProfileFields, Version)
 	}
 	body, trailer := data[:len(data)-4], data[len(data)-4:]
 	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(trailer) {
@@ -237,7 +247,7 @@ func Read(r io.Reader, limit int64, v Visitor) (Stats, error) {
 		d.b = d.b[n:]
 		switch typ {
 		case frameContext:
-			c, err := f.context()
+			c, err := f.context(ver)
 			if err != nil {
 				return st, err
 			}
@@ -339,11 +349,19 @@ func (d *dec) count(min int) int {
 	return int(n)
 }
 
-func (d *dec) context() (*Header, error) {
+func (d *dec) context(ver uint16) (*Header, error) {
 	c := &Header{}
 	c.Key.TenantID, c.Key.ModelName, c.Key.LoraName = d.str(), d.str(), d.str()
 	c.Key.BlockSize = int64(d.u64())
-	strategy, algorithm, seed, projection := d.str(), d.str(), d.str(), d.str()
+	spec := hashing.Spec{Strategy: d.str(), Algorithm: d.str(), PythonHashSeed: d.str(), IndexProjection: d.str()}
+	if ver != versionNoProfileFields {
+		spec.ExtraKeys, spec.LoraPath = d.str(), d.str()
+		look := d.u64()
+		if look > hashing.MaxLookahead {
+			look = hashing.MaxLookahead + 1 // out of range: ResolveSpec refuses it
+		}
+		spec.LookaheadTokens = int64(look)
+	}
 	n := d.count(12)
 	c.Sequences = make(map[string]uint64, n)
 	for range n {
@@ -356,7 +374,10 @@ func (d *dec) context() (*Header, error) {
 	if len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: trailing bytes in a context frame", ErrCorrupt)
 	}
-	p, err := hashing.Resolve(strategy, algorithm, seed, projection)
+	p, err := hashing.ResolveSpec(spec)
+	if err == nil {
+		err = p.CheckLora(c.Key.LoraName)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot context %s/%s: hash profile: %w", c.Key.TenantID, c.Key.ModelName, err)
 	}
