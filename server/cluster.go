@@ -13,6 +13,7 @@ import (
 
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/service"
 )
 
@@ -40,8 +41,20 @@ func clusterRecord(cfg *service.Config) (*cluster.Record, error) {
 	if p.StrategyName() == "vllm_v1" {
 		seed = p.Seed
 	}
-	prof, err := json.Marshal(map[string]string{"strategy": p.StrategyName(), "algorithm": p.AlgorithmName(),
-		"index_projection": p.ProjectionName(), "root": hex.EncodeToString(p.Root[:]), "python_hash_seed": seed})
+	canon := map[string]any{"strategy": p.StrategyName(), "algorithm": p.AlgorithmName(),
+		"index_projection": p.ProjectionName(), "root": hex.EncodeToString(p.Root[:]), "python_hash_seed": seed}
+	// The fields of issue 25 only where set: a profile without them keeps the bytes that
+	// replicas of earlier releases write (the context pin compares bytes).
+	if p.ExtraKeys != hashing.ExtraKeysUntagged {
+		canon["extra_keys"] = p.ExtraKeysName()
+	}
+	if p.LoraPath != "" {
+		canon["lora_path"] = p.LoraPath
+	}
+	if p.Lookahead != 0 {
+		canon["lookahead_tokens"] = p.Lookahead
+	}
+	prof, err := json.Marshal(canon)
 	if err != nil {
 		return nil, err
 	}
@@ -86,6 +99,25 @@ func (c *clusterStore) Put(cfg *service.Config) error {
 		return err
 	}
 	rev, _, err := c.reg.Put(context.Background(), rec)
+	if err != nil {
+		return registryConflict(cfg, err)
+	}
+	c.written[rec.ID] = rev
+	return nil
+}
+
+// Update replaces a registration in the registry by another of the same service and
+// endpoint (its LoRA adapters changed).
+func (c *clusterStore) Update(prev, cfg *service.Config) error {
+	old, err := clusterRecord(prev)
+	if err != nil {
+		return err
+	}
+	rec, err := clusterRecord(cfg)
+	if err != nil {
+		return err
+	}
+	rev, err := c.reg.Replace(context.Background(), old, rec)
 	if err != nil {
 		return registryConflict(cfg, err)
 	}
@@ -264,14 +296,20 @@ func (c *clusterSync) applyPut(tx *service.Tx, cfg *service.Config) bool {
 		if cur.Equal(cfg) {
 			return false
 		}
-		_ = tx.Unregister(id)
 	}
-	_, err := tx.Register(cfg)
+	// Another configuration of the service replaces the local one: only its adapters
+	// change when they alone differ (multi-LoRA), else it is registered anew.
+	err := tx.Replace(cfg)
 	if err != nil && err.Msg == "registration conflicts with the ContextKey hash profile" {
 		// A context this replica still holds from services now gone may pin an old
 		// profile: the registry no longer does, so drop it if it is empty and retry.
-		if c.eng.DropEmptyContext(cfg.Context()) {
-			_, err = tx.Register(cfg)
+		dropped := false
+		for _, a := range cfg.Loras() {
+			ac := cfg.ForAdapter(a)
+			dropped = c.eng.DropEmptyContext(ac.Context()) || dropped
+		}
+		if dropped {
+			err = tx.Replace(cfg)
 		}
 	}
 	if err != nil {

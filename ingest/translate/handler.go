@@ -50,6 +50,20 @@ type Source struct {
 	// CheckLogInterval is the least time between two mismatch warnings of one context
 	// (0: DefaultCheckLogInterval).
 	CheckLogInterval time.Duration
+	// Adapters are more contexts of an engine source from the start, as AddContext adds
+	// them (a multi-LoRA registration restored whole): routed before the first batch.
+	Adapters []AdapterContext
+	// BeforeApply, in tests, runs when routed ops of vLLM or SGLang batches are about to
+	// be applied (Flush), their contexts chosen: the point where registration changes
+	// can interleave with a batch in flight.
+	BeforeApply func()
+}
+
+// AdapterContext is one more context of a multi-LoRA engine source: the context of its
+// lora_name and that context's profile.
+type AdapterContext struct {
+	Key     engine.ContextKey
+	Profile hashing.Profile
 }
 
 // DefaultCheckLogInterval is how often, at most, a context whose profile does not match
@@ -147,12 +161,17 @@ func NewEventHandler(src Source, eng *engine.Engine, log *slog.Logger) *EventHan
 	// Batches the self-check verifies decode them (HandleBatchDeferred).
 	h.dec.SkipTokenIDs = true
 	rs := &routes{byLora: map[string]*route{}}
+	h.routes.Store(rs)
 	if src.Kind != publisher.Mooncake {
 		r := h.newRoute(src.Context, src.Profile)
 		rs.byLora[src.Context.LoraName] = r
 		rs.list = []*route{r}
+		for _, a := range src.Adapters {
+			if err := h.AddContext(a.Key, a.Profile); err != nil {
+				h.log.Error("adapter context not routed", "lora_name", a.Key.LoraName, "err", err)
+			}
+		}
 	}
-	h.routes.Store(rs)
 	return h
 }
 
