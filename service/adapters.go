@@ -1,6 +1,7 @@
 package service
 
 import (
+	"sort"
 	"strconv"
 
 	"github.com/conductor-go/conductor/engine"
@@ -217,5 +218,50 @@ func adapterNames(as []Adapter) []string {
 	for i, a := range as {
 		out[i] = a.LoraName
 	}
+	return out
+}
+
+// View is one entry of the services views (/services, ListServiceDetails): one adapter
+// of a registration (a registration without adapters is one entry) and the profile
+// self-check of that adapter's context.
+type View struct {
+	// Config is the adapter's registration (Config.ForAdapter).
+	Config Config
+	// HashCheck is "ok", "unverified" or "mismatch (<suggestion>)" (hashing.CheckStats),
+	// "off" where the self-check is turned off; Mooncake sources, whose events carry no
+	// tokens, are "unverified".
+	HashCheck string
+}
+
+// Views lists every adapter of every registration, ordered by service key, then
+// structured ID, then lora_name.
+func (s *Service) Views() []View {
+	s.mu.Lock()
+	var out []View
+	for _, r := range s.services {
+		var router AdapterRouter
+		if r.cfg.Kind.IsEngine() {
+			router, _ = r.sub.(AdapterRouter)
+		}
+		for _, a := range r.cfg.Loras() {
+			v := View{Config: r.cfg.ForAdapter(a), HashCheck: "unverified"}
+			if router != nil {
+				if st, ok := router.CheckStats(a.LoraName); ok {
+					v.HashCheck = st.String()
+				} else {
+					v.HashCheck = "off"
+				}
+			}
+			out = append(out, v)
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := &out[i].Config, &out[j].Config
+		if a.ID() != b.ID() {
+			return lessConfig(a, b)
+		}
+		return a.LoraName < b.LoraName
+	})
 	return out
 }

@@ -33,8 +33,15 @@ func (c *cli) cmdRegister(g *globals, args []string) int {
 	fs.StringVar(&r.HashProfile.Algorithm, "algorithm", "", "hash algorithm: sha256 or sha256_cbor for vllm_v1 (required); sha256_raw for sglang (default)")
 	fs.StringVar(&r.HashProfile.PythonHashSeed, "seed", "", "publisher's PYTHONHASHSEED, decimal or \"random\" (required for vllm_v1)")
 	fs.StringVar(&r.HashProfile.IndexProjection, "projection", "", "index projection (default from strategy: low64_be for vllm_v1, first64_be for sglang)")
+	fs.StringVar(&r.HashProfile.ExtraKeys, "extra-keys", "", "vLLM extra-key form: untagged (vLLM <= 0.30, the default) or tagged (vLLM >= 0.31)")
+	fs.StringVar(&r.HashProfile.LoraPath, "lora-path", "", "the adapter path the engine was given (vLLM tagged; SGLang >= 0.5.23)")
+	fs.Int64Var(&r.HashProfile.LookaheadTokens, "lookahead-tokens", 0, "vLLM num_hash_lookahead_tokens (EAGLE/MTP speculative decoding, vLLM >= 0.33)")
+	indexMedia := fs.String("index-media", "", "comma-separated media to index (vLLM GPU,CPU,STORAGE; SGLang GPU,CPU_PINNED,DISK); empty: the type's default")
 	if code := c.parseFlags(name, fs, g, args); code >= 0 {
 		return code
+	}
+	if *indexMedia != "" {
+		r.IndexMedia = strings.Split(*indexMedia, ",")
 	}
 	if fs.NArg() > 0 {
 		return c.usageError(name, fs, fmt.Sprintf("unexpected arguments %q", fs.Args()))
@@ -132,6 +139,14 @@ func mergeRegister(file, flags httpclient.RegisterRequest, fs *flag.FlagSet) htt
 			out.HashProfile.PythonHashSeed = flags.HashProfile.PythonHashSeed
 		case "projection":
 			out.HashProfile.IndexProjection = flags.HashProfile.IndexProjection
+		case "extra-keys":
+			out.HashProfile.ExtraKeys = flags.HashProfile.ExtraKeys
+		case "lora-path":
+			out.HashProfile.LoraPath = flags.HashProfile.LoraPath
+		case "lookahead-tokens":
+			out.HashProfile.LookaheadTokens = flags.HashProfile.LookaheadTokens
+		case "index-media":
+			out.IndexMedia = flags.IndexMedia
 		}
 	})
 	return out
@@ -198,9 +213,15 @@ func (c *cli) cmdUnregister(g *globals, args []string) int {
 	fs.StringVar(&r.InstanceID, "instance", "", "instance id (required)")
 	fs.StringVar(&r.TenantID, "tenant", "", "tenant id (empty: default)")
 	fs.Int64Var(&r.DPRank, "dp-rank", 0, "data-parallel rank")
+	lora := fs.String("lora", "", "unregister only this LoRA adapter of a multi-LoRA registration (\"\": the base model's); without it, the whole service")
 	if code := c.parseFlags(name, fs, g, args); code >= 0 {
 		return code
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "lora" {
+			r.LoraName = lora
+		}
+	})
 	if fs.NArg() > 0 {
 		return c.usageError(name, fs, fmt.Sprintf("unexpected arguments %q", fs.Args()))
 	}

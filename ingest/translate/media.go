@@ -122,8 +122,15 @@ func (s MediaSet) effective(kind publisher.Kind) medium {
 	return defaultVLLMMedia
 }
 
+// mooncakeMedia are the media a Mooncake master source indexes, always (its memory
+// replicas in the cpu_share tier, its disk replicas in disk).
+var mooncakeMedia = []string{"CPU", "CPU_PINNED", "DISK"}
+
 // Names lists the media indexed for a kind, in canonical spelling (for views).
 func (s MediaSet) Names(kind publisher.Kind) []string {
+	if kind == publisher.Mooncake {
+		return append([]string(nil), mooncakeMedia...)
+	}
 	set := s.effective(kind)
 	var out []string
 	for _, e := range mediaNames {

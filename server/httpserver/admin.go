@@ -68,5 +68,5 @@ func (h *Server) services(ctx *fasthttp.RequestCtx) {
 		h.serviceError(ctx, service.StoppingError())
 		return
 	}
-	h.writeMsgpack(ctx, appendServices(nil, h.svc.Services()))
+	h.writeMsgpack(ctx, appendServices(nil, h.svc.Views()))
 }

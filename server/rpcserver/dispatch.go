@@ -46,7 +46,7 @@ func (rc *rpcConn) dispatch(hdr cororpc.RequestHeader, body []byte) error {
 		if len(body) != 0 {
 			return errors.New("ListServices takes no arguments")
 		}
-		out = cororpc.AppendServiceList(out, rpcServiceList(rc.s.svc.Services()))
+		out = cororpc.AppendServiceList(out, rpcServiceList(rc.s.svc.Views()))
 		rc.s.observe("ListServices", "OK")
 	default:
 		rc.s.observe("unknown", "function_not_registered")
@@ -168,10 +168,13 @@ func rpcProfile(p *hashing.Profile) cororpc.HashProfile {
 		RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()}
 }
 
-func rpcServiceList(svcs []service.Config) []cororpc.ServiceConfig {
-	out := make([]cororpc.ServiceConfig, len(svcs))
-	for i := range svcs {
-		c := &svcs[i]
+// rpcServiceList is the ListServices answer: one ServiceConfig per adapter of a
+// multi-LoRA registration, as /services lists them (the upstream type has no room for
+// the other fields of issue 25; root_digest covers them).
+func rpcServiceList(views []service.View) []cororpc.ServiceConfig {
+	out := make([]cororpc.ServiceConfig, len(views))
+	for i := range views {
+		c := &views[i].Config
 		out[i] = cororpc.ServiceConfig{
 			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: c.Kind,
 			ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,

@@ -1,0 +1,318 @@
+package server
+
+import (
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/conductor-go/conductor/cluster/etcdtest"
+	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/service"
+)
+
+// specKeys is blockKeys for a profile with the fields of issue 25.
+func specKeys(t testing.TB, s hashing.Spec, bs int, lora, salt string, tokens []int32) []uint64 {
+	t.Helper()
+	p, err := hashing.ResolveSpec(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c hashing.Chain
+	c.Reset(&p, bs, lora, salt, tokens)
+	keys := make([]uint64, 0, c.NumBlocks())
+	for range c.NumBlocks() {
+		k, err := c.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// loraStored is a vLLM BlockStored of an adapter's blocks, with their tokens so that the
+// profile self-check can verify them.
+func loraStored(hashes []uint64, tokens []int32, lora string) []byte {
+	hs := make([]any, len(hashes))
+	for i, h := range hashes {
+		hs[i] = h
+	}
+	ts := make([]any, len(tokens))
+	for i, v := range tokens {
+		ts[i] = v
+	}
+	var name any
+	if lora != "" {
+		name = lora
+	}
+	return mp("type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", ts,
+		"block_size", 16, "lora_id", nil, "medium", "GPU", "lora_name", name)
+}
+
+// servicesByLora reads /services into its entries by LoraName.
+func servicesByLora(t *testing.T, app *App) map[string]map[string]any {
+	t.Helper()
+	code, resp := doHTTP(t, app, http.MethodGet, "/services", "", nil)
+	if code != http.StatusOK {
+		t.Fatalf("/services: %d %v", code, resp)
+	}
+	out := map[string]map[string]any{}
+	for _, s := range resp["services"].([]any) {
+		m := s.(map[string]any)
+		out[m["LoraName"].(string)] = m
+	}
+	if asInt(t, resp["count"]) != int64(len(out)) {
+		t.Fatalf("count %v for %d entries", resp["count"], len(out))
+	}
+	return out
+}
+
+// TestMultiLoraOverHTTP: a vLLM >= 0.31 engine serving the base model and a tagged
+// adapter, registered twice on one endpoint over HTTP: /services lists both adapters
+// (the new profile fields, index_media and hash_check each), each adapter's prompts hit
+// in their own context only, /unregister with lora_name removes one adapter, and the
+// self-check reads ok for both.
+func TestMultiLoraOverHTTP(t *testing.T) {
+	app := startApp(t, false)
+	pub := newPublisher(t, false)
+	base := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset",
+		"index_projection": "low64_be", "extra_keys": "tagged"}
+	adapter := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset",
+		"index_projection": "low64_be", "extra_keys": "tagged", "lora_path": "/adapters/sql"}
+	for _, body := range [][]byte{
+		registerBody(pub.Endpoint(), "e", 0, "hash_profile", base, "index_media", []any{"GPU", "CPU"}),
+		registerBody(pub.Endpoint(), "e", 0, "hash_profile", adapter, "index_media", []any{"CPU", "gpu"}, "lora_name", "sql"),
+	} {
+		if code, resp := msgpackPost(t, app, "/register", body); code != http.StatusOK {
+			t.Fatalf("register: %d %v", code, resp)
+		}
+	}
+	// Refused: the adapter again with another path; the engine with other media.
+	for _, c := range []struct {
+		body []byte
+		want string
+	}{
+		{registerBody(pub.Endpoint(), "e", 0, "hash_profile", map[string]any{"strategy": "vllm_v1", "algorithm": "sha256",
+			"python_hash_seed": "unset", "index_projection": "low64_be", "extra_keys": "tagged", "lora_path": "/other"},
+			"index_media", []any{"GPU", "CPU"}, "lora_name", "sql"), "another lora_path"},
+		{registerBody(pub.Endpoint(), "e", 0, "hash_profile", adapter, "lora_name", "x"), "conflicting registration"},
+		{registerBody(pub.Endpoint(), "e", 0, "hash_profile", map[string]any{"strategy": "vllm_v1", "algorithm": "sha256",
+			"python_hash_seed": "unset", "index_projection": "low64_be", "extra_keys": "tagged"},
+			"index_media", []any{"GPU", "CPU"}, "lora_name", "nopath"), "lora_path is required"},
+	} {
+		code, resp := msgpackPost(t, app, "/register", c.body)
+		if msg, _ := resp["error"].(string); code != http.StatusBadRequest || !strings.Contains(msg, c.want) {
+			t.Fatalf("want 400 %q: %d %v", c.want, code, resp)
+		}
+	}
+	svcs := servicesByLora(t, app)
+	if len(svcs) != 2 {
+		t.Fatalf("services %v", svcs)
+	}
+	hp := svcs["sql"]["HashProfile"].(map[string]any)
+	if hp["extra_keys"] != "tagged" || hp["lora_path"] != "/adapters/sql" || hp["python_hash_seed"] != "unset" ||
+		hp["lookahead_tokens"] != nil || svcs["sql"]["HashCheck"] != "unverified" {
+		t.Fatalf("adapter entry %v", svcs["sql"])
+	}
+	if bp := svcs[""]["HashProfile"].(map[string]any); bp["lora_path"] != nil || bp["extra_keys"] != "tagged" ||
+		strings.Join(anyStrings(svcs[""]["IndexMedia"]), ",") != "GPU,CPU" {
+		t.Fatalf("base entry %v", svcs[""])
+	}
+	if err := pub.WaitSubscribers(1, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(64, 1)
+	spec := hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be", ExtraKeys: "tagged"}
+	baseKeys := specKeys(t, spec, 16, "", "", tokens)
+	spec.LoraPath = "/adapters/sql"
+	sqlKeys := specKeys(t, spec, 16, "sql", "", tokens)
+	if _, err := pub.Publish(vllmBatch(0, loraStored(baseKeys[:2], tokens[:32], ""), loraStored(sqlKeys, tokens, "sql"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both contexts indexed", func() error {
+		_, b := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
+		_, l := msgpackPost(t, app, "/query", queryBody("m", 16, tokens, "lora_name", "sql"))
+		if d, dl := tierOf(t, hits(t, b), "e", "device"), tierOf(t, hits(t, l), "e", "device"); d != 32 || dl != 64 {
+			return errf("base %d sql %d", d, dl)
+		}
+		return nil
+	})
+	svcs = servicesByLora(t, app)
+	if svcs[""]["HashCheck"] != "ok" || svcs["sql"]["HashCheck"] != "ok" {
+		t.Fatalf("hash_check base %v sql %v", svcs[""]["HashCheck"], svcs["sql"]["HashCheck"])
+	}
+	// /global_view shows each context's profile with its fields.
+	_, view := doHTTP(t, app, http.MethodGet, "/global_view", "", nil)
+	for _, c := range view["contexts"].([]any) {
+		cm := c.(map[string]any)
+		p := cm["hash_profile"].(map[string]any)
+		if p["extra_keys"] != "tagged" || (cm["lora_name"] == "sql") != (p["lora_path"] == "/adapters/sql") {
+			t.Fatalf("context %v", cm)
+		}
+	}
+	// One adapter goes: the other keeps its hits.
+	if code, resp := msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 0, "lora_name", "sql")); code != http.StatusOK {
+		t.Fatalf("unregister sql: %d %v", code, resp)
+	}
+	if code, _ := msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 0, "lora_name", "sql")); code != http.StatusNotFound {
+		t.Fatalf("unregister sql again: %d", code)
+	}
+	_, l := msgpackPost(t, app, "/query", queryBody("m", 16, tokens, "lora_name", "sql"))
+	_, b := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
+	if len(hits(t, l)) != 0 || tierOf(t, hits(t, b), "e", "device") != 32 {
+		t.Fatalf("after unregistering sql: sql %v base %v", l, b)
+	}
+	if svcs := servicesByLora(t, app); len(svcs) != 1 || svcs[""] == nil {
+		t.Fatalf("services %v", svcs)
+	}
+	if code, _ := msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 0)); code != http.StatusOK {
+		t.Fatalf("unregister e: %d", code)
+	}
+	if svcs := servicesByLora(t, app); len(svcs) != 0 {
+		t.Fatalf("services %v", svcs)
+	}
+}
+
+func anyStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+// TestMultiLoraClusterReplicates: in a cluster, an adapter registered on one replica is
+// added on the other without re-registering the engine there (what its base context
+// holds stays), and one unregistered on the other goes on both, the base context kept.
+func TestMultiLoraClusterReplicates(t *testing.T) {
+	srv := etcdtest.Start(t)
+	a := startReplica(t, srv, "/lora/", nil)
+	b := startReplica(t, srv, "/lora/", nil)
+	eventually(t, "both ready", func() error {
+		if !a.Ready() || !b.Ready() {
+			return errf("ready a=%v b=%v", a.Ready(), b.Ready())
+		}
+		return nil
+	})
+	pub := newPublisher(t, false)
+	if code, resp := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "e", 0)); code != http.StatusOK {
+		t.Fatalf("register base: %d %v", code, resp)
+	}
+	converge(t, srv, a, b)
+	if err := pub.WaitSubscribers(2, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(48, 1)
+	baseKeys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
+	loraKeys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "sql", "", tokens)
+	device := func(app *App, lora string) int64 {
+		_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens, "lora_name", lora))
+		h := hits(t, r)
+		if len(h) == 0 {
+			return -1
+		}
+		return tierOf(t, h, "e", "device")
+	}
+	if _, err := pub.Publish(vllmBatch(0, loraStored(baseKeys, tokens, ""))); err != nil {
+		t.Fatal(err)
+	}
+	for _, app := range []*App{a, b} {
+		eventually(t, "base indexed", func() error {
+			if d := device(app, ""); d != 48 {
+				return errf("base device %d", d)
+			}
+			return nil
+		})
+	}
+	if code, resp := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "e", 0, "lora_name", "sql")); code != http.StatusOK {
+		t.Fatalf("register sql on a: %d %v", code, resp)
+	}
+	converge(t, srv, a, b)
+	if d := device(b, ""); d != 48 {
+		t.Fatalf("replica b re-registered the engine to add the adapter: base device %d", d)
+	}
+	if _, err := pub.Publish(vllmBatch(0, loraStored(loraKeys, tokens, "sql"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, app := range []*App{a, b} {
+		eventually(t, "adapter indexed", func() error {
+			if d := device(app, "sql"); d != 48 {
+				return errf("sql device %d", d)
+			}
+			return nil
+		})
+	}
+	if code, resp := msgpackPost(t, b, "/unregister", mp("instance_id", "e", "dp_rank", 0, "lora_name", "sql")); code != http.StatusOK {
+		t.Fatalf("unregister sql on b: %d %v", code, resp)
+	}
+	converge(t, srv, a, b)
+	for name, app := range map[string]*App{"a": a, "b": b} {
+		if d, dl := device(app, ""), device(app, "sql"); d != 48 || dl != -1 {
+			t.Fatalf("replica %s after unregistering sql: base %d sql %d", name, d, dl)
+		}
+		if n := len(app.Service.Views()); n != 1 {
+			t.Fatalf("replica %s lists %d adapters", name, n)
+		}
+	}
+}
+
+// TestMultiLoraStateFileRestores: a multi-LoRA registration with the new profile fields
+// and index_media comes back whole after a restart, every adapter routed from the
+// first batch.
+func TestMultiLoraStateFileRestores(t *testing.T) {
+	path := filepath.Join(t.TempDir(), service.StateFileName)
+	pub := newPublisher(t, false)
+	app := startWithState(t, path)
+	prof := func(path string) map[string]any {
+		m := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset",
+			"index_projection": "low64_be", "extra_keys": "tagged", "lookahead_tokens": 1}
+		if path != "" {
+			m["lora_path"] = path
+		}
+		return m
+	}
+	for _, lora := range []string{"", "a", "b"} {
+		p := ""
+		if lora != "" {
+			p = "/adapters/" + lora
+		}
+		body := registerBody(pub.Endpoint(), "e", 0, "hash_profile", prof(p), "lora_name", lora, "index_media", []any{"GPU", "STORAGE"})
+		if code, resp := msgpackPost(t, app, "/register", body); code != http.StatusOK {
+			t.Fatalf("register %q: %d %v", lora, code, resp)
+		}
+	}
+	if code, _ := msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 0, "lora_name", "a")); code != http.StatusOK {
+		t.Fatal("unregister a")
+	}
+	before := app.Service.Services()
+	app.Stop()
+
+	app2 := startWithState(t, path)
+	defer app2.Stop()
+	after := app2.Service.Services()
+	if len(after) != 1 || !after[0].Equal(&before[0]) || strings.Join(after[0].Media.Names(after[0].Kind), ",") != "GPU,STORAGE" {
+		t.Fatalf("restored %+v\nwant %+v", after, before)
+	}
+	if err := pub.WaitSubscribers(1, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(33, 1) // lookahead 1: two blocks of 16 need 33 tokens
+	spec := hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be",
+		ExtraKeys: "tagged", LookaheadTokens: 1, LoraPath: "/adapters/b"}
+	keys := specKeys(t, spec, 16, "b", "", tokens)
+	eventually(t, "adapter b routed after restart", func() error {
+		if _, err := pub.Publish(vllmBatch(0, loraStored(keys, tokens[:32], "b"))); err != nil {
+			return err
+		}
+		_, r := msgpackPost(t, app2, "/query", queryBody("m", 16, tokens, "lora_name", "b"))
+		h := hits(t, r)
+		if len(h) == 0 {
+			return errf("no instance in b's context")
+		}
+		if got := tierOf(t, h, "e", "device"); got != 32 {
+			return errf("device = %d", got)
+		}
+		return nil
+	})
+}
