@@ -74,6 +74,11 @@ type FileConfig struct {
 	// lines pass per interval (burst -1: unlimited).
 	IngestLogBurst           int
 	IngestLogIntervalSeconds int
+	// HashCheck and HashCheckLogIntervalSeconds are "hash_check" and
+	// "hash_check_log_interval_seconds": the profile self-check of engine sources, and
+	// the least time between two of a context's mismatch warnings.
+	HashCheck                   bool
+	HashCheckLogIntervalSeconds int
 	// Cluster is the "cluster" key (nil when absent: a single node with the state file).
 	Cluster *cluster.Config
 }
@@ -238,5 +243,6 @@ func (f *FileConfig) AppConfig() AppConfig {
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
+		HashCheckOff: !f.HashCheck, HashCheckLogInterval: time.Duration(f.HashCheckLogIntervalSeconds) * time.Second,
 		Cluster: f.Cluster}
 }

@@ -316,3 +316,97 @@ func TestMultiLoraStateFileRestores(t *testing.T) {
 		return nil
 	})
 }
+
+// TestHashCheckMetrics: each adapter context of an engine service has its self-check
+// series from its registration, at 0; events by form count as decoded; a profile that
+// does not reproduce the engine's hashes counts mismatches for its context only; with
+// hash_check off there are no check series and /services says off.
+func TestHashCheckMetrics(t *testing.T) {
+	app := startApp(t, false)
+	pub := newPublisher(t, false)
+	// The engine hashes with PYTHONHASHSEED unset; the adapter is registered with seed 0.
+	unset := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset", "index_projection": "low64_be"}
+	zero := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "0", "index_projection": "low64_be"}
+	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "e", 0, "hash_profile", unset)); code != http.StatusOK {
+		t.Fatalf("%d %v", code, resp)
+	}
+	f := scrape(t, app)
+	for _, name := range []string{"conductor_service_hash_verified_total", "conductor_service_hash_mismatch_total",
+		"conductor_service_hash_unverifiable_total"} {
+		if v, ok := metricValue(f, name, "service", "e|default|0", "type", "vLLM", "lora", ""); !ok || v != 0 {
+			t.Errorf("%s = %v (present %v), want a series at 0", name, v, ok)
+		}
+	}
+	for _, form := range []string{"map", "array"} {
+		if v, ok := metricValue(f, "conductor_service_events_by_form_total", "service", "e|default|0", "form", form); !ok || v != 0 {
+			t.Errorf("events by form %s = %v (present %v)", form, v, ok)
+		}
+	}
+	if err := pub.WaitSubscribers(1, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	tokens := seqTokens(32, 1)
+	keys := specKeys(t, hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be"},
+		16, "", "", tokens)
+	if _, err := pub.Publish(vllmBatch(0, loraStored(keys, tokens, ""))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "verified", func() error {
+		f := scrape(t, app)
+		if v, _ := metricValue(f, "conductor_service_hash_verified_total", "lora", ""); v != 1 {
+			return errf("verified %v", v)
+		}
+		if v, _ := metricValue(f, "conductor_service_events_by_form_total", "form", "map"); v != 1 {
+			return errf("map events %v", v)
+		}
+		return nil
+	})
+	// A second engine registered with the wrong seed: mismatch, counted, diagnosed.
+	pub2 := newPublisher(t, false)
+	if code, resp := msgpackPost(t, app, "/register", registerBody(pub2.Endpoint(), "wrong", 0, "hash_profile", zero, "modelname", "m2")); code != http.StatusOK {
+		t.Fatalf("%d %v", code, resp)
+	}
+	if err := pub2.WaitSubscribers(1, 5e9); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub2.Publish(vllmBatch(0, loraStored(keys, tokens, ""))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "mismatch", func() error {
+		f := scrape(t, app)
+		if v, _ := metricValue(f, "conductor_service_hash_mismatch_total", "service", "wrong|default|0"); v != 1 {
+			return errf("mismatch %v", v)
+		}
+		if v, _ := metricValue(f, "conductor_service_hash_mismatch_total", "service", "e|default|0"); v != 0 {
+			return errf("the right profile counted %v mismatches", v)
+		}
+		return nil
+	})
+	_, resp := doHTTP(t, app, http.MethodGet, "/services", "", nil)
+	for _, s := range resp["services"].([]any) {
+		m := s.(map[string]any)
+		want := "ok"
+		if m["InstanceID"] == "wrong" {
+			want = `mismatch (engine hashes match python_hash_seed "unset")`
+		}
+		if m["HashCheck"] != want {
+			t.Errorf("%v: HashCheck %q, want %q", m["InstanceID"], m["HashCheck"], want)
+		}
+	}
+
+	off, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1", HashCheckOff: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Stop()
+	pub3 := newPublisher(t, false)
+	if code, resp := msgpackPost(t, off, "/register", registerBody(pub3.Endpoint(), "e", 0)); code != http.StatusOK {
+		t.Fatalf("%d %v", code, resp)
+	}
+	if _, ok := metricValue(scrape(t, off), "conductor_service_hash_verified_total"); ok {
+		t.Error("check series with hash_check off")
+	}
+	if svcs := servicesByLora(t, off); svcs[""]["HashCheck"] != "off" {
+		t.Errorf("HashCheck %v with the check off", svcs[""]["HashCheck"])
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/server/internal/limits"
@@ -177,6 +178,16 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("ingest_log_interval_seconds", int64(lograte.DefaultInterval/time.Second), 0, 86400,
 			"the interval of `ingest_log_burst` (0: the default)",
 			func(f *FileConfig, v int64) { f.IngestLogIntervalSeconds = int(v) }),
+		boolSetting("hash_check", true,
+			"verify each engine service's hash profile against the block hashes its engine publishes: every "+
+				"`BlockStored` until 64 events were verified, then one batch in 128 (about 2-4% more ingest CPU, see "+
+				"docs/performance.md). A mismatch is counted (`conductor_service_hash_mismatch_total`), logged with the "+
+				"profile that would reproduce the engine's hashes, and shown as `HashCheck` in `/services`; blocks are "+
+				"indexed by the engine's hashes either way. `false`: no check (`HashCheck` reads `off`)",
+			func(f *FileConfig, v bool) { f.HashCheck = v }),
+		intSetting("hash_check_log_interval_seconds", int64(translate.DefaultCheckLogInterval/time.Second), 1, 86400,
+			"least time between two mismatch warnings of one context",
+			func(f *FileConfig, v int64) { f.HashCheckLogIntervalSeconds = int(v) }),
 		objectSetting("cluster", "object", "unset (one node, `state_file`)", "the `cluster.*` keys below; null: unset",
 			"run as one replica of a cluster whose registrations live in etcd; with `cluster` set, `state_file` is not used",
 			parseCluster),

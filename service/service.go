@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/translate"
@@ -437,6 +438,15 @@ type Stats struct {
 	// Leader holds the master-view counters when HasLeader (Mooncake master locators).
 	Leader    source.LeaderStats
 	HasLeader bool
+	// Checks are the profile self-checks of an engine service's adapters (one per
+	// lora_name; none when the check is off).
+	Checks []AdapterCheck
+}
+
+// AdapterCheck is the profile self-check of one adapter's context.
+type AdapterCheck struct {
+	LoraName string
+	Stats    hashing.CheckStats
 }
 
 // handlerStatser is implemented by subscriptions that expose their event handler's counters.
@@ -453,6 +463,13 @@ func (s *Service) Stats() []Stats {
 		}
 		if ls, ok := r.sub.(source.LeaderStatser); ok {
 			st.Leader, st.HasLeader = ls.LeaderStats(), true
+		}
+		if router, ok := r.sub.(AdapterRouter); ok && r.cfg.Kind.IsEngine() {
+			for _, a := range r.cfg.Loras() {
+				if cs, ok := router.CheckStats(a.LoraName); ok {
+					st.Checks = append(st.Checks, AdapterCheck{LoraName: a.LoraName, Stats: cs})
+				}
+			}
 		}
 		out = append(out, st)
 	}
