@@ -1,14 +1,19 @@
 package server
 
 import (
+	"context"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/wire/cororpc"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // specKeys is blockKeys for a profile with the fields of issue 25.
@@ -408,5 +413,71 @@ func TestHashCheckMetrics(t *testing.T) {
 	}
 	if svcs := servicesByLora(t, off); svcs[""]["HashCheck"] != "off" {
 		t.Errorf("HashCheck %v with the check off", svcs[""]["HashCheck"])
+	}
+}
+
+// TestRPCExtensions: RegisterEx carries what Register cannot (the profile fields of issue
+// 25, index_media), UnregisterAdapter removes one adapter, and ListServiceDetails shows
+// what /services shows; upstream's Register and ListServices keep their bodies.
+func TestRPCExtensions(t *testing.T) {
+	app := startApp(t, true)
+	pub := newPublisher(t, false)
+	cl, err := rpcclient.Dial(app.RPCAddr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	sc := cororpc.ServiceConfig{Endpoint: pub.Endpoint(), PublisherKind: publisher.VLLM, ModelName: "m", TenantID: "default",
+		InstanceID: "e", BlockSize: 16,
+		HashProfile: cororpc.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be"}}
+	tagged := cororpc.ProfileExt{ExtraKeys: "tagged"}
+	media := []string{"GPU", "CPU"}
+	if _, code, err := cl.RegisterEx(ctx, &cororpc.RegisterExArgs{Config: sc, Ext: tagged, IndexMedia: media, HasIndexMedia: true}); err != nil || code != cororpc.CodeOK {
+		t.Fatalf("RegisterEx base: %v %v", code, err)
+	}
+	sc.LoraName = "sql"
+	// A tagged adapter needs its path.
+	if _, code, err := cl.RegisterEx(ctx, &cororpc.RegisterExArgs{Config: sc, Ext: tagged, IndexMedia: media, HasIndexMedia: true}); err != nil || code != cororpc.CodeInvalidParams {
+		t.Fatalf("RegisterEx without lora_path: %v %v", code, err)
+	}
+	tagged.LoraPath = "/adapters/sql"
+	res, code, err := cl.RegisterEx(ctx, &cororpc.RegisterExArgs{Config: sc, Ext: tagged, IndexMedia: []string{"cpu", "gpu"}, HasIndexMedia: true})
+	if err != nil || code != cororpc.CodeOK || !res.IsNew {
+		t.Fatalf("RegisterEx sql: %+v %v %v", res, code, err)
+	}
+	// Upstream's Register cannot say tagged: the adapter it describes is another engine.
+	if _, code, err := cl.Register(ctx, &sc); err != nil || code != cororpc.CodeInvalidParams {
+		t.Fatalf("Register of an untagged adapter on the tagged engine: %v %v", code, err)
+	}
+	details, err := cl.ListServiceDetails(ctx)
+	if err != nil || len(details) != 2 {
+		t.Fatalf("details %+v %v", details, err)
+	}
+	svcs := servicesByLora(t, app)
+	for _, d := range details {
+		h := svcs[d.Config.LoraName]
+		hp := h["HashProfile"].(map[string]any)
+		if d.HashCheck != h["HashCheck"] || strings.Join(d.IndexMedia, ",") != strings.Join(anyStrings(h["IndexMedia"]), ",") ||
+			d.Ext.ExtraKeys != hp["extra_keys"] || d.Config.HashProfile.RootDigest != hp["root_digest"] ||
+			(d.Ext.LoraPath != "") != (hp["lora_path"] != nil) {
+			t.Fatalf("RPC detail %+v, HTTP %v", d, h)
+		}
+	}
+	if details[1].Config.LoraName != "sql" || details[1].Ext.LoraPath != "/adapters/sql" || strings.Join(details[1].IndexMedia, ",") != "GPU,CPU" {
+		t.Fatalf("sql detail %+v", details[1])
+	}
+	list, err := cl.ListServices(ctx)
+	if err != nil || len(list) != 2 || list[1].LoraName != "sql" {
+		t.Fatalf("ListServices %+v %v", list, err)
+	}
+	if _, code, err := cl.UnregisterAdapter(ctx, "e", "", 0, "sql"); err != nil || code != cororpc.CodeOK {
+		t.Fatalf("UnregisterAdapter: %v %v", code, err)
+	}
+	if _, code, err := cl.UnregisterAdapter(ctx, "e", "", 0, "sql"); err != nil || code != cororpc.CodeServiceNotFound {
+		t.Fatalf("UnregisterAdapter again: %v %v", code, err)
+	}
+	if details, err := cl.ListServiceDetails(ctx); err != nil || len(details) != 1 || details[0].Config.LoraName != "" {
+		t.Fatalf("after UnregisterAdapter: %+v %v", details, err)
 	}
 }

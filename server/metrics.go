@@ -92,11 +92,14 @@ func httpRouteStatuses() map[string][]int {
 // conductor_rpc_requests_total can answer (Query is counted by conductor_queries_total).
 func rpcFunctionCodes() map[string][]string {
 	return map[string][]string{
-		"Register":      serviceCodes(),
-		"Unregister":    serviceCodes(),
-		"GetGlobalView": {cororpc.CodeOK.String()},
-		"ListServices":  {cororpc.CodeOK.String()},
-		"unknown":       {"function_not_registered"},
+		"Register":           serviceCodes(),
+		"Unregister":         serviceCodes(),
+		"GetGlobalView":      {cororpc.CodeOK.String()},
+		"ListServices":       {cororpc.CodeOK.String()},
+		"RegisterEx":         serviceCodes(),
+		"UnregisterAdapter":  serviceCodes(),
+		"ListServiceDetails": {cororpc.CodeOK.String()},
+		"unknown":            {"function_not_registered"},
 	}
 }
 
