@@ -97,6 +97,10 @@ type HandlerStats struct {
 type route struct {
 	key   engine.ContextKey
 	check *hashing.ProfileCheck // nil: no self-check
+	// unmarked: an SGLang adapter context without lora_path, registered as earlier
+	// releases registered one: alone on its source, it takes the stores that name no
+	// adapter (SGLang <= 0.5.21 never names one), as it did before multi-LoRA routing.
+	unmarked bool
 	// lastLog is when this context's last mismatch warning was logged (stream goroutine).
 	lastLog time.Time
 }
@@ -176,7 +180,7 @@ func NewEventHandler(src Source, eng *engine.Engine, log *slog.Logger) *EventHan
 }
 
 func (h *EventHandler) newRoute(key engine.ContextKey, p hashing.Profile) *route {
-	r := &route{key: key}
+	r := &route{key: key, unmarked: h.src.Kind == publisher.SGLang && key.LoraName != "" && p.LoraPath == ""}
 	if !h.src.CheckOff {
 		r.check = hashing.NewProfileCheck(p, int(key.BlockSize), key.LoraName, h.src.Check)
 	}
@@ -366,6 +370,12 @@ func (h *EventHandler) handleBatch(seq uint64, payload []byte, deferred bool) er
 			continue
 		}
 		r := rs.byLora[string(ev.LoraName.Bytes)]
+		if r == nil && len(ev.LoraName.Bytes) == 0 && len(rs.list) == 1 && rs.list[0].unmarked {
+			// An SGLang source registered for one adapter alone, without lora_path: its
+			// unnamed pages are that registration's, as before issue 25. A store naming
+			// another adapter is still refused (SGLang >= 0.5.22 names them).
+			r = rs.list[0]
+		}
 		if r == nil {
 			h.reject(seq, fmt.Errorf("event %d (%s): %w %q", i, ev.Type, errLoraName, ev.LoraName.Bytes))
 			continue
