@@ -83,7 +83,14 @@ type conductor struct {
 // the process is killed at cleanup if the test did not stop it.
 func startConductor(t *testing.T, config string, env ...string) *conductor {
 	t.Helper()
-	cmd := exec.Command(binPath)
+	return startBinary(t, binPath, config, env...)
+}
+
+// startBinary is startConductor with another conductor binary (an older build, to
+// compare).
+func startBinary(t *testing.T, bin, config string, env ...string) *conductor {
+	t.Helper()
+	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+config, "CONDUCTOR_LOG_LEVEL=")
 	cmd.Env = append(cmd.Env, env...)
 	out := &syncBuffer{}
