@@ -187,8 +187,9 @@ type ProfileCheck struct {
 func NewProfileCheck(p Profile, blockSize int, loraName string, cfg CheckConfig) *ProfileCheck {
 	cfg = cfg.withDefaults()
 	return &ProfileCheck{p: p, blockSize: blockSize, lora: loraName, cfg: cfg,
-		digests: make(map[uint64][32]byte, cfg.Digests), ring: make([]uint64, 0, cfg.Digests), diagNext: 1,
-		candsLook: -2}
+		// The digest map and ring grow as blocks are verified, up to cfg.Digests: a
+		// service whose engine publishes nothing (or little) holds next to nothing.
+		digests: make(map[uint64][32]byte), diagNext: 1, candsLook: -2}
 }
 
 // BeginBatch starts a batch and reports whether its events are to be checked: every

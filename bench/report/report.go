@@ -145,3 +145,48 @@ func WriteJSON(dir, name string, v any) (string, error) {
 	}
 	return path, nil
 }
+
+// Figure is one named measurement of a run, for comparing runs (Medians).
+type Figure struct {
+	Name  string  `json:"name"`
+	Unit  string  `json:"unit,omitempty"`
+	Value float64 `json:"value"`
+}
+
+// Median returns the median of values (the mean of the middle two for an even count), or
+// 0 when empty. values is not changed.
+func Median(values []float64) float64 {
+	if len(values) == 0 {
+		return 0
+	}
+	s := slices.Clone(values)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// Medians returns, for runs of the same figures, each figure's median over the runs, in
+// the order of the first run's figures; a figure missing from a run is left out of that
+// figure's median.
+func Medians(runs [][]Figure) []Figure {
+	if len(runs) == 0 {
+		return nil
+	}
+	out := make([]Figure, 0, len(runs[0]))
+	for _, f := range runs[0] {
+		var vals []float64
+		for _, r := range runs {
+			for _, g := range r {
+				if g.Name == f.Name {
+					vals = append(vals, g.Value)
+					break
+				}
+			}
+		}
+		out = append(out, Figure{Name: f.Name, Unit: f.Unit, Value: Median(vals)})
+	}
+	return out
+}

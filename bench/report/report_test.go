@@ -53,3 +53,27 @@ func TestTableAndJSON(t *testing.T) {
 		t.Fatalf("json %s: %v %v", path, got, err)
 	}
 }
+
+// TestMedians: the median of odd and even counts, and per figure over runs that lack some.
+func TestMedians(t *testing.T) {
+	in := []float64{5, 1, 3}
+	if m := Median(in); m != 3 || in[0] != 5 {
+		t.Fatalf("Median %v, input %v", m, in)
+	}
+	if m := Median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Fatalf("even median %v", m)
+	}
+	if Median(nil) != 0 || Medians(nil) != nil {
+		t.Fatal("empty")
+	}
+	runs := [][]Figure{
+		{{Name: "a", Unit: "s", Value: 1}, {Name: "b", Value: 10}},
+		{{Name: "b", Value: 30}, {Name: "a", Unit: "s", Value: 9}},
+		{{Name: "a", Unit: "s", Value: 2}},
+	}
+	got := Medians(runs)
+	want := []Figure{{Name: "a", Unit: "s", Value: 2}, {Name: "b", Value: 20}}
+	if len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("Medians %+v, want %+v", got, want)
+	}
+}

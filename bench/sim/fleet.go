@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -31,6 +32,10 @@ type FleetConfig struct {
 	// MaxBatchEvents caps the events of one published batch (long prompts span several
 	// batches, like chunked prefill); 0 means 1024, values below 7 mean 7.
 	MaxBatchEvents int
+	// DrainPoll is the longest pause between Drain's queries for its marker (they start at
+	// 100 us and double); 0 means 20 ms. A shorter one times the end of a burst more
+	// closely, at the cost of more queries while the conductor works.
+	DrainPoll time.Duration
 }
 
 // Fleet is a set of simulated engine ranks. It is driven from one goroutine.
@@ -64,6 +69,9 @@ func NewFleet(cfg FleetConfig) (*Fleet, error) {
 	}
 	if cfg.InstancePrefix == "" {
 		cfg.InstancePrefix = "sim-"
+	}
+	if cfg.DrainPoll <= 0 {
+		cfg.DrainPoll = 20 * time.Millisecond
 	}
 	h, err := NewHasher(cfg.Hash, cfg.BlockSize, cfg.Lora, "")
 	if err != nil {
@@ -297,6 +305,12 @@ func (f *Fleet) Unregister(cl *httpclient.Client) {
 // marker on all of them (each stream is applied in order). It returns the context's
 // prefix_count at that moment, not counting the marker, and then retracts the marker.
 func (f *Fleet) Drain(cl *httpclient.Client, timeout time.Duration) (uint64, error) {
+	return f.DrainContext(context.Background(), cl, timeout)
+}
+
+// DrainContext is Drain that also gives up when ctx is done (the marker stays published
+// then: a later drain's marker is another block).
+func (f *Fleet) DrainContext(ctx context.Context, cl *httpclient.Client, timeout time.Duration) (uint64, error) {
 	f.markerGen++
 	marker, err := f.publishMarker(f.markerGen)
 	if err != nil {
@@ -316,8 +330,11 @@ func (f *Fleet) Drain(cl *httpclient.Client, timeout time.Duration) (uint64, err
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("marker %d not applied on every rank after %v", f.markerGen, timeout)
 		}
+		if err := context.Cause(ctx); err != nil {
+			return 0, fmt.Errorf("drain: marker %d not applied on every rank: %w", f.markerGen, err)
+		}
 		time.Sleep(pause)
-		pause = min(2*pause, 20*time.Millisecond)
+		pause = min(2*pause, f.cfg.DrainPoll)
 	}
 	count, err := f.prefixCount(cl)
 	if err != nil {

@@ -1,8 +1,12 @@
 package sim
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
 
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/wire/publisher"
 	"github.com/tinylib/msgp/msgp"
@@ -65,5 +69,32 @@ func TestFleetHits(t *testing.T) {
 	}
 	if a := testing.AllocsPerRun(100, func() { hits = f.Hits(hits, &res) }); a != 0 {
 		t.Errorf("Hits: %v allocs per call, want 0", a)
+	}
+}
+
+// TestDrainContextGivesUp: a drain whose marker never shows (the conductor knows none of
+// the fleet's ranks) ends with the context's cause instead of waiting for its timeout.
+func TestDrainContextGivesUp(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	cl, err := httpclient.New(c.Addr, httpclient.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	f, err := NewFleet(FleetConfig{Instances: 1, DPRanks: 1, Kind: publisher.VLLM, Hash: VLLMHash("sha256", "0"),
+		Model: "drain", BlockSize: 16, Cache: CacheConfig{Device: 8}, Publish: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cause := errors.New("source went stale")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	if _, err := f.DrainContext(ctx, cl, time.Hour); !errors.Is(err, cause) {
+		t.Fatalf("drain: %v, want the cause", err)
 	}
 }

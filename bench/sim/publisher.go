@@ -182,7 +182,10 @@ func NewHub() (*Hub, error) {
 	return &Hub{ctx: ctx, stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
-func (h *Hub) bind(t zmq.Type, host string) (*zmq.Socket, string, error) {
+// bind creates a socket of type t, applies setup (options that must precede the bind:
+// libzmq copies a socket's options into its listener when it binds, so a high-water mark
+// set afterwards never reaches the connections it accepts) and binds it on a free port.
+func (h *Hub) bind(t zmq.Type, host string, setup func(*zmq.Socket) error) (*zmq.Socket, string, error) {
 	s, err := h.ctx.NewSocket(t)
 	if err != nil {
 		return nil, "", fmt.Errorf("new socket: %w", err)
@@ -190,6 +193,12 @@ func (h *Hub) bind(t zmq.Type, host string) (*zmq.Socket, string, error) {
 	if err := s.SetLinger(0); err != nil {
 		s.Close()
 		return nil, "", fmt.Errorf("set linger: %w", err)
+	}
+	if setup != nil {
+		if err := setup(s); err != nil {
+			s.Close()
+			return nil, "", err
+		}
 	}
 	if err := s.Bind("tcp://" + host + ":*"); err != nil {
 		s.Close()
@@ -206,19 +215,19 @@ func (h *Hub) bind(t zmq.Type, host string) (*zmq.Socket, string, error) {
 // NewPublisher binds a PUB (XPUB) and a ROUTER socket on free ports.
 func (h *Hub) NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	cfg = cfg.withDefaults()
-	pub, ep, err := h.bind(zmq.XPUB, cfg.Host)
+	pub, ep, err := h.bind(zmq.XPUB, cfg.Host, func(s *zmq.Socket) error {
+		if err := s.SetSndhwm(cfg.SendHWM); err != nil {
+			return fmt.Errorf("set sndhwm: %w", err)
+		}
+		if err := s.SetXpubVerbose(1); err != nil {
+			return fmt.Errorf("set xpub_verbose: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("event endpoint: %w", err)
 	}
-	if err := pub.SetSndhwm(cfg.SendHWM); err != nil {
-		pub.Close()
-		return nil, fmt.Errorf("set sndhwm: %w", err)
-	}
-	if err := pub.SetXpubVerbose(1); err != nil {
-		pub.Close()
-		return nil, fmt.Errorf("set xpub_verbose: %w", err)
-	}
-	router, rep, err := h.bind(zmq.ROUTER, cfg.Host)
+	router, rep, err := h.bind(zmq.ROUTER, cfg.Host, nil)
 	if err != nil {
 		pub.Close()
 		return nil, fmt.Errorf("replay endpoint: %w", err)

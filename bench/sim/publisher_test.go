@@ -210,3 +210,62 @@ func TestPromptsShareByHashID(t *testing.T) {
 		t.Fatalf("marker %v", m)
 	}
 }
+
+// TestPublisherSendHWM: the publisher's high-water mark applies to the conductor's
+// connection. A subscriber that does not read (one-message pipe, small kernel buffer)
+// backs batches up into the publisher; with SendHWM above the batches sent none is
+// dropped, where libzmq's default of 1000 (what the connection got when the mark was set
+// after the bind) plus a few MiB in TCP buffers would have dropped most of them.
+func TestPublisherSendHWM(t *testing.T) {
+	const batches, size = 5900, 4096
+	hub, err := NewHub()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hub.Close()
+	pub, err := hub.NewPublisher(PublisherConfig{SendHWM: batches + 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub.Start()
+	ctx, err := zmq.NewContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Term()
+	sub, err := ctx.NewSocket(zmq.SUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	for _, set := range []func() error{
+		func() error { return sub.SetLinger(0) },
+		func() error { return sub.SetRcvhwm(1) },
+		func() error { return sub.SetRcvbuf(64 << 10) },
+		func() error { return sub.SetRcvtimeo(5 * time.Second) },
+		func() error { return sub.SetSubscribe("") },
+		func() error { return sub.Connect(pub.Endpoint()) },
+	} {
+		if err := set(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.WaitSubscribed(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, size)
+	for range batches {
+		if err := pub.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < batches; i++ {
+		msg, err := sub.RecvMessageBytes(0)
+		if err != nil {
+			t.Fatalf("batch %d of %d: %v", i, batches, err)
+		}
+		if got := binary.BigEndian.Uint64(msg[1]); got != uint64(i) {
+			t.Fatalf("batch %d arrived as sequence %d: %d dropped", i, got, got-uint64(i))
+		}
+	}
+}

@@ -15,11 +15,38 @@ const clockTicks = 100
 // Sample is a process's resident memory and consumed CPU time at one instant.
 type Sample struct {
 	RSSBytes uint64
-	CPU      time.Duration
+	// PeakRSSBytes is the highest RSS since the process started or since ResetPeakRSS
+	// (VmHWM; 0 where the kernel does not report it).
+	PeakRSSBytes uint64
+	CPU          time.Duration
 }
 
-// ReadProc samples /proc/<pid>/status (VmRSS) and the process's CPU time: its process CPU
-// clock, or else the sum of its live threads' schedstat run times, or else
+// ResetPeakRSS restarts the process's peak RSS (Sample.PeakRSSBytes) from its current RSS,
+// by writing 5 to /proc/<pid>/clear_refs (Linux 4.0 and later; the caller must own the
+// process), so that a later sample's peak is the peak since now.
+func ResetPeakRSS(pid int) error {
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		return fmt.Errorf("reset peak RSS: %w", err)
+	}
+	return nil
+}
+
+// statusKB parses the value of a /proc/<pid>/status line such as "VmRSS:  1234 kB" (rest
+// is what follows the colon) into bytes.
+func statusKB(line, rest []byte) (uint64, error) {
+	f := bytes.Fields(rest)
+	if len(f) < 1 {
+		return 0, fmt.Errorf("status line %q", line)
+	}
+	kb, err := strconv.ParseUint(string(f[0]), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("status line %q: %w", line, err)
+	}
+	return kb << 10, nil
+}
+
+// ReadProc samples /proc/<pid>/status (VmRSS, VmHWM) and the process's CPU time: its
+// process CPU clock, or else the sum of its live threads' schedstat run times, or else
 // /proc/<pid>/stat (utime + stime, in 10 ms ticks).
 func ReadProc(pid int) (Sample, error) {
 	var s Sample
@@ -29,15 +56,13 @@ func ReadProc(pid int) (Sample, error) {
 	}
 	for _, line := range bytes.Split(status, []byte("\n")) {
 		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
-			f := bytes.Fields(rest)
-			if len(f) < 1 {
-				return s, fmt.Errorf("VmRSS line %q", line)
+			if s.RSSBytes, err = statusKB(line, rest); err != nil {
+				return s, err
 			}
-			kb, err := strconv.ParseUint(string(f[0]), 10, 64)
-			if err != nil {
-				return s, fmt.Errorf("VmRSS %q: %w", f[0], err)
+		} else if rest, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+			if s.PeakRSSBytes, err = statusKB(line, rest); err != nil {
+				return s, err
 			}
-			s.RSSBytes = kb << 10
 		}
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

@@ -17,8 +17,9 @@ import (
 const fakeConductorEnv = "CONDUCTOR_FAKE_HELPER"
 
 // TestFakeConductorHelper is the process TestSpawnRemovesConfig spawns as a conductor:
-// it reads the configuration at CONDUCTOR_CONFIG_PATH and answers every HTTP request on
-// the configured port with 503 (an answer, to Spawn) until it is stopped.
+// it reads the configuration at CONDUCTOR_CONFIG_PATH and answers GET /config with it and
+// every other HTTP request on the configured port with 503 (an answer, to Spawn) until it
+// is stopped.
 func TestFakeConductorHelper(t *testing.T) {
 	if os.Getenv(fakeConductorEnv) == "" {
 		t.Skip("helper process only")
@@ -37,7 +38,11 @@ func TestFakeConductorHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/config" {
+			_, _ = w.Write(raw)
+			return
+		}
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}))
 }
@@ -46,17 +51,7 @@ func TestFakeConductorHelper(t *testing.T) {
 // answered (a harness killed afterwards leaves no directory behind), and the conductor
 // keeps running until Stop.
 func TestSpawnRemovesConfig(t *testing.T) {
-	if _, err := os.Stat("/bin/sh"); err != nil {
-		t.Skip("no /bin/sh")
-	}
-	// The fake conductor: this test binary, run as TestFakeConductorHelper under the
-	// same pid (exec), with Spawn's environment.
-	bin := filepath.Join(t.TempDir(), "fake-conductor")
-	script := fmt.Sprintf("#!/bin/sh\nexec %q -test.run='^TestFakeConductorHelper$' -test.count=1\n", os.Args[0])
-	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv(fakeConductorEnv, "1")
+	bin := fakeConductor(t)
 	c, err := Spawn(bin, &syncWriter{b: &strings.Builder{}})
 	if err != nil {
 		t.Fatal(err)
@@ -80,5 +75,66 @@ func TestSpawnRemovesConfig(t *testing.T) {
 	}
 	if err := syscall.Kill(c.PID, 0); err != nil {
 		t.Fatalf("conductor not running after Spawn: %v", err)
+	}
+}
+
+// fakeConductor returns a script that runs this test binary as TestFakeConductorHelper
+// under the same pid (exec), with Spawn's environment.
+func fakeConductor(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	bin := filepath.Join(t.TempDir(), "fake-conductor")
+	script := fmt.Sprintf("#!/bin/sh\nexec %q -test.run='^TestFakeConductorHelper$' -test.count=1\n", os.Args[0])
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(fakeConductorEnv, "1")
+	return bin
+}
+
+// TestSpawnWithConfig: SpawnWith's overrides reach the conductor's configuration beside
+// the harness's own keys, and an override of a key the harness decides is refused before
+// anything starts.
+func TestSpawnWithConfig(t *testing.T) {
+	bin := fakeConductor(t)
+	opts := SpawnOptions{Config: map[string]any{}}
+	for _, kv := range []string{"query_memo_populate=false", "max_services=2000", `access_log=/tmp/x log`, `limits={"a":1}`} {
+		k, v, err := ParseConfigSet(kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts.Config[k] = v
+	}
+	c, err := SpawnWith(bin, &syncWriter{b: &strings.Builder{}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	code, raw, err := httpGet(t.Context(), c.Addr, "/config")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("GET /config: %d, %v", code, err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"query_memo_populate": false, "max_services": 2000.0, "access_log": "/tmp/x log",
+		"limits": map[string]any{"a": 1.0}, "rpc_server_port": 0.0, "state_file": ""}
+	for k, v := range want {
+		if fmt.Sprint(got[k]) != fmt.Sprint(v) {
+			t.Errorf("config %s = %#v, want %#v (config %s)", k, got[k], v, raw)
+		}
+	}
+	if port, _ := got["http_server_port"].(float64); !strings.HasSuffix(c.Addr, fmt.Sprintf(":%d", int(port))) {
+		t.Errorf("http_server_port %v, conductor at %s", got["http_server_port"], c.Addr)
+	}
+	if _, err := SpawnWith(bin, nil, SpawnOptions{Config: map[string]any{"http_server_port": 1}}); err == nil ||
+		!strings.Contains(err.Error(), "set by the harness") {
+		t.Fatalf("override of http_server_port: %v", err)
+	}
+	if _, _, err := ParseConfigSet("novalue"); err == nil {
+		t.Fatal("ParseConfigSet accepted a pair without =")
 	}
 }

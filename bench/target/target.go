@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
@@ -41,10 +43,13 @@ type Conductor struct {
 	stop func()
 }
 
+// errNoPID is returned where a figure needs the conductor's process.
+var errNoPID = errors.New("conductor pid unknown (pass --pid)")
+
 // Sample reads the conductor process's RSS and CPU time.
 func (c *Conductor) Sample() (Sample, error) {
 	if c.PID <= 0 {
-		return Sample{}, errors.New("conductor pid unknown (pass --pid)")
+		return Sample{}, errNoPID
 	}
 	return ReadProc(c.PID)
 }
@@ -96,27 +101,67 @@ func freePort() (int, error) {
 }
 
 // Spawn runs the conductor binary at bin with a temporary configuration (free HTTP port,
-// RPC off, no state file) and waits until it answers. Its stderr goes to logw. It gets
-// SIGTERM if the harness dies without stopping it (startTied). The configuration's
-// directory is removed as soon as the conductor answers (it reads its configuration once,
-// at start), so a harness killed later leaves nothing behind.
+// RPC off, no state file) and waits until it answers: SpawnWith without overrides.
 func Spawn(bin string, logw io.Writer) (*Conductor, error) {
+	return SpawnWith(bin, logw, SpawnOptions{})
+}
+
+// SpawnOptions adjust a spawned conductor.
+type SpawnOptions struct {
+	// Config sets configuration keys on top of the harness's own (a JSON value per key,
+	// as the configuration file holds it). The keys the harness decides (spawnOwnedKeys)
+	// cannot be set.
+	Config map[string]any
+}
+
+// spawnOwnedKeys are the configuration keys Spawn sets itself: the ports it picked and
+// the state it must not leave behind.
+var spawnOwnedKeys = []string{"http_server_port", "rpc_server_port", "state_file", "kvevent_instance"}
+
+// ParseConfigSet turns "key=value" into a configuration key and its JSON value: value is
+// read as JSON when it is JSON (false, 100, "x", {...}) and as a string otherwise.
+func ParseConfigSet(kv string) (string, any, error) {
+	key, val, ok := strings.Cut(kv, "=")
+	if !ok || key == "" {
+		return "", nil, fmt.Errorf("config override %q: want key=value", kv)
+	}
+	var v any
+	if err := json.Unmarshal([]byte(val), &v); err != nil {
+		v = val
+	}
+	return key, v, nil
+}
+
+// SpawnWith runs the conductor binary at bin with a temporary configuration (free HTTP
+// port, RPC off, no state file, then opts.Config) and waits until it answers. Its stderr
+// goes to logw. It gets SIGTERM if the harness dies without stopping it (startTied). The
+// configuration's directory is removed as soon as the conductor answers (it reads its
+// configuration once, at start), so a harness killed later leaves nothing behind.
+func SpawnWith(bin string, logw io.Writer, opts SpawnOptions) (*Conductor, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
+	}
+	conf := map[string]any{
+		"http_server_port": port, "rpc_server_port": 0, "state_file": "", "kvevent_instance": map[string]any{},
+	}
+	for k, v := range opts.Config {
+		if slices.Contains(spawnOwnedKeys, k) {
+			return nil, fmt.Errorf("spawn: configuration key %q is set by the harness", k)
+		}
+		conf[k] = v
+	}
+	cfg, err := json.Marshal(conf)
+	if err != nil {
+		return nil, fmt.Errorf("spawn: encode config: %w", err)
 	}
 	dir, err := os.MkdirTemp("", "conductor-bench-")
 	if err != nil {
 		return nil, fmt.Errorf("spawn: %w", err)
 	}
-	cfg, err := json.Marshal(map[string]any{
-		"http_server_port": port, "rpc_server_port": 0, "state_file": "", "kvevent_instance": map[string]any{},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("spawn: encode config: %w", err)
-	}
 	path := filepath.Join(dir, "conductor.json")
 	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		os.RemoveAll(dir)
 		return nil, fmt.Errorf("spawn: write config: %w", err)
 	}
 	cmd := exec.Command(bin)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
+	"golang.org/x/sys/unix"
 )
 
 // TestReadProc: the harness reads its own RSS and a CPU time that grows with work.
@@ -98,4 +99,85 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.b.Write(p)
+}
+
+// TestPeakRSS: the peak RSS keeps a touched and unmapped region counted until
+// ResetPeakRSS restarts it from the current RSS.
+func TestPeakRSS(t *testing.T) {
+	const size = 64 << 20
+	region, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < size; i += 4096 {
+		region[i] = 1
+	}
+	touched, err := ReadProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Munmap(region); err != nil {
+		t.Fatal(err)
+	}
+	before, err := ReadProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel folds its per-thread RSS counters in lazily, so the peak may trail the
+	// RSS read while touched by a few pages: it must hold most of the region.
+	if before.RSSBytes+size/2 > before.PeakRSSBytes {
+		t.Fatalf("after unmapping: RSS %d, peak %d; RSS while touched %d", before.RSSBytes, before.PeakRSSBytes, touched.RSSBytes)
+	}
+	if err := ResetPeakRSS(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+	after, err := ReadProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.PeakRSSBytes+size/2 > before.PeakRSSBytes || after.PeakRSSBytes < after.RSSBytes {
+		t.Fatalf("after reset: RSS %d, peak %d (peak before %d)", after.RSSBytes, after.PeakRSSBytes, before.PeakRSSBytes)
+	}
+	if err := ResetPeakRSS(-1); err == nil {
+		t.Fatal("no error for pid -1")
+	}
+}
+
+// TestParseMetrics: series keep their labels, Sum adds the samples of a name whose labels
+// match, and a value that is not a number is an error.
+func TestParseMetrics(t *testing.T) {
+	m, err := ParseMetrics([]byte(`# HELP conductor_service_replays_total Replay recoveries.
+# TYPE conductor_service_replays_total counter
+conductor_service_replays_total{service="a b",type="vLLM",result="ok"} 2
+conductor_service_replays_total{service="c",type="vLLM",result="ok"} 3
+conductor_service_replays_total{service="c",type="vLLM",result="failed"} 1
+conductor_service_replays_totalx{result="ok"} 100
+conductor_service_stale{service="c",xresult="ok"} 1
+conductor_ready 1
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+		found  bool
+	}{
+		{"conductor_service_replays_total", nil, 6, true},
+		{"conductor_service_replays_total", []string{`result="ok"`}, 5, true},
+		{"conductor_service_replays_total", []string{`result="failed"`, `service="c"`}, 1, true},
+		{"conductor_service_stale", []string{`result="ok"`}, 0, false},
+		{"conductor_ready", nil, 1, true},
+		{"conductor_absent", nil, 0, false},
+	} {
+		if got, found := m.Sum(c.name, c.labels...); got != c.want || found != c.found {
+			t.Errorf("Sum(%s, %v) = %v, %v; want %v, %v", c.name, c.labels, got, found, c.want, c.found)
+		}
+	}
+	for _, bad := range []string{"conductor_ready one\n", "conductor_ready\n"} {
+		if _, err := ParseMetrics([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
 }

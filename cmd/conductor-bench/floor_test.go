@@ -1,35 +1,17 @@
 package main
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/conductor-go/conductor/bench/floor"
-	"github.com/conductor-go/conductor/bench/target"
 )
-
-// TestMain serves "floor-server" and "keep-awake" when load --floor or --keep-awake runs
-// this test binary as conductor-bench (os.Executable), as the real binary does.
-func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == floor.Command || os.Args[1] == target.AwakeCommand) {
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-	}
-	os.Exit(m.Run())
-}
 
 // TestLoadCommandFloor: load --floor against a spawned conductor prints, for every cell,
 // the floor server's CPU per query and the cell's CPU above it; without a conductor
 // process of its own to sample it refuses. --keep-awake (with it here) is named in the
 // title, and refused in process too (its spinners would be counted).
 func TestLoadCommandFloor(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "mooncake_conductor")
-	if out, err := exec.Command("go", "build", "-o", bin, "../mooncake_conductor").CombinedOutput(); err != nil {
-		t.Fatalf("build conductor: %v\n%s", err, out)
-	}
+	bin := conductorBinary(t)
 	var out, errOut strings.Builder
 	code := run([]string{"load", "--conductor-bin", bin, "--floor", "--keep-awake", "--instances", "2", "--blocks", "500", "--prompt-tokens", "512",
 		"--shapes", "hit,miss", "--concurrency", "1", "--duration", "50ms", "--binary-tokens", "--results", t.TempDir()}, &out, &errOut)

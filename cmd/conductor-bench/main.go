@@ -2,11 +2,15 @@
 //
 //	conductor-bench replay --trace bench/testdata/conversation_trace_2000.jsonl --instances 16
 //	conductor-bench load --instances 8 --blocks 1000000 --prompt-tokens 2048,8192,32768
+//	conductor-bench ingest --conductor-bin bin/mooncake_conductor --blocks 1000000
+//	conductor-bench idle --conductor-bin bin/mooncake_conductor --dead-endpoints 100
 //
 // replay routes a Mooncake trace through the conductor and compares the prefix-cache hit
 // rate with oracle, random and round-robin routing of the same fleet; load measures
-// /query latency and throughput at fixed concurrency and prompt shape. Both print tables
-// and write JSON under bench/results/. See bench/README.md.
+// /query latency and throughput at fixed concurrency and prompt shape; ingest measures a
+// burst of KV events and idle a conductor with nothing to do (both can alternate two
+// binaries and print medians). They print tables and write JSON under bench/results/.
+// See bench/README.md.
 package main
 
 import (
@@ -46,6 +50,8 @@ commands:
   services measure descriptors and OS threads per registered service (register, unregister)
   bigmsg   measure RSS around one outsized ZMQ message from a registered publisher
   logflood measure the log a spawned conductor writes for a flood of malformed batches
+  ingest   measure a burst of KV events from N publishers: blocks/s applied, CPU and RSS per block
+  idle     measure a ready conductor's RSS and its idle CPU (optionally with dead endpoints)
   floor-server
            serve the load command's floor server (load --floor starts it)
   keep-awake [N]
@@ -74,6 +80,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runBigMessage(ctx, args[1:], stdout, stderr)
 	case "logflood":
 		err = runLogFlood(ctx, args[1:], stdout, stderr)
+	case "ingest":
+		err = runIngest(ctx, args[1:], stdout, stderr)
+	case "idle":
+		err = runIdle(ctx, args[1:], stdout, stderr)
 	case floor.Command:
 		err = floor.Run(ctx, stdout)
 	case target.AwakeCommand:
@@ -101,11 +111,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// conductorFlags select the conductor under test (shared by both commands).
+// conductorFlags select the conductor under test (shared by every command).
 type conductorFlags struct {
 	url, bin string
 	pid      int
 	verbose  bool
+	config   configSet
+}
+
+// configSet collects repeated --config-set key=value flags.
+type configSet map[string]any
+
+func (c *configSet) String() string { return fmt.Sprint(map[string]any(*c)) }
+
+func (c *configSet) Set(kv string) error {
+	k, v, err := target.ParseConfigSet(kv)
+	if err != nil {
+		return err
+	}
+	if *c == nil {
+		*c = configSet{}
+	}
+	(*c)[k] = v
+	return nil
 }
 
 func (c *conductorFlags) register(fs *flag.FlagSet) {
@@ -113,16 +141,19 @@ func (c *conductorFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.bin, "conductor-bin", "", "spawn this mooncake_conductor binary on free ports (clean RSS and CPU figures)")
 	fs.IntVar(&c.pid, "pid", 0, "pid of the --conductor process, to read its RSS and CPU time from /proc")
 	fs.BoolVar(&c.verbose, "v", false, "log the in-process conductor at info level")
+	fs.Var(&c.config, "config-set", "key=value: set a configuration key of the spawned conductor (value as JSON, else a string; repeatable; needs --conductor-bin)")
 }
 
 func (c *conductorFlags) start(stderr io.Writer) (*target.Conductor, error) {
 	switch {
 	case c.url != "" && c.bin != "":
 		return nil, errors.New("--conductor and --conductor-bin are exclusive")
+	case len(c.config) > 0 && c.bin == "":
+		return nil, errors.New("--config-set configures a spawned conductor: it needs --conductor-bin")
 	case c.url != "":
 		return target.External(c.url, c.pid)
 	case c.bin != "":
-		return target.Spawn(c.bin, stderr)
+		return target.SpawnWith(c.bin, stderr, target.SpawnOptions{Config: c.config})
 	}
 	level := slog.LevelWarn
 	if c.verbose {

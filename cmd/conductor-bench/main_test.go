@@ -3,10 +3,52 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/conductor-go/conductor/bench/floor"
+	"github.com/conductor-go/conductor/bench/target"
 )
+
+// TestMain serves "floor-server" and "keep-awake" when load --floor or --keep-awake runs
+// this test binary as conductor-bench (os.Executable), as the real binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && (os.Args[1] == floor.Command || os.Args[1] == target.AwakeCommand) {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// built is the conductor binary the tests spawn, built once per test process.
+var built struct {
+	once      sync.Once
+	dir, path string
+	err       error
+	out       []byte
+}
+
+// conductorBinary builds ../mooncake_conductor (once) and returns its path.
+func conductorBinary(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "conductor-bench-test-"); built.err != nil {
+			return
+		}
+		built.path = filepath.Join(built.dir, "mooncake_conductor")
+		built.out, built.err = exec.Command("go", "build", "-o", built.path, "../mooncake_conductor").CombinedOutput()
+	})
+	if built.err != nil {
+		t.Fatalf("build conductor: %v\n%s", built.err, built.out)
+	}
+	return built.path
+}
 
 // TestReplayCommand: a tiny replay against the in-process conductor prints both tables
 // and writes a JSON result whose conductor answers were verified.
@@ -90,6 +132,18 @@ func TestUsageErrors(t *testing.T) {
 		{"load", "--concurrency", "0"},
 		{"load", "--blocks", "1000", "--grow-to", "500"},
 		{"replay", "--trace", "synthetic:5", "--conductor", "http://x", "--conductor-bin", "y"},
+		{"ingest", "--blocks", "0"},
+		{"ingest", "--paced", "-1"},
+		{"ingest", "--warmup", "-1s"},
+		{"ingest", "--hash-algo", "md5"},
+		{"ingest", "--config-set", "max_services=10"},
+		{"ingest", "--config-set", "novalue"},
+		{"ingest", "--alternate", "a"},
+		{"ingest", "--alternate", "a,b", "--conductor-bin", "a"},
+		{"ingest", "--alternate", "a,b", "--rounds", "0"},
+		{"idle", "--window", "0"},
+		{"idle", "--dead-endpoints", "-1"},
+		{"idle", "--conductor-bin", "/nonexistent/conductor"},
 	} {
 		var out, errOut strings.Builder
 		if code := run(args, &out, &errOut); code == 0 || errOut.Len() == 0 {

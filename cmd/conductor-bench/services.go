@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/bench/idle"
 	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/httpclient"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
@@ -46,7 +46,7 @@ func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	var cf conductorFlags
 	cf.register(fs)
 	n := fs.Int("n", 500, "services to register")
-	live := fs.Bool("live", false, "register against live publishers (one per service, in this process) instead of endpoints nobody listens on")
+	live := fs.Bool("live", false, "register against live publishers (one per service, in this process) instead of loopback ports nobody listens on")
 	replay := fs.Bool("replay", false, "with -live, give each publisher a replay endpoint")
 	settle := fs.Duration("settle", 2*time.Second, "wait before each sample")
 	if err := fs.Parse(args); err != nil {
@@ -68,19 +68,18 @@ func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	defer cl.Close()
-	hash := sim.VLLMHash("sha256", "0")
-	regs := make([]httpclient.RegisterRequest, *n)
-	for i := range regs {
-		regs[i] = httpclient.RegisterRequest{
-			Type: "vLLM", ModelName: "svc-bench",
-			InstanceID: "svc-" + strconv.Itoa(i), BlockSize: 16,
-			HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
-				PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
+	var endpoints []string
+	if !*live {
+		dead, err := idle.ReserveDeadEndpoints(*n)
+		if err != nil {
+			return err
 		}
-		// Ports 1..1000 on loopback addresses: privileged, unused on a test machine, so
-		// nobody answers; each thousand takes the next loopback address.
-		regs[i].Endpoint = "tcp://127.0.0." + strconv.Itoa(1+i/1000) + ":" + strconv.Itoa(1+i%1000)
+		defer dead.Close()
+		endpoints = dead.Endpoints()
+	} else {
+		endpoints = make([]string, *n)
 	}
+	regs := idle.Registrations(endpoints, "svc-bench", "svc-")
 	if *live {
 		for i := range regs {
 			cfg := zmqtest.Config{}
