@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -479,5 +480,54 @@ func TestRPCExtensions(t *testing.T) {
 	}
 	if details, err := cl.ListServiceDetails(ctx); err != nil || len(details) != 1 || details[0].Config.LoraName != "" {
 		t.Fatalf("after UnregisterAdapter: %+v %v", details, err)
+	}
+}
+
+// TestConfigFileNewFields: kvevent_instance entries take the new hash_profile fields and
+// index_media, and two entries of one engine (the same instance, two lora_names) are one
+// multi-LoRA service, as over HTTP; a static service's adapters cannot be added over
+// HTTP (they belong in the file).
+func TestConfigFileNewFields(t *testing.T) {
+	pub := newPublisher(t, false)
+	dir := t.TempDir()
+	prof := `"hash_profile": {"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset",
+		"index_projection": "low64_be", "extra_keys": "tagged", "lookahead_tokens": 1%s}`
+	entry := func(lora, path string) string {
+		p := ""
+		if path != "" {
+			p = `, "lora_path": "` + path + `"`
+		}
+		return `{"endpoint": "` + pub.Endpoint() + `", "type": "vLLM", "modelname": "m", "instance_id": "e",
+			"lora_name": "` + lora + `", "block_size": 16, "dp_rank": 0, "index_media": ["GPU", "STORAGE"], ` +
+			strings.Replace(prof, "%s", p, 1) + `}`
+	}
+	cfgPath := filepath.Join(dir, "conductor.json")
+	body := `{"http_server_port": 0, "rpc_server_port": 0, "state_file": "", "kvevent_instance": {
+		"e-base": ` + entry("", "") + `, "e-sql": ` + entry("sql", "/adapters/sql") + `}}`
+	if err := os.WriteFile(cfgPath, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := LoadConfigFile(cfgPath)
+	if err != nil || len(fc.Skipped) != 0 || len(fc.Services) != 2 {
+		t.Fatalf("config: %v skipped %v services %d", err, fc.Skipped, len(fc.Services))
+	}
+	ac := fc.AppConfig()
+	ac.Logger, ac.BindAddress = testLogger(), "127.0.0.1"
+	app, err := Start(ac)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Stop()
+	svcs := app.Service.Services()
+	if len(svcs) != 1 || len(svcs[0].Adapters) != 1 || svcs[0].Adapters[0].LoraPath != "/adapters/sql" ||
+		svcs[0].Profile.Lookahead != 1 || strings.Join(svcs[0].Media.Names(svcs[0].Kind), ",") != "GPU,STORAGE" {
+		t.Fatalf("services %+v", svcs)
+	}
+	body2 := registerBody(pub.Endpoint(), "e", 0, "lora_name", "other", "index_media", []any{"GPU", "STORAGE"},
+		"hash_profile", map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset",
+			"index_projection": "low64_be", "extra_keys": "tagged", "lookahead_tokens": 1, "lora_path": "/adapters/other"})
+	code, resp := msgpackPost(t, app, "/register", body2)
+	if msg, _ := resp["error"].(string); code != http.StatusBadRequest || !strings.Contains(msg, "in the config file") {
+		t.Fatalf("adapter over HTTP on a static service: %d %v", code, resp)
 	}
 }
