@@ -13,7 +13,6 @@ import (
 
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/service"
 )
 
@@ -36,23 +35,14 @@ func clusterRecord(cfg *service.Config) (*cluster.Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The registration's hash_profile (the fields of issue 25 only where set, so that a
+	// profile without them keeps the bytes replicas of earlier releases write: the
+	// context pin compares bytes), its root, and the seed only where it counts.
 	p := cfg.Profile
-	seed := ""
-	if p.StrategyName() == "vllm_v1" {
-		seed = p.Seed
-	}
-	canon := map[string]any{"strategy": p.StrategyName(), "algorithm": p.AlgorithmName(),
-		"index_projection": p.ProjectionName(), "root": hex.EncodeToString(p.Root[:]), "python_hash_seed": seed}
-	// The fields of issue 25 only where set: a profile without them keeps the bytes that
-	// replicas of earlier releases write (the context pin compares bytes).
-	if p.ExtraKeys != hashing.ExtraKeysUntagged {
-		canon["extra_keys"] = p.ExtraKeysName()
-	}
-	if p.LoraPath != "" {
-		canon["lora_path"] = p.LoraPath
-	}
-	if p.Lookahead != 0 {
-		canon["lookahead_tokens"] = p.Lookahead
+	canon := service.ProfileFields(&p)
+	canon["root"] = hex.EncodeToString(p.Root[:])
+	if p.StrategyName() != "vllm_v1" {
+		canon["python_hash_seed"] = ""
 	}
 	prof, err := json.Marshal(canon)
 	if err != nil {

@@ -531,3 +531,40 @@ func TestConfigFileNewFields(t *testing.T) {
 		t.Fatalf("adapter over HTTP on a static service: %d %v", code, resp)
 	}
 }
+
+// TestClusterRecordProfileBytes: the registry's canonical profile of a registration
+// using none of the new fields is byte for byte what earlier releases wrote (replicas
+// compare the bytes to pin a context), and the new fields are in it when set.
+func TestClusterRecordProfileBytes(t *testing.T) {
+	old := service.Registration{Endpoint: "tcp://h:1", Type: "vLLM", ModelName: "m", InstanceID: "e", BlockSize: 16,
+		Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0", IndexProjection: "low64_be"}
+	cfg, err := old.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, rerr := clusterRecord(&cfg)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	const before = `{"algorithm":"sha256_cbor","index_projection":"low64_be","python_hash_seed":"0",` +
+		`"root":"4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e","strategy":"vllm_v1"}`
+	if string(rec.Profile) != before {
+		t.Fatalf("profile %s\nwant %s", rec.Profile, before)
+	}
+	sgl := service.Registration{Endpoint: "tcp://h:2", Type: "SGLang", ModelName: "m", InstanceID: "s", BlockSize: 16,
+		Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be"}
+	if cfg, err = sgl.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, rerr = clusterRecord(&cfg); rerr != nil || !strings.Contains(string(rec.Profile), `"python_hash_seed":""`) {
+		t.Fatalf("SGLang profile %s %v", rec.Profile, rerr)
+	}
+	old.ExtraKeys, old.LookaheadTokens, old.LoraName, old.LoraPath = "tagged", 1, "a", "/a"
+	if cfg, err = old.Resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, rerr = clusterRecord(&cfg); rerr != nil || !strings.Contains(string(rec.Profile), `"extra_keys":"tagged"`) ||
+		!strings.Contains(string(rec.Profile), `"lookahead_tokens":1`) || !strings.Contains(string(rec.Profile), `"lora_path":"/a"`) {
+		t.Fatalf("new fields: %s %v", rec.Profile, rerr)
+	}
+}

@@ -195,16 +195,8 @@ func (c *Config) WithAdapters(loras []Adapter) (Config, *Error) {
 		}
 		spec := base
 		spec.LoraPath = a.LoraPath
-		p, err := hashing.ResolveSpec(spec)
-		if err == nil {
-			err = p.CheckLora(a.LoraName)
-		}
-		if err != nil {
-			field := "lora_path"
-			if fe, ok := err.(*hashing.FieldError); ok {
-				field = fe.Field
-			}
-			return Config{}, invalidField("invalid_value", field, fmt.Sprintf("adapter %q: hash_profile: %v", a.LoraName, err))
+		if _, err := resolveProfile(spec, a.LoraName, fmt.Sprintf("adapter %q: ", a.LoraName)); err != nil {
+			return Config{}, err
 		}
 		hasBase = hasBase || a.LoraName == ""
 	}
@@ -301,19 +293,9 @@ func (r *Registration) Resolve() (Config, *Error) {
 	if r.CacheGroup != nil && *r.CacheGroup != 0 {
 		return cfg, invalidField("unsupported", "cache_group", "cache_group: only 0 is supported")
 	}
-	profile, err := hashing.ResolveSpec(r.Spec())
-	if err == nil {
-		err = profile.CheckLora(r.LoraName)
-	}
-	if err != nil {
-		// Upstream's field is the bare key (strategy, algorithm, index_projection,
-		// python_hash_seed, and the optional extra_keys, lora_path, lookahead_tokens):
-		// clients switch on it.
-		field := "hash_profile"
-		if fe, ok := err.(*hashing.FieldError); ok {
-			field = fe.Field
-		}
-		return cfg, invalidField("invalid_value", field, "hash_profile: "+err.Error())
+	profile, verr := resolveProfile(r.Spec(), r.LoraName, "")
+	if verr != nil {
+		return cfg, verr
 	}
 	if r.RootDigest != "" && r.RootDigest != profile.RootHex() {
 		return cfg, invalidField("invalid_value", "root_digest",
@@ -345,6 +327,26 @@ func (r *Registration) Resolve() (Config, *Error) {
 		cfg.CacheGroup = &g
 	}
 	return cfg, nil
+}
+
+// resolveProfile resolves a hash_profile for an adapter (loraName) and checks that it
+// fits it (Profile.CheckLora). A refusal names the bare key as its field, as upstream
+// does (strategy, algorithm, index_projection, python_hash_seed, and the optional
+// extra_keys, lora_path, lookahead_tokens): clients switch on it; what prefixes the
+// message.
+func resolveProfile(spec hashing.Spec, loraName, what string) (hashing.Profile, *Error) {
+	p, err := hashing.ResolveSpec(spec)
+	if err == nil {
+		err = p.CheckLora(loraName)
+	}
+	if err != nil {
+		field := "hash_profile"
+		if fe, ok := err.(*hashing.FieldError); ok {
+			field = fe.Field
+		}
+		return p, invalidField("invalid_value", field, what+"hash_profile: "+err.Error())
+	}
+	return p, nil
 }
 
 // checkServiceEndpoint validates a registration's endpoint: a master locator (only for

@@ -18,6 +18,7 @@ import (
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/internal/enginevectors"
 )
 
 // The real engines as the oracle, through the binary: the KV events vLLM 0.23-0.34 and
@@ -134,21 +135,9 @@ func (f *engFile) eventCase(id string) *engEventCase {
 
 func loadEngineFiles(t *testing.T) []*engFile {
 	t.Helper()
-	paths, err := filepath.Glob(filepath.Join("..", "..", "testdata", "engines", "*.json"))
-	if err != nil || len(paths) != 11 {
-		t.Fatalf("engine vectors: %v %v", paths, err)
-	}
-	var out []*engFile
-	for _, p := range paths {
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var f engFile
-		if err := json.Unmarshal(raw, &f); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		out = append(out, &f)
+	out := enginevectors.Load[engFile](t, filepath.Join("..", ".."), "*.json")
+	if len(out) != 11 {
+		t.Fatalf("%d engine vector files, want 11", len(out))
 	}
 	// vLLM first, releases in order.
 	sort.Slice(out, func(i, j int) bool {

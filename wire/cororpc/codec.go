@@ -421,16 +421,21 @@ func AppendUnregisterArgs(dst []byte, instanceID, tenantID string, dpRank int32)
 // DecodeUnregisterArgs decodes the Unregister argument body; strings are copied.
 func DecodeUnregisterArgs(body []byte) (instanceID, tenantID string, dpRank int32, err error) {
 	r := open(body, codeUnregisterArgs)
+	instanceID, tenantID, dpRank = r.serviceID()
+	if err := r.finish(); err != nil {
+		return "", "", 0, decodeErr("Unregister arguments", err)
+	}
+	return instanceID, tenantID, dpRank, nil
+}
+
+// serviceID reads the (instance_id, tenant_id, dp_rank) an unregistration names.
+func (r *reader) serviceID() (instanceID, tenantID string, dpRank int32) {
 	r.field = "instance_id"
 	instanceID = r.strCopy()
 	r.field = "tenant_id"
 	tenantID = r.strCopy()
 	r.field = "dp_rank"
-	dpRank = r.i32()
-	if err := r.finish(); err != nil {
-		return "", "", 0, decodeErr("Unregister arguments", err)
-	}
-	return instanceID, tenantID, dpRank, nil
+	return instanceID, tenantID, r.i32()
 }
 
 // AppendUnregisterResult appends a successful Unregister response body.

@@ -150,12 +150,7 @@ func AppendUnregisterAdapterArgs(dst []byte, instanceID, tenantID string, dpRank
 // DecodeUnregisterAdapterArgs decodes an UnregisterAdapter argument body.
 func DecodeUnregisterAdapterArgs(body []byte) (instanceID, tenantID string, dpRank int32, loraName string, err error) {
 	r := open(body, codeUnregisterAdapterArgs)
-	r.field = "instance_id"
-	instanceID = r.strCopy()
-	r.field = "tenant_id"
-	tenantID = r.strCopy()
-	r.field = "dp_rank"
-	dpRank = r.i32()
+	instanceID, tenantID, dpRank = r.serviceID()
 	r.field = "lora_name"
 	loraName = r.strCopy()
 	if err := r.finish(); err != nil {
