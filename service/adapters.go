@@ -3,6 +3,7 @@ package service
 import (
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
@@ -49,7 +50,8 @@ func (s *Service) storeUpdate(prev, cfg *Config) error {
 // idempotent (isNew false).
 func (s *Service) addAdaptersLocked(cur *registration, cfg *Config, static, persist bool) (isNew bool, err *Error) {
 	key := cfg.Key()
-	if !cur.cfg.SameEngine(cfg) {
+	if !cur.cfg.SameEngine(cfg) || !cfg.Kind.IsEngine() {
+		// A Mooncake master's events name their own contexts: it has no adapters.
 		return false, invalidRegistration("conflicting registration for service key %s", key)
 	}
 	var added []Adapter
@@ -213,12 +215,12 @@ func origin(static bool) string {
 	return "over HTTP or RPC"
 }
 
-func adapterNames(as []Adapter) []string {
+func adapterNames(as []Adapter) string {
 	out := make([]string, len(as))
 	for i, a := range as {
-		out[i] = a.LoraName
+		out[i] = strconv.Quote(a.LoraName)
 	}
-	return out
+	return strings.Join(out, ",")
 }
 
 // View is one entry of the services views (/services, ListServiceDetails): one adapter

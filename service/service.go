@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -309,13 +311,13 @@ func (u *contextUndo) run(eng *engine.Engine) {
 	*u = contextUndo{}
 }
 
-// loraNames lists a registration's adapters for logs.
-func loraNames(cfg *Config) []string {
+// loraNames lists a registration's adapters for logs, quoted (the base model's is "").
+func loraNames(cfg *Config) string {
 	out := make([]string, 0, 1+len(cfg.Adapters))
 	for _, a := range cfg.Loras() {
-		out = append(out, a.LoraName)
+		out = append(out, strconv.Quote(a.LoraName))
 	}
-	return out
+	return strings.Join(out, ",")
 }
 
 // registerSlot adds an engine registration's (instance, rank) to its context (one
