@@ -192,22 +192,6 @@ func (s *Service) reconcileAdaptersLocked(cur *registration, cfg *Config) *Error
 	return nil
 }
 
-// CheckStats is the profile self-check of one adapter's context of a registered
-// service (false: no such service or adapter, no self-check, or not an engine source).
-func (s *Service) CheckStats(id ID, loraName string) (hashing.CheckStats, bool) {
-	s.mu.Lock()
-	reg, ok := s.services[id]
-	s.mu.Unlock()
-	if !ok {
-		return hashing.CheckStats{}, false
-	}
-	router, ok := reg.sub.(AdapterRouter)
-	if !ok {
-		return hashing.CheckStats{}, false
-	}
-	return router.CheckStats(loraName)
-}
-
 func origin(static bool) string {
 	if static {
 		return "in the config file"
