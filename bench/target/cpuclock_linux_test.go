@@ -11,10 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// spinLockedThread burns about d of CPU on a goroutine locked to its thread and returns
+// spinLockedThread burns d of CPU on a goroutine locked to its thread and returns
 // without unlocking, so that Go ends the thread with it; it returns the thread's id.
 // The main thread is the exception (Go parks it instead of ending it), so a goroutine
-// that lands there unlocks and another is started.
+// that lands there unlocks and another is started. The spin is measured on the thread's
+// own CPU clock, not the wall clock: on a loaded machine a wall-clock spin gets only a
+// share of a CPU.
 func spinLockedThread(d time.Duration) int {
 	for {
 		tid := make(chan int, 1)
@@ -25,7 +27,8 @@ func spinLockedThread(d time.Duration) int {
 				tid <- 0
 				return
 			}
-			for start := time.Now(); time.Since(start) < d; {
+			start := threadCPU()
+			for threadCPU()-start < d {
 			}
 			tid <- unix.Gettid()
 		}()
@@ -33,6 +36,15 @@ func spinLockedThread(d time.Duration) int {
 			return id
 		}
 	}
+}
+
+// threadCPU is the calling thread's CPU time.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
+		panic(err)
+	}
+	return time.Duration(ts.Nano())
 }
 
 // TestReadProcCountsExitedThreads: the CPU time a thread spent stays counted after the
@@ -58,8 +70,8 @@ func TestReadProcCountsExitedThreads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The spinning thread was on a CPU for most of spin; half of it is a bound that a lost
-	// thread cannot meet on an idle harness and that a loaded machine still meets.
+	// The spinning thread spent spin on a CPU (its own clock says so), so the process's
+	// CPU grew by at least that; half of it is a bound a lost thread cannot meet.
 	if got := s1.CPU - s0.CPU; got < spin/2 {
 		t.Fatalf("CPU grew by %v over a %v spin on an exited thread", got, spin)
 	}
