@@ -443,3 +443,103 @@ func (r *Registry) idOfKey(key []byte) (string, error) {
 	}
 	return url.PathUnescape(s)
 }
+
+// Replace changes the record of a registered service in place (the adapters of a
+// multi-LoRA engine come and go while its subscription stays): prev is the record the
+// caller registered, which the registry must still hold, and rec keeps its ID and
+// endpoint. The context pin moves from prev's context to rec's when they differ (rec's
+// profile must match a pinned one). A broken rule is a *ConflictError: ConflictService
+// when the registry holds something else than prev (another write came first).
+func (r *Registry) Replace(ctx context.Context, prev, rec *Record) (rev int64, err error) {
+	if prev.ID != rec.ID || prev.Endpoint != rec.Endpoint {
+		return 0, fmt.Errorf("cluster: replace %s: the id and endpoint must stay", prev.ID)
+	}
+	ctx, cancel := r.opContext(ctx)
+	defer cancel()
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return 0, fmt.Errorf("cluster: encode record %s: %w", rec.ID, err)
+	}
+	sk, ek := r.serviceKey(rec.ID), r.endpointKey(rec.Endpoint)
+	oldCK, newCK := r.contextKey(prev.Context), r.contextKey(rec.Context)
+	for attempt := 0; ; attempt++ {
+		svc, ep, oldCX, _, _, err := r.read(ctx, sk, ek, oldCK)
+		if err != nil {
+			return 0, fmt.Errorf("cluster: read registry: %w", err)
+		}
+		var cur Record
+		if svc == nil || json.Unmarshal(svc.value, &cur) != nil || !cur.same(prev) || ep == nil || string(ep.value) != rec.ID {
+			return 0, &ConflictError{Kind: ConflictService}
+		}
+		cmps := []clientv3.Cmp{
+			clientv3.Compare(clientv3.ModRevision(sk), "=", svc.mod),
+			clientv3.Compare(clientv3.ModRevision(ek), "=", ep.mod),
+			clientv3.Compare(clientv3.ModRevision(oldCK), "=", oldCX.modRev()),
+		}
+		ops := []clientv3.Op{clientv3.OpPut(sk, string(val))}
+		if newCK != oldCK {
+			_, _, newCX, _, _, err := r.read(ctx, sk, ek, newCK)
+			if err != nil {
+				return 0, fmt.Errorf("cluster: read registry: %w", err)
+			}
+			ctxOps, err := r.moveContextPin(oldCK, oldCX, newCK, newCX, rec.Profile)
+			if err != nil {
+				return 0, err
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(newCK), "=", newCX.modRev()))
+			ops = append(ops, ctxOps...)
+		}
+		if r.cfg.BeforeCommit != nil {
+			r.cfg.BeforeCommit(rec.ID, attempt)
+		}
+		resp, err := r.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("cluster: commit replacement %s: %w", rec.ID, err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+		// Another write changed one of the keys since the read: validate again.
+		if !retryPause(ctx, attempt) {
+			return 0, fmt.Errorf("cluster: replacement %s kept racing other writes (%d attempts): %w", rec.ID, attempt+1, ctx.Err())
+		}
+	}
+}
+
+// moveContextPin returns the operations that move one service from the context key
+// oldCK to newCK (profile prof), refusing a newCK pinned to another profile.
+func (r *Registry) moveContextPin(oldCK string, oldCX *kv, newCK string, newCX *kv, prof json.RawMessage) ([]clientv3.Op, error) {
+	var ops []clientv3.Op
+	if oldCX != nil {
+		var cv contextValue
+		if err := json.Unmarshal(oldCX.value, &cv); err != nil {
+			return nil, fmt.Errorf("cluster: context key %s is corrupt: %w", oldCK, err)
+		}
+		if cv.Services <= 1 {
+			ops = append(ops, clientv3.OpDelete(oldCK))
+		} else {
+			cv.Services--
+			b, err := json.Marshal(cv)
+			if err != nil {
+				return nil, err
+			}
+			ops = append(ops, clientv3.OpPut(oldCK, string(b)))
+		}
+	}
+	n := 0
+	if newCX != nil {
+		var cv contextValue
+		if err := json.Unmarshal(newCX.value, &cv); err != nil {
+			return nil, fmt.Errorf("cluster: context key %s is corrupt: %w", newCK, err)
+		}
+		if !bytes.Equal(cv.Profile, prof) {
+			return nil, &ConflictError{Kind: ConflictProfile}
+		}
+		n = cv.Services
+	}
+	b, err := json.Marshal(contextValue{Profile: prof, Services: n + 1})
+	if err != nil {
+		return nil, err
+	}
+	return append(ops, clientv3.OpPut(newCK, string(b))), nil
+}

@@ -98,6 +98,10 @@ type AppConfig struct {
 	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
 	IngestLogBurst    int
 	IngestLogInterval time.Duration
+	// HashCheckOff turns the profile self-check of engine sources off ("hash_check":
+	// false); HashCheckLogInterval spaces a context's mismatch warnings (0: 1 minute).
+	HashCheckOff         bool
+	HashCheckLogInterval time.Duration
 	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
 	// shared by every replica (StateFile is then not used); nil: a single node.
 	Cluster *cluster.Config
@@ -209,7 +213,7 @@ func Start(cfg AppConfig) (*App, error) {
 		MaxFieldBytes: lim.MaxFieldBytes,
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
-			Gates: gates})})
+			Gates: gates, HashCheckOff: cfg.HashCheckOff, HashCheckLogInterval: cfg.HashCheckLogInterval})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook,
 		maxServices: lim.MaxServices, adminTok: cfg.AdminToken, maxSnapshotBytes: cfg.MaxSnapshotBytes,
 		snapshotReceipts: make(chan struct{}, maxSnapshotReceipts)}

@@ -36,13 +36,16 @@ func clusterRecord(cfg *service.Config) (*cluster.Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The registration's hash_profile (the fields of issue 25 only where set, so that a
+	// profile without them keeps the bytes replicas of earlier releases write: the
+	// context pin compares bytes), its root, and the seed only where it counts.
 	p := cfg.Profile
-	seed := ""
-	if p.StrategyName() == "vllm_v1" {
-		seed = p.Seed
+	canon := service.ProfileFields(&p)
+	canon["root"] = hex.EncodeToString(p.Root[:])
+	if p.StrategyName() != "vllm_v1" {
+		canon["python_hash_seed"] = ""
 	}
-	prof, err := json.Marshal(map[string]string{"strategy": p.StrategyName(), "algorithm": p.AlgorithmName(),
-		"index_projection": p.ProjectionName(), "root": hex.EncodeToString(p.Root[:]), "python_hash_seed": seed})
+	prof, err := json.Marshal(canon)
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +93,25 @@ func (c *clusterStore) Put(cfg *service.Config) error {
 		return err
 	}
 	rev, _, err := c.reg.Put(context.Background(), rec)
+	if err != nil {
+		return registryConflict(cfg, err)
+	}
+	c.written[rec.ID] = rev
+	return nil
+}
+
+// Update replaces a registration in the registry by another of the same service and
+// endpoint (its LoRA adapters changed).
+func (c *clusterStore) Update(prev, cfg *service.Config) error {
+	old, err := clusterRecord(prev)
+	if err != nil {
+		return err
+	}
+	rec, err := clusterRecord(cfg)
+	if err != nil {
+		return err
+	}
+	rev, err := c.reg.Replace(context.Background(), old, rec)
 	if err != nil {
 		return registryConflict(cfg, err)
 	}
@@ -363,14 +385,20 @@ func (c *clusterSync) applyPut(tx *service.Tx, rid string, cfg *service.Config) 
 			c.forget(rid)
 			return false
 		}
-		_ = tx.Unregister(id)
 	}
-	_, err := tx.Register(cfg)
+	// Another configuration of the service replaces the local one: only its adapters
+	// change when they alone differ (multi-LoRA), else it is registered anew.
+	err := tx.Replace(cfg)
 	if err != nil && err.Msg == "registration conflicts with the ContextKey hash profile" {
 		// A context this replica still holds from services now gone may pin an old
 		// profile: the registry no longer does, so drop it if it is empty and retry.
-		if c.eng.DropEmptyContext(cfg.Context()) {
-			_, err = tx.Register(cfg)
+		dropped := false
+		for _, a := range cfg.Loras() {
+			ac := cfg.ForAdapter(a)
+			dropped = c.eng.DropEmptyContext(ac.Context()) || dropped
+		}
+		if dropped {
+			err = tx.Replace(cfg)
 		}
 	}
 	if err != nil {

@@ -84,6 +84,11 @@ type FileConfig struct {
 	// lines pass per interval (burst -1: unlimited).
 	IngestLogBurst           int
 	IngestLogIntervalSeconds int
+	// HashCheck and HashCheckLogIntervalSeconds are "hash_check" and
+	// "hash_check_log_interval_seconds": the profile self-check of engine sources, and
+	// the least time between two of a context's mismatch warnings.
+	HashCheck                   bool
+	HashCheckLogIntervalSeconds int
 	// Cluster is the "cluster" key (nil when absent: a single node with the state file).
 	Cluster *cluster.Config
 	// MaxSnapshotBytes and MaxSnapshotDownloads are "max_snapshot_bytes" and
@@ -259,6 +264,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
+		HashCheckOff: !f.HashCheck, HashCheckLogInterval: time.Duration(f.HashCheckLogIntervalSeconds) * time.Second,
 		Cluster: f.Cluster, MaxSnapshotBytes: f.MaxSnapshotBytes, MaxSnapshotDownloads: f.MaxSnapshotDownloads}
 }
 

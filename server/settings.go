@@ -11,6 +11,7 @@ import (
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/internal/jsonval"
@@ -228,6 +229,16 @@ func fileSettings() []setting[FileConfig] {
 			"snapshots `GET /cluster/snapshot` streams at once (503 with `Retry-After` beyond it). Each keeps its "+
 				"own journal of the changes between its steps (up to 4M block hashes a context)",
 			func(f *FileConfig, v int64) { f.MaxSnapshotDownloads = int(v) }),
+		boolSetting("hash_check", true,
+			"verify each engine service's hash profile against the block hashes its engine publishes: every "+
+				"`BlockStored` until 64 events were verified, then one batch in 128 (+2.4% ingest CPU per block measured, "+
+				"docs/performance.md). A mismatch is counted (`conductor_service_hash_mismatch_total`), logged with the "+
+				"profile that would reproduce the engine's hashes, and shown as `HashCheck` in `/services`; blocks are "+
+				"indexed by the engine's hashes either way. `false`: no check (`HashCheck` reads `off`)",
+			func(f *FileConfig, v bool) { f.HashCheck = v }),
+		intSetting("hash_check_log_interval_seconds", int64(translate.DefaultCheckLogInterval/time.Second), 1, 86400,
+			"least time between two mismatch warnings of one context",
+			func(f *FileConfig, v int64) { f.HashCheckLogIntervalSeconds = int(v) }),
 		objectSetting("cluster", "object", "unset (one node, `state_file`)", "the `cluster.*` keys below; null: unset",
 			"run as one replica of a cluster whose registrations live in etcd; with `cluster` set, `state_file` is not used",
 			parseCluster),

@@ -62,3 +62,26 @@ func (tx *Tx) Services() []Config {
 	}
 	return out
 }
+
+// Replace makes the registration of cfg's service cfg, without storing it: nothing when
+// it already is; the adapters added and removed when only they differ (the other
+// adapters' contexts keep what they hold); otherwise the old registration is
+// unregistered and cfg registered. It refuses while stopping.
+func (tx *Tx) Replace(cfg *Config) *Error {
+	if tx.s.stopping.Load() {
+		return errStopping
+	}
+	cur, ok := tx.s.services[cfg.ID()]
+	if ok && !cur.cfg.Equal(cfg) && cur.cfg.SameEngine(cfg) && !cur.static {
+		if err := tx.s.reconcileAdaptersLocked(cur, cfg); err == nil {
+			return nil
+		}
+	}
+	if ok && !cur.cfg.Equal(cfg) {
+		if err := tx.Unregister(cfg.ID()); err != nil {
+			return err
+		}
+	}
+	_, err := tx.s.registerLocked(cfg, false, false)
+	return err
+}

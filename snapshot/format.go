@@ -22,7 +22,8 @@ import (
 //	header   "CONDSNAP" u16 version
 //	frames   u8 type, u32 payload length (at most MaxFrameBytes), payload
 //	  'C' context: tenant, model, lora, i64 block size, strategy, algorithm, seed,
-//	      projection, u32 n sources then n × (endpoint, u8 flags (1: the sequence cut
+//	      projection, extra keys, lora path, u64 lookahead tokens, u32 n sources then
+//	      n × (endpoint, u8 flags (1: the sequence cut
 //	      below is known, 2: a shared (Mooncake) source), u64 last applied sequence,
 //	      instance, i64 rank): the context's registered services when its copy began
 //	  'K' chunk of the last context: u32 n slots × (instance, i64 rank); u32 n entries ×
@@ -162,6 +163,9 @@ func (s *Writer) Context(c *Header) error {
 	b = appendStr(b, c.Profile.AlgorithmName())
 	b = appendStr(b, c.Profile.Seed)
 	b = appendStr(b, c.Profile.ProjectionName())
+	b = appendStr(b, c.Profile.ExtraKeysName())
+	b = appendStr(b, c.Profile.LoraPath)
+	b = binary.LittleEndian.AppendUint64(b, uint64(c.Profile.Lookahead))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(c.Sources)))
 	for _, src := range c.Sources {
 		b = appendStr(b, src.Endpoint)
@@ -576,7 +580,13 @@ func (d *dec) context() (*Header, error) {
 	c := &Header{}
 	c.Key.TenantID, c.Key.ModelName, c.Key.LoraName = d.str(), d.str(), d.str()
 	c.Key.BlockSize = int64(d.u64())
-	strategy, algorithm, seed, projection := d.str(), d.str(), d.str(), d.str()
+	spec := hashing.Spec{Strategy: d.str(), Algorithm: d.str(), PythonHashSeed: d.str(), IndexProjection: d.str(),
+		ExtraKeys: d.str(), LoraPath: d.str()}
+	look := d.u64()
+	if look > hashing.MaxLookahead {
+		look = hashing.MaxLookahead + 1 // out of range: ResolveSpec refuses it
+	}
+	spec.LookaheadTokens = int64(look)
 	n := d.count(29)
 	for range n {
 		src := Source{Endpoint: d.str()}
@@ -595,7 +605,10 @@ func (d *dec) context() (*Header, error) {
 	if len(d.b) != 0 {
 		return nil, fmt.Errorf("%w: trailing bytes in a context frame", ErrCorrupt)
 	}
-	p, err := hashing.Resolve(strategy, algorithm, seed, projection)
+	p, err := hashing.ResolveSpec(spec)
+	if err == nil {
+		err = p.CheckLora(c.Key.LoraName)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("snapshot context %s/%s: hash profile: %w", c.Key.TenantID, c.Key.ModelName, err)
 	}

@@ -14,8 +14,9 @@ import (
 type collect struct{ out []string }
 
 func (c *collect) Context(x *Header) error {
-	c.out = append(c.out, fmt.Sprintf("C %+v %s %s %s %s %+v", x.Key, x.Profile.StrategyName(), x.Profile.AlgorithmName(),
-		x.Profile.Seed, x.Profile.ProjectionName(), x.Sources))
+	c.out = append(c.out, fmt.Sprintf("C %+v %s %s %s %s %s %q %d %s %+v", x.Key, x.Profile.StrategyName(),
+		x.Profile.AlgorithmName(), x.Profile.Seed, x.Profile.ProjectionName(), x.Profile.ExtraKeysName(),
+		x.Profile.LoraPath, x.Profile.Lookahead, x.Profile.RootHex(), x.Sources))
 	return nil
 }
 
@@ -28,8 +29,12 @@ func sampleSnapshot(t *testing.T) ([]byte, []string) {
 	t.Helper()
 	p1, err1 := hashing.Resolve("vllm_v1", "sha256_cbor", "42", "low64_be")
 	p2, err2 := hashing.Resolve("sglang", "sha256_raw", "0", "first64_be")
-	if err1 != nil || err2 != nil {
-		t.Fatal(err1, err2)
+	// The hash profile fields of current engines travel too (tagged extra keys with the
+	// adapter's path, lookahead, seed unset).
+	p3, err3 := hashing.ResolveSpec(hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset",
+		IndexProjection: "low64_be", ExtraKeys: "tagged", LoraPath: "/adapters/a", LookaheadTokens: 3})
+	if err1 != nil || err2 != nil || err3 != nil {
+		t.Fatal(err1, err2, err3)
 	}
 	var buf bytes.Buffer
 	w := NewWriter(&buf, testKey)
@@ -40,6 +45,8 @@ func sampleSnapshot(t *testing.T) ([]byte, []string) {
 			{Endpoint: "tcp://e:2", Slot: engine.Slot{InstanceID: "b", DPRank: 3}},
 			{Endpoint: "tcp://s:1", Shared: true, Seq: 7, HasSeq: true}}},
 		{Key: engine.ContextKey{TenantID: "t", ModelName: "n", LoraName: "l", BlockSize: 64}, Profile: p2},
+		{Key: engine.ContextKey{TenantID: "default", ModelName: "m", LoraName: "a", BlockSize: 4}, Profile: p3, Sources: []Source{
+			{Endpoint: "tcp://e:1", Slot: engine.Slot{InstanceID: "a"}, Seq: 5, HasSeq: true}}},
 	}
 	chunks := [][]*engine.SnapshotChunk{
 		{{Slots: []engine.Slot{{InstanceID: "a"}, {InstanceID: "b", DPRank: 3}}, Entries: []engine.SnapshotEntry{{Key: 1, Slot: 0, Tiers: 1}, {Key: 2, Slot: 1, Tiers: 5}}},
@@ -48,6 +55,7 @@ func sampleSnapshot(t *testing.T) ([]byte, []string) {
 				{Op: engine.Op{Source: "tcp://s:2", Backend: "z"}, Retract: true, ClearShared: true}},
 				Slots: []engine.Slot{{InstanceID: "a"}}, Bindings: []engine.SnapshotBinding{{Source: "tcp://s:1", Backend: "b", ObjectKey: "o", Tier: engine.SharedDisk, Hash: 9, Components: []string{"_0_k"}}}}},
 		{{Slots: []engine.Slot{}, Entries: []engine.SnapshotEntry{}}},
+		{{Slots: []engine.Slot{{InstanceID: "a"}}, Entries: []engine.SnapshotEntry{{Key: 3, Slot: 0, Tiers: 1}}}},
 	}
 	for i, c := range ctxs {
 		if err := w.Context(c); err != nil {
@@ -97,7 +105,7 @@ func TestSnapshotStreamRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Contexts != 2 || st.Entries != 2 || st.Bindings != 1 || st.Bytes != int64(len(data)) {
+	if st.Contexts != 3 || st.Entries != 3 || st.Bindings != 1 || st.Bytes != int64(len(data)) {
 		t.Fatalf("stats %+v", st)
 	}
 	// Empty and nil slices print alike except for Slots/Entries/Bindings nil vs empty.

@@ -83,14 +83,28 @@ type conductor struct {
 // the process is killed at cleanup if the test did not stop it.
 func startConductor(t *testing.T, config string, env ...string) *conductor {
 	t.Helper()
-	return startConductorIn(t, "", config, env...)
+	return startBinaryIn(t, binPath, "", config, env...)
 }
 
 // startConductorIn is startConductor with the process's working directory set to dir
 // ("" keeps the test's).
 func startConductorIn(t *testing.T, dir, config string, env ...string) *conductor {
 	t.Helper()
-	cmd := exec.Command(binPath)
+	return startBinaryIn(t, binPath, dir, config, env...)
+}
+
+// startBinary is startConductor with another conductor binary (an older build, to
+// compare).
+func startBinary(t *testing.T, bin, config string, env ...string) *conductor {
+	t.Helper()
+	return startBinaryIn(t, bin, "", config, env...)
+}
+
+// startBinaryIn starts conductor binary bin in working directory dir ("" keeps the
+// test's).
+func startBinaryIn(t *testing.T, bin, dir, config string, env ...string) *conductor {
+	t.Helper()
+	cmd := exec.Command(bin)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+config, "CONDUCTOR_LOG_LEVEL=")
 	cmd.Env = append(cmd.Env, env...)

@@ -307,6 +307,10 @@ def test_vllm_publisher_events_become_hits(client, publisher_factory):
                 "DPRank": 0,
                 "CacheGroup": None,
                 "HashProfile": dict(VLLM_PROFILE, root_digest=g.ROOT_VLLM_CBOR_SEED0),
+                # This conductor's (ListServiceDetails): the media indexed, and the
+                # self-check of the engine's hashes against the registered profile.
+                "IndexMedia": ["GPU"],
+                "HashCheck": "ok",
             }
         ],
     }
