@@ -69,17 +69,26 @@ func (c *cacheContext) findOrCreate(key uint64) (idx uint32, rec []uint64, creat
 // create makes the record of key, absent (findOrCreate).
 func (c *cacheContext) create(key uint64) (idx uint32, rec []uint64) {
 	c.makeRoom()
-	idx = c.tab.ar.Alloc()
+	idx, fresh := c.tab.ar.AllocFresh()
 	rec = c.rec(idx)
-	// A reused record may still be read by a query that found it under its old key: it
-	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
-	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
-	// Its bitsets start empty: it reflects every clear (the current stamp).
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaFlags|metaStampMask<<metaStampShift)|c.stamp<<metaStampShift|metaBusy)
-	atomic.StoreUint64(&rec[recKey], key)
-	for j := recBits; j < len(rec); j++ {
-		if rec[j] != 0 {
-			atomic.StoreUint64(&rec[j], 0)
+	if fresh {
+		// Never allocated: every word is zero and no reader holds its index. It is
+		// written without being read first (see arena.AllocFresh: no zero-page copy),
+		// busy until the caller's final meta store.
+		atomic.StoreUint64(&rec[recMeta], c.stamp<<metaStampShift|metaBusy)
+		atomic.StoreUint64(&rec[recKey], key)
+	} else {
+		// A reused record may still be read by a query that found it under its old
+		// key: it goes busy (dropping the old block's shared flags) before the key and
+		// bitsets change, and stays busy until the caller's final meta store, which
+		// gives it a fresh epoch. Its bitsets start empty: it reflects every clear (the
+		// current stamp).
+		atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaFlags|metaStampMask<<metaStampShift)|c.stamp<<metaStampShift|metaBusy)
+		atomic.StoreUint64(&rec[recKey], key)
+		for j := recBits; j < len(rec); j++ {
+			if rec[j] != 0 {
+				atomic.StoreUint64(&rec[j], 0)
+			}
 		}
 	}
 	c.tab.insertNew(key, idx)
