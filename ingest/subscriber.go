@@ -43,8 +43,13 @@ const (
 	DefaultMaxRecoveryMessages   = 10000
 	DefaultMaxRecoveryBytes      = 64 << 20
 	// DefaultMaxMessageSize bounds one ZMQ message (all frames): far above a scheduler
-	// step's batch, far below what would hurt the process.
-	DefaultMaxMessageSize = 64 << 20
+	// step's batch (a step that stores a million tokens' blocks is 3-5 MiB), small enough
+	// that DefaultBufferBytes holds 16 of them.
+	DefaultMaxMessageSize = 16 << 20
+	// DefaultBufferBytes is the byte budget of the messages libzmq may hold for one
+	// subscription before the subscriber reads them (SubscriberConfig.BufferBytes): 16
+	// messages of DefaultMaxMessageSize.
+	DefaultBufferBytes = 256 << 20
 	// DefaultOpenRetryMax bounds the backoff between attempts to open the sockets of a
 	// subscriber that found the process out of descriptors.
 	DefaultOpenRetryMax = 30 * time.Second
@@ -68,9 +73,24 @@ const (
 // gives the connection up) and reopens the socket itself.
 const protocolErrorGrace = 500 * time.Millisecond
 
-// subRcvHWM matches upstream: deep enough that a burst of scheduler steps is not dropped
-// by libzmq while the handler is busy.
-const subRcvHWM = 200000
+// maxRcvHWM caps the SUB socket's high-water mark at upstream's RCVHWM (200,000
+// messages), whatever the budget.
+const maxRcvHWM = 200000
+
+// RcvHWM is the SUB socket's receive high-water mark for a byte budget: libzmq bounds
+// what it queues in messages, not bytes, so the budget becomes as many messages of the
+// largest size allowed (maxMessageSize; -1, unlimited, counts as DefaultMaxMessageSize,
+// and then the budget only holds for messages no larger), at least 1 and at most
+// upstream's 200,000. When the queue is full libzmq stops reading the connection: what
+// the publisher sends next waits in TCP buffers and in the publisher's own queue (vLLM:
+// 100,000 messages), and only what overflows that is dropped, which the next batch shows
+// as a sequence gap, recovered through replay.
+func RcvHWM(budget, maxMessageSize int64) int {
+	if maxMessageSize <= 0 {
+		maxMessageSize = DefaultMaxMessageSize
+	}
+	return int(min(max(budget/maxMessageSize, 1), maxRcvHWM))
+}
 
 // Handler receives the ordered, de-duplicated batches of one source. Both methods run on
 // the subscriber's goroutine, one call at a time.
@@ -150,6 +170,9 @@ type Subscriber struct {
 	smallRun, smallMax int
 	// deferred counts the batches a BurstHandler accepted and has not flushed yet.
 	deferred uint64
+	// rcvd is the bytes of messages read since the sockets were last drained (told to
+	// the transport then: Transport.NoteReceived).
+	rcvd int64
 	// discAt: when the SUB's peer disconnected without a reconnect scheduled yet.
 	discAt time.Time
 	// Malformed live messages are logged at most once a second.
@@ -168,7 +191,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	}
 	if cfg.PollTimeout < 0 || cfg.ReplayTimeout < 0 || cfg.ReplayRecoveryTimeout < 0 ||
 		cfg.ReconnectDelay < 0 || cfg.MaxRecoveryMessages < 0 || cfg.MaxRecoveryBytes < 0 ||
-		cfg.MaxMessageSize < -1 || cfg.OpenRetryMax < 0 {
+		cfg.MaxMessageSize < -1 || cfg.OpenRetryMax < 0 || cfg.BufferBytes < 0 {
 		return nil, fmt.Errorf("new subscriber %q: negative timeout or limit", cfg.Name)
 	}
 	cfg.PollTimeout = orDefault(cfg.PollTimeout, DefaultPollTimeout)
@@ -178,6 +201,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	cfg.MaxRecoveryMessages = orDefault(cfg.MaxRecoveryMessages, DefaultMaxRecoveryMessages)
 	cfg.MaxRecoveryBytes = orDefault(cfg.MaxRecoveryBytes, DefaultMaxRecoveryBytes)
 	cfg.MaxMessageSize = orDefault(cfg.MaxMessageSize, DefaultMaxMessageSize)
+	cfg.BufferBytes = orDefault(cfg.BufferBytes, DefaultBufferBytes)
 	cfg.OpenRetryMax = orDefault(cfg.OpenRetryMax, DefaultOpenRetryMax)
 	cfg.JoinCheckDelay = orDefault(cfg.JoinCheckDelay, DefaultJoinCheckDelay)
 	log := cfg.Logger
@@ -298,6 +322,10 @@ func (s *Subscriber) doneOrClosed() <-chan struct{} {
 	return c
 }
 
+// RcvHWM is the SUB socket's receive high-water mark, in messages: RcvHWM of the
+// configured BufferBytes and MaxMessageSize.
+func (s *Subscriber) RcvHWM() int { return RcvHWM(s.cfg.BufferBytes, s.cfg.MaxMessageSize) }
+
 // Config returns the subscriber's configuration with its defaults filled in.
 func (s *Subscriber) Config() SubscriberConfig { return s.cfg }
 
@@ -395,7 +423,7 @@ func (s *Subscriber) open() (*zmqtransport.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := z.OpenSub(s.cfg.Endpoint, subRcvHWM); err != nil {
+	if err := z.OpenSub(s.cfg.Endpoint, s.RcvHWM()); err != nil {
 		z.Free()
 		return nil, err
 	}
@@ -420,7 +448,7 @@ func (s *Subscriber) reopen() {
 		return
 	case <-t.C:
 	}
-	if err := s.z.OpenSub(s.cfg.Endpoint, subRcvHWM); err != nil {
+	if err := s.z.OpenSub(s.cfg.Endpoint, s.RcvHWM()); err != nil {
 		s.log.Warn("ZMQ subscriber reconnect failed", "err", err)
 		return
 	}
@@ -512,8 +540,12 @@ func (s *Subscriber) step() {
 		now = time.Now() // handling took time: the timers are measured from here
 	}
 	// Everything that was ready has been read: the burst goes to the index before the
-	// wait.
+	// wait, and the transport hears what it cost in libzmq's memory.
 	s.flush()
+	if s.rcvd > 0 {
+		s.cfg.Transport.NoteReceived(s.rcvd)
+		s.rcvd = 0
+	}
 	if len(s.buf) > recvBufKeep {
 		// Idle: an outlier's buffer is not kept while nothing arrives.
 		s.shrinkBuf(recvBufInitial)
@@ -538,6 +570,7 @@ func (s *Subscriber) pumpSub() (int, error) {
 	if int64(len(s.buf)) != s.st.recvBuf.Load() {
 		s.st.recvBuf.Store(int64(len(s.buf)))
 	}
+	s.rcvd += int64(s.z.Used())
 	s.onLiveMessage(n)
 	s.noteSize()
 	return n, nil
@@ -583,6 +616,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 	if int64(len(s.buf)) != s.st.recvBuf.Load() {
 		s.st.recvBuf.Store(int64(len(s.buf)))
 	}
+	s.rcvd += int64(s.z.Used())
 	s.onReplayMessage(n)
 	s.noteSize()
 	return n, nil

@@ -62,6 +62,12 @@ type SubscriberConfig struct {
 	// counts it (ProtocolErrors), reconnects, and recovers the lost batch through replay
 	// (without replay, or when the replayed batch is as big, the source goes stale).
 	MaxMessageSize int64
+	// BufferBytes bounds the bytes of the messages libzmq may hold for this subscription
+	// before the subscriber reads them (a burst it cannot apply as fast as it arrives):
+	// the SUB socket's high-water mark is BufferBytes / MaxMessageSize messages (RcvHWM).
+	// Beyond it libzmq leaves the rest to TCP and the publisher's own queue. 0 takes
+	// DefaultBufferBytes.
+	BufferBytes int64
 	// OpenRetryMax bounds the backoff between attempts to open the sockets when Start
 	// found the process out of file descriptors; 0 takes DefaultOpenRetryMax.
 	OpenRetryMax time.Duration

@@ -79,8 +79,11 @@ type AppConfig struct {
 	DisableMetrics bool
 	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
 	AccessLog accesslog.Config
-	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 64 MiB, -1: none).
+	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 16 MiB, -1: none).
 	ZMQMaxMessageSize int64
+	// ZMQSourceBufferBytes bounds the bytes libzmq may queue for one subscription (0:
+	// 256 MiB; see ingest.SubscriberConfig.BufferBytes).
+	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
 	// ZMQJoinCheckDelay is how long after a subscription first connects its join check
@@ -181,6 +184,7 @@ func Start(cfg AppConfig) (*App, error) {
 	svc := service.New(service.Options{Engine: eng, Logger: log, MaxServices: lim.MaxServices,
 		MaxFieldBytes: lim.MaxFieldBytes,
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+			BufferBytes:    cfg.ZMQSourceBufferBytes,
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
 			Gates: gates})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}

@@ -64,6 +64,9 @@ type FileConfig struct {
 	// ZMQMaxMessageSize is "zmq_max_message_size": bytes one ZMQ message may have (-1:
 	// unlimited).
 	ZMQMaxMessageSize int64
+	// ZMQSourceBufferBytes is "zmq_source_buffer_bytes": bytes of messages libzmq may
+	// queue for one subscription.
+	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context.
 	ZMQIOThreads int
 	// ZMQJoinCheckDelayMS is "zmq_join_check_delay_ms": milliseconds after a subscription
@@ -235,7 +238,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
 		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
-		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
+		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQSourceBufferBytes: f.ZMQSourceBufferBytes, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
 		Cluster: f.Cluster}

@@ -161,6 +161,15 @@ func fileSettings() []setting[FileConfig] {
 				"conductor counts it (`ProtocolErrors`), reconnects and recovers the lost batch through replay, or "+
 				"marks the source stale",
 			func(f *FileConfig, v int64) { f.ZMQMaxMessageSize = v }),
+		intSetting("zmq_source_buffer_bytes", ingest.DefaultBufferBytes, 1, maxLimit,
+			"bytes of messages libzmq may hold for one subscription before the conductor reads them (a burst "+
+				"arriving faster than it is applied). libzmq counts messages, so its receive high-water mark "+
+				"(`ZMQ_RCVHWM`) is this divided by `zmq_max_message_size` (at least 1, at most 200,000; 16 with the "+
+				"defaults); with `zmq_max_message_size` -1 it is divided by 16 MiB and holds only for messages no "+
+				"larger. Past it libzmq stops reading the connection and the rest of the burst waits in TCP buffers "+
+				"and the publisher's own queue (vLLM's holds 100,000 batches); what overflows that is dropped by the "+
+				"publisher and shows as a sequence gap, recovered through replay (a source without replay goes stale)",
+			func(f *FileConfig, v int64) { f.ZMQSourceBufferBytes = v }),
 		intSetting("zmq_io_threads", 1, 0, 64,
 			"libzmq I/O threads of the one ZMQ context all subscriptions share (0: 1)",
 			func(f *FileConfig, v int64) { f.ZMQIOThreads = int(v) }),
