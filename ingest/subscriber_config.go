@@ -48,7 +48,9 @@ type SubscriberConfig struct {
 	// published in between are never received live, and on a stream that then goes quiet
 	// no later batch would reveal the gap, so a removal in that window would be missed
 	// for good. What the check recovers counts as a gap (Gaps, Dropped). It is best
-	// effort like the catch-up while no live batch shows a gap. 0 takes
+	// effort like the catch-up while no live batch shows a gap. A live batch makes it
+	// moot (its sequence shows any gap after the catch-up): the first one cancels a
+	// pending check and ends a running one that it follows on from. 0 takes
 	// DefaultJoinCheckDelay; negative turns the check off.
 	JoinCheckDelay time.Duration
 	// Logger receives the subscriber's log lines; nil discards them.

@@ -938,6 +938,46 @@ func TestJoinCheckRecoversBatchPublishedBeforeSubscriptionTookEffect(t *testing.
 	waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 5 })
 }
 
+// TestJoinCheckDuringBurstIsNotStale: the first live batch arrives while the catch-up is
+// still out, and once the catch-up is applied the stream bursts far past what the
+// publisher's ring holds, while the subscriber is busy. The join check, due by then, does
+// not run: the live stream shows any gap after the catch-up itself. (It used to ask the
+// replay endpoint from the applied sequence, which the ring no longer held while the rest
+// of the burst waited unread in the connection: the source went stale for nothing, its
+// entries retracted.) Nothing is replayed twice.
+func TestJoinCheckDuringBurstIsNotStale(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 8})
+	answer := make(chan struct{})
+	p.SetResponder(func(from uint64, send func(...[]byte) error) {
+		<-answer
+		p.ReplayFromRing(from, send)
+	})
+	cfg := catchUpConfig(p)
+	cfg.JoinCheckDelay = time.Nanosecond // due as soon as the SUB has connected
+	h := &recorder{gated: true, gateSeq: 0, entered: make(chan struct{}), release: make(chan struct{})}
+	s := startSub(t, cfg, h, p)
+	publishSeqs(t, p, 1)
+	waitUntil(t, "batch 0 received (buffered behind the catch-up)", func() bool { return s.Stats().Received == 1 })
+	close(answer)
+	<-h.entered // batch 0 applied: the catch-up is complete
+	const burst = 1000
+	publishSeqs(t, p, burst)
+	close(h.release)
+	waitUntil(t, "the burst applied", func() bool { return s.Stats().Applied == burst+1 || s.Stats().Stale })
+	if got := h.applied(); !equalSeqs(got, seqRange(0, burst+1)) {
+		t.Fatalf("applied %d batches, stale %v", len(got), h.staleReasons())
+	}
+	checkPayloads(t, h)
+	st := s.Stats()
+	if st.Stale || st.CatchUps != 1 || st.JoinChecks != 0 || st.JoinChecksFailed != 0 || st.Duplicates != 0 ||
+		st.Gaps != 0 || st.ReplaysOK != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if req := p.ReplayRequests(); len(req) != 1 || req[0] != 0 {
+		t.Fatalf("replay requests = %v, want the catch-up's alone", req)
+	}
+}
+
 func TestCatchUpOnStartReplaysEverything(t *testing.T) {
 	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	publishSeqs(t, p, 5) // nobody subscribed: only the ring keeps them

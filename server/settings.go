@@ -176,7 +176,8 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("zmq_join_check_delay_ms", ingest.DefaultJoinCheckDelay.Milliseconds(), -1, 3_600_000,
 			"milliseconds after a subscription with a `replay_endpoint` first connects before its join check asks "+
 				"the replay endpoint for everything after the last applied batch (batches published after the "+
-				"catch-up read the publisher's buffer but before the subscription took effect); -1 turns the check off",
+				"catch-up read the publisher's buffer but before the subscription took effect), unless a live batch "+
+				"arrived first (its sequence number shows any gap); -1 turns the check off",
 			func(f *FileConfig, v int64) { f.ZMQJoinCheckDelayMS = int(v) }),
 		intSetting("ingest_log_burst", lograte.DefaultBurst, -1, 1<<20,
 			"per subscription and kind of log line (level and message), lines written per interval; the rest are "+
