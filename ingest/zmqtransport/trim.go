@@ -3,6 +3,8 @@ package zmqtransport
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/conductor-go/conductor/internal/deferred"
 )
 
 // libzmq allocates every message it receives with malloc, in its I/O thread's arena, and
@@ -14,7 +16,7 @@ import (
 // (malloc_trim) once subscribers have read trimAfterBytes since the last trim and one of
 // them has drained its socket, trimDelay later, so that a burst's requests coalesce into
 // about one trim per trimDelay and the last one follows the burst's end. It waits on a
-// channel in between: an idle process never wakes for it.
+// channel in between (package deferred): an idle process never wakes for it.
 const (
 	// trimAfterBytes is how much subscribers read before a trim is worth its cost (it
 	// walks every arena's free chunks).
@@ -27,59 +29,30 @@ const (
 type trimmer struct {
 	// pending is the bytes read since the last trim.
 	pending atomic.Int64
-	kick    chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
-	trims   atomic.Uint64
-	trim    func()
-	// after is time.After (tests step it).
-	after func(time.Duration) <-chan time.Time
+	r       *deferred.Runner
 }
 
+// newTrimmer starts a trimmer; after is time.After (tests step it).
 func newTrimmer(trim func(), after func(time.Duration) <-chan time.Time) *trimmer {
-	return &trimmer{kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		trim: trim, after: after}
+	tm := &trimmer{}
+	tm.r = deferred.StartWith(trimDelay, func() {
+		// Bytes read from now on count towards the next trim.
+		tm.pending.Store(0)
+		trim()
+	}, after)
+	return tm
 }
 
 // note adds n bytes read by a subscriber that has just drained its socket, and asks for
 // a trim once enough were read.
 func (tm *trimmer) note(n int64) {
 	if n > 0 && tm.pending.Add(n) >= trimAfterBytes {
-		select {
-		case tm.kick <- struct{}{}:
-		default: // one is pending already
-		}
+		tm.r.Request()
 	}
 }
 
-// run trims trimDelay after each request until close.
-func (tm *trimmer) run() {
-	defer close(tm.done)
-	for {
-		select {
-		case <-tm.stop:
-			return
-		case <-tm.kick:
-		}
-		select {
-		case <-tm.stop:
-			return
-		case <-tm.after(trimDelay):
-		}
-		// Requests made until now are served by this trim; bytes read from now on count
-		// towards the next.
-		select {
-		case <-tm.kick:
-		default:
-		}
-		tm.pending.Store(0)
-		tm.trim()
-		tm.trims.Add(1)
-	}
-}
+// trims counts the trims done.
+func (tm *trimmer) trims() uint64 { return tm.r.Runs() }
 
-// close stops run and waits for it.
-func (tm *trimmer) close() {
-	close(tm.stop)
-	<-tm.done
-}
+// close stops the trimmer.
+func (tm *trimmer) close() { tm.r.Close() }

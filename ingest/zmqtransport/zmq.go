@@ -344,9 +344,7 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("new ZMQ transport: create context: %w", zerr(C.cz_errno()))
 	}
-	t := &Transport{ctx: ctx, trim: newTrimmer(func() { C.cz_trim() }, time.After)}
-	go t.trim.run()
-	return t, nil
+	return &Transport{ctx: ctx, trim: newTrimmer(func() { C.cz_trim() }, time.After)}, nil
 }
 
 // NoteReceived tells the transport that a subscriber read n bytes of messages and has
@@ -356,7 +354,7 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 func (t *Transport) NoteReceived(n int64) { t.trim.note(n) }
 
 // Trims counts the times the C heap was trimmed.
-func (t *Transport) Trims() uint64 { return t.trim.trims.Load() }
+func (t *Transport) Trims() uint64 { return t.trim.trims() }
 
 // Close terminates the context. It fails while a subscriber still holds sockets in it.
 func (t *Transport) Close() error {
