@@ -20,6 +20,7 @@ import (
 	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/internal/deferred"
 	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/server/rpcserver"
@@ -124,9 +125,9 @@ type App struct {
 	RPCAddr  string
 
 	ready atomic.Bool
-	// releaseDone stops releaseMemory.
-	releaseDone chan struct{}
-	state       *service.StateFile // nil when persistence is off
+	// release runs releaseMemory after large request bodies were served.
+	release *deferred.Runner
+	state   *service.StateFile // nil when persistence is off
 	// zmq is the one ZMQ context of every subscription (nil in a build without cgo).
 	zmq *zmqtransport.Transport
 
@@ -188,6 +189,8 @@ func Start(cfg AppConfig) (*App, error) {
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
 			Gates: gates})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
+	app.release = deferred.Start(memoryReleasePeriod, app.releaseMemory)
+	counters.OnLargeBody = app.release.Request
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -289,9 +292,6 @@ func Start(cfg AppConfig) (*App, error) {
 	case cfg.StateFile != "":
 		restored = app.restoreState(cfg.StateFile)
 	}
-	app.releaseDone = make(chan struct{})
-	app.wg.Add(1)
-	go app.releaseMemory()
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
 		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "access_log", cfg.AccessLog.Path, "config", cfg.ConfigPath, "startup", time.Since(started).String())
@@ -312,8 +312,8 @@ func (a *App) Stop() {
 		if a.RPC != nil {
 			a.RPC.Close()
 		}
-		if a.releaseDone != nil {
-			close(a.releaseDone)
+		if a.release != nil { // nil in a bare App (tests)
+			a.release.Close()
 		}
 		a.wg.Wait()
 		a.stopCluster()
@@ -335,28 +335,19 @@ func (a *App) Stop() {
 	})
 }
 
-// memoryReleasePeriod is how often releaseMemory looks for large bodies served.
+// memoryReleasePeriod is how long after a large body was served releaseMemory runs.
 const memoryReleasePeriod = 2 * time.Second
 
 // releaseMemory returns the heap that large request bodies used to the OS soon after
-// they are gone (the runtime would otherwise keep it for minutes): at most once per
-// period, and only when a large body was served since the last time.
+// they are gone (the runtime would otherwise keep it for minutes): memoryReleasePeriod
+// after a large body was served (limits.Counters.OnLargeBody), at most once per period,
+// and once no body is held any more. Nothing runs while none is served.
 func (a *App) releaseMemory() {
-	defer a.wg.Done()
-	t := time.NewTicker(memoryReleasePeriod)
-	defer t.Stop()
-	var seen uint64
-	for {
-		select {
-		case <-a.releaseDone:
-			return
-		case <-t.C:
-		}
-		if n := a.Counters.LargeBodies.Load(); n != seen && a.Counters.InflightBody.Load() == 0 {
-			seen = n
-			debug.FreeOSMemory()
-		}
+	if a.Counters.InflightBody.Load() != 0 {
+		a.release.Request() // bodies still held: look again a period later
+		return
 	}
+	debug.FreeOSMemory()
 }
 
 // restoreState registers the services of the state file and then keeps the file current.

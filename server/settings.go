@@ -118,7 +118,8 @@ func fileSettings() []setting[FileConfig] {
 				"`conductor_access_log_dropped_lines_total`",
 			func(f *FileConfig, v int64) { f.AccessLog.BufferBytes = int(v) }),
 		intSetting("access_log_flush_interval_ms", accesslog.DefaultFlush.Milliseconds(), 1, 60000,
-			"how often the buffer is written (also when half full)",
+			"how long after its first line the buffer is written (at once when half full); while no request is "+
+				"logged nothing runs",
 			ms(func(f *FileConfig, d time.Duration) { f.AccessLog.FlushInterval = d })),
 		intSetting("query_memo_entries", hashing.DefaultMemoEntries, 0, maxMemoEntries,
 			"blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, 20 a "+
