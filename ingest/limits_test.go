@@ -127,6 +127,28 @@ func TestReceiveBufferShrinksAfterOutlier(t *testing.T) {
 	}
 }
 
+// TestReceiveBufferAllocatedAtFirstMessage: a subscription holds no receive buffer until
+// its first message (a service whose engine is down costs none), then one that fits it.
+func TestReceiveBufferAllocatedAtFirstMessage(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	if b := s.Stats().RecvBufferBytes; b != 0 {
+		t.Fatalf("receive buffer of %d bytes before any message", b)
+	}
+	payload := strings.Repeat("x", 3000)
+	publish(t, p, payload)
+	waitUntil(t, "first message", func() bool { return s.Stats().Applied == 1 })
+	if b := s.Stats().RecvBufferBytes; b < int64(len(payload)) || b > recvBufInitial {
+		t.Fatalf("receive buffer of %d bytes for a %d-byte payload", b, len(payload))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if string(h.payloads[0]) != payload {
+		t.Fatal("payload corrupted")
+	}
+}
+
 // procFDs and procThreads read this process's open descriptors and OS threads.
 func procFDs(t *testing.T) int {
 	t.Helper()

@@ -59,9 +59,11 @@ const (
 	DefaultJoinCheckDelay = time.Second
 )
 
-// Receive buffer sizes: a subscriber starts with recvBufInitial bytes, grows to fit the
-// largest message, and gives a buffer above recvBufKeep back when it goes idle or after
-// recvShrinkAfter messages in a row that used under a quarter of it.
+// Receive buffer sizes: a subscriber starts without one (a registered service that never
+// sends, an engine that is down, costs no buffer), allocates one at its first message and
+// grows it to fit the largest, and gives a buffer above recvBufKeep back (down to
+// recvBufInitial) when it goes idle or after recvShrinkAfter messages in a row that used
+// under a quarter of it.
 const (
 	recvBufInitial  = 64 << 10
 	recvBufKeep     = zmqtransport.MappedAbove
@@ -215,9 +217,6 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	s.rbuf.B = make([]byte, recvBufInitial)
-	s.buf = s.rbuf.B
-	s.st.recvBuf.Store(int64(len(s.buf)))
 	s.rh, _ = h.(RestartHandler)
 	s.bh, _ = h.(BurstHandler)
 	s.tr = s.newTracker()
