@@ -68,6 +68,13 @@ func (c *cacheContext) findOrCreate(key uint64) (idx uint32, rec []uint64, creat
 
 // create makes the record of key, absent (findOrCreate).
 func (c *cacheContext) create(key uint64) (idx uint32, rec []uint64) {
+	return c.createFrom(key, nil, 0)
+}
+
+// createFrom is create for a key whose look-up in table tab missed at pos
+// (table.locate): while tab is still the current table after makeRoom, its entry goes in
+// from pos on rather than from its home position (table.insertFrom).
+func (c *cacheContext) createFrom(key uint64, tab *table, pos uint64) (idx uint32, rec []uint64) {
 	c.makeRoom()
 	idx, fresh := c.tab.ar.AllocFresh()
 	rec = c.rec(idx)
@@ -91,7 +98,11 @@ func (c *cacheContext) create(key uint64) (idx uint32, rec []uint64) {
 			}
 		}
 	}
-	c.tab.insertNew(key, idx)
+	if c.tab == tab {
+		c.tab.insertFrom(key, pos, idx)
+	} else {
+		c.tab.insertNew(key, idx)
+	}
 	c.linkNewest(idx, rec)
 	c.charge(1, blockBytes(c.tab.w))
 	return idx, rec
@@ -200,13 +211,15 @@ func (c *cacheContext) engineStore(op *Op) {
 	for _, h := range op.Hashes {
 		// findOrCreate, with the path of a stored block inline (one call level fewer
 		// for the most common event).
-		_, _, idx, rec, found := c.tab.locate(h)
+		tab := c.tab
+		pos, _, idx, rec, found := tab.locate(h)
 		if found {
 			c.mark(idx)
-			found = c.clr == nil || c.cleanRec(idx, rec)
-		}
-		if !found {
-			idx, rec = c.create(h)
+			if found = c.clr == nil || c.cleanRec(idx, rec); !found {
+				idx, rec = c.create(h) // it held only cleared bits and was deleted
+			}
+		} else {
+			idx, rec = c.createFrom(h, tab, pos)
 		}
 		wo, bit := bitAt(c.tab.w, t, n) // after create: the table cannot widen here
 		word := recBits + wo
