@@ -349,7 +349,7 @@ func TestRcvHWMFromByteBudget(t *testing.T) {
 		budget, maxMsg int64
 		want           int
 	}{
-		{DefaultBufferBytes, DefaultMaxMessageSize, 16},
+		{DefaultBufferBytes, DefaultMaxMessageSize, 64},
 		{64 << 20, 16 << 20, 4},
 		{64 << 20, -1, 64 << 20 / DefaultMaxMessageSize},
 		{1, DefaultMaxMessageSize, 1},

@@ -80,10 +80,10 @@ type AppConfig struct {
 	DisableMetrics bool
 	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
 	AccessLog accesslog.Config
-	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 16 MiB, -1: none).
+	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 8 MiB, -1: none).
 	ZMQMaxMessageSize int64
 	// ZMQSourceBufferBytes bounds the bytes libzmq may queue for one subscription (0:
-	// 256 MiB; see ingest.SubscriberConfig.BufferBytes).
+	// 512 MiB; see ingest.SubscriberConfig.BufferBytes).
 	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int

@@ -157,7 +157,8 @@ func fileSettings() []setting[FileConfig] {
 				"`query_memo_populate` is false)",
 			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
 		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,
-			"bytes one ZMQ message (all frames) may have, on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`); "+
+			"bytes one frame of a ZMQ message may have (a batch's payload; its topic and sequence frames are a few "+
+				"bytes), on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`, which libzmq applies per frame); "+
 				"-1 unlimited. libzmq refuses a bigger one before allocating it and drops the connection; the "+
 				"conductor counts it (`ProtocolErrors`), reconnects and recovers the lost batch through replay, or "+
 				"marks the source stale",
@@ -165,8 +166,8 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("zmq_source_buffer_bytes", ingest.DefaultBufferBytes, 1, maxLimit,
 			"bytes of messages libzmq may hold for one subscription before the conductor reads them (a burst "+
 				"arriving faster than it is applied). libzmq counts messages, so its receive high-water mark "+
-				"(`ZMQ_RCVHWM`) is this divided by `zmq_max_message_size` (at least 1, at most 200,000; 16 with the "+
-				"defaults); with `zmq_max_message_size` -1 it is divided by 16 MiB and holds only for messages no "+
+				"(`ZMQ_RCVHWM`) is this divided by `zmq_max_message_size` (at least 1, at most 200,000; 64 with the "+
+				"defaults); with `zmq_max_message_size` -1 it is divided by 8 MiB and holds only for messages no "+
 				"larger. Past it libzmq stops reading the connection and the rest of the burst waits in TCP buffers "+
 				"and the publisher's own queue (vLLM's holds 100,000 batches); what overflows that is dropped by the "+
 				"publisher and shows as a sequence gap, recovered through replay (a source without replay goes stale)",
