@@ -371,30 +371,10 @@ func TestRcvHWMFromByteBudget(t *testing.T) {
 func TestBufferBytesBoundsTheSubQueue(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &countHandler{}
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := fastConfig(p.Endpoint(), "")
-	cfg.Transport, cfg.MaxMessageSize, cfg.BufferBytes = tr, 64<<10, 4*64<<10
-	s, err := NewSubscriber(cfg, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	z, err := s.open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.z = z
-	defer func() {
-		z.Free()
-		_ = tr.Close()
-	}()
+	s := steppedSub(t, p, h, func(cfg *SubscriberConfig) { cfg.MaxMessageSize, cfg.BufferBytes = 64<<10, 4*64<<10 })
+	z := s.z
 	if hwm, err := z.RcvHWM(); hwm != 4 || s.RcvHWM() != 4 || err != nil {
 		t.Fatalf("SUB RCVHWM %d (%v), subscriber's %d; want 4", hwm, err, s.RcvHWM())
-	}
-	if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
-		t.Fatal(err)
 	}
 	const burst = 2000
 	payload := bytes.Repeat([]byte{3}, 1000)

@@ -805,8 +805,9 @@ func TestPublisherRestart(t *testing.T) {
 }
 
 // steppedSub opens a subscriber of p's stream whose receive path the test drives on its
-// own goroutine (it owns the sockets then): no run goroutine is started.
-func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
+// own goroutine (it owns the sockets then): no run goroutine is started. set, when not
+// nil, adjusts its configuration first.
+func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler, set func(*SubscriberConfig)) *Subscriber {
 	t.Helper()
 	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
@@ -814,6 +815,9 @@ func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
 	}
 	cfg := fastConfig(p.Endpoint(), "")
 	cfg.Transport = tr
+	if set != nil {
+		set(&cfg)
+	}
 	s, err := NewSubscriber(cfg, h)
 	if err != nil {
 		t.Fatal(err)
@@ -836,7 +840,7 @@ func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
 func TestLivePathAllocatesNothing(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &countHandler{}
-	s := steppedSub(t, p, h)
+	s := steppedSub(t, p, h, nil)
 	payload := bytes.Repeat([]byte{7}, 5000)
 	const runs = 200
 	for range runs + 10 {
@@ -1289,7 +1293,7 @@ func (b *burstRecorder) OnStale(string) {}
 func TestBurstHandlerFlushedBeforeCounted(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &burstRecorder{}
-	s := steppedSub(t, p, h)
+	s := steppedSub(t, p, h, nil)
 	publish(t, p, "a", "b", "c")
 	for got := 0; got < 3; {
 		n, err := s.pumpSub()
