@@ -805,8 +805,9 @@ func TestPublisherRestart(t *testing.T) {
 }
 
 // steppedSub opens a subscriber of p's stream whose receive path the test drives on its
-// own goroutine (it owns the sockets then): no run goroutine is started.
-func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
+// own goroutine (it owns the sockets then): no run goroutine is started. set, when not
+// nil, adjusts its configuration first.
+func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler, set func(*SubscriberConfig)) *Subscriber {
 	t.Helper()
 	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
@@ -814,6 +815,9 @@ func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
 	}
 	cfg := fastConfig(p.Endpoint(), "")
 	cfg.Transport = tr
+	if set != nil {
+		set(&cfg)
+	}
 	s, err := NewSubscriber(cfg, h)
 	if err != nil {
 		t.Fatal(err)
@@ -836,7 +840,7 @@ func steppedSub(t *testing.T, p *zmqtest.Publisher, h Handler) *Subscriber {
 func TestLivePathAllocatesNothing(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &countHandler{}
-	s := steppedSub(t, p, h)
+	s := steppedSub(t, p, h, nil)
 	payload := bytes.Repeat([]byte{7}, 5000)
 	const runs = 200
 	for range runs + 10 {
@@ -936,6 +940,46 @@ func TestJoinCheckRecoversBatchPublishedBeforeSubscriptionTookEffect(t *testing.
 	}
 	publishSeqs(t, p, 1)
 	waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 5 })
+}
+
+// TestJoinCheckDuringBurstIsNotStale: the first live batch arrives while the catch-up is
+// still out, and once the catch-up is applied the stream bursts far past what the
+// publisher's ring holds, while the subscriber is busy. The join check, due by then, does
+// not run: the live stream shows any gap after the catch-up itself. (It used to ask the
+// replay endpoint from the applied sequence, which the ring no longer held while the rest
+// of the burst waited unread in the connection: the source went stale for nothing, its
+// entries retracted.) Nothing is replayed twice.
+func TestJoinCheckDuringBurstIsNotStale(t *testing.T) {
+	p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*", BufferSteps: 8})
+	answer := make(chan struct{})
+	p.SetResponder(func(from uint64, send func(...[]byte) error) {
+		<-answer
+		p.ReplayFromRing(from, send)
+	})
+	cfg := catchUpConfig(p)
+	cfg.JoinCheckDelay = time.Nanosecond // due as soon as the SUB has connected
+	h := &recorder{gated: true, gateSeq: 0, entered: make(chan struct{}), release: make(chan struct{})}
+	s := startSub(t, cfg, h, p)
+	publishSeqs(t, p, 1)
+	waitUntil(t, "batch 0 received (buffered behind the catch-up)", func() bool { return s.Stats().Received == 1 })
+	close(answer)
+	<-h.entered // batch 0 applied: the catch-up is complete
+	const burst = 1000
+	publishSeqs(t, p, burst)
+	close(h.release)
+	waitUntil(t, "the burst applied", func() bool { return s.Stats().Applied == burst+1 || s.Stats().Stale })
+	if got := h.applied(); !equalSeqs(got, seqRange(0, burst+1)) {
+		t.Fatalf("applied %d batches, stale %v", len(got), h.staleReasons())
+	}
+	checkPayloads(t, h)
+	st := s.Stats()
+	if st.Stale || st.CatchUps != 1 || st.JoinChecks != 0 || st.JoinChecksFailed != 0 || st.Duplicates != 0 ||
+		st.Gaps != 0 || st.ReplaysOK != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+	if req := p.ReplayRequests(); len(req) != 1 || req[0] != 0 {
+		t.Fatalf("replay requests = %v, want the catch-up's alone", req)
+	}
 }
 
 func TestCatchUpOnStartReplaysEverything(t *testing.T) {
@@ -1249,7 +1293,7 @@ func (b *burstRecorder) OnStale(string) {}
 func TestBurstHandlerFlushedBeforeCounted(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &burstRecorder{}
-	s := steppedSub(t, p, h)
+	s := steppedSub(t, p, h, nil)
 	publish(t, p, "a", "b", "c")
 	for got := 0; got < 3; {
 		n, err := s.pumpSub()

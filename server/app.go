@@ -20,6 +20,7 @@ import (
 	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/internal/deferred"
 	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/server/rpcserver"
@@ -83,8 +84,11 @@ type AppConfig struct {
 	DisableMetrics bool
 	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
 	AccessLog accesslog.Config
-	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 64 MiB, -1: none).
+	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 8 MiB, -1: none).
 	ZMQMaxMessageSize int64
+	// ZMQSourceBufferBytes bounds the bytes libzmq may queue for one subscription (0:
+	// 512 MiB; see ingest.SubscriberConfig.BufferBytes).
+	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
 	// ZMQReconnectMax bounds the doubling pause between a subscription's attempts to
@@ -138,9 +142,9 @@ type App struct {
 	RPCAddr  string
 
 	ready atomic.Bool
-	// releaseDone stops releaseMemory.
-	releaseDone chan struct{}
-	state       *service.StateFile // nil when persistence is off
+	// release runs releaseMemory after large request bodies were served.
+	release *deferred.Runner
+	state   *service.StateFile // nil when persistence is off
 	// zmq is the one ZMQ context of every subscription (nil in a build without cgo).
 	zmq *zmqtransport.Transport
 
@@ -212,6 +216,7 @@ func Start(cfg AppConfig) (*App, error) {
 	svc := service.New(service.Options{Engine: eng, Logger: log, MaxServices: lim.MaxServices,
 		MaxFieldBytes: lim.MaxFieldBytes,
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+			BufferBytes:    cfg.ZMQSourceBufferBytes,
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
 			Gates: gates, HashCheckOff: cfg.HashCheckOff, HashCheckLogInterval: cfg.HashCheckLogInterval})})
 	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook,
@@ -225,6 +230,8 @@ func Start(cfg AppConfig) (*App, error) {
 		downloads = DefaultMaxSnapshotDownloads
 	}
 	app.snapshotDownloads = make(chan struct{}, downloads)
+	app.release = deferred.Start(memoryReleasePeriod, app.releaseMemory)
+	counters.OnLargeBody = app.release.Request
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -330,9 +337,6 @@ func Start(cfg AppConfig) (*App, error) {
 	case cfg.StateFile != "":
 		restored = app.restoreState(cfg.StateFile)
 	}
-	app.releaseDone = make(chan struct{})
-	app.wg.Add(1)
-	go app.releaseMemory()
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
 		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "access_log", cfg.AccessLog.Path, "config", cfg.ConfigPath, "startup", time.Since(started).String())
@@ -353,8 +357,8 @@ func (a *App) Stop() {
 		if a.RPC != nil {
 			a.RPC.Close()
 		}
-		if a.releaseDone != nil {
-			close(a.releaseDone)
+		if a.release != nil { // nil in a bare App (tests)
+			a.release.Close()
 		}
 		a.wg.Wait()
 		a.stopCluster()
@@ -376,28 +380,19 @@ func (a *App) Stop() {
 	})
 }
 
-// memoryReleasePeriod is how often releaseMemory looks for large bodies served.
+// memoryReleasePeriod is how long after a large body was served releaseMemory runs.
 const memoryReleasePeriod = 2 * time.Second
 
 // releaseMemory returns the heap that large request bodies used to the OS soon after
-// they are gone (the runtime would otherwise keep it for minutes): at most once per
-// period, and only when a large body was served since the last time.
+// they are gone (the runtime would otherwise keep it for minutes): memoryReleasePeriod
+// after a large body was served (limits.Counters.OnLargeBody), at most once per period,
+// and once no body is held any more. Nothing runs while none is served.
 func (a *App) releaseMemory() {
-	defer a.wg.Done()
-	t := time.NewTicker(memoryReleasePeriod)
-	defer t.Stop()
-	var seen uint64
-	for {
-		select {
-		case <-a.releaseDone:
-			return
-		case <-t.C:
-		}
-		if n := a.Counters.LargeBodies.Load(); n != seen && a.Counters.InflightBody.Load() == 0 {
-			seen = n
-			debug.FreeOSMemory()
-		}
+	if a.Counters.InflightBody.Load() != 0 {
+		a.release.Request() // bodies still held: look again a period later
+		return
 	}
+	debug.FreeOSMemory()
 }
 
 // restoreState registers the services of the state file and then keeps the file current.

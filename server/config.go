@@ -71,6 +71,9 @@ type FileConfig struct {
 	// ZMQMaxMessageSize is "zmq_max_message_size": bytes one ZMQ message may have (-1:
 	// unlimited).
 	ZMQMaxMessageSize int64
+	// ZMQSourceBufferBytes is "zmq_source_buffer_bytes": bytes of messages libzmq may
+	// queue for one subscription.
+	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context.
 	ZMQIOThreads int
 	// ZMQReconnectMaxMS is "zmq_reconnect_max_ms": the longest pause between attempts
@@ -260,7 +263,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		RPCAllowMutations: f.RPCAllowMutations,
 		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
-		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
+		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQSourceBufferBytes: f.ZMQSourceBufferBytes, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,

@@ -151,7 +151,8 @@ func fileSettings() []setting[FileConfig] {
 				"`conductor_access_log_dropped_lines_total`",
 			func(f *FileConfig, v int64) { f.AccessLog.BufferBytes = int(v) }),
 		intSetting("access_log_flush_interval_ms", accesslog.DefaultFlush.Milliseconds(), 1, 60000,
-			"how often the buffer is written (also when half full)",
+			"how long after its first line the buffer is written (at once when half full); while no request is "+
+				"logged nothing runs",
 			ms(func(f *FileConfig, d time.Duration) { f.AccessLog.FlushInterval = d })),
 		intSetting("query_memo_entries", hashing.DefaultMemoEntries, 0, maxMemoEntries,
 			"blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, 20 a "+
@@ -190,11 +191,21 @@ func fileSettings() []setting[FileConfig] {
 				"`query_memo_populate` is false)",
 			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
 		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,
-			"bytes one ZMQ message (all frames) may have, on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`); "+
+			"bytes one frame of a ZMQ message may have (a batch's payload; its topic and sequence frames are a few "+
+				"bytes), on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`, which libzmq applies per frame); "+
 				"-1 unlimited. libzmq refuses a bigger one before allocating it and drops the connection; the "+
 				"conductor counts it (`ProtocolErrors`), reconnects and recovers the lost batch through replay, or "+
 				"marks the source stale",
 			func(f *FileConfig, v int64) { f.ZMQMaxMessageSize = v }),
+		intSetting("zmq_source_buffer_bytes", ingest.DefaultBufferBytes, 1, maxLimit,
+			"bytes of messages libzmq may hold for one subscription before the conductor reads them (a burst "+
+				"arriving faster than it is applied). libzmq counts messages, so its receive high-water mark "+
+				"(`ZMQ_RCVHWM`) is this divided by `zmq_max_message_size` (at least 1, at most 200,000; 64 with the "+
+				"defaults); with `zmq_max_message_size` -1 it is divided by 8 MiB and holds only for messages no "+
+				"larger. Past it libzmq stops reading the connection and the rest of the burst waits in TCP buffers "+
+				"and the publisher's own queue (vLLM's holds 100,000 batches); what overflows that is dropped by the "+
+				"publisher and shows as a sequence gap, recovered through replay (a source without replay goes stale)",
+			func(f *FileConfig, v int64) { f.ZMQSourceBufferBytes = v }),
 		intSetting("zmq_io_threads", 1, 0, 64,
 			"libzmq I/O threads of the one ZMQ context all subscriptions share (0: 1)",
 			func(f *FileConfig, v int64) { f.ZMQIOThreads = int(v) }),
@@ -208,7 +219,8 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("zmq_join_check_delay_ms", ingest.DefaultJoinCheckDelay.Milliseconds(), -1, 3_600_000,
 			"milliseconds after a subscription with a `replay_endpoint` first connects before its join check asks "+
 				"the replay endpoint for everything after the last applied batch (batches published after the "+
-				"catch-up read the publisher's buffer but before the subscription took effect); -1 turns the check off",
+				"catch-up read the publisher's buffer but before the subscription took effect), unless a live batch "+
+				"arrived first (its sequence number shows any gap); -1 turns the check off",
 			func(f *FileConfig, v int64) { f.ZMQJoinCheckDelayMS = int(v) }),
 		intSetting("ingest_log_burst", lograte.DefaultBurst, -1, 1<<20,
 			"per subscription and kind of log line (level and message), lines written per interval; the rest are "+

@@ -40,6 +40,9 @@ type Options struct {
 	Transport *zmqtransport.Transport
 	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
 	MaxMessageSize int64
+	// BufferBytes is each subscriber's byte budget for messages queued in libzmq
+	// (ingest.SubscriberConfig.BufferBytes; 0: ingest.DefaultBufferBytes).
+	BufferBytes int64
 	// JoinCheckDelay is ingest.SubscriberConfig.JoinCheckDelay (0: the default, 1 s;
 	// negative: no join check).
 	JoinCheckDelay time.Duration
@@ -137,7 +140,7 @@ func Subscribe(spec Spec, eng *engine.Engine, log *slog.Logger, opts Options) (S
 		// restart of the conductor, or a new registration): a warm index at once. Best
 		// effort: an unanswered catch-up never marks the source stale.
 		CatchUpOnStart: replay != "",
-		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize,
+		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize, BufferBytes: opts.BufferBytes,
 		JoinCheckDelay: opts.JoinCheckDelay,
 	}, handler)
 	if err == nil {

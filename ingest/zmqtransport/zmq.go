@@ -20,6 +20,9 @@ package zmqtransport
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #define CZ_MAXF 4
 #define CZ_SUB 0
@@ -264,6 +267,22 @@ static void cz_free(cz_conn *c) {
 }
 
 static const char *cz_strerror(int e) { return zmq_strerror(e); }
+
+// cz_rcvhwm reads the SUB socket's ZMQ_RCVHWM back from libzmq, or -errno.
+static int cz_rcvhwm(cz_conn *c) {
+	int v;
+	size_t len = sizeof v;
+	if (zmq_getsockopt(c->sock[CZ_SUB], ZMQ_RCVHWM, &v, &len)) return -zmq_errno();
+	return v;
+}
+
+// cz_trim gives the free memory of every malloc arena back to the system (glibc's
+// malloc_trim: free pages inside an arena too, not only at its top); elsewhere nothing.
+static void cz_trim(void) {
+#if defined(__GLIBC__)
+	malloc_trim(0);
+#endif
+}
 */
 import "C"
 
@@ -314,6 +333,9 @@ type Transport struct {
 	monSeq atomic.Uint64
 	// ivl and ivlMax are the reconnection back-off of every socket, in milliseconds.
 	ivl, ivlMax int
+	// trim gives libzmq's freed receive memory back to the system after bursts
+	// (NoteReceived).
+	trim *trimmer
 
 	mu     sync.Mutex
 	closed bool
@@ -335,8 +357,17 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 	if ctx == nil {
 		return nil, fmt.Errorf("new ZMQ transport: create context: %w", zerr(C.cz_errno()))
 	}
-	return &Transport{ctx: ctx, ivl: int(ivl), ivlMax: int(ivlMax)}, nil
+	return &Transport{ctx: ctx, ivl: int(ivl), ivlMax: int(ivlMax), trim: newTrimmer(func() { C.cz_trim() }, time.After)}, nil
 }
+
+// NoteReceived tells the transport that a subscriber read n bytes of messages and has
+// drained its sockets; once subscribers have read enough since the last time, the C
+// heap's free memory (libzmq's received messages, freed) is given back to the system a
+// little later (see trimmer).
+func (t *Transport) NoteReceived(n int64) { t.trim.note(n) }
+
+// Trims counts the times the C heap was trimmed.
+func (t *Transport) Trims() uint64 { return t.trim.trims() }
 
 // Close terminates the context. It fails while a subscriber still holds sockets in it.
 func (t *Transport) Close() error {
@@ -349,6 +380,7 @@ func (t *Transport) Close() error {
 		return fmt.Errorf("close ZMQ transport: %d subscribers still open", t.conns)
 	}
 	t.closed = true
+	t.trim.close()
 	if e := C.cz_ctx_term(t.ctx); e != 0 {
 		return fmt.Errorf("close ZMQ transport: %w", zerr(e))
 	}
@@ -479,6 +511,15 @@ func (z *Conn) OpenSub(endpoint string, rcvhwm int) error {
 func (z *Conn) CloseSub() {
 	z.closeSock(SockSub)
 	z.closeSock(SockMon)
+}
+
+// RcvHWM reads the open SUB socket's receive high-water mark back from libzmq.
+func (z *Conn) RcvHWM() (int, error) {
+	v := C.cz_rcvhwm(z.c)
+	if v < 0 {
+		return 0, fmt.Errorf("get ZMQ_RCVHWM: %w", zerr(-v))
+	}
+	return int(v), nil
 }
 
 // HasSub tells whether the SUB socket is open.

@@ -17,8 +17,9 @@ import (
 
 // TestConnReceivesWholeMessages: a Conn subscribed to a publisher waits in the poller
 // until a message is ready, receives all its frames back to back into the buffer (grown
-// to fit, an outlier above MappedAbove mapped outside the heap), and the transport
-// counts the Conn until it is freed.
+// to fit, an outlier above MappedAbove mapped outside the heap), its SUB socket has the
+// high-water mark it was opened with, and the transport counts the Conn until it is
+// freed.
 func TestConnReceivesWholeMessages(t *testing.T) {
 	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
@@ -35,6 +36,9 @@ func TestConnReceivesWholeMessages(t *testing.T) {
 	}
 	if err := z.OpenSub(p.Endpoint(), 1000); err != nil {
 		t.Fatal(err)
+	}
+	if hwm, err := z.RcvHWM(); hwm != 1000 || err != nil {
+		t.Fatalf("RcvHWM = %d, %v; want the 1000 OpenSub set", hwm, err)
 	}
 	if !z.HasSub() || z.HasDealer() || tr.Open() != 1 {
 		t.Fatalf("sub %v dealer %v open %d", z.HasSub(), z.HasDealer(), tr.Open())
