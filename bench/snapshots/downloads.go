@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -49,9 +51,12 @@ const (
 	// OutcomeAborted: 200, but the body ended with a transport error (the conductor
 	// closed the connection mid-stream): a visible failure.
 	OutcomeAborted = "200, body aborted"
-	// OutcomeOtherVersion: 200 with a clean body in a stream version this harness does
-	// not read (an older conductor's), so not checked.
-	OutcomeOtherVersion = "complete, other stream version (not checked)"
+	// OutcomeV1Checksum: 200, a clean body in stream version 1 (an older conductor's,
+	// which this harness does not decode) whose CRC-32C trailer matches the stream.
+	OutcomeV1Checksum = "complete, version 1 checksum verifies"
+	// OutcomeOtherVersion: 200 with a clean body in a stream version this harness
+	// knows nothing of, so not checked.
+	OutcomeOtherVersion = "complete, unknown stream version (not checked)"
 	// OutcomeSilent: 200, a body that ended cleanly, yet it does not verify: a reader
 	// would take a cut-short or damaged snapshot for a whole one.
 	OutcomeSilent = "complete, does NOT verify"
@@ -253,7 +258,14 @@ func download(ctx context.Context, addr, token, dir string) (r GetResult) {
 		r.Outcome, r.Detail = OutcomeAborted, body.err.Error()
 	case err == nil:
 		r.Outcome = OutcomeVerified
-	case body.version != snapshot.Version && body.n >= int64(len(body.head)):
+	case body.n >= int64(len(body.head)) && body.version == 1:
+		// Version 1: header, frames, then the CRC-32C of every byte before it.
+		if body.n > int64(len(body.head))+4 && body.crc.Sum32() == binary.LittleEndian.Uint32(body.tail) {
+			r.Outcome = OutcomeV1Checksum
+		} else {
+			r.Outcome, r.Detail = OutcomeSilent, "version 1 stream whose checksum does not match: cut short or damaged"
+		}
+	case body.n >= int64(len(body.head)) && body.version != snapshot.Version:
 		r.Outcome, r.Detail = OutcomeOtherVersion, fmt.Sprintf("stream version %d, this harness reads %d", body.version, snapshot.Version)
 	default:
 		r.Outcome, r.Detail = OutcomeSilent, err.Error()
@@ -262,18 +274,30 @@ func download(ctx context.Context, addr, token, dir string) (r GetResult) {
 }
 
 // watchedReader passes a body on, counting its bytes, keeping its stream header (magic
-// and version) and the first error other than io.EOF: a body the server cut short
-// ends with one, a complete body with io.EOF.
+// and version) and the first error other than io.EOF (a body the server cut short ends
+// with one, a complete body with io.EOF), and the CRC-32C of every byte but the last 4
+// (tail): a version 1 stream's trailer.
 type watchedReader struct {
 	r       io.Reader
 	n       int64
 	head    [10]byte
 	version uint16
 	err     error
+	crc     hash.Hash32
+	tail    []byte
 }
 
 func (w *watchedReader) Read(p []byte) (int, error) {
 	n, err := w.r.Read(p)
+	if w.crc == nil {
+		w.crc = crc32.New(crc32.MakeTable(crc32.Castagnoli))
+	}
+	if all := append(w.tail, p[:n]...); len(all) > 4 {
+		w.crc.Write(all[:len(all)-4])
+		w.tail = append(w.tail[:0], all[len(all)-4:]...)
+	} else {
+		w.tail = all
+	}
 	if w.n < int64(len(w.head)) {
 		copy(w.head[w.n:], p[:n])
 		if w.n+int64(n) >= int64(len(w.head)) {

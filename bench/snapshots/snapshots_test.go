@@ -2,9 +2,12 @@ package snapshots
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"io"
 	"testing"
+	"testing/iotest"
 
 	"github.com/conductor-go/conductor/snapshot"
 )
@@ -50,6 +53,26 @@ func TestWatchedReader(t *testing.T) {
 	cut := &watchedReader{r: io.MultiReader(bytes.NewReader(buf.Bytes()[:100]), errReader{io.ErrUnexpectedEOF})}
 	if _, err := io.Copy(io.Discard, cut); !errors.Is(err, io.ErrUnexpectedEOF) || !errors.Is(cut.err, io.ErrUnexpectedEOF) || cut.n != 100 {
 		t.Fatalf("cut body: %v, %+v", err, cut)
+	}
+}
+
+// TestWatchedReaderVersion1Checksum: read in pieces of any size, the reader keeps the
+// CRC-32C of every byte but the last four, which a version 1 stream's trailer holds.
+func TestWatchedReaderVersion1Checksum(t *testing.T) {
+	body := append([]byte("CONDSNAP\x01\x00"), bytes.Repeat([]byte("frame bytes "), 1000)...)
+	stream := binary.LittleEndian.AppendUint32(append([]byte(nil), body...), crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
+	for _, r := range []io.Reader{bytes.NewReader(stream), iotest.OneByteReader(bytes.NewReader(stream)), iotest.HalfReader(bytes.NewReader(stream))} {
+		w := &watchedReader{r: r}
+		if _, err := io.Copy(io.Discard, w); err != nil {
+			t.Fatal(err)
+		}
+		if w.version != 1 || w.crc.Sum32() != binary.LittleEndian.Uint32(w.tail) || w.n != int64(len(stream)) {
+			t.Fatalf("version %d, crc %x, tail %x, %d bytes", w.version, w.crc.Sum32(), w.tail, w.n)
+		}
+	}
+	cut := &watchedReader{r: bytes.NewReader(stream[:len(stream)-100])}
+	if _, err := io.Copy(io.Discard, cut); err != nil || cut.crc.Sum32() == binary.LittleEndian.Uint32(cut.tail) {
+		t.Fatalf("a cut stream's checksum matches: %v", err)
 	}
 }
 
