@@ -89,10 +89,12 @@ func Race(ctx context.Context, cfg RaceConfig) (*RaceResult, error) {
 	}
 	defer dead.Close()
 	res := &RaceResult{Replicas: cfg.Replicas, Limit: cfg.Limit}
+	var runErr error
 	for run := 0; run < cfg.Runs; run++ {
 		r, err := s.raceOnce(ctx, idle.Registrations(dead.Endpoints(), "race", fmt.Sprintf("race%d-", run)), cfg.Converge)
 		if err != nil {
-			return res, fmt.Errorf("run %d: %w", run+1, err)
+			runErr = fmt.Errorf("run %d: %w", run+1, err) // the runs before it are reported
+			break
 		}
 		res.Runs = append(res.Runs, r)
 		if r.Acknowledged > cfg.Limit || r.InRegistry != r.Acknowledged || !r.Converged {
@@ -113,9 +115,11 @@ func Race(ctx context.Context, cfg RaceConfig) (*RaceResult, error) {
 			res.Diverged++
 		}
 	}
-	sort.Ints(acks)
-	res.AckMin, res.AckMedian, res.AckMax = acks[0], acks[len(acks)/2], acks[len(acks)-1]
-	return res, nil
+	if len(acks) > 0 {
+		sort.Ints(acks)
+		res.AckMin, res.AckMedian, res.AckMax = acks[0], acks[len(acks)/2], acks[len(acks)-1]
+	}
+	return res, runErr
 }
 
 // raceOnce sends regs to the replicas in turn, all at once, reads the outcome, and
