@@ -60,7 +60,7 @@ func TestBinaryBurstIngest(t *testing.T) {
 	c := startConductor(t, config)
 	base := "http://127.0.0.1:" + strconv.Itoa(httpPort)
 	c.waitReady(base)
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+	if err := pub.WaitSubscribers(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	const batches = 2000
