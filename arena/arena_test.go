@@ -224,6 +224,38 @@ func TestFreeStackSpansChunks(t *testing.T) {
 	}
 }
 
+// TestAllocFreshTellsNeverAllocatedRecords: AllocFresh says fresh exactly for indices
+// never handed out before (their words are zero), not for freed ones handed out again
+// (their words as their last owner left them), also after Adopt.
+func TestAllocFreshTellsNeverAllocatedRecords(t *testing.T) {
+	a := New(Config{RecordWords: 2, ChunkRecords: 4})
+	for i := 0; i < 6; i++ {
+		idx, fresh := a.AllocFresh()
+		if idx != uint32(i) || !fresh {
+			t.Fatalf("alloc %d = %d, fresh %v", i, idx, fresh)
+		}
+		if w := a.Record(idx); w[0] != 0 || w[1] != 0 {
+			t.Fatalf("fresh record %d = %v", idx, w)
+		}
+		a.Record(idx)[1] = uint64(i) + 1
+	}
+	a.Free(4)
+	if idx, fresh := a.AllocFresh(); idx != 4 || fresh || a.Record(4)[1] != 5 {
+		t.Fatalf("reused = %d, fresh %v, word %d; want 4, false, 5", idx, fresh, a.Record(4)[1])
+	}
+	b := New(Config{RecordWords: 3, ChunkRecords: 4})
+	a.Free(1)
+	b.Adopt(a)
+	for _, want := range []struct {
+		idx   uint32
+		fresh bool
+	}{{1, false}, {6, true}} {
+		if idx, fresh := b.AllocFresh(); idx != want.idx || fresh != want.fresh {
+			t.Fatalf("after adopt: %d, fresh %v; want %d, %v", idx, fresh, want.idx, want.fresh)
+		}
+	}
+}
+
 // TestReserveAndAdopt: a wider arena filled index for index (Reserve, Record) takes over the
 // allocation state of the one it copies: same length and high-water mark, the same freed
 // records handed out in the same order, then fresh indices; the source's free list is gone.

@@ -11,12 +11,18 @@
 //	endpoints/<endpoint> the id of the service that uses the endpoint
 //	contexts/<context>   {"profile":...,"services":n}: the context's hash profile and how
 //	                     many registered services are in it (deleted at 0)
+//	count                how many service keys there are (decimal), so that max_services
+//	                     holds across replicas
+//	cluster              {"epoch":...,"snapshot_key":...}: created once, with random
+//	                     values, by the first replica; a registry that no longer holds
+//	                     it (etcd restored empty) has been reset
 //	members/<url>        a replica's advertise URL, bound to its lease
 //
 // A registration is one transaction that compares the mod revisions of its service,
-// endpoint and context keys with those it validated against, so of two conflicting
-// registrations made at once on two replicas exactly one commits; the other re-reads and
-// is refused with the conflict.
+// endpoint, context and count keys with those it validated against, so of two
+// conflicting registrations made at once on two replicas exactly one commits; the other
+// re-reads and is refused with the conflict. Every registration changes the count key,
+// so registrations made at once retry until each has validated against the latest count.
 package cluster
 
 import (
@@ -26,8 +32,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -43,9 +52,15 @@ const DefaultDialTimeout = 2 * time.Second
 // (killed, cut off) drops out of the member list after about this long.
 const DefaultMemberTTL = 10 * time.Second
 
-// maxTxnAttempts bounds the read-validate-commit rounds of one write: a round is repeated
-// only when another write touched the same keys in between.
-const maxTxnAttempts = 16
+// A write's read-validate-commit round is repeated when another write touched the same
+// keys in between (every registration touches the count key), until the request's
+// deadline (DialTimeout); between rounds it waits a random pause of up to
+// min(round, maxRetryPauseSteps) × retryPauseStep, so that writers that collided do not
+// collide again in step.
+const (
+	retryPauseStep     = time.Millisecond
+	maxRetryPauseSteps = 8
+)
 
 // Config configures the registry (the "cluster" config key).
 type Config struct {
@@ -61,6 +76,14 @@ type Config struct {
 	DialTimeout time.Duration
 	// MemberTTL is the member key's lease time (0: DefaultMemberTTL).
 	MemberTTL time.Duration
+	// MaxServices caps the services the registry holds, checked in each registration's
+	// transaction against the count key (0: no cap). A replica sets it to its
+	// max_services less its static services, so that every replica can apply every
+	// registration the registry accepts.
+	MaxServices int
+	// ResetCheckInterval is how often Sync reads the cluster key to find out whether
+	// etcd lost the registry (0: DefaultResetCheckInterval).
+	ResetCheckInterval time.Duration
 	// Logger receives watch and member-key events (nil: slog.Default()).
 	Logger *slog.Logger
 	// BeforeCommit, in tests, runs between a write's read-and-validate and its commit
@@ -81,6 +104,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MemberTTL <= 0 {
 		c.MemberTTL = DefaultMemberTTL
+	}
+	if c.ResetCheckInterval <= 0 {
+		c.ResetCheckInterval = DefaultResetCheckInterval
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -119,6 +145,8 @@ const (
 	ConflictEndpoint
 	// ConflictProfile: the context has another hash profile.
 	ConflictProfile
+	// ConflictLimit: the registry holds MaxServices services already.
+	ConflictLimit
 )
 
 // ConflictError is a registration refused by the registry's rules (a client error, unlike
@@ -129,6 +157,8 @@ type ConflictError struct {
 	Other string
 	// Endpoint is the contested endpoint (ConflictEndpoint).
 	Endpoint string
+	// Limit is the cap that was reached (ConflictLimit).
+	Limit int
 }
 
 func (e *ConflictError) Error() string {
@@ -137,6 +167,8 @@ func (e *ConflictError) Error() string {
 		return "conflicting registration for this service key in the cluster registry"
 	case ConflictEndpoint:
 		return fmt.Sprintf("endpoint %s is already used by service %s", e.Endpoint, e.Other)
+	case ConflictLimit:
+		return fmt.Sprintf("too many services: the cluster registry holds its limit of %d", e.Limit)
 	default:
 		return "registration conflicts with the ContextKey hash profile"
 	}
@@ -147,6 +179,10 @@ type Registry struct {
 	cli *clientv3.Client
 	cfg Config
 	log *slog.Logger
+	// resets counts the registry resets Sync detected.
+	resets atomic.Uint64
+	// info is the cluster key as last read (nil before Sync read it).
+	info atomic.Pointer[ClusterInfo]
 }
 
 // Open connects to etcd. It does not wait for etcd to answer: an unreachable etcd makes
@@ -184,6 +220,8 @@ func (r *Registry) endpointKey(ep string) string {
 }
 func (r *Registry) contextKey(c string) string { return r.cfg.KeyPrefix + "contexts/" + esc(c) }
 func (r *Registry) membersPrefix() string      { return r.cfg.KeyPrefix + "members/" }
+func (r *Registry) countKey() string           { return r.cfg.KeyPrefix + "count" }
+func (r *Registry) clusterKey() string         { return r.cfg.KeyPrefix + "cluster" }
 
 type contextValue struct {
 	Profile  json.RawMessage `json:"profile"`
@@ -194,12 +232,14 @@ func (r *Registry) opContext(ctx context.Context) (context.Context, context.Canc
 	return context.WithTimeout(ctx, r.cfg.DialTimeout)
 }
 
-// read returns the service, endpoint and context keys of rec at one revision (nil when
-// absent).
-func (r *Registry) read(ctx context.Context, svcKey, epKey, ctxKey string) (svc, ep, cx *kv, err error) {
-	resp, err := r.cli.Txn(ctx).Then(clientv3.OpGet(svcKey), clientv3.OpGet(epKey), clientv3.OpGet(ctxKey)).Commit()
+// read returns the service, endpoint, context and count keys of a write at one revision
+// (nil when absent), and how many service keys there are (the count key's value, or,
+// when a registry written before the count key existed has none, the keys counted).
+func (r *Registry) read(ctx context.Context, svcKey, epKey, ctxKey string) (svc, ep, cx, cnt *kv, services int, err error) {
+	resp, err := r.cli.Txn(ctx).Then(clientv3.OpGet(svcKey), clientv3.OpGet(epKey), clientv3.OpGet(ctxKey),
+		clientv3.OpGet(r.countKey()), clientv3.OpGet(r.servicesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, 0, err
 	}
 	one := func(i int) *kv {
 		kvs := resp.Responses[i].GetResponseRange().Kvs
@@ -208,7 +248,21 @@ func (r *Registry) read(ctx context.Context, svcKey, epKey, ctxKey string) (svc,
 		}
 		return &kv{value: kvs[0].Value, mod: kvs[0].ModRevision}
 	}
-	return one(0), one(1), one(2), nil
+	cnt = one(3)
+	if cnt == nil {
+		return one(0), one(1), one(2), nil, int(resp.Responses[4].GetResponseRange().Count), nil
+	}
+	n, perr := strconv.Atoi(string(cnt.value))
+	if perr != nil || n < 0 {
+		return nil, nil, nil, nil, 0, fmt.Errorf("count key %s is corrupt: %q", r.countKey(), cnt.value)
+	}
+	return one(0), one(1), one(2), cnt, n, nil
+}
+
+// retryPause waits before another round of a write that collided (false: ctx ended).
+func retryPause(ctx context.Context, attempt int) bool {
+	steps := min(attempt+1, maxRetryPauseSteps)
+	return sleep(ctx, time.Duration(rand.Int64N(int64(steps)*int64(retryPauseStep))))
 }
 
 type kv struct {
@@ -225,9 +279,9 @@ func (k *kv) modRev() int64 {
 
 // Put registers rec under the cluster rules and returns the revision at which the registry
 // holds it. An identical record already registered succeeds with existed true. A broken
-// rule is a *ConflictError; any other error means etcd did not answer in time (the record
-// may or may not have been committed when the error is a timeout: the watch reports it
-// either way).
+// rule (MaxServices reached included) is a *ConflictError; any other error means etcd
+// did not answer in time (the record may or may not have been committed when the error
+// is a timeout: the watch reports it either way).
 func (r *Registry) Put(ctx context.Context, rec *Record) (rev int64, existed bool, err error) {
 	ctx, cancel := r.opContext(ctx)
 	defer cancel()
@@ -236,8 +290,8 @@ func (r *Registry) Put(ctx context.Context, rec *Record) (rev int64, existed boo
 		return 0, false, fmt.Errorf("cluster: encode record %s: %w", rec.ID, err)
 	}
 	sk, ek, ck := r.serviceKey(rec.ID), r.endpointKey(rec.Endpoint), r.contextKey(rec.Context)
-	for attempt := range maxTxnAttempts {
-		svc, ep, cx, err := r.read(ctx, sk, ek, ck)
+	for attempt := 0; ; attempt++ {
+		svc, ep, cx, cnt, services, err := r.read(ctx, sk, ek, ck)
 		if err != nil {
 			return 0, false, fmt.Errorf("cluster: read registry: %w", err)
 		}
@@ -262,6 +316,9 @@ func (r *Registry) Put(ctx context.Context, rec *Record) (rev int64, existed boo
 			}
 			n = cv.Services
 		}
+		if r.cfg.MaxServices > 0 && services >= r.cfg.MaxServices {
+			return 0, false, &ConflictError{Kind: ConflictLimit, Limit: r.cfg.MaxServices}
+		}
 		cval, err := json.Marshal(contextValue{Profile: rec.Profile, Services: n + 1})
 		if err != nil {
 			return 0, false, err
@@ -273,8 +330,10 @@ func (r *Registry) Put(ctx context.Context, rec *Record) (rev int64, existed boo
 			clientv3.Compare(clientv3.ModRevision(sk), "=", 0),
 			clientv3.Compare(clientv3.ModRevision(ek), "=", ep.modRev()),
 			clientv3.Compare(clientv3.ModRevision(ck), "=", cx.modRev()),
+			clientv3.Compare(clientv3.ModRevision(r.countKey()), "=", cnt.modRev()),
 		).Then(
 			clientv3.OpPut(sk, string(val)), clientv3.OpPut(ek, rec.ID), clientv3.OpPut(ck, string(cval)),
+			clientv3.OpPut(r.countKey(), strconv.Itoa(services+1)),
 		).Commit()
 		if err != nil {
 			return 0, false, fmt.Errorf("cluster: commit registration %s: %w", rec.ID, err)
@@ -283,8 +342,10 @@ func (r *Registry) Put(ctx context.Context, rec *Record) (rev int64, existed boo
 			return resp.Header.Revision, false, nil
 		}
 		// Another write changed one of the keys since the read: validate again.
+		if !retryPause(ctx, attempt) {
+			return 0, false, fmt.Errorf("cluster: registration %s kept racing other writes (%d attempts): %w", rec.ID, attempt+1, ctx.Err())
+		}
 	}
-	return 0, false, fmt.Errorf("cluster: registration %s kept racing other writes (%d attempts)", rec.ID, maxTxnAttempts)
 }
 
 // Delete unregisters the service id and returns the revision of the deletion; found is
@@ -293,7 +354,7 @@ func (r *Registry) Delete(ctx context.Context, id string) (rev int64, found bool
 	ctx, cancel := r.opContext(ctx)
 	defer cancel()
 	sk := r.serviceKey(id)
-	for attempt := range maxTxnAttempts {
+	for attempt := 0; ; attempt++ {
 		g, err := r.cli.Get(ctx, sk)
 		if err != nil {
 			return 0, false, fmt.Errorf("cluster: read registry: %w", err)
@@ -306,7 +367,7 @@ func (r *Registry) Delete(ctx context.Context, id string) (rev int64, found bool
 			return 0, false, fmt.Errorf("cluster: service key %s is corrupt: %w", sk, err)
 		}
 		ek, ck := r.endpointKey(rec.Endpoint), r.contextKey(rec.Context)
-		svc, ep, cx, err := r.read(ctx, sk, ek, ck)
+		svc, ep, cx, cnt, services, err := r.read(ctx, sk, ek, ck)
 		if err != nil {
 			return 0, false, fmt.Errorf("cluster: read registry: %w", err)
 		}
@@ -317,8 +378,9 @@ func (r *Registry) Delete(ctx context.Context, id string) (rev int64, found bool
 			clientv3.Compare(clientv3.ModRevision(sk), "=", svc.mod),
 			clientv3.Compare(clientv3.ModRevision(ek), "=", ep.modRev()),
 			clientv3.Compare(clientv3.ModRevision(ck), "=", cx.modRev()),
+			clientv3.Compare(clientv3.ModRevision(r.countKey()), "=", cnt.modRev()),
 		}
-		ops := []clientv3.Op{clientv3.OpDelete(sk)}
+		ops := []clientv3.Op{clientv3.OpDelete(sk), clientv3.OpPut(r.countKey(), strconv.Itoa(max(services-1, 0)))}
 		if ep != nil && string(ep.value) == id {
 			ops = append(ops, clientv3.OpDelete(ek))
 		}
@@ -348,8 +410,10 @@ func (r *Registry) Delete(ctx context.Context, id string) (rev int64, found bool
 		if resp.Succeeded {
 			return resp.Header.Revision, true, nil
 		}
+		if !retryPause(ctx, attempt) {
+			return 0, false, fmt.Errorf("cluster: unregistration %s kept racing other writes (%d attempts): %w", id, attempt+1, ctx.Err())
+		}
 	}
-	return 0, false, fmt.Errorf("cluster: unregistration %s kept racing other writes (%d attempts)", id, maxTxnAttempts)
 }
 
 // List returns every registered record and the revision of the read.
@@ -378,4 +442,104 @@ func (r *Registry) idOfKey(key []byte) (string, error) {
 		return "", fmt.Errorf("key %q is not a service key", key)
 	}
 	return url.PathUnescape(s)
+}
+
+// Replace changes the record of a registered service in place (the adapters of a
+// multi-LoRA engine come and go while its subscription stays): prev is the record the
+// caller registered, which the registry must still hold, and rec keeps its ID and
+// endpoint. The context pin moves from prev's context to rec's when they differ (rec's
+// profile must match a pinned one). A broken rule is a *ConflictError: ConflictService
+// when the registry holds something else than prev (another write came first).
+func (r *Registry) Replace(ctx context.Context, prev, rec *Record) (rev int64, err error) {
+	if prev.ID != rec.ID || prev.Endpoint != rec.Endpoint {
+		return 0, fmt.Errorf("cluster: replace %s: the id and endpoint must stay", prev.ID)
+	}
+	ctx, cancel := r.opContext(ctx)
+	defer cancel()
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return 0, fmt.Errorf("cluster: encode record %s: %w", rec.ID, err)
+	}
+	sk, ek := r.serviceKey(rec.ID), r.endpointKey(rec.Endpoint)
+	oldCK, newCK := r.contextKey(prev.Context), r.contextKey(rec.Context)
+	for attempt := 0; ; attempt++ {
+		svc, ep, oldCX, _, _, err := r.read(ctx, sk, ek, oldCK)
+		if err != nil {
+			return 0, fmt.Errorf("cluster: read registry: %w", err)
+		}
+		var cur Record
+		if svc == nil || json.Unmarshal(svc.value, &cur) != nil || !cur.same(prev) || ep == nil || string(ep.value) != rec.ID {
+			return 0, &ConflictError{Kind: ConflictService}
+		}
+		cmps := []clientv3.Cmp{
+			clientv3.Compare(clientv3.ModRevision(sk), "=", svc.mod),
+			clientv3.Compare(clientv3.ModRevision(ek), "=", ep.mod),
+			clientv3.Compare(clientv3.ModRevision(oldCK), "=", oldCX.modRev()),
+		}
+		ops := []clientv3.Op{clientv3.OpPut(sk, string(val))}
+		if newCK != oldCK {
+			_, _, newCX, _, _, err := r.read(ctx, sk, ek, newCK)
+			if err != nil {
+				return 0, fmt.Errorf("cluster: read registry: %w", err)
+			}
+			ctxOps, err := r.moveContextPin(oldCK, oldCX, newCK, newCX, rec.Profile)
+			if err != nil {
+				return 0, err
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(newCK), "=", newCX.modRev()))
+			ops = append(ops, ctxOps...)
+		}
+		if r.cfg.BeforeCommit != nil {
+			r.cfg.BeforeCommit(rec.ID, attempt)
+		}
+		resp, err := r.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("cluster: commit replacement %s: %w", rec.ID, err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+		// Another write changed one of the keys since the read: validate again.
+		if !retryPause(ctx, attempt) {
+			return 0, fmt.Errorf("cluster: replacement %s kept racing other writes (%d attempts): %w", rec.ID, attempt+1, ctx.Err())
+		}
+	}
+}
+
+// moveContextPin returns the operations that move one service from the context key
+// oldCK to newCK (profile prof), refusing a newCK pinned to another profile.
+func (r *Registry) moveContextPin(oldCK string, oldCX *kv, newCK string, newCX *kv, prof json.RawMessage) ([]clientv3.Op, error) {
+	var ops []clientv3.Op
+	if oldCX != nil {
+		var cv contextValue
+		if err := json.Unmarshal(oldCX.value, &cv); err != nil {
+			return nil, fmt.Errorf("cluster: context key %s is corrupt: %w", oldCK, err)
+		}
+		if cv.Services <= 1 {
+			ops = append(ops, clientv3.OpDelete(oldCK))
+		} else {
+			cv.Services--
+			b, err := json.Marshal(cv)
+			if err != nil {
+				return nil, err
+			}
+			ops = append(ops, clientv3.OpPut(oldCK, string(b)))
+		}
+	}
+	n := 0
+	if newCX != nil {
+		var cv contextValue
+		if err := json.Unmarshal(newCX.value, &cv); err != nil {
+			return nil, fmt.Errorf("cluster: context key %s is corrupt: %w", newCK, err)
+		}
+		if !bytes.Equal(cv.Profile, prof) {
+			return nil, &ConflictError{Kind: ConflictProfile}
+		}
+		n = cv.Services
+	}
+	b, err := json.Marshal(contextValue{Profile: prof, Services: n + 1})
+	if err != nil {
+		return nil, err
+	}
+	return append(ops, clientv3.OpPut(newCK, string(b))), nil
 }

@@ -150,13 +150,23 @@ type event struct {
 	n    int
 }
 
-type recorder struct{ ch chan event }
+type recorder struct {
+	ch chan event
+	// republish, when set, runs on Republish (after the event is sent).
+	republish func(ctx context.Context)
+}
 
 func (r *recorder) Reset(rev int64, recs []Record) {
 	r.ch <- event{kind: "reset", rev: rev, n: len(recs)}
 }
 func (r *recorder) Put(rev int64, rec *Record)  { r.ch <- event{kind: "put", rev: rev, id: rec.ID} }
 func (r *recorder) Delete(rev int64, id string) { r.ch <- event{kind: "del", rev: rev, id: id} }
+func (r *recorder) Republish(ctx context.Context) {
+	r.ch <- event{kind: "republish"}
+	if r.republish != nil {
+		r.republish(ctx)
+	}
+}
 
 func next(t *testing.T, ch chan event) event {
 	t.Helper()
@@ -234,7 +244,8 @@ func TestWatchCompacted(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc := &recorder{ch: make(chan event, 8)}
-	if got := r.watch(ctx, rc, rev1-1); got != 0 {
+	seen := rev2
+	if got, why := r.watch(ctx, rc, rev1-1, "", &seen); got != 0 || why != "" {
 		t.Fatalf("watch from compacted revision returned %d, want 0 (list again)", got)
 	}
 	if len(rc.ch) != 0 {

@@ -54,7 +54,8 @@ const (
 	reqClearShared
 	reqRetractSource
 	reqDropIfEmpty
-	reqSync // runs fn on the writer goroutine (snapshot steps, test hooks)
+	reqRetire // the context was replaced (stage.go): give back its charges and memory
+	reqSync   // runs fn on the writer goroutine (snapshot steps, test hooks)
 )
 
 // request is one unit of work for a context writer; pooled so that Apply allocates nothing.
@@ -160,9 +161,12 @@ type cacheContext struct {
 	widenCopied int
 	// dropped: removed by DropEmptyContext; later requests do nothing.
 	dropped bool
-	// snap, while a snapshot of this context is being copied, records every change
-	// applied between its steps (see snapshot.go).
-	snap *snapJournal
+	// snaps, while snapshots of this context are being copied, record every change
+	// applied between their steps, one journal per snapshot (see snapshot.go).
+	snaps []*snapJournal
+	// chargedN and chargedB are what this context has charged to the engine-wide
+	// counts (charge), given back when it is retired (a staged load replaced it).
+	chargedN, chargedB int64
 	// budgeted: the engine has a budget (Config.MaxBlocks, MemoryLimitBytes) that reads
 	// the engine-wide counts on the event path; otherwise pendTotal and pendBytes are
 	// changes to them not yet published (charge, flushCharges).
@@ -237,7 +241,7 @@ func (c *cacheContext) run() {
 		wake = nil
 	}
 	for {
-		if (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0 || c.wide != nil) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
+		if !c.dropped && (c.tab.prev.Load() != nil || len(c.toRelease) > 0 || len(c.clears) > 0 || len(c.dropWaiters) > 0 || c.wide != nil) && (c.eng.hooks == nil || !c.eng.hooks.noIdleMigration) {
 			// A migration or a sweep is running: between requests, move it on in
 			// bounded steps, so that an idle context soon holds one table (and its
 			// memory) again and its clears are applied to every record.
@@ -300,8 +304,11 @@ func (c *cacheContext) serve(r *request) {
 	}
 	c.handle(r)
 	deferred := r.deferred // r may be handed back (and reused) by dropStep below
-	c.migrateStep()
-	c.backgroundSteps()
+	// A retired context's memory is gone: nothing is left to move on.
+	if !c.dropped {
+		c.migrateStep()
+		c.backgroundSteps()
+	}
 	if stepHook {
 		c.eng.hooks.step(false)
 	}
@@ -356,11 +363,15 @@ func (c *cacheContext) handle(r *request) {
 			c.eng.debts.Add(-c.debt.Swap(0))
 			c.release()
 		}
+	case reqRetire:
+		c.retire()
 	case reqSync:
 		r.fn(c)
 	}
-	if c.snap != nil && r.kind != reqSync {
-		c.snap.record(r)
+	if r.kind != reqSync {
+		for _, j := range c.snaps {
+			j.record(r)
+		}
 	}
 }
 

@@ -369,22 +369,29 @@ func (e *Engine) ContextProfile(key ContextKey) (hashing.Profile, bool) {
 
 // Apply hands ops to the context writer and returns once they are applied, so the caller
 // may reuse the Hashes buffers afterwards. Per-op failures are reported in ops[i].Err and do
-// not stop the batch. The error is ErrUnknownContext or ErrClosed.
+// not stop the batch. The error is ErrUnknownContext or ErrClosed. A context replaced
+// (Stage.Commit) before the ops reached its writer hands them to its successor.
 func (e *Engine) Apply(key ContextKey, ops []Op) error {
 	c := e.lookup(key)
-	if c == nil {
-		return ErrUnknownContext
+	for {
+		if c == nil {
+			return ErrUnknownContext
+		}
+		r := e.getReq()
+		r.kind = reqApply
+		r.ops = ops
+		err := c.do(r)
+		dropped := r.dropped
+		e.putReq(r)
+		if !dropped && err != errDropped {
+			return err
+		}
+		next := e.lookup(key)
+		if next == c {
+			return ErrUnknownContext
+		}
+		c = next
 	}
-	r := e.getReq()
-	r.kind = reqApply
-	r.ops = ops
-	err := c.do(r)
-	dropped := r.dropped
-	e.putReq(r)
-	if dropped || err == errDropped {
-		return ErrUnknownContext
-	}
-	return err
 }
 
 // ClearShared removes every shared binding of source and backend in every context of
@@ -468,7 +475,10 @@ type InstanceRanks struct {
 type ContextView struct {
 	Key     ContextKey
 	Profile hashing.Profile
-	// PrefixCount is the number of distinct block keys with at least one owner. Right
+	// PrefixCount is the number of distinct block keys with at least one owner; a block
+	// a query can find is already counted (also while the writer is still applying the
+	// rest of its request), so a reader that sees the last block of a burst reads a count
+	// that holds the whole burst. Right
 	// after a slot clear or an unregistration it also counts, until the writer's sweep
 	// (a few hundred records per step) reaches them, blocks whose only owner was
 	// cleared; queries never report those.

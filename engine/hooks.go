@@ -40,6 +40,9 @@ type testHooks struct {
 	// memoGrew runs on the memo's grower after each request it handled, with whether the
 	// memo grew.
 	memoGrew func(grew bool)
+	// created runs on the writer right after the record of a new key entered the table
+	// (from then on a query can find it).
+	created func(key uint64)
 	// bindSets, when > 0, replaces maxSets (the component sets a context's bindings
 	// intern before the rest keep their own lists).
 	bindSets int

@@ -8,7 +8,7 @@ import (
 // writer reads its own words with plain loads and publishes every change with atomic
 // stores, because queries read the same words concurrently.
 
-// applyOps applies r's ops from r.next on, journals them for a running snapshot, and
+// applyOps applies r's ops from r.next on, journals them for each running snapshot, and
 // reports whether all were applied: it stops before a clear that must wait for a stamp
 // (clear.go), leaving r.next at it.
 func (c *cacheContext) applyOps(r *request) bool {
@@ -18,8 +18,8 @@ func (c *cacheContext) applyOps(r *request) bool {
 			break
 		}
 	}
-	if c.snap != nil {
-		c.snap.recordOps(r.ops[from:r.next])
+	for _, j := range c.snaps {
+		j.recordOps(r.ops[from:r.next])
 	}
 	return r.next == len(r.ops)
 }
@@ -68,21 +68,48 @@ func (c *cacheContext) findOrCreate(key uint64) (idx uint32, rec []uint64, creat
 
 // create makes the record of key, absent (findOrCreate).
 func (c *cacheContext) create(key uint64) (idx uint32, rec []uint64) {
+	return c.createFrom(key, nil, 0)
+}
+
+// createFrom is create for a key whose look-up in table tab missed at pos
+// (table.locate): while tab is still the current table after makeRoom, its entry goes in
+// from pos on rather than from its home position (table.insertFrom).
+func (c *cacheContext) createFrom(key uint64, tab *table, pos uint64) (idx uint32, rec []uint64) {
 	c.makeRoom()
-	idx = c.tab.ar.Alloc()
+	idx, fresh := c.tab.ar.AllocFresh()
 	rec = c.rec(idx)
-	// A reused record may still be read by a query that found it under its old key: it
-	// goes busy (dropping the old block's shared flags) before the key and bitsets change,
-	// and stays busy until the caller's final meta store, which gives it a fresh epoch.
-	// Its bitsets start empty: it reflects every clear (the current stamp).
-	atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaFlags|metaStampMask<<metaStampShift)|c.stamp<<metaStampShift|metaBusy)
-	atomic.StoreUint64(&rec[recKey], key)
-	for j := recBits; j < len(rec); j++ {
-		if rec[j] != 0 {
-			atomic.StoreUint64(&rec[j], 0)
+	if fresh {
+		// Never allocated: every word is zero and no reader holds its index. It is
+		// written without being read first (see arena.AllocFresh: no zero-page copy),
+		// busy until the caller's final meta store.
+		atomic.StoreUint64(&rec[recMeta], c.stamp<<metaStampShift|metaBusy)
+		atomic.StoreUint64(&rec[recKey], key)
+	} else {
+		// A reused record may still be read by a query that found it under its old
+		// key: it goes busy (dropping the old block's shared flags) before the key and
+		// bitsets change, and stays busy until the caller's final meta store, which
+		// gives it a fresh epoch. Its bitsets start empty: it reflects every clear (the
+		// current stamp).
+		atomic.StoreUint64(&rec[recMeta], rec[recMeta]&^(metaFlags|metaStampMask<<metaStampShift)|c.stamp<<metaStampShift|metaBusy)
+		atomic.StoreUint64(&rec[recKey], key)
+		for j := recBits; j < len(rec); j++ {
+			if rec[j] != 0 {
+				atomic.StoreUint64(&rec[j], 0)
+			}
 		}
 	}
-	c.tab.insertNew(key, idx)
+	// Counted before a query can find it: a reader that sees a block sees it in
+	// PrefixCount, also in the middle of a request that stores many (a burst); the
+	// store at the end of the step settles removals.
+	c.blocks.Store(int64(c.tab.ar.Len()))
+	if c.tab == tab {
+		c.tab.insertFrom(key, pos, idx)
+	} else {
+		c.tab.insertNew(key, idx)
+	}
+	if h := c.eng.hooks; h != nil && h.created != nil {
+		h.created(key)
+	}
 	c.linkNewest(idx, rec)
 	c.charge(1, blockBytes(c.tab.w))
 	return idx, rec
@@ -191,13 +218,15 @@ func (c *cacheContext) engineStore(op *Op) {
 	for _, h := range op.Hashes {
 		// findOrCreate, with the path of a stored block inline (one call level fewer
 		// for the most common event).
-		_, _, idx, rec, found := c.tab.locate(h)
+		tab := c.tab
+		pos, _, idx, rec, found := tab.locate(h)
 		if found {
 			c.mark(idx)
-			found = c.clr == nil || c.cleanRec(idx, rec)
-		}
-		if !found {
-			idx, rec = c.create(h)
+			if found = c.clr == nil || c.cleanRec(idx, rec); !found {
+				idx, rec = c.create(h) // it held only cleared bits and was deleted
+			}
+		} else {
+			idx, rec = c.createFrom(h, tab, pos)
 		}
 		wo, bit := bitAt(c.tab.w, t, n) // after create: the table cannot widen here
 		word := recBits + wo

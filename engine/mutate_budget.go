@@ -17,6 +17,8 @@ import (
 // step (flushCharges, before it hands a request back) instead of two atomic additions,
 // contended across writers, per block.
 func (c *cacheContext) charge(n, b int64) {
+	c.chargedN += n
+	c.chargedB += b
 	if c.budgeted {
 		c.eng.total.Add(n)
 		c.eng.bytes.Add(b)

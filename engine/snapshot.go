@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/conductor-go/conductor/hashing"
 )
@@ -129,6 +130,14 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 	var ch SnapshotChunk
 	cursor := uint32(0)
 	first := true
+	// This snapshot's own journal: snapshots of the same context copied at once each
+	// record every change between their own steps.
+	j := &snapJournal{}
+	leave := func(c *cacheContext) {
+		if i := slices.Index(c.snaps, j); i >= 0 {
+			c.snaps = slices.Delete(c.snaps, i, i+1)
+		}
+	}
 	sync := func(f func(c *cacheContext)) error {
 		r := e.getReq()
 		r.kind = reqSync
@@ -147,18 +156,18 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 		done, full := false, false
 		err := sync(func(c *cacheContext) {
 			if first {
-				c.snap = &snapJournal{}
+				c.snaps = append(c.snaps, j)
 			}
-			if c.snap == nil || c.snap.full {
+			if j.full {
 				full = true
-				c.snap = nil
+				leave(c)
 				return
 			}
-			ch.Journal = append(ch.Journal, c.snap.ops...)
-			c.snap.ops, c.snap.hashes = c.snap.ops[:0], 0
+			ch.Journal = append(ch.Journal, j.ops...)
+			j.ops, j.hashes = j.ops[:0], 0
 			done = c.snapshotStep(&ch, &cursor, step)
 			if done {
-				c.snap = nil
+				leave(c)
 			}
 		})
 		first = false
@@ -170,7 +179,7 @@ func (e *Engine) SnapshotContext(key ContextKey, step int, fn func(*SnapshotChun
 		}
 		if err := fn(&ch); err != nil {
 			if !done {
-				_ = sync(func(c *cacheContext) { c.snap = nil })
+				_ = sync(leave)
 			}
 			return err
 		}
@@ -243,10 +252,57 @@ func (c *cacheContext) snapshotStep(ch *SnapshotChunk, cursor *uint32, step int)
 // with profile p when absent (a context with another profile is ErrProfileConflict).
 // Entries of slots for which allowSlot is false, and bindings for which allowSource is
 // false, are skipped and counted in skipped; the rest goes through Apply, as events
-// would. It returns how many blocks entries and bindings it applied.
+// would. It returns how many blocks entries and bindings it applied. A load that must
+// apply whole or not at all goes through a Stage instead.
 func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *SnapshotChunk,
 	allowSlot func(Slot) bool, allowSource func(string) bool) (applied, skipped int, err error) {
-	if cp, ok := e.ContextProfile(key); ok && !cp.Equal(p) {
+	return loadChunk(liveTarget{e}, key, p, ch, allowSlot, allowSource)
+}
+
+// loadTarget is where a snapshot chunk goes: the engine's published contexts
+// (liveTarget) or a stage's (Stage).
+type loadTarget interface {
+	// profile is the profile the context of key has (or will have), if any.
+	profile(key ContextKey) (hashing.Profile, bool)
+	// context returns the context of key, creating it with profile p.
+	context(key ContextKey, p hashing.Profile) (*cacheContext, error)
+}
+
+// liveTarget loads into the engine's published contexts.
+type liveTarget struct{ e *Engine }
+
+func (t liveTarget) profile(key ContextKey) (hashing.Profile, bool) { return t.e.ContextProfile(key) }
+func (t liveTarget) context(key ContextKey, p hashing.Profile) (*cacheContext, error) {
+	return t.e.getOrCreate(key, p)
+}
+
+// request runs one request of kind on c (filled by set) and reports the writer's
+// verdict: errDropped when the context was dropped or retired first.
+func (c *cacheContext) request(kind reqKind, set func(r *request)) error {
+	r := c.eng.getReq()
+	r.kind = kind
+	set(r)
+	err := c.do(r)
+	if r.dropped {
+		err = errDropped
+	}
+	c.eng.putReq(r)
+	return err
+}
+
+// requestOn runs a request on the target's context of key, created when absent.
+func requestOn(t loadTarget, key ContextKey, p hashing.Profile, kind reqKind, set func(r *request)) error {
+	c, err := t.context(key, p)
+	if err != nil {
+		return err
+	}
+	return c.request(kind, set)
+}
+
+// loadChunk is LoadSnapshotChunk on target t.
+func loadChunk(t loadTarget, key ContextKey, p hashing.Profile, ch *SnapshotChunk,
+	allowSlot func(Slot) bool, allowSource func(string) bool) (applied, skipped int, err error) {
+	if cp, ok := t.profile(key); ok && !cp.Equal(p) {
 		return 0, 0, ErrProfileConflict
 	}
 	for i := range ch.Entries {
@@ -254,7 +310,7 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 			return 0, 0, fmt.Errorf("snapshot entry %d names slot %d of %d", i, ch.Entries[i].Slot, len(ch.Slots))
 		}
 	}
-	if err := e.loadJournal(key, p, ch.Journal, allowSlot, allowSource); err != nil {
+	if err := loadJournal(t, key, p, ch.Journal, allowSlot, allowSource); err != nil {
 		return 0, 0, err
 	}
 	// One store op per (slot, tier), in the chunk's record order.
@@ -269,11 +325,11 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 			skipped++
 			continue
 		}
-		for t := TierDevice; t <= TierDisk; t++ {
-			if en.Tiers&(1<<t) == 0 {
+		for tier := TierDevice; tier <= TierDisk; tier++ {
+			if en.Tiers&(1<<tier) == 0 {
 				continue
 			}
-			k := st{en.Slot, t}
+			k := st{en.Slot, tier}
 			if _, ok := byOp[k]; !ok {
 				order = append(order, k)
 			}
@@ -284,7 +340,7 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 	ops := make([]Op, 0, len(order)+len(ch.Bindings))
 	for _, k := range order {
 		s := ch.Slots[k.slot]
-		if _, err := e.RegisterSlot(key, p, s); err != nil {
+		if err := registerSlotOn(t, key, p, s); err != nil {
 			return 0, 0, err
 		}
 		ops = append(ops, Op{Kind: OpStore, Slot: s, Tier: k.tier, Hashes: byOp[k]})
@@ -307,12 +363,7 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 	if len(ops) == 0 {
 		return applied, skipped, nil
 	}
-	if _, ok := e.ContextProfile(key); !ok {
-		if _, err := e.getOrCreate(key, p); err != nil {
-			return 0, 0, err
-		}
-	}
-	if err := e.Apply(key, ops); err != nil {
+	if err := applyOn(t, key, p, ops); err != nil {
 		return 0, 0, err
 	}
 	for i := range ops {
@@ -323,21 +374,38 @@ func (e *Engine) LoadSnapshotChunk(key ContextKey, p hashing.Profile, ch *Snapsh
 	return applied, skipped, nil
 }
 
+// registerSlotOn registers slot in the target's context of key, as RegisterSlot does.
+func registerSlotOn(t loadTarget, key ContextKey, p hashing.Profile, slot Slot) error {
+	if lt, ok := t.(liveTarget); ok {
+		_, err := lt.e.RegisterSlot(key, p, slot)
+		return err
+	}
+	return requestOn(t, key, p, reqRegister, func(r *request) { r.slot = slot })
+}
+
+// applyOn applies ops to the target's context of key (created when absent), as Apply does.
+func applyOn(t loadTarget, key ContextKey, p hashing.Profile, ops []Op) error {
+	if lt, ok := t.(liveTarget); ok {
+		if _, ok := lt.e.ContextProfile(key); !ok {
+			if _, err := lt.e.getOrCreate(key, p); err != nil {
+				return err
+			}
+		}
+		return lt.e.Apply(key, ops)
+	}
+	return requestOn(t, key, p, reqApply, func(r *request) { r.ops = ops })
+}
+
 // loadJournal applies a chunk's journal in order, leaving out changes of slots and
 // sources that are not allowed.
-func (e *Engine) loadJournal(key ContextKey, p hashing.Profile, j []SnapshotOp,
+func loadJournal(t loadTarget, key ContextKey, p hashing.Profile, j []SnapshotOp,
 	allowSlot func(Slot) bool, allowSource func(string) bool) error {
 	var ops []Op
 	flush := func() error {
 		if len(ops) == 0 {
 			return nil
 		}
-		if _, ok := e.ContextProfile(key); !ok {
-			if _, err := e.getOrCreate(key, p); err != nil {
-				return err
-			}
-		}
-		err := e.Apply(key, ops)
+		err := applyOn(t, key, p, ops)
 		ops = ops[:0]
 		return err
 	}
@@ -351,14 +419,16 @@ func (e *Engine) loadJournal(key ContextKey, p hashing.Profile, j []SnapshotOp,
 			if err := flush(); err != nil {
 				return err
 			}
-			if c := e.lookup(key); c != nil {
-				r := e.getReq()
-				r.kind, r.source, r.backend = reqRetractSource, op.Source, ""
-				if op.ClearShared {
-					r.kind, r.backend = reqClearShared, op.Backend
-				}
-				_ = c.do(r)
-				e.putReq(r)
+			if _, ok := t.profile(key); !ok {
+				continue // nothing there to retract
+			}
+			kind, backend := reqRetractSource, ""
+			if op.ClearShared {
+				kind, backend = reqClearShared, op.Backend
+			}
+			if err := requestOn(t, key, p, kind, func(r *request) { r.source, r.backend = op.Source, backend }); err != nil &&
+				!errors.Is(err, errDropped) && !errors.Is(err, ErrClosed) {
+				return err
 			}
 		case op.Kind == OpSharedStore || op.Kind == OpSharedRemove:
 			if allowSource == nil || allowSource(op.Source) {
@@ -369,7 +439,7 @@ func (e *Engine) loadJournal(key ContextKey, p hashing.Profile, j []SnapshotOp,
 				continue
 			}
 			if op.Kind == OpStore {
-				if _, err := e.RegisterSlot(key, p, op.Slot); err != nil {
+				if err := registerSlotOn(t, key, p, op.Slot); err != nil {
 					return err
 				}
 			}

@@ -277,30 +277,44 @@ func (t *table) lookup(key uint64) (idx uint32, ok bool) {
 }
 
 // locate returns the record index and the record of key, and where its entry was found:
-// at pos of this table, or (inPrev) at pos of prev, where it is not in this table. The
-// record is for reading: a writer that changes it marks it first (cacheContext.mark). Writer
-// only.
+// at pos of this table, or (inPrev) at pos of prev, where it is not in this table. When
+// key is in neither (ok false), pos is where its entry would go in this table (see
+// slotOf), for insertFrom. The record is for reading: a writer that changes it marks it
+// first (cacheContext.mark). Writer only.
 func (t *table) locate(key uint64) (pos uint64, inPrev bool, idx uint32, rec []uint64, ok bool) {
 	p := t.prev.Load()
 	if pos, idx, rec, ok = t.slotOf(key); ok || p == nil {
 		return pos, false, idx, rec, ok
 	}
-	pos, idx, rec, ok = p.slotOf(key)
-	return pos, true, idx, rec, ok
+	free := pos
+	if ppos, pidx, prec, pok := p.slotOf(key); pok {
+		return ppos, true, pidx, prec, true
+	}
+	return free, false, 0, nil, false
 }
 
 // slotOf returns the entry position, record index and record of key in this table
-// alone. Writer only.
+// alone. When key is absent (ok false), pos is the first free position on its probe path
+// (a tombstone, or the empty entry that ended the probe): where insertNew would put it.
+// Writer only.
 func (t *table) slotOf(key uint64) (pos uint64, idx uint32, rec []uint64, ok bool) {
 	h := mix(key)
 	fp := h &^ 0xFFFFFFFF
 	pos = h >> t.shift
+	free, tomb := uint64(0), false
 	for {
 		e := t.entries[pos]
 		if e == 0 {
-			return 0, 0, nil, false
+			if tomb {
+				pos = free
+			}
+			return pos, 0, nil, false
 		}
-		if e&^0xFFFFFFFF == fp && e != tombEntry {
+		if e == tombEntry {
+			if !tomb {
+				free, tomb = pos, true
+			}
+		} else if e&^0xFFFFFFFF == fp {
 			idx = uint32(e) - 1
 			if rec = t.ar.Record(idx); rec[recKey] == key {
 				return pos, idx, rec, true
@@ -368,6 +382,15 @@ func (t *table) prefetch(keys []uint64) {
 func (t *table) insertNew(key uint64, idx uint32) {
 	h := mix(key)
 	t.insertAt(h>>t.shift, h&^0xFFFFFFFF|uint64(idx+1))
+}
+
+// insertFrom adds an entry for key (known absent from this table and prev) pointing at
+// idx, from pos on: pos is where a probe of key that missed stopped (slotOf), and the
+// table has only gained entries since (a migration step), so every position from key's
+// home to pos is still taken and key's probe path goes on from pos. It saves probing the
+// path again. Writer only.
+func (t *table) insertFrom(key uint64, pos uint64, idx uint32) {
+	t.insertAt(pos, mix(key)&^0xFFFFFFFF|uint64(idx+1))
 }
 
 // insertAt stores entry e at the first empty or tombstoned position from pos on (its

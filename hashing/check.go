@@ -475,10 +475,12 @@ func (c *ProfileCheck) suggest(ev *StoredEvent) string {
 	switch {
 	case c.p.Strategy == StrategyVLLMV1 && c.lora != "" && c.p.LoraPath == "":
 		msg += `; LoRA blocks of vLLM >= 0.31 need extra_keys "tagged" and lora_path`
+	case c.p.Strategy == StrategyVLLMV1 && c.lora != "":
+		msg += "; tagged LoRA blocks hash the adapter's path: is lora_path the path the engine was given?"
 	case c.p.Strategy.isSGLang() && c.lora != "" && c.p.LoraPath == "":
 		msg += "; LoRA pages of SGLang >= 0.5.23 need lora_path (adapters from --lora-paths)"
 	case c.p.Strategy.isSGLang() && c.lora != "":
-		msg += "; an SGLang adapter loaded at run time has a random id: its pages cannot be reproduced"
+		msg += "; is lora_path the adapter's --lora-paths entry? (an SGLang adapter loaded at run time has a random id: its pages cannot be reproduced)"
 	}
 	return msg
 }

@@ -92,7 +92,7 @@ func TestProfileCheckDiagnoses(t *testing.T) {
 			wantStatus: CheckStatusMismatch, wantSuggestion: `no profile tried reproduces the engine's hashes; LoRA blocks of vLLM >= 0.31 need extra_keys "tagged" and lora_path`},
 		{name: "wrong lora path", registered: specWith("sha256", "0", func(s *Spec) { tagged(s); s.LoraPath = "/old" }),
 			eng: specWith("sha256", "0", func(s *Spec) { tagged(s); s.LoraPath = "/new" }), lora: "ad",
-			wantStatus: CheckStatusMismatch, wantSuggestion: "no profile tried reproduces the engine's hashes"},
+			wantStatus: CheckStatusMismatch, wantSuggestion: "no profile tried reproduces the engine's hashes; tagged LoRA blocks hash the adapter's path"},
 		{name: "random seed", registered: vllmSpec("sha256", "1"), eng: vllmSpec("sha256", "2"),
 			wantStatus: CheckStatusMismatch, wantSuggestion: "no profile tried reproduces"},
 	}

@@ -237,6 +237,16 @@ func (m *Memo) table(n int) *memoTable {
 // cur returns the table queries use now.
 func (m *Memo) cur() *memoTable { return m.tab.Load() }
 
+// MemoBytes is the memory a memo of at most blocks blocks takes once grown to its bound
+// and written all over (0 for blocks <= 0), so that a configuration can be checked before
+// the memo is made.
+func MemoBytes(blocks int) int64 {
+	if blocks <= 0 {
+		return 0
+	}
+	return int64(memoRuns(blocks)) * MemoEntryBytes
+}
+
 // Stats returns the memo's counters; a nil Memo has none.
 func (m *Memo) Stats() MemoStats {
 	if m == nil {

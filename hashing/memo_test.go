@@ -747,3 +747,17 @@ func TestAdvanceCountsLikeNext(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoBytesMatchesNewMemo: MemoBytes predicts the memory of the memo NewMemo builds,
+// so that a configuration is checked before anything is allocated.
+func TestMemoBytesMatchesNewMemo(t *testing.T) {
+	for _, blocks := range []int{-1, 0, 1, 31, 32, 33, 1000, 1 << 16} {
+		m := NewMemo(blocks)
+		if got, want := MemoBytes(blocks), int64(m.Bytes()); got != want {
+			t.Errorf("MemoBytes(%d) = %d, NewMemo(%d).Bytes() = %d", blocks, got, blocks, want)
+		}
+	}
+	if got := MemoBytes(200_000_000); got != 1<<25*MemoEntryBytes {
+		t.Errorf("MemoBytes(2e8) = %d, want %d", got, 1<<25*MemoEntryBytes)
+	}
+}

@@ -523,3 +523,14 @@ func (p Profile) AppendRootHex(dst []byte) []byte {
 
 // Project maps a full block digest to this profile's 64-bit index key.
 func (p Profile) Project(digest *[32]byte) uint64 { return p.Projection.Apply(digest) }
+
+// Spec returns the hash_profile fields that resolve to p (ResolveSpec(p.Spec()) is p):
+// what a registration records, and the base for a variant (another adapter's lora_path).
+func (p Profile) Spec() Spec {
+	s := Spec{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
+		IndexProjection: p.ProjectionName(), LoraPath: p.LoraPath, LookaheadTokens: int64(p.Lookahead)}
+	if p.ExtraKeys != ExtraKeysUntagged {
+		s.ExtraKeys = p.ExtraKeysName()
+	}
+	return s
+}

@@ -22,14 +22,19 @@ type RegisterRequest struct {
 	DPRank         int64       `json:"dp_rank"`
 	CacheGroup     *int64      `json:"cache_group,omitempty"`
 	HashProfile    HashProfile `json:"hash_profile"`
+	// IndexMedia is index_media, the event media to index (nil: left out, the kind's
+	// default).
+	IndexMedia []string `json:"index_media,omitempty"`
 }
 
 // UnregisterRequest is the body of POST /unregister. An empty TenantID is left out and
-// means "default".
+// means "default". LoraName, when set, unregisters that adapter of a multi-LoRA
+// registration alone ("" is the base model's: a pointer tells it from absent).
 type UnregisterRequest struct {
-	InstanceID string `json:"instance_id"`
-	TenantID   string `json:"tenant_id,omitempty"`
-	DPRank     int64  `json:"dp_rank"`
+	InstanceID string  `json:"instance_id"`
+	TenantID   string  `json:"tenant_id,omitempty"`
+	DPRank     int64   `json:"dp_rank"`
+	LoraName   *string `json:"lora_name,omitempty"`
 }
 
 // QueryRequest is the body of POST /query. Empty optional strings are left out: an empty
@@ -54,6 +59,9 @@ func AppendRegisterRequest(dst []byte, r *RegisterRequest) []byte {
 	if r.CacheGroup != nil {
 		required++
 	}
+	if r.IndexMedia != nil {
+		required++
+	}
 	dst = appendMapHeader(dst, required, r.ReplayEndpoint, r.LoraName, r.TenantID)
 	dst = appendKV(dst, "endpoint", r.Endpoint)
 	dst = appendOptKV(dst, "replay_endpoint", r.ReplayEndpoint)
@@ -71,27 +79,55 @@ func AppendRegisterRequest(dst []byte, r *RegisterRequest) []byte {
 		dst = msgp.AppendInt64(dst, *r.CacheGroup)
 	}
 	dst = msgp.AppendString(dst, "hash_profile")
-	return appendProfileRequest(dst, &r.HashProfile)
+	dst = appendProfileRequest(dst, &r.HashProfile)
+	if r.IndexMedia != nil {
+		dst = msgp.AppendString(dst, "index_media")
+		dst = msgp.AppendArrayHeader(dst, uint32(len(r.IndexMedia)))
+		for _, m := range r.IndexMedia {
+			dst = msgp.AppendString(dst, m)
+		}
+	}
+	return dst
 }
 
 // appendProfileRequest writes the selectors of p. python_hash_seed is left out when empty
 // because the contract makes it optional (and ignored) for the sglang strategies;
-// root_digest is never sent since the server refuses it as input.
+// root_digest is never sent since the server refuses it as input. The optional fields
+// of issue 25 are sent only when set, so a request without them is what it was.
 func appendProfileRequest(dst []byte, p *HashProfile) []byte {
-	dst = appendMapHeader(dst, 3, p.PythonHashSeed)
+	required := uint32(3)
+	if p.LookaheadTokens != 0 {
+		required++
+	}
+	dst = appendMapHeader(dst, required, p.PythonHashSeed, p.ExtraKeys, p.LoraPath)
 	dst = appendKV(dst, "strategy", p.Strategy)
 	dst = appendKV(dst, "algorithm", p.Algorithm)
 	dst = appendOptKV(dst, "python_hash_seed", p.PythonHashSeed)
-	return appendKV(dst, "index_projection", p.IndexProjection)
+	dst = appendKV(dst, "index_projection", p.IndexProjection)
+	dst = appendOptKV(dst, "extra_keys", p.ExtraKeys)
+	dst = appendOptKV(dst, "lora_path", p.LoraPath)
+	if p.LookaheadTokens != 0 {
+		dst = msgp.AppendString(dst, "lookahead_tokens")
+		dst = msgp.AppendInt64(dst, p.LookaheadTokens)
+	}
+	return dst
 }
 
 // AppendUnregisterRequest appends r as a msgpack map to dst.
 func AppendUnregisterRequest(dst []byte, r *UnregisterRequest) []byte {
-	dst = appendMapHeader(dst, 2, r.TenantID)
+	required := uint32(2)
+	if r.LoraName != nil {
+		required++
+	}
+	dst = appendMapHeader(dst, required, r.TenantID)
 	dst = appendKV(dst, "instance_id", r.InstanceID)
 	dst = appendOptKV(dst, "tenant_id", r.TenantID)
 	dst = msgp.AppendString(dst, "dp_rank")
-	return msgp.AppendInt64(dst, r.DPRank)
+	dst = msgp.AppendInt64(dst, r.DPRank)
+	if r.LoraName != nil {
+		dst = appendKV(dst, "lora_name", *r.LoraName)
+	}
+	return dst
 }
 
 // AppendQueryRequest appends q as a msgpack map to dst. It allocates nothing once dst has

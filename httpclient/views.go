@@ -26,6 +26,12 @@ type HashProfile struct {
 	PythonHashSeed  string `json:"python_hash_seed,omitempty"`
 	RootDigest      string `json:"root_digest,omitempty"`
 	IndexProjection string `json:"index_projection"`
+	// ExtraKeys ("tagged" for vLLM >= 0.31), LoraPath and LookaheadTokens are the
+	// optional fields of issue 25: sent only when set, and left out by the server's
+	// views when they hold their defaults.
+	ExtraKeys       string `json:"extra_keys,omitempty"`
+	LoraPath        string `json:"lora_path,omitempty"`
+	LookaheadTokens int64  `json:"lookahead_tokens,omitempty"`
 }
 
 // Decoders here are lenient where the request side is strict: unknown keys are skipped
@@ -59,6 +65,11 @@ type Service struct {
 	DPRank         int64       `json:"DPRank"`
 	CacheGroup     *int64      `json:"CacheGroup"`
 	HashProfile    HashProfile `json:"HashProfile"`
+	// IndexMedia are the event media the service indexes; HashCheck is the profile
+	// self-check of its context: "ok", "unverified", "mismatch (<suggestion>)" or "off".
+	// Both are this conductor's (absent from upstream's answers).
+	IndexMedia []string `json:"IndexMedia,omitempty"`
+	HashCheck  string   `json:"HashCheck,omitempty"`
 }
 
 // ServiceList is the body of GET /services.

@@ -216,6 +216,24 @@ func (z *HashProfile) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "IndexProjection")
 				return
 			}
+		case "extra_keys":
+			z.ExtraKeys, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "ExtraKeys")
+				return
+			}
+		case "lora_path":
+			z.LoraPath, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "LoraPath")
+				return
+			}
+		case "lookahead_tokens":
+			z.LookaheadTokens, bts, err = msgp.ReadInt64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "LookaheadTokens")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -363,6 +381,31 @@ func (z *Service) UnmarshalMsg(bts []byte) (o []byte, err error) {
 			bts, err = z.HashProfile.UnmarshalMsg(bts)
 			if err != nil {
 				err = msgp.WrapError(err, "HashProfile")
+				return
+			}
+		case "IndexMedia":
+			var zb0002 uint32
+			zb0002, bts, err = msgp.ReadArrayHeaderBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "IndexMedia")
+				return
+			}
+			if cap(z.IndexMedia) >= int(zb0002) {
+				z.IndexMedia = (z.IndexMedia)[:zb0002]
+			} else {
+				z.IndexMedia = make([]string, zb0002)
+			}
+			for za0001 := range z.IndexMedia {
+				z.IndexMedia[za0001], bts, err = msgp.ReadStringBytes(bts)
+				if err != nil {
+					err = msgp.WrapError(err, "IndexMedia", za0001)
+					return
+				}
+			}
+		case "HashCheck":
+			z.HashCheck, bts, err = msgp.ReadStringBytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "HashCheck")
 				return
 			}
 		default:

@@ -127,6 +127,28 @@ func TestReceiveBufferShrinksAfterOutlier(t *testing.T) {
 	}
 }
 
+// TestReceiveBufferAllocatedAtFirstMessage: a subscription holds no receive buffer until
+// its first message (a service whose engine is down costs none), then one that fits it.
+func TestReceiveBufferAllocatedAtFirstMessage(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	if b := s.Stats().RecvBufferBytes; b != 0 {
+		t.Fatalf("receive buffer of %d bytes before any message", b)
+	}
+	payload := strings.Repeat("x", 3000)
+	publish(t, p, payload)
+	waitUntil(t, "first message", func() bool { return s.Stats().Applied == 1 })
+	if b := s.Stats().RecvBufferBytes; b < int64(len(payload)) || b > recvBufInitial {
+		t.Fatalf("receive buffer of %d bytes for a %d-byte payload", b, len(payload))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if string(h.payloads[0]) != payload {
+		t.Fatal("payload corrupted")
+	}
+}
+
 // procFDs and procThreads read this process's open descriptors and OS threads.
 func procFDs(t *testing.T) int {
 	t.Helper()
@@ -317,4 +339,62 @@ func newTransport(t *testing.T) *zmqtransport.Transport {
 		}
 	})
 	return tr
+}
+
+// TestRcvHWMFromByteBudget: the SUB socket's high-water mark is the byte budget in
+// messages of the largest size allowed, at least 1 and at most upstream's 200,000; an
+// unlimited message size counts as the default.
+func TestRcvHWMFromByteBudget(t *testing.T) {
+	for _, tc := range []struct {
+		budget, maxMsg int64
+		want           int
+	}{
+		{DefaultBufferBytes, DefaultMaxMessageSize, 64},
+		{64 << 20, 16 << 20, 4},
+		{64 << 20, -1, 64 << 20 / DefaultMaxMessageSize},
+		{1, DefaultMaxMessageSize, 1},
+		{1 << 40, 1024, maxRcvHWM},
+		{5 << 10, 1 << 10, 5},
+	} {
+		if got := RcvHWM(tc.budget, tc.maxMsg); got != tc.want {
+			t.Errorf("RcvHWM(%d, %d) = %d, want %d", tc.budget, tc.maxMsg, got, tc.want)
+		}
+	}
+	if _, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://127.0.0.1:1", BufferBytes: -1}, &recorder{}); err == nil {
+		t.Fatal("negative BufferBytes accepted")
+	}
+}
+
+// TestBufferBytesBoundsTheSubQueue: a subscriber's SUB socket is opened with the
+// high-water mark of its byte budget, and a burst far beyond it, sent while nothing is
+// read, waits in the connection and the publisher and then arrives whole and in order.
+func TestBufferBytesBoundsTheSubQueue(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &countHandler{}
+	s := steppedSub(t, p, h, func(cfg *SubscriberConfig) { cfg.MaxMessageSize, cfg.BufferBytes = 64<<10, 4*64<<10 })
+	z := s.z
+	if hwm, err := z.RcvHWM(); hwm != 4 || s.RcvHWM() != 4 || err != nil {
+		t.Fatalf("SUB RCVHWM %d (%v), subscriber's %d; want 4", hwm, err, s.RcvHWM())
+	}
+	const burst = 2000
+	payload := bytes.Repeat([]byte{3}, 1000)
+	for range burst {
+		if _, err := p.Publish(payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); h.n < burst && time.Now().Before(deadline); {
+		n, err := s.pumpSub()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			if _, err := z.Wait(50*time.Millisecond, &s.stop); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if st := s.Stats(); h.n != burst || st.Gaps != 0 || st.Dropped != 0 || st.Applied != burst {
+		t.Fatalf("handled %d of %d, stats %+v", h.n, burst, st)
+	}
 }

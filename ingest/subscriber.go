@@ -36,15 +36,26 @@ import (
 
 // Defaults of reference notes §5.1 (upstream zmq_client.h); a zero config field takes them.
 const (
-	DefaultPollTimeout           = 100 * time.Millisecond
+	// DefaultPollTimeout bounds an idle subscriber's wait when no timer is due sooner.
+	// Nothing needs the wake-up (Stop moves the wait's deadline to the past, and every
+	// timer shortens the wait), so it is long: a safety net for a lost ZMQ_FD edge, not
+	// a poll. Upstream's 100 ms made each idle subscription wake ten times a second.
+	DefaultPollTimeout           = 10 * time.Second
 	DefaultReplayTimeout         = 5 * time.Second
 	DefaultReplayRecoveryTimeout = 30 * time.Second
 	DefaultReconnectDelay        = time.Second
 	DefaultMaxRecoveryMessages   = 10000
 	DefaultMaxRecoveryBytes      = 64 << 20
-	// DefaultMaxMessageSize bounds one ZMQ message (all frames): far above a scheduler
-	// step's batch, far below what would hurt the process.
-	DefaultMaxMessageSize = 64 << 20
+	// DefaultMaxMessageSize bounds one frame of a ZMQ message (libzmq's ZMQ_MAXMSGSIZE
+	// applies per frame; a batch is nearly all payload frame): far above a scheduler
+	// step's batch (a step that stores the blocks of a million tokens is 3-5 MiB).
+	DefaultMaxMessageSize = 8 << 20
+	// DefaultBufferBytes is the byte budget of the messages libzmq may hold for one
+	// subscription before the subscriber reads them (SubscriberConfig.BufferBytes): 64
+	// messages of DefaultMaxMessageSize. Measured on a flat-out burst, a queue of 64
+	// messages costs less CPU per block than one of 16 (the I/O thread is woken half as
+	// often) and as little as one of 256, in far less memory than upstream's 200,000.
+	DefaultBufferBytes = 512 << 20
 	// DefaultOpenRetryMax bounds the backoff between attempts to open the sockets of a
 	// subscriber that found the process out of descriptors.
 	DefaultOpenRetryMax = 30 * time.Second
@@ -54,9 +65,11 @@ const (
 	DefaultJoinCheckDelay = time.Second
 )
 
-// Receive buffer sizes: a subscriber starts with recvBufInitial bytes, grows to fit the
-// largest message, and gives a buffer above recvBufKeep back when it goes idle or after
-// recvShrinkAfter messages in a row that used under a quarter of it.
+// Receive buffer sizes: a subscriber starts without one (a registered service that never
+// sends, an engine that is down, costs no buffer), allocates one at its first message and
+// grows it to fit the largest, and gives a buffer above recvBufKeep back (down to
+// recvBufInitial) when it goes idle or after recvShrinkAfter messages in a row that used
+// under a quarter of it.
 const (
 	recvBufInitial  = 64 << 10
 	recvBufKeep     = zmqtransport.MappedAbove
@@ -68,9 +81,24 @@ const (
 // gives the connection up) and reopens the socket itself.
 const protocolErrorGrace = 500 * time.Millisecond
 
-// subRcvHWM matches upstream: deep enough that a burst of scheduler steps is not dropped
-// by libzmq while the handler is busy.
-const subRcvHWM = 200000
+// maxRcvHWM caps the SUB socket's high-water mark at upstream's RCVHWM (200,000
+// messages), whatever the budget.
+const maxRcvHWM = 200000
+
+// RcvHWM is the SUB socket's receive high-water mark for a byte budget: libzmq bounds
+// what it queues in messages, not bytes, so the budget becomes as many messages of the
+// largest size allowed (maxMessageSize; -1, unlimited, counts as DefaultMaxMessageSize,
+// and then the budget only holds for messages no larger), at least 1 and at most
+// upstream's 200,000. When the queue is full libzmq stops reading the connection: what
+// the publisher sends next waits in TCP buffers and in the publisher's own queue (vLLM:
+// 100,000 messages), and only what overflows that is dropped, which the next batch shows
+// as a sequence gap, recovered through replay.
+func RcvHWM(budget, maxMessageSize int64) int {
+	if maxMessageSize <= 0 {
+		maxMessageSize = DefaultMaxMessageSize
+	}
+	return int(min(max(budget/maxMessageSize, 1), maxRcvHWM))
+}
 
 // Handler receives the ordered, de-duplicated batches of one source. Both methods run on
 // the subscriber's goroutine, one call at a time.
@@ -150,6 +178,9 @@ type Subscriber struct {
 	smallRun, smallMax int
 	// deferred counts the batches a BurstHandler accepted and has not flushed yet.
 	deferred uint64
+	// rcvd is the bytes of messages read since the sockets were last drained (told to
+	// the transport then: Transport.NoteReceived).
+	rcvd int64
 	// discAt: when the SUB's peer disconnected without a reconnect scheduled yet.
 	discAt time.Time
 	// Malformed live messages are logged at most once a second.
@@ -168,7 +199,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	}
 	if cfg.PollTimeout < 0 || cfg.ReplayTimeout < 0 || cfg.ReplayRecoveryTimeout < 0 ||
 		cfg.ReconnectDelay < 0 || cfg.MaxRecoveryMessages < 0 || cfg.MaxRecoveryBytes < 0 ||
-		cfg.MaxMessageSize < -1 || cfg.OpenRetryMax < 0 {
+		cfg.MaxMessageSize < -1 || cfg.OpenRetryMax < 0 || cfg.BufferBytes < 0 {
 		return nil, fmt.Errorf("new subscriber %q: negative timeout or limit", cfg.Name)
 	}
 	cfg.PollTimeout = orDefault(cfg.PollTimeout, DefaultPollTimeout)
@@ -178,6 +209,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	cfg.MaxRecoveryMessages = orDefault(cfg.MaxRecoveryMessages, DefaultMaxRecoveryMessages)
 	cfg.MaxRecoveryBytes = orDefault(cfg.MaxRecoveryBytes, DefaultMaxRecoveryBytes)
 	cfg.MaxMessageSize = orDefault(cfg.MaxMessageSize, DefaultMaxMessageSize)
+	cfg.BufferBytes = orDefault(cfg.BufferBytes, DefaultBufferBytes)
 	cfg.OpenRetryMax = orDefault(cfg.OpenRetryMax, DefaultOpenRetryMax)
 	cfg.JoinCheckDelay = orDefault(cfg.JoinCheckDelay, DefaultJoinCheckDelay)
 	log := cfg.Logger
@@ -191,9 +223,6 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		stopCh: make(chan struct{}),
 		done:   make(chan struct{}),
 	}
-	s.rbuf.B = make([]byte, recvBufInitial)
-	s.buf = s.rbuf.B
-	s.st.recvBuf.Store(int64(len(s.buf)))
 	s.rh, _ = h.(RestartHandler)
 	s.bh, _ = h.(BurstHandler)
 	s.tr = s.newTracker()
@@ -298,6 +327,10 @@ func (s *Subscriber) doneOrClosed() <-chan struct{} {
 	return c
 }
 
+// RcvHWM is the SUB socket's receive high-water mark, in messages: RcvHWM of the
+// configured BufferBytes and MaxMessageSize.
+func (s *Subscriber) RcvHWM() int { return RcvHWM(s.cfg.BufferBytes, s.cfg.MaxMessageSize) }
+
 // Config returns the subscriber's configuration with its defaults filled in.
 func (s *Subscriber) Config() SubscriberConfig { return s.cfg }
 
@@ -395,7 +428,7 @@ func (s *Subscriber) open() (*zmqtransport.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := z.OpenSub(s.cfg.Endpoint, subRcvHWM); err != nil {
+	if err := z.OpenSub(s.cfg.Endpoint, s.RcvHWM()); err != nil {
 		z.Free()
 		return nil, err
 	}
@@ -420,7 +453,7 @@ func (s *Subscriber) reopen() {
 		return
 	case <-t.C:
 	}
-	if err := s.z.OpenSub(s.cfg.Endpoint, subRcvHWM); err != nil {
+	if err := s.z.OpenSub(s.cfg.Endpoint, s.RcvHWM()); err != nil {
 		s.log.Warn("ZMQ subscriber reconnect failed", "err", err)
 		return
 	}
@@ -512,8 +545,12 @@ func (s *Subscriber) step() {
 		now = time.Now() // handling took time: the timers are measured from here
 	}
 	// Everything that was ready has been read: the burst goes to the index before the
-	// wait.
+	// wait, and the transport hears what it cost in libzmq's memory.
 	s.flush()
+	if s.rcvd > 0 {
+		s.cfg.Transport.NoteReceived(s.rcvd)
+		s.rcvd = 0
+	}
 	if len(s.buf) > recvBufKeep {
 		// Idle: an outlier's buffer is not kept while nothing arrives.
 		s.shrinkBuf(recvBufInitial)
@@ -538,6 +575,7 @@ func (s *Subscriber) pumpSub() (int, error) {
 	if int64(len(s.buf)) != s.st.recvBuf.Load() {
 		s.st.recvBuf.Store(int64(len(s.buf)))
 	}
+	s.rcvd += int64(s.z.Used())
 	s.onLiveMessage(n)
 	s.noteSize()
 	return n, nil
@@ -583,6 +621,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 	if int64(len(s.buf)) != s.st.recvBuf.Load() {
 		s.st.recvBuf.Store(int64(len(s.buf)))
 	}
+	s.rcvd += int64(s.z.Used())
 	s.onReplayMessage(n)
 	s.noteSize()
 	return n, nil
@@ -591,7 +630,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 // drainMonitor consumes the SUB connection events queued so far.
 func (s *Subscriber) drainMonitor() {
 	for {
-		ev, err := s.z.MonEvent()
+		ev, _, err := s.z.MonEvent()
 		if err != nil {
 			s.log.Debug("ZMQ monitor event unreadable", "err", err)
 			return

@@ -16,7 +16,8 @@ type SubscriberConfig struct {
 	// ReplayEndpoint is the engine's ROUTER replay endpoint; "" disables replay (Mooncake
 	// master streams have none), and then any sequence gap marks the source stale.
 	ReplayEndpoint string
-	// PollTimeout bounds every wait, so Stop is noticed within it.
+	// PollTimeout bounds every wait when no timer (replay, catch-up, join check,
+	// protocol-error grace) is due sooner; Stop wakes a wait at once.
 	PollTimeout time.Duration
 	// ReplayTimeout is how long one replay attempt waits for its next reply message.
 	ReplayTimeout time.Duration
@@ -48,7 +49,9 @@ type SubscriberConfig struct {
 	// published in between are never received live, and on a stream that then goes quiet
 	// no later batch would reveal the gap, so a removal in that window would be missed
 	// for good. What the check recovers counts as a gap (Gaps, Dropped). It is best
-	// effort like the catch-up while no live batch shows a gap. 0 takes
+	// effort like the catch-up while no live batch shows a gap. A live batch makes it
+	// moot (its sequence shows any gap after the catch-up): the first one cancels a
+	// pending check and ends a running one that it follows on from. 0 takes
 	// DefaultJoinCheckDelay; negative turns the check off.
 	JoinCheckDelay time.Duration
 	// Logger receives the subscriber's log lines; nil discards them.
@@ -62,6 +65,12 @@ type SubscriberConfig struct {
 	// counts it (ProtocolErrors), reconnects, and recovers the lost batch through replay
 	// (without replay, or when the replayed batch is as big, the source goes stale).
 	MaxMessageSize int64
+	// BufferBytes bounds the bytes of the messages libzmq may hold for this subscription
+	// before the subscriber reads them (a burst it cannot apply as fast as it arrives):
+	// the SUB socket's high-water mark is BufferBytes / MaxMessageSize messages (RcvHWM).
+	// Beyond it libzmq leaves the rest to TCP and the publisher's own queue. 0 takes
+	// DefaultBufferBytes.
+	BufferBytes int64
 	// OpenRetryMax bounds the backoff between attempts to open the sockets when Start
 	// found the process out of file descriptors; 0 takes DefaultOpenRetryMax.
 	OpenRetryMax time.Duration

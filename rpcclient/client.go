@@ -137,6 +137,38 @@ func (c *Client) ListServices(ctx context.Context) ([]cororpc.ServiceConfig, err
 	return cororpc.DecodeServiceList(body)
 }
 
+// RegisterEx runs this conductor's RegisterEx: Register with the hash_profile fields of
+// issue 25 and index_media (an upstream conductor answers "function not registered").
+func (c *Client) RegisterEx(ctx context.Context, args *cororpc.RegisterExArgs) (cororpc.RegisterResult, cororpc.ErrorCode, error) {
+	body, err := c.call(ctx, cororpc.FuncRegisterEx, func(dst []byte) []byte { return cororpc.AppendRegisterExArgs(dst, args) })
+	if err != nil {
+		return cororpc.RegisterResult{}, 0, err
+	}
+	return cororpc.DecodeRegisterResponse(body)
+}
+
+// UnregisterAdapter runs this conductor's UnregisterAdapter: one adapter of a multi-LoRA
+// registration.
+func (c *Client) UnregisterAdapter(ctx context.Context, instanceID, tenantID string, dpRank int32, loraName string) (cororpc.UnregisterResult, cororpc.ErrorCode, error) {
+	body, err := c.call(ctx, cororpc.FuncUnregisterAdapter, func(dst []byte) []byte {
+		return cororpc.AppendUnregisterAdapterArgs(dst, instanceID, tenantID, dpRank, loraName)
+	})
+	if err != nil {
+		return cororpc.UnregisterResult{}, 0, err
+	}
+	return cororpc.DecodeUnregisterResponse(body)
+}
+
+// ListServiceDetails runs this conductor's ListServiceDetails: ListServices with the
+// profile fields, media and self-check of each entry.
+func (c *Client) ListServiceDetails(ctx context.Context) ([]cororpc.ServiceDetail, error) {
+	body, err := c.call(ctx, cororpc.FuncListServiceDetails, nil)
+	if err != nil {
+		return nil, err
+	}
+	return cororpc.DecodeServiceDetails(body)
+}
+
 // call sends one request and returns the body of its successful response. encode appends
 // the argument body; nil means a method without parameters (empty body).
 func (c *Client) call(ctx context.Context, fn uint32, encode func([]byte) []byte) ([]byte, error) {

@@ -20,10 +20,12 @@ import (
 	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/internal/deferred"
 	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/server/rpcserver"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // Limits bounds what clients can make the process hold (the limit keys of the config
@@ -55,9 +57,12 @@ type AppConfig struct {
 	// Limits bound bodies, connections, timeouts, services (zero fields: defaults).
 	Limits Limits
 	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the HTTP
-	// routes that change state. (The RPC wire carries no token: bind RPC to a trusted
-	// interface or disable it.)
+	// routes that change state. The RPC wire carries no token: with one set, RPC
+	// Register and Unregister are refused unless RPCAllowMutations says otherwise.
 	AdminToken string
+	// RPCAllowMutations decides whether RPC Register and Unregister are served: nil
+	// (the key unset) serves them only without an AdminToken; true always, false never.
+	RPCAllowMutations *bool
 	// Engine options (zero values take the engine defaults).
 	MaxBlocksPerContext int
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
@@ -79,10 +84,16 @@ type AppConfig struct {
 	DisableMetrics bool
 	// AccessLog configures the HTTP access log (off unless AccessLog.Path is set).
 	AccessLog accesslog.Config
-	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 64 MiB, -1: none).
+	// ZMQMaxMessageSize bounds one ZMQ message on every subscription (0: 8 MiB, -1: none).
 	ZMQMaxMessageSize int64
+	// ZMQSourceBufferBytes bounds the bytes libzmq may queue for one subscription (0:
+	// 512 MiB; see ingest.SubscriberConfig.BufferBytes).
+	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is the libzmq I/O thread count of the shared context (0: 1).
 	ZMQIOThreads int
+	// ZMQReconnectMax bounds the doubling pause between a subscription's attempts to
+	// reach a publisher that is not there (0: zmqtransport.DefaultReconnectIntervalMax).
+	ZMQReconnectMax time.Duration
 	// ZMQJoinCheckDelay is how long after a subscription first connects its join check
 	// asks the replay endpoint for what the catch-up could not see (0: 1 s; negative:
 	// none; see ingest.SubscriberConfig.JoinCheckDelay).
@@ -91,9 +102,19 @@ type AppConfig struct {
 	// lines (0: 10 lines per 10 s per kind; burst -1: unlimited).
 	IngestLogBurst    int
 	IngestLogInterval time.Duration
+	// HashCheckOff turns the profile self-check of engine sources off ("hash_check":
+	// false); HashCheckLogInterval spaces a context's mismatch warnings (0: 1 minute).
+	HashCheckOff         bool
+	HashCheckLogInterval time.Duration
 	// Cluster, when set, keeps the services registered over HTTP/RPC in an etcd registry
 	// shared by every replica (StateFile is then not used); nil: a single node.
 	Cluster *cluster.Config
+	// MaxSnapshotBytes bounds a snapshot received by POST or at bootstrap (0:
+	// snapshot.DefaultMaxBytes); it is held in a temporary file, not in memory.
+	MaxSnapshotBytes int64
+	// MaxSnapshotDownloads bounds the snapshots streamed at once (0:
+	// DefaultMaxSnapshotDownloads).
+	MaxSnapshotDownloads int
 	// ClusterTestHook, in tests, is called at bootstrap stages ("subscribed": the
 	// registry is loaded and its sources buffer; "loaded": the peer snapshot is loaded,
 	// the buffers not yet applied).
@@ -121,21 +142,32 @@ type App struct {
 	RPCAddr  string
 
 	ready atomic.Bool
-	// releaseDone stops releaseMemory.
-	releaseDone chan struct{}
-	state       *service.StateFile // nil when persistence is off
+	// release runs releaseMemory after large request bodies were served.
+	release *deferred.Runner
+	state   *service.StateFile // nil when persistence is off
 	// zmq is the one ZMQ context of every subscription (nil in a build without cgo).
 	zmq *zmqtransport.Transport
 
 	stopOnce sync.Once
 	wg       sync.WaitGroup
-	// snapshotLoading admits one snapshot POST at a time: each may hold up to
-	// MaxSnapshotBytes while it is verified, outside the body budget.
+	// snapshotLoading admits one snapshot apply (stage and swap) at a time; receiving
+	// and verifying a stream does not hold it.
 	snapshotLoading sync.Mutex
+	// snapshotReceipts and snapshotDownloads bound the snapshot POSTs receiving their
+	// body and the GETs streaming one at once.
+	snapshotReceipts, snapshotDownloads chan struct{}
+	// maxSnapshotBytes bounds a received snapshot (max_snapshot_bytes).
+	maxSnapshotBytes int64
+	// snapshotsFailed counts snapshot streams aborted after their header was sent.
+	snapshotsFailed atomic.Uint64
+	// snapshotWriteHook, in tests, runs before each write of a snapshot stream.
+	snapshotWriteHook func()
 
 	// Cluster membership (nil/zero on a single node).
-	registry      *cluster.Registry
-	clusterSync   *clusterSync
+	registry    *cluster.Registry
+	clusterSync *clusterSync
+	// clusterRef is clusterSync for readers that may run before Start sets it (metrics).
+	clusterRef    atomic.Pointer[clusterSync]
 	clusterStop   context.CancelFunc
 	clusterWG     sync.WaitGroup
 	clusterLoaded atomic.Bool
@@ -146,6 +178,8 @@ type App struct {
 	gates    *source.GateSet
 	testHook func(stage string)
 	adminTok string
+	// maxServices is the max_services limit (the registry's cap is derived from it).
+	maxServices int
 }
 
 // Start builds the engine and service, binds the listeners (port 0 picks a free port, logged)
@@ -163,7 +197,8 @@ func Start(cfg AppConfig) (*App, error) {
 	if memo == 0 {
 		memo = hashing.DefaultMemoEntries
 	}
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads})
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{IOThreads: cfg.ZMQIOThreads,
+		ReconnectIntervalMax: cfg.ZMQReconnectMax})
 	switch {
 	case errors.Is(err, zmqtransport.ErrNoCgo):
 		// A binary built without cgo serves queries; every ZMQ subscription fails with
@@ -181,9 +216,22 @@ func Start(cfg AppConfig) (*App, error) {
 	svc := service.New(service.Options{Engine: eng, Logger: log, MaxServices: lim.MaxServices,
 		MaxFieldBytes: lim.MaxFieldBytes,
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,
+			BufferBytes:    cfg.ZMQSourceBufferBytes,
 			JoinCheckDelay: cfg.ZMQJoinCheckDelay, LogBurst: cfg.IngestLogBurst, LogInterval: cfg.IngestLogInterval,
-			Gates: gates})})
-	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook}
+			Gates: gates, HashCheckOff: cfg.HashCheckOff, HashCheckLogInterval: cfg.HashCheckLogInterval})})
+	app := &App{log: log, Engine: eng, Service: svc, Counters: counters, zmq: tr, gates: gates, testHook: cfg.ClusterTestHook,
+		maxServices: lim.MaxServices, adminTok: cfg.AdminToken, maxSnapshotBytes: cfg.MaxSnapshotBytes,
+		snapshotReceipts: make(chan struct{}, maxSnapshotReceipts)}
+	if app.maxSnapshotBytes <= 0 {
+		app.maxSnapshotBytes = snapshot.DefaultMaxBytes
+	}
+	downloads := cfg.MaxSnapshotDownloads
+	if downloads <= 0 {
+		downloads = DefaultMaxSnapshotDownloads
+	}
+	app.snapshotDownloads = make(chan struct{}, downloads)
+	app.release = deferred.Start(memoryReleasePeriod, app.releaseMemory)
+	counters.OnLargeBody = app.release.Request
 	routes := map[string]fasthttp.RequestHandler{"/healthz": healthz, "/readyz": app.readyz,
 		SnapshotPath: app.snapshotHandler(cfg.AdminToken)}
 	for path, fn := range cfg.ExtraRoutes {
@@ -192,6 +240,7 @@ func Start(cfg AppConfig) (*App, error) {
 	if !cfg.DisableMetrics {
 		app.Metrics = NewMetrics(svc)
 		app.Metrics.registerReadiness(app.Ready)
+		app.Metrics.registerCluster(app)
 		app.Metrics.RegisterCounters(counters)
 		routes["/metrics"] = app.Metrics.Handler()
 	}
@@ -248,15 +297,19 @@ func Start(cfg AppConfig) (*App, error) {
 			return nil, fmt.Errorf("listen rpc_bind_address %q rpc_server_port %d: %w", rpcBind, cfg.RPCPort, err)
 		}
 		app.RPCAddr = rpcLn.Addr().String()
+		refuse := rpcRefusesMutations(cfg.RPCAllowMutations, cfg.AdminToken)
 		app.RPC = rpcserver.New(rpcserver.Options{Service: svc, Logger: log, Metrics: rpcObs, Limits: lim, Counters: counters,
-			Budget: budget, AccessLog: app.AccessLog})
+			Budget: budget, AccessLog: app.AccessLog, RefuseMutations: refuse})
+		if warn := rpcExposureWarning(app.RPCAddr, cfg.RPCAllowMutations, refuse); warn != "" {
+			log.Warn(warn, "addr", app.RPCAddr)
+		}
 		rpcLn = limits.NewRetryListener(rpcLn, "rpc", log, counters)
 		app.wg.Add(1)
 		go func() {
 			defer app.wg.Done()
 			app.RPC.Serve(rpcLn)
 		}()
-		log.Info("rpc server listening", "addr", app.RPCAddr)
+		log.Info("rpc server listening", "addr", app.RPCAddr, "mutations", !refuse)
 	} else {
 		log.Info("rpc server disabled")
 	}
@@ -277,7 +330,6 @@ func Start(cfg AppConfig) (*App, error) {
 		if cfg.StateFile != "" {
 			log.Info("cluster mode: registrations live in etcd; the state file is not used", "state_file", cfg.StateFile)
 		}
-		app.adminTok = cfg.AdminToken
 		if err := app.startCluster(*cfg.Cluster); err != nil {
 			app.Stop()
 			return nil, err
@@ -285,9 +337,6 @@ func Start(cfg AppConfig) (*App, error) {
 	case cfg.StateFile != "":
 		restored = app.restoreState(cfg.StateFile)
 	}
-	app.releaseDone = make(chan struct{})
-	app.wg.Add(1)
-	go app.releaseMemory()
 	app.ready.Store(true)
 	log.Info("conductor started", "http", app.HTTPAddr, "rpc", app.RPCAddr, "static_services", ok,
 		"static_failed", failed, "restored_services", restored, "state_file", cfg.StateFile, "access_log", cfg.AccessLog.Path, "config", cfg.ConfigPath, "startup", time.Since(started).String())
@@ -308,8 +357,8 @@ func (a *App) Stop() {
 		if a.RPC != nil {
 			a.RPC.Close()
 		}
-		if a.releaseDone != nil {
-			close(a.releaseDone)
+		if a.release != nil { // nil in a bare App (tests)
+			a.release.Close()
 		}
 		a.wg.Wait()
 		a.stopCluster()
@@ -331,28 +380,19 @@ func (a *App) Stop() {
 	})
 }
 
-// memoryReleasePeriod is how often releaseMemory looks for large bodies served.
+// memoryReleasePeriod is how long after a large body was served releaseMemory runs.
 const memoryReleasePeriod = 2 * time.Second
 
 // releaseMemory returns the heap that large request bodies used to the OS soon after
-// they are gone (the runtime would otherwise keep it for minutes): at most once per
-// period, and only when a large body was served since the last time.
+// they are gone (the runtime would otherwise keep it for minutes): memoryReleasePeriod
+// after a large body was served (limits.Counters.OnLargeBody), at most once per period,
+// and once no body is held any more. Nothing runs while none is served.
 func (a *App) releaseMemory() {
-	defer a.wg.Done()
-	t := time.NewTicker(memoryReleasePeriod)
-	defer t.Stop()
-	var seen uint64
-	for {
-		select {
-		case <-a.releaseDone:
-			return
-		case <-t.C:
-		}
-		if n := a.Counters.LargeBodies.Load(); n != seen && a.Counters.InflightBody.Load() == 0 {
-			seen = n
-			debug.FreeOSMemory()
-		}
+	if a.Counters.InflightBody.Load() != 0 {
+		a.release.Request() // bodies still held: look again a period later
+		return
 	}
+	debug.FreeOSMemory()
 }
 
 // restoreState registers the services of the state file and then keeps the file current.
@@ -406,3 +446,32 @@ type failedStore struct{ err error }
 
 func (f failedStore) Put(*service.Config) error { return f.err }
 func (f failedStore) Delete(service.ID) error   { return f.err }
+
+// rpcRefusesMutations decides whether RPC Register and Unregister are refused: as the
+// rpc_allow_mutations key says, or, when it is unset, whenever an admin token protects
+// the HTTP routes (the RPC wire cannot carry the token).
+func rpcRefusesMutations(allow *bool, token string) bool {
+	if allow != nil {
+		return !*allow
+	}
+	return token != ""
+}
+
+// rpcExposureWarning is the start-up warning for an RPC listener that serves Register
+// and Unregister, unauthenticated, on an address other hosts can reach, when nobody
+// decided it (rpc_allow_mutations unset); "" when there is nothing to warn about.
+func rpcExposureWarning(addr string, allow *bool, refuse bool) string {
+	if refuse || allow != nil {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return "RPC Register and Unregister are served without authentication on a non-loopback address (the RPC wire " +
+		"carries no token): set rpc_allow_mutations (true to keep them, false to refuse them), set admin_token, " +
+		"or bind RPC to loopback with rpc_bind_address"
+}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
@@ -51,7 +52,8 @@ func TestQueryBodyWeightsCoverDecodedSize(t *testing.T) {
 
 // TestLargeBodiesCountsBufferSize: the large-body counter (which triggers returning heap
 // to the OS with a full collection) counts bodies whose buffer is too large for the pool,
-// not bodies whose budget charge (a multiple of their size) passes limits.SmallBodyBytes.
+// not bodies whose budget charge (a multiple of their size) passes limits.SmallBodyBytes,
+// and each asks for the memory release.
 func TestLargeBodiesCountsBufferSize(t *testing.T) {
 	app := startLimited(t, Limits{}, "")
 	small := binQuery(make([]int32, limits.SmallBodyBytes/4/httpserver.QueryBodyWeight*2)) // charged above, sized below limits.SmallBodyBytes
@@ -70,4 +72,12 @@ func TestLargeBodiesCountsBufferSize(t *testing.T) {
 	if n := app.Counters.LargeBodies.Load(); n != 1 {
 		t.Fatalf("after a body above limits.SmallBodyBytes: LargeBodies = %d, want 1", n)
 	}
+	// It asked for the memory release, which runs memoryReleasePeriod later (only then:
+	// no ticker looks for large bodies while none is served).
+	eventually(t, "memory released after the large body", func() error {
+		if n := app.release.Runs(); n != 1 {
+			return fmt.Errorf("%d releases", n)
+		}
+		return nil
+	})
 }

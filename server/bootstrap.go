@@ -2,10 +2,12 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
+	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/snapshot"
 )
 
@@ -38,10 +40,10 @@ func (a *App) bootstrap(ctx context.Context, token string) {
 		}
 		res, s, err := a.loadPeerSnapshot(ctx, m, token)
 		if err != nil {
+			// A load applies whole or not at all: try the next peer.
 			a.log.Warn("cluster: peer snapshot not loaded", "peer", m, "err", err)
-			if res.Applied > 0 {
-				// Partly applied: another peer's copy must not be added on top.
-				break
+			if errors.Is(err, engine.ErrIndexNotEmpty) {
+				break // this replica indexes already: no peer's copy goes on top
 			}
 			continue
 		}
@@ -115,5 +117,7 @@ func (a *App) loadPeerSnapshot(ctx context.Context, peer, token string) (snapsho
 	if resp.StatusCode != http.StatusOK {
 		return snapshot.Loaded{}, nil, fmt.Errorf("GET %s%s: %s", peer, SnapshotPath, resp.Status)
 	}
-	return a.loadSnapshot(resp.Body)
+	// Accepted only if signed with the cluster's key (from the registry): a snapshot
+	// from anything but a peer of this cluster is refused.
+	return a.loadSnapshot(resp.Body, false)
 }

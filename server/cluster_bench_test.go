@@ -88,11 +88,19 @@ func BenchmarkSnapshot(b *testing.B) {
 	src := startBenchApp(b)
 	key := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
 	n := *snapshotBlocks
+	register := func(app *App) {
+		for inst := range 4 {
+			cfg := service.Config{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+inst), Kind: publisher.VLLM, ModelName: "m",
+				TenantID: "default", InstanceID: fmt.Sprintf("engine-%d", inst), BlockSize: 16, Profile: p}
+			if _, err := app.Service.Register(&cfg); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	// The snapshot names each slot's registration: the loading node registers the same.
+	register(src)
 	for inst := range 4 {
 		s := engine.Slot{InstanceID: fmt.Sprintf("engine-%d", inst)}
-		if _, err := src.Engine.RegisterSlot(key, p, s); err != nil {
-			b.Fatal(err)
-		}
 		hs := make([]uint64, 0, 4096)
 		for i := inst; i < n; i += 4 {
 			hs = append(hs, uint64(i+1)*0x9E3779B97F4A7C15)
@@ -118,13 +126,7 @@ func BenchmarkSnapshot(b *testing.B) {
 		save := time.Since(t0)
 		b.StopTimer()
 		dst := startBenchApp(b)
-		for inst := range 4 {
-			cfg := service.Config{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", 21000+inst), Kind: publisher.VLLM, ModelName: "m",
-				TenantID: "default", InstanceID: fmt.Sprintf("engine-%d", inst), BlockSize: 16, Profile: p}
-			if _, err := dst.Service.Register(&cfg); err != nil {
-				b.Fatal(err)
-			}
-		}
+		register(dst)
 		b.StartTimer()
 		t1 := time.Now()
 		res, err := dst.LoadSnapshot(bytes.NewReader(buf.Bytes()))
@@ -142,7 +144,7 @@ func BenchmarkSnapshot(b *testing.B) {
 }
 
 func startBenchApp(b *testing.B) *App {
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: quietLogger(), BindAddress: "127.0.0.1"})
+	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: quietLogger(), BindAddress: "127.0.0.1", AdminToken: "bench"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -171,10 +173,12 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 	if !a.WaitReady(time.Minute) {
 		b.Fatal("replica A not ready")
 	}
-	key := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
 	n := *snapshotBlocks
+	// The index comes from real publishers' batches, so that the snapshot carries each
+	// source's sequence cut, which a replica requires.
 	for inst := range 4 {
-		body := registerBody(fmt.Sprintf("tcp://127.0.0.1:%d", 22000+inst), fmt.Sprintf("engine-%d", inst), 0)
+		pub := newPublisher(b, false)
+		body := registerBody(pub.Endpoint(), fmt.Sprintf("engine-%d", inst), 0)
 		req, _ := http.NewRequest(http.MethodPost, "http://"+a.HTTPAddr+"/register", bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/msgpack")
 		resp, err := http.DefaultClient.Do(req)
@@ -182,17 +186,28 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 			b.Fatalf("register: %v %v", err, resp)
 		}
 		_ = resp.Body.Close()
-		s := engine.Slot{InstanceID: fmt.Sprintf("engine-%d", inst)}
+		if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+			b.Fatal(err)
+		}
 		hs := make([]uint64, 0, 4096)
 		for i := inst; i < n; i += 4 {
 			hs = append(hs, uint64(i+1)*0x9E3779B97F4A7C15)
 			if len(hs) == cap(hs) || i+4 >= n {
-				if err := a.Engine.Apply(key, []engine.Op{{Kind: engine.OpStore, Slot: s, Tier: engine.TierDevice, Hashes: hs}}); err != nil {
+				if _, err := pub.Publish(vllmBatch(0, stored(hs, "GPU"))); err != nil {
 					b.Fatal(err)
 				}
 				hs = hs[:0]
 			}
 		}
+	}
+	for deadline := time.Now().Add(5 * time.Minute); ; {
+		if v := a.Engine.GlobalView(); len(v) == 1 && v[0].PrefixCount == uint64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("replica A indexed %+v, want %d blocks", a.Engine.GlobalView(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	b.ResetTimer()
 	for range b.N {

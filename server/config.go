@@ -7,13 +7,17 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/conductor-go/conductor/cluster"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/internal/jsonval"
+	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/service"
 )
 
@@ -52,6 +56,9 @@ type FileConfig struct {
 	RPCBindAddress  string
 	// AdminToken, when set, is required on state-changing HTTP routes.
 	AdminToken string
+	// RPCAllowMutations is "rpc_allow_mutations" (nil when absent: RPC Register and
+	// Unregister are served only without an admin token).
+	RPCAllowMutations *bool
 	// Limits from the limit keys.
 	Limits Limits
 	// MaxBlocks is "max_blocks": the most blocks indexed over all contexts (oldest-written
@@ -64,8 +71,14 @@ type FileConfig struct {
 	// ZMQMaxMessageSize is "zmq_max_message_size": bytes one ZMQ message may have (-1:
 	// unlimited).
 	ZMQMaxMessageSize int64
+	// ZMQSourceBufferBytes is "zmq_source_buffer_bytes": bytes of messages libzmq may
+	// queue for one subscription.
+	ZMQSourceBufferBytes int64
 	// ZMQIOThreads is "zmq_io_threads": libzmq I/O threads of the shared context.
 	ZMQIOThreads int
+	// ZMQReconnectMaxMS is "zmq_reconnect_max_ms": the longest pause between attempts
+	// to reach a publisher that is not there.
+	ZMQReconnectMaxMS int
 	// ZMQJoinCheckDelayMS is "zmq_join_check_delay_ms": milliseconds after a subscription
 	// first connects before its join check (-1: no join check).
 	ZMQJoinCheckDelayMS int
@@ -74,8 +87,17 @@ type FileConfig struct {
 	// lines pass per interval (burst -1: unlimited).
 	IngestLogBurst           int
 	IngestLogIntervalSeconds int
+	// HashCheck and HashCheckLogIntervalSeconds are "hash_check" and
+	// "hash_check_log_interval_seconds": the profile self-check of engine sources, and
+	// the least time between two of a context's mismatch warnings.
+	HashCheck                   bool
+	HashCheckLogIntervalSeconds int
 	// Cluster is the "cluster" key (nil when absent: a single node with the state file).
 	Cluster *cluster.Config
+	// MaxSnapshotBytes and MaxSnapshotDownloads are "max_snapshot_bytes" and
+	// "max_snapshot_downloads".
+	MaxSnapshotBytes     int64
+	MaxSnapshotDownloads int
 }
 
 // LoadConfigFile reads the JSON configuration at path. A missing file gives the defaults
@@ -99,6 +121,11 @@ func LoadConfigFile(path string) (FileConfig, error) {
 		return cfg, fmt.Errorf("config file %s: %w", path, err)
 	}
 	cfg.Found = true
+	// encoding/json keeps the last of two equal keys: a file that sets admin_token twice
+	// would run with whichever came last, so a repeated key is an error.
+	if err := jsonval.CheckDuplicateKeys(data); err != nil {
+		return cfg, fmt.Errorf("config file %s: %w", path, err)
+	}
 	var root map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -233,10 +260,68 @@ func (f *FileConfig) AppConfig() AppConfig {
 	return AppConfig{HTTPPort: f.HTTPPort, RPCPort: rpc, Services: f.Services,
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
-		Limits: f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
+		RPCAllowMutations: f.RPCAllowMutations,
+		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
-		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQIOThreads: f.ZMQIOThreads,
+		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQSourceBufferBytes: f.ZMQSourceBufferBytes, ZMQIOThreads: f.ZMQIOThreads,
+		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,
 		ZMQJoinCheckDelay: time.Duration(f.ZMQJoinCheckDelayMS) * time.Millisecond,
 		IngestLogBurst:    f.IngestLogBurst, IngestLogInterval: time.Duration(f.IngestLogIntervalSeconds) * time.Second,
-		Cluster: f.Cluster}
+		HashCheckOff: !f.HashCheck, HashCheckLogInterval: time.Duration(f.HashCheckLogIntervalSeconds) * time.Second,
+		Cluster: f.Cluster, MaxSnapshotBytes: f.MaxSnapshotBytes, MaxSnapshotDownloads: f.MaxSnapshotDownloads}
+}
+
+// besideConfig resolves a path from the config file against the file's directory (as
+// the default state_file is), so that the process's working directory does not decide
+// where a relative path lands. "" stays "" (off).
+func (f *FileConfig) besideConfig(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(f.Path), p)
+}
+
+// checkToken refuses an admin token with a control byte: HTTP header values cannot
+// carry one (a newline pasted with the token), so no request could ever match it.
+func checkToken(v string) string {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c == 0x7f {
+			return fmt.Sprintf("must not contain control bytes (0x%02x at byte %d)", c, i)
+		}
+	}
+	return ""
+}
+
+// memoMemoryShare is the part of the process's memory the query key memo may take.
+const memoMemoryShare = 4
+
+// checkMemoFits refuses a query_memo_entries whose memo would take more than a quarter
+// of the memory the process may use.
+func checkMemoFits(f *FileConfig) error {
+	phys, err := limits.PhysicalMemory()
+	if err != nil {
+		return nil // not measurable here (not Linux): the key's own bounds hold
+	}
+	return memoFits(f.MemoEntries, phys)
+}
+
+// memoFits is checkMemoFits for a given amount of memory.
+func memoFits(entries int, phys int64) error {
+	need := hashing.MemoBytes(entries)
+	if need <= phys/memoMemoryShare {
+		return nil
+	}
+	return fmt.Errorf("query_memo_entries %d needs %.1f GiB of memo, more than a quarter of the %.1f GiB this process "+
+		"may use; at most %d entries fit", entries, float64(need)/(1<<30), float64(phys)/(1<<30),
+		maxMemoFor(phys))
+}
+
+// maxMemoFor is the largest memo (in blocks, a power of two as the memo rounds its
+// size) that fits a quarter of phys.
+func maxMemoFor(phys int64) int {
+	b := 1
+	for hashing.MemoBytes(2*b) <= phys/memoMemoryShare && 2*b <= maxMemoEntries {
+		b *= 2
+	}
+	return b
 }

@@ -13,13 +13,14 @@ import (
 // range are refused naming the key.
 func TestConfigIngestKeys(t *testing.T) {
 	cfg, err := LoadConfigFile(writeConfig(t, `{"zmq_max_message_size": 1048576, "zmq_io_threads": 2,
-		"ingest_log_burst": 3, "ingest_log_interval_seconds": 60, "zmq_join_check_delay_ms": 250}`))
+		"ingest_log_burst": 3, "ingest_log_interval_seconds": 60, "zmq_join_check_delay_ms": 250,
+		"zmq_source_buffer_bytes": 8388608}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	app := cfg.AppConfig()
 	if app.ZMQMaxMessageSize != 1<<20 || app.ZMQIOThreads != 2 || app.IngestLogBurst != 3 || app.IngestLogInterval != time.Minute ||
-		app.ZMQJoinCheckDelay != 250*time.Millisecond {
+		app.ZMQJoinCheckDelay != 250*time.Millisecond || app.ZMQSourceBufferBytes != 8<<20 {
 		t.Fatalf("AppConfig = %+v", app)
 	}
 	def, err := LoadConfigFile(writeConfig(t, `{}`))
@@ -29,7 +30,7 @@ func TestConfigIngestKeys(t *testing.T) {
 	// The documented defaults (the settings table's), set explicitly.
 	if a := def.AppConfig(); a.ZMQMaxMessageSize != ingest.DefaultMaxMessageSize || a.ZMQIOThreads != 1 ||
 		a.IngestLogBurst != lograte.DefaultBurst || a.IngestLogInterval != lograte.DefaultInterval ||
-		a.ZMQJoinCheckDelay != ingest.DefaultJoinCheckDelay {
+		a.ZMQJoinCheckDelay != ingest.DefaultJoinCheckDelay || a.ZMQSourceBufferBytes != ingest.DefaultBufferBytes {
 		t.Fatalf("defaults = %+v", a)
 	}
 	off, err := LoadConfigFile(writeConfig(t, `{"zmq_join_check_delay_ms": -1}`))
@@ -39,6 +40,7 @@ func TestConfigIngestKeys(t *testing.T) {
 	for _, text := range []string{
 		`{"zmq_max_message_size": -2}`, `{"zmq_max_message_size": "64MiB"}`, `{"zmq_io_threads": 65}`,
 		`{"ingest_log_burst": -2}`, `{"ingest_log_interval_seconds": 1.5}`,
+		`{"zmq_source_buffer_bytes": 0}`, `{"zmq_source_buffer_bytes": "1MiB"}`,
 		`{"zmq_join_check_delay_ms": -2}`, `{"zmq_join_check_delay_ms": "1s"}`, `{"zmq_join_check_delay_ms": 3600001}`,
 	} {
 		_, err := LoadConfigFile(writeConfig(t, text))
@@ -50,13 +52,13 @@ func TestConfigIngestKeys(t *testing.T) {
 }
 
 // The join check delay reaches every subscriber the App starts: the default, a set
-// value, and off.
+// value, and off; so does the byte budget of libzmq's queue.
 func TestJoinCheckDelayReachesSubscribers(t *testing.T) {
 	for _, tc := range []struct {
 		set, want time.Duration
 	}{{0, ingest.DefaultJoinCheckDelay}, {30 * time.Millisecond, 30 * time.Millisecond}, {-time.Millisecond, -time.Millisecond}} {
 		app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1",
-			ZMQJoinCheckDelay: tc.set})
+			ZMQJoinCheckDelay: tc.set, ZMQSourceBufferBytes: 3 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,6 +74,9 @@ func TestJoinCheckDelayReachesSubscribers(t *testing.T) {
 				SubscriberConfig() ingest.SubscriberConfig
 			}); ok {
 				got = append(got, z.SubscriberConfig().JoinCheckDelay)
+				if b := z.SubscriberConfig().BufferBytes; b != 3<<20 {
+					t.Errorf("subscriber's BufferBytes %d, want %d", b, 3<<20)
+				}
 			}
 		}
 		app.Stop()

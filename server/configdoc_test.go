@@ -4,6 +4,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -52,5 +53,47 @@ func TestSettingsTableComplete(t *testing.T) {
 		if s.typ == "" || s.def == "" || s.bounds == "" || s.doc == "" || s.parse == nil {
 			t.Errorf("cluster.%s: incomplete entry %+v", s.key, s)
 		}
+	}
+}
+
+// TestReadmeSettings: the README's table of the most used settings names keys of the
+// settings table with the table's defaults, so that a default changed in the code (or a
+// key renamed) cannot leave the front page wrong.
+func TestReadmeSettings(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := map[string]string{}
+	for _, s := range fileSettings() {
+		defaults[s.key] = s.def
+	}
+	rows := 0
+	inTable := false
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "| key | default | meaning |") {
+			inTable = true
+			continue
+		}
+		if !inTable || strings.HasPrefix(line, "|---") {
+			continue
+		}
+		if !strings.HasPrefix(line, "| `") {
+			break
+		}
+		cells := strings.Split(line, " | ")
+		key := strings.Trim(strings.TrimPrefix(cells[0], "| "), "`")
+		def, ok := defaults[key]
+		if !ok {
+			t.Errorf("README.md names %q, which is not a configuration key", key)
+			continue
+		}
+		if len(cells) < 3 || cells[1] != def {
+			t.Errorf("README.md gives %s the default %q; the settings table says %q", key, cells[1], def)
+		}
+		rows++
+	}
+	if rows == 0 {
+		t.Fatal("README.md has no `| key | default | meaning |` table of settings")
 	}
 }

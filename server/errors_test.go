@@ -539,6 +539,10 @@ func TestUnavailableWhileStopping(t *testing.T) {
 	}
 }
 
+// unsubscribable is a well-formed endpoint that libzmq refuses at connect: an ipc path
+// longer than a socket address holds (ENAMETOOLONG).
+var unsubscribable = "ipc:///tmp/" + strings.Repeat("x", 200)
+
 // TestSubscribeFailureRollsBack: a registration whose subscriber cannot start answers
 // 500 and leaves nothing behind, not even a context that would pin its hash profile.
 func TestSubscribeFailureRollsBack(t *testing.T) {
@@ -548,7 +552,7 @@ func TestSubscribeFailureRollsBack(t *testing.T) {
 		if typ == "SGLang" {
 			prof = profileMap("sglang", "sha256_raw", "", "first64_be")
 		}
-		code, resp := msgpackPost(t, app, "/register", registerBody("not-a-valid-endpoint", "bad", 0, "type", typ, "hash_profile", prof))
+		code, resp := msgpackPost(t, app, "/register", registerBody(unsubscribable, "bad", 0, "type", typ, "hash_profile", prof))
 		wantPlainError(t, typ, code, resp, http.StatusInternalServerError, "Failed to subscribe")
 		if _, svcs := doHTTP(t, app, http.MethodGet, "/services", "", nil); asInt(t, svcs["count"]) != 0 {
 			t.Errorf("%s: services after failed subscribe = %v", typ, svcs)
@@ -569,7 +573,7 @@ func TestSubscribeFailureRollsBack(t *testing.T) {
 	}
 
 	// A failure in a context that already exists keeps that context and its other slots.
-	code, resp = msgpackPost(t, app, "/register", registerBody("not-a-valid-endpoint", "bad2", 0,
+	code, resp = msgpackPost(t, app, "/register", registerBody(unsubscribable, "bad2", 0,
 		"hash_profile", profileMap("vllm_v1", "sha256", "0", "low64_be")))
 	wantPlainError(t, "existing context", code, resp, http.StatusInternalServerError, "Failed to subscribe")
 	_, view := doHTTP(t, app, http.MethodGet, "/global_view", "", nil)

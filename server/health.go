@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -43,7 +44,40 @@ func (a *App) readyz(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"ready":false}`)
 		return
 	}
-	ctx.SetBodyString(`{"ready":true,"services":` + strconv.Itoa(len(a.Service.Services())) + `}`)
+	body := `{"ready":true,"services":` + strconv.Itoa(len(a.Service.Services()))
+	if a.clusterSync != nil {
+		// Registry entries this replica could not apply: it answers without them (it
+		// never invents a hit), so it stays ready, but says so; the entries are retried.
+		if un := a.clusterSync.unappliedReasons(); len(un) > 0 {
+			b, _ := json.Marshal(un)
+			body += `,"registry_unapplied":` + string(b)
+		}
+	}
+	ctx.SetBodyString(body + `}`)
+}
+
+// registerCluster exports the cluster replica's registry health (zero on a single node):
+// registry entries it could not apply, registry resets it found, registrations it wrote
+// back after one. Read at scrape time (the replica's glue may not exist yet).
+func (m *Metrics) registerCluster(a *App) {
+	of := func(f func(c *clusterSync) float64) func() float64 {
+		return func() float64 {
+			if c := a.clusterRef.Load(); c != nil {
+				return f(c)
+			}
+			return 0
+		}
+	}
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "conductor_registry_unapplied_services",
+			Help: "Registry entries this replica could not apply (retried every second; see /readyz for why)."},
+			of(func(c *clusterSync) float64 { return float64(c.unappliedN.Load()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_registry_resets_total",
+			Help: "Times this replica found the etcd registry reset (restored empty or from an older backup)."},
+			of(func(c *clusterSync) float64 { return float64(c.store.reg.Resets()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_registry_republished_total",
+			Help: "Registrations this replica wrote back to the registry after a reset."},
+			of(func(c *clusterSync) float64 { return float64(c.republished.Load()) })))
 }
 
 // registerReadiness exports conductor_ready (1 while /readyz answers 200) for alerting on

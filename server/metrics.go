@@ -92,11 +92,14 @@ func httpRouteStatuses() map[string][]int {
 // conductor_rpc_requests_total can answer (Query is counted by conductor_queries_total).
 func rpcFunctionCodes() map[string][]string {
 	return map[string][]string{
-		"Register":      serviceCodes(),
-		"Unregister":    serviceCodes(),
-		"GetGlobalView": {cororpc.CodeOK.String()},
-		"ListServices":  {cororpc.CodeOK.String()},
-		"unknown":       {"function_not_registered"},
+		"Register":           serviceCodes(),
+		"Unregister":         serviceCodes(),
+		"GetGlobalView":      {cororpc.CodeOK.String()},
+		"ListServices":       {cororpc.CodeOK.String()},
+		"RegisterEx":         serviceCodes(),
+		"UnregisterAdapter":  serviceCodes(),
+		"ListServiceDetails": {cororpc.CodeOK.String()},
+		"unknown":            {"function_not_registered"},
 	}
 }
 
@@ -252,6 +255,14 @@ var (
 		"New leader streams by outcome: continued (previous bindings kept) or retracted (they did not continue it).", []string{"service", "type", "outcome"}, nil)
 	descSvcLeaderVersion = prometheus.NewDesc("conductor_service_master_view_version",
 		"Version (etcd create revision) of the master view last subscribed to.", []string{"service", "type"}, nil)
+	descSvcEventForms = prometheus.NewDesc("conductor_service_events_by_form_total",
+		"Engine events decoded, by encoding: map (tagged maps) or array (tagged positional arrays: vLLM <= 0.23, SGLang <= 0.5.19).", []string{"service", "type", "form"}, nil)
+	descSvcHashVerified = prometheus.NewDesc("conductor_service_hash_verified_total",
+		"BlockStored events the profile self-check recomputed under the registered hash profile (every event until 64 were, then one batch in 128), by adapter context.", []string{"service", "type", "lora"}, nil)
+	descSvcHashMismatch = prometheus.NewDesc("conductor_service_hash_mismatch_total",
+		"Verified BlockStored events whose block hashes the registered hash profile does not reproduce: queries of that context miss; /services shows the profile that would match (hash_check).", []string{"service", "type", "lora"}, nil)
+	descSvcHashUnverifiable = prometheus.NewDesc("conductor_service_hash_unverifiable_total",
+		"BlockStored events of checked batches the self-check could not recompute (a parent it never saw, multimodal or embedding inputs).", []string{"service", "type", "lora"}, nil)
 	descCtxBlocks = prometheus.NewDesc("conductor_context_blocks",
 		"Distinct blocks indexed (prefix_count).", []string{"tenant", "model", "lora", "block_size"}, nil)
 	descCtxSlots = prometheus.NewDesc("conductor_context_slots",
@@ -270,6 +281,7 @@ var (
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcBurstBatches, descSvcBurstFlushes, descSvcRejected,
+		descSvcEventForms, descSvcHashVerified, descSvcHashMismatch, descSvcHashUnverifiable,
 		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
 		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
@@ -309,6 +321,16 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			cnt(descSvcBlocks, h.BlocksApplied)
 			cnt(descSvcBurstBatches, h.BurstBatches)
 			cnt(descSvcBurstFlushes, h.BurstFlushes)
+			if s.Config.Kind.IsEngine() {
+				cnt(descSvcEventForms, h.EventsMapForm, "map")
+				cnt(descSvcEventForms, h.EventsArrayForm, "array")
+			}
+		}
+		// Every adapter context's check exists from its registration, at 0.
+		for _, c := range s.Checks {
+			cnt(descSvcHashVerified, c.Stats.Verified, c.LoraName)
+			cnt(descSvcHashMismatch, c.Stats.Mismatched, c.LoraName)
+			cnt(descSvcHashUnverifiable, c.Stats.Unverifiable, c.LoraName)
 		}
 		stale := 0.0
 		if st.Stale {

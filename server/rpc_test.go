@@ -737,8 +737,16 @@ func servicesOfHTTP(t testing.TB, resp map[string]any) []xSvc {
 	out := []xSvc{}
 	for _, s := range resp["services"].([]any) {
 		m := s.(map[string]any)
-		if len(m) != 11 {
+		// The 11 keys of the contract (the RPC type's fields), and this conductor's
+		// IndexMedia and HashCheck, which the upstream RPC type has no room for.
+		if len(m) != 13 {
 			t.Fatalf("service has %d keys: %v", len(m), m)
+		}
+		if _, ok := m["IndexMedia"].([]any); !ok {
+			t.Fatalf("IndexMedia %v", m["IndexMedia"])
+		}
+		if hc, _ := m["HashCheck"].(string); hc != "unverified" && hc != "ok" && !strings.HasPrefix(hc, "mismatch (") {
+			t.Fatalf("HashCheck %q", m["HashCheck"])
 		}
 		cg := "nil"
 		if m["CacheGroup"] != nil {

@@ -41,6 +41,19 @@ func (s setting[T]) shown(def string) setting[T] {
 	return s
 }
 
+// also returns the setting with check run after each value is stored (a rule that
+// needs more than the value's own bounds, such as the memory a size will take).
+func (s setting[T]) also(check func(t *T) error) setting[T] {
+	parse := s.parse
+	s.parse = func(t *T, raw json.RawMessage) error {
+		if err := parse(t, raw); err != nil {
+			return err
+		}
+		return check(t)
+	}
+	return s
+}
+
 // intSetting is an integer key in min..max (max math.MaxInt64: no upper bound).
 func intSetting[T any](key string, def, min, max int64, doc string, set func(*T, int64)) setting[T] {
 	bounds := intBounds(min, max)

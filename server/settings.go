@@ -11,10 +11,14 @@ import (
 	"github.com/conductor-go/conductor/cluster"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
+	"github.com/conductor-go/conductor/ingest/translate"
+	"github.com/conductor-go/conductor/ingest/zmqtransport"
 	"github.com/conductor-go/conductor/internal/accesslog"
+	"github.com/conductor-go/conductor/internal/jsonval"
 	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/service"
+	"github.com/conductor-go/conductor/snapshot"
 )
 
 // maxMemoEntries caps query_memo_entries (20 GiB of memo at 20 bytes a block).
@@ -36,15 +40,18 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("rpc_server_port", DefaultRPCPort, 0, 65535,
 			"RPC port for the Python client; 0 disables RPC",
 			func(f *FileConfig, v int64) { f.RPCPort = int(v) }),
-		{key: "state_file", typ: "string", def: "`conductor_state.json` beside the config file", bounds: "a path; `\"\"` disables",
+		{key: "state_file", typ: "string", def: "`conductor_state.json` beside the config file",
+			bounds: "a path (a relative one is taken from the config file's directory); `\"\"` disables",
 			doc: "services registered over HTTP/RPC are kept here and registered again at start. An append-only log " +
 				"(one fsynced line per change, compacted in the background), so a change costs the same however many " +
 				"services exist. A registration that cannot be written is answered 500 and undone",
 			init: func(f *FileConfig) { f.StateFile = filepath.Join(filepath.Dir(f.Path), service.StateFileName) },
 			parse: func(f *FileConfig, raw json.RawMessage) error {
-				if err := json.Unmarshal(raw, &f.StateFile); err != nil {
+				v, ok := jsonval.String(raw)
+				if !ok {
 					return fmt.Errorf("state_file must be a string")
 				}
+				f.StateFile = f.besideConfig(v)
 				return nil
 			}},
 		stringSetting("http_bind_address", "", "an interface address; `\"\"` all interfaces",
@@ -53,10 +60,30 @@ func fileSettings() []setting[FileConfig] {
 		stringSetting("rpc_bind_address", "", "an interface address; `\"\"` all interfaces",
 			"interface the RPC server listens on", nil,
 			func(f *FileConfig, v string) { f.RPCBindAddress = v }),
-		stringSetting("admin_token", "", "any string; `\"\"` no token",
+		stringSetting("admin_token", "", "a string without control bytes; `\"\"` no token",
 			"when set, `POST /register` and `/unregister` (every route that changes state) need "+
-				"`Authorization: Bearer <token>` (else 401); `/query` and the read-only routes stay open", nil,
+				"`Authorization: Bearer <token>` (else 401); `/query` and the read-only routes stay open. A token with "+
+				"a control byte (a newline pasted with it) is refused at start: no HTTP header could carry it",
+			checkToken,
 			func(f *FileConfig, v string) { f.AdminToken = v }),
+		{key: "rpc_allow_mutations", typ: "boolean", def: "unset", bounds: "true, false",
+			doc: "whether RPC `Register` and `Unregister` are served. The RPC wire (coro_rpc, the upstream Python " +
+				"client's) has no field for a token, so unset means: served without `admin_token`, refused with it " +
+				"(`CONDUCTOR_UNAVAILABLE`, logged and counted under `conductor_rpc_requests_total`); `true` serves " +
+				"them anyway, `false` never. Queries and the read-only calls are always served. Unset with RPC on a " +
+				"non-loopback address and no token logs a warning at start",
+			parse: func(f *FileConfig, raw json.RawMessage) error {
+				var v bool
+				switch string(raw) {
+				case "true":
+					v = true
+				case "false":
+				default:
+					return fmt.Errorf("rpc_allow_mutations must be true or false")
+				}
+				f.RPCAllowMutations = &v
+				return nil
+			}},
 		intSetting("max_query_body_bytes", limits.DefaultMaxQueryBodyBytes, 1, maxLimit,
 			"largest `/query` body (16M tokens as an int32 bin); larger is answered 413 without reading it",
 			func(f *FileConfig, v int64) { f.Limits.MaxQueryBodyBytes = int(v) }),
@@ -103,13 +130,19 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("shutdown_timeout_ms", limits.DefaultShutdownTimeout.Milliseconds(), 1, maxLimit,
 			"on SIGTERM/SIGINT, in-flight requests get this long; connections still open (idle or half-sent) are then closed",
 			ms(func(f *FileConfig, d time.Duration) { f.Limits.ShutdownTimeout = d })),
-		stringSetting("access_log", "", "a file path, `\"-\"` standard output, `\"\"` off",
+		stringSetting("access_log", "", "a file path (a relative one is taken from the config file's directory), "+
+			"`\"-\"` standard output, `\"\"` off",
 			"file that gets one JSON line per contract HTTP request: `time`, `route`, and for `/query` and "+
 				"`/query_by_hash` `model`, `tokens`, `blocks_hashed`, `matched`; then `latency_us`, `status`, `trace_id`. "+
 				"RPC `Query` calls get the same line with `function` instead of `route`, the RPC code (0 = OK) as "+
 				"`status` and no trace id. Lines are buffered in memory (no allocation or I/O on the request path) and "+
 				"written by a background goroutine", nil,
-			func(f *FileConfig, v string) { f.AccessLog.Path = v }),
+			func(f *FileConfig, v string) {
+				if v != "-" {
+					v = f.besideConfig(v)
+				}
+				f.AccessLog.Path = v
+			}),
 		stringSetting("access_log_trace_header", accesslog.DefaultTraceHeader, "a header name",
 			"request header logged as `trace_id` (first 128 bytes, JSON-escaped)", nil,
 			func(f *FileConfig, v string) { f.AccessLog.TraceHeader = v }),
@@ -118,7 +151,8 @@ func fileSettings() []setting[FileConfig] {
 				"`conductor_access_log_dropped_lines_total`",
 			func(f *FileConfig, v int64) { f.AccessLog.BufferBytes = int(v) }),
 		intSetting("access_log_flush_interval_ms", accesslog.DefaultFlush.Milliseconds(), 1, 60000,
-			"how often the buffer is written (also when half full)",
+			"how long after its first line the buffer is written (at once when half full); while no request is "+
+				"logged nothing runs",
 			ms(func(f *FileConfig, d time.Duration) { f.AccessLog.FlushInterval = d })),
 		intSetting("query_memo_entries", hashing.DefaultMemoEntries, 0, maxMemoEntries,
 			"most blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, "+
@@ -131,8 +165,10 @@ func fileSettings() []setting[FileConfig] {
 				"of it (doubling, up to two memo blocks per indexed block); never past this bound (logged as `query "+
 				"key memo grew`); a bound of 131,072 or less is the memo's size from the start. Metrics "+
 				"`conductor_query_memo_{hits,misses,evictions}_total`, `conductor_query_memo_capacity_entries` (its "+
-				"current size)",
-			func(f *FileConfig, v int64) { f.MemoEntries = int(v) }),
+				"current size). A bound whose memo would take more than a quarter of the memory the process may use "+
+				"(the machine's, or its control group's limit when lower) is refused at start with the size it "+
+				"would take",
+			func(f *FileConfig, v int64) { f.MemoEntries = int(v) }).also(checkMemoFits),
 		boolSetting("query_memo_populate", true,
 			"make each part of the memo resident before queries use it (`madvise(MADV_POPULATE_WRITE)`, Linux 5.14+): "+
 				"a background goroutine populates each growth step, a huge page at a time, before the memo takes it "+
@@ -163,18 +199,36 @@ func fileSettings() []setting[FileConfig] {
 				"once queries use it, at most 160 MiB by default, see `query_memo_entries`)",
 			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
 		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,
-			"bytes one ZMQ message (all frames) may have, on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`); "+
+			"bytes one frame of a ZMQ message may have (a batch's payload; its topic and sequence frames are a few "+
+				"bytes), on the SUB and replay sockets (libzmq `ZMQ_MAXMSGSIZE`, which libzmq applies per frame); "+
 				"-1 unlimited. libzmq refuses a bigger one before allocating it and drops the connection; the "+
 				"conductor counts it (`ProtocolErrors`), reconnects and recovers the lost batch through replay, or "+
 				"marks the source stale",
 			func(f *FileConfig, v int64) { f.ZMQMaxMessageSize = v }),
+		intSetting("zmq_source_buffer_bytes", ingest.DefaultBufferBytes, 1, maxLimit,
+			"bytes of messages libzmq may hold for one subscription before the conductor reads them (a burst "+
+				"arriving faster than it is applied). libzmq counts messages, so its receive high-water mark "+
+				"(`ZMQ_RCVHWM`) is this divided by `zmq_max_message_size` (at least 1, at most 200,000; 64 with the "+
+				"defaults); with `zmq_max_message_size` -1 it is divided by 8 MiB and holds only for messages no "+
+				"larger. Past it libzmq stops reading the connection and the rest of the burst waits in TCP buffers "+
+				"and the publisher's own queue (vLLM's holds 100,000 batches); what overflows that is dropped by the "+
+				"publisher and shows as a sequence gap, recovered through replay (a source without replay goes stale)",
+			func(f *FileConfig, v int64) { f.ZMQSourceBufferBytes = v }),
 		intSetting("zmq_io_threads", 1, 0, 64,
 			"libzmq I/O threads of the one ZMQ context all subscriptions share (0: 1)",
 			func(f *FileConfig, v int64) { f.ZMQIOThreads = int(v) }),
+		intSetting("zmq_reconnect_max_ms", zmqtransport.DefaultReconnectIntervalMax.Milliseconds(), 100, 600_000,
+			"a subscription whose publisher is not there (down, restarting, a wrong address) retries after 100 ms, "+
+				"then after twice the last pause, up to this (libzmq `ZMQ_RECONNECT_IVL_MAX`), so a thousand dead "+
+				"endpoints cost a few hundred connection attempts a second rather than ten thousand. A publisher that "+
+				"comes back is connected within this long; what it published meanwhile comes back through its replay "+
+				"endpoint",
+			func(f *FileConfig, v int64) { f.ZMQReconnectMaxMS = int(v) }),
 		intSetting("zmq_join_check_delay_ms", ingest.DefaultJoinCheckDelay.Milliseconds(), -1, 3_600_000,
 			"milliseconds after a subscription with a `replay_endpoint` first connects before its join check asks "+
 				"the replay endpoint for everything after the last applied batch (batches published after the "+
-				"catch-up read the publisher's buffer but before the subscription took effect); -1 turns the check off",
+				"catch-up read the publisher's buffer but before the subscription took effect), unless a live batch "+
+				"arrived first (its sequence number shows any gap); -1 turns the check off",
 			func(f *FileConfig, v int64) { f.ZMQJoinCheckDelayMS = int(v) }),
 		intSetting("ingest_log_burst", lograte.DefaultBurst, -1, 1<<20,
 			"per subscription and kind of log line (level and message), lines written per interval; the rest are "+
@@ -184,6 +238,27 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("ingest_log_interval_seconds", int64(lograte.DefaultInterval/time.Second), 0, 86400,
 			"the interval of `ingest_log_burst` (0: the default)",
 			func(f *FileConfig, v int64) { f.IngestLogIntervalSeconds = int(v) }),
+		intSetting("max_snapshot_bytes", snapshot.DefaultMaxBytes, 1<<20, maxLimit,
+			"largest snapshot `POST /cluster/snapshot` or a bootstrapping replica accepts (413 above it; a "+
+				"`Content-Length` over it is refused before the body is read). The stream is written to a "+
+				"temporary file in `$TMPDIR` (removed at once, so nothing is left behind) while its checksum and "+
+				"signature are checked, then read back a frame at a time: memory stays bounded, the disk holds up "+
+				"to this much per load in progress (two at most)",
+			func(f *FileConfig, v int64) { f.MaxSnapshotBytes = v }),
+		intSetting("max_snapshot_downloads", DefaultMaxSnapshotDownloads, 1, 1024,
+			"snapshots `GET /cluster/snapshot` streams at once (503 with `Retry-After` beyond it). Each keeps its "+
+				"own journal of the changes between its steps (up to 4M block hashes a context)",
+			func(f *FileConfig, v int64) { f.MaxSnapshotDownloads = int(v) }),
+		boolSetting("hash_check", true,
+			"verify each engine service's hash profile against the block hashes its engine publishes: every "+
+				"`BlockStored` until 64 events were verified, then one batch in 128 (+2.4% ingest CPU per block measured, "+
+				"docs/performance.md). A mismatch is counted (`conductor_service_hash_mismatch_total`), logged with the "+
+				"profile that would reproduce the engine's hashes, and shown as `HashCheck` in `/services`; blocks are "+
+				"indexed by the engine's hashes either way. `false`: no check (`HashCheck` reads `off`)",
+			func(f *FileConfig, v bool) { f.HashCheck = v }),
+		intSetting("hash_check_log_interval_seconds", int64(translate.DefaultCheckLogInterval/time.Second), 1, 86400,
+			"least time between two mismatch warnings of one context",
+			func(f *FileConfig, v int64) { f.HashCheckLogIntervalSeconds = int(v) }),
 		objectSetting("cluster", "object", "unset (one node, `state_file`)", "the `cluster.*` keys below; null: unset",
 			"run as one replica of a cluster whose registrations live in etcd; with `cluster` set, `state_file` is not used",
 			parseCluster),

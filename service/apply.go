@@ -53,3 +53,35 @@ func (tx *Tx) Unregister(id ID) *Error {
 	_, err := tx.s.unregisterLocked(id, false)
 	return err
 }
+
+// Services returns every registration (static ones included), in no particular order.
+func (tx *Tx) Services() []Config {
+	out := make([]Config, 0, len(tx.s.services))
+	for _, r := range tx.s.services {
+		out = append(out, r.cfg)
+	}
+	return out
+}
+
+// Replace makes the registration of cfg's service cfg, without storing it: nothing when
+// it already is; the adapters added and removed when only they differ (the other
+// adapters' contexts keep what they hold); otherwise the old registration is
+// unregistered and cfg registered. It refuses while stopping.
+func (tx *Tx) Replace(cfg *Config) *Error {
+	if tx.s.stopping.Load() {
+		return errStopping
+	}
+	cur, ok := tx.s.services[cfg.ID()]
+	if ok && !cur.cfg.Equal(cfg) && cur.cfg.SameEngine(cfg) && !cur.static {
+		if err := tx.s.reconcileAdaptersLocked(cur, cfg); err == nil {
+			return nil
+		}
+	}
+	if ok && !cur.cfg.Equal(cfg) {
+		if err := tx.Unregister(cfg.ID()); err != nil {
+			return err
+		}
+	}
+	_, err := tx.s.registerLocked(cfg, false, false)
+	return err
+}

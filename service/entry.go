@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/internal/jsonval"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
@@ -71,11 +72,66 @@ func DecodeEntry(name string, raw json.RawMessage) (Config, error) {
 	if err := parseConfigProfile(entry["hash_profile"], &r); err != nil {
 		return Config{}, err
 	}
+	if raw, ok := entry["index_media"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &r.IndexMedia); err != nil || r.IndexMedia == nil {
+			return Config{}, errors.New("index_media must be an array of strings")
+		}
+		if len(r.IndexMedia) > MaxIndexMedia {
+			return Config{}, fmt.Errorf("index_media has %d entries, more than the limit of %d", len(r.IndexMedia), MaxIndexMedia)
+		}
+	}
+	adapters, err := parseAdapters(entry["lora_adapters"])
+	if err != nil {
+		return Config{}, err
+	}
 	cfg, verr := r.Resolve()
 	if verr != nil {
 		return Config{}, verr
 	}
+	if len(adapters) > 0 {
+		if cfg, verr = cfg.WithAdapters(append(cfg.Loras(), adapters...)); verr != nil {
+			return Config{}, verr
+		}
+	}
 	return cfg, nil
+}
+
+// parseAdapters reads lora_adapters: the other adapters of a multi-LoRA registration,
+// [{"lora_name": ..., "lora_path": ...}, ...] (lora_path optional).
+func parseAdapters(raw json.RawMessage) ([]Adapter, error) {
+	if raw == nil || string(raw) == "null" {
+		return nil, nil
+	}
+	var list []map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, errors.New("lora_adapters must be an array of objects")
+	}
+	if len(list) > MaxAdapters {
+		return nil, fmt.Errorf("lora_adapters has %d entries, more than the limit of %d", len(list), MaxAdapters)
+	}
+	out := make([]Adapter, 0, len(list))
+	for i, m := range list {
+		var a Adapter
+		for k, v := range m {
+			var ok bool
+			switch k {
+			case "lora_name":
+				a.LoraName, ok = jsonval.String(v)
+			case "lora_path":
+				a.LoraPath, ok = jsonval.String(v)
+			default:
+				return nil, fmt.Errorf("lora_adapters[%d]: unknown key %q", i, k)
+			}
+			if !ok {
+				return nil, fmt.Errorf("lora_adapters[%d].%s must be a string", i, k)
+			}
+		}
+		if _, ok := m["lora_name"]; !ok {
+			return nil, fmt.Errorf("lora_adapters[%d].lora_name is required", i)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // parseConfigProfile reads an entry's hash_profile object into r.
@@ -89,7 +145,8 @@ func parseConfigProfile(raw json.RawMessage, r *Registration) error {
 	}
 	for k := range p {
 		switch k {
-		case "strategy", "algorithm", "python_hash_seed", "index_projection":
+		case "strategy", "algorithm", "python_hash_seed", "index_projection",
+			"extra_keys", "lora_path", "lookahead_tokens":
 		default:
 			return fmt.Errorf("hash_profile: unknown key %q", k)
 		}
@@ -102,6 +159,24 @@ func parseConfigProfile(raw json.RawMessage, r *Registration) error {
 		if *f.dst, ok = jsonval.String(p[f.key]); !ok {
 			return fmt.Errorf("hash_profile.%s must be a string", f.key)
 		}
+	}
+	// The optional fields of issue 25: absent means the default.
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"extra_keys", &r.ExtraKeys}, {"lora_path", &r.LoraPath}} {
+		if v, ok := p[f.key]; ok {
+			if *f.dst, ok = jsonval.String(v); !ok {
+				return fmt.Errorf("hash_profile.%s must be a string", f.key)
+			}
+		}
+	}
+	if v, ok := p["lookahead_tokens"]; ok {
+		n, err := jsonval.Int(v)
+		if err != nil {
+			return fmt.Errorf("hash_profile.lookahead_tokens %w", err)
+		}
+		r.LookaheadTokens = n
 	}
 	sglang := r.Strategy == "sglang" || r.Strategy == "sglang_bigram"
 	if v, ok := p["python_hash_seed"]; ok {
@@ -133,7 +208,9 @@ func looseString(raw json.RawMessage) string {
 	return s
 }
 
-// entryJSON is the JSON form of a registration that EncodeEntry writes.
+// entryJSON is the JSON form of a registration that EncodeEntry writes. The fields of
+// issue 25 are left out when they hold their defaults, so that a registration using
+// none of them is written as before they existed.
 type entryJSON struct {
 	Endpoint       string         `json:"endpoint"`
 	ReplayEndpoint string         `json:"replay_endpoint"`
@@ -146,20 +223,50 @@ type entryJSON struct {
 	DPRank         int            `json:"dp_rank"`
 	CacheGroup     *int64         `json:"cache_group"`
 	HashProfile    map[string]any `json:"hash_profile"`
+	IndexMedia     []string       `json:"index_media,omitempty"`
+	LoraAdapters   []adapterJSON  `json:"lora_adapters,omitempty"`
+}
+
+type adapterJSON struct {
+	LoraName string `json:"lora_name"`
+	LoraPath string `json:"lora_path,omitempty"`
+}
+
+// ProfileFields is a resolved profile as a registration's hash_profile map: the four
+// selectors, and the fields of issue 25 only where they differ from their defaults
+// (extra_keys "tagged", a lora_path, lookahead_tokens > 0).
+func ProfileFields(p *hashing.Profile) map[string]any {
+	prof := map[string]any{
+		"strategy": p.StrategyName(), "algorithm": p.AlgorithmName(),
+		"python_hash_seed": p.Seed, "index_projection": p.ProjectionName(),
+	}
+	if p.ExtraKeys != hashing.ExtraKeysUntagged {
+		prof["extra_keys"] = p.ExtraKeysName()
+	}
+	if p.LoraPath != "" {
+		prof["lora_path"] = p.LoraPath
+	}
+	if p.Lookahead != 0 {
+		prof["lookahead_tokens"] = p.Lookahead
+	}
+	return prof
 }
 
 // EncodeEntry writes a registration as DecodeEntry reads it (the state file's and the
 // cluster registry's entries).
 func EncodeEntry(c *Config) (json.RawMessage, error) {
-	prof := map[string]any{
-		"strategy": c.Profile.StrategyName(), "algorithm": c.Profile.AlgorithmName(),
-		"python_hash_seed": c.Profile.Seed, "index_projection": c.Profile.ProjectionName(),
-	}
-	raw, err := json.Marshal(entryJSON{
+	e := entryJSON{
 		Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, Type: c.Kind.String(), ModelName: c.ModelName,
 		LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID, BlockSize: c.BlockSize,
-		DPRank: c.DPRank, CacheGroup: c.CacheGroup, HashProfile: prof,
-	})
+		DPRank: c.DPRank, CacheGroup: c.CacheGroup, HashProfile: ProfileFields(&c.Profile),
+	}
+	if c.Media.Explicit() {
+		e.IndexMedia = c.Media.Names(c.Kind)
+	}
+	for _, a := range c.Adapters {
+		e.LoraAdapters = append(e.LoraAdapters, adapterJSON(a))
+	}
+	raw, err := json.Marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("encode state entry %s: %w", c.Key(), err)
 	}

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/translate"
@@ -31,6 +34,10 @@ const (
 	DefaultMaxServices   = 1024
 	DefaultMaxFieldBytes = 1024
 )
+
+// MaxIndexMedia bounds a registration's index_media list (an engine names three media;
+// repeats are allowed, but not without end).
+const MaxIndexMedia = 16
 
 // Options configures a Service.
 type Options struct {
@@ -114,10 +121,21 @@ func (s *Service) RegisterInput(r *Registration) (cfg Config, isNew bool, err *E
 		{"instance_id", r.InstanceID}, {"lora_name", r.LoraName}, {"tenant_id", r.TenantID},
 		{"strategy", r.Strategy}, {"algorithm", r.Algorithm}, {"python_hash_seed", r.PythonHashSeed},
 		{"index_projection", r.IndexProjection}, {"root_digest", r.RootDigest},
+		{"extra_keys", r.ExtraKeys}, {"lora_path", r.LoraPath},
 	} {
 		if len(f.v) > s.maxFieldBytes {
 			return cfg, false, invalidField("invalid_value", f.name,
 				fmt.Sprintf("%s is %d bytes, longer than the limit of %d (max_registration_field_bytes)", f.name, len(f.v), s.maxFieldBytes))
+		}
+	}
+	if len(r.IndexMedia) > MaxIndexMedia {
+		return cfg, false, invalidField("invalid_value", "index_media",
+			fmt.Sprintf("index_media has %d entries, more than the limit of %d", len(r.IndexMedia), MaxIndexMedia))
+	}
+	for _, m := range r.IndexMedia {
+		if len(m) > s.maxFieldBytes {
+			return cfg, false, invalidField("invalid_value", "index_media",
+				fmt.Sprintf("an index_media entry is %d bytes, longer than the limit of %d (max_registration_field_bytes)", len(m), s.maxFieldBytes))
 		}
 	}
 	cfg, err = r.Resolve()
@@ -144,7 +162,9 @@ func (s *Service) RegisterStatic(cfg *Config) (isNew bool, err *Error) {
 // cluster registry's glue in package server). Each call returns once the change is on
 // stable storage; on error nothing was recorded. A Put that the store refuses (the
 // cluster registry's transactions find a conflict) returns a *Error, which is the
-// registration's answer; any other error is answered as an internal failure.
+// registration's answer; any other error is answered as an internal failure. Put is
+// also called for a registration repeated identically, which the store may already
+// hold (it then changes nothing) or may have lost.
 type Store interface {
 	Put(cfg *Config) error
 	Delete(id ID) error
@@ -185,14 +205,28 @@ func (s *Service) register(cfg *Config, static bool) (isNew bool, err *Error) {
 
 // registerLocked is register with s.mu held; persist says whether the store must record
 // it (false for static services and for registrations the cluster registry reports).
+// A registration of another adapter of a registered engine (same service but for its
+// lora_name and lora_path) adds that adapter (addAdaptersLocked).
 func (s *Service) registerLocked(cfg *Config, static, persist bool) (isNew bool, err *Error) {
 	key := cfg.Key()
 	id := cfg.ID()
 	if cur, ok := s.services[id]; ok {
-		if cur.cfg.Equal(cfg) {
-			return false, nil
+		if !cur.cfg.Equal(cfg) {
+			return s.addAdaptersLocked(cur, cfg, static, persist)
 		}
-		return false, invalidRegistration("conflicting registration for service key %s", key)
+		if persist && !cur.static && s.store != nil {
+			// Stored again: the store may have lost it (an etcd restored empty, before the
+			// replica noticed), and a registration answered 200 must be in the store.
+			if perr := s.store.Put(cfg); perr != nil {
+				var refused *Error
+				if errors.As(perr, &refused) {
+					return false, refused
+				}
+				s.log.Error("repeated registration could not be made durable", "service", key, "err", perr)
+				return false, &Error{Code: CodeInternal, Msg: "Failed to persist registration: " + perr.Error()}
+			}
+		}
+		return false, nil
 	}
 	if len(s.services) >= s.maxServices {
 		s.refused.Add(1)
@@ -201,96 +235,151 @@ func (s *Service) registerLocked(cfg *Config, static, persist bool) (isNew bool,
 	if other, ok := s.endpoints[cfg.Endpoint]; ok {
 		return false, invalidRegistration("endpoint %s is already used by service %s", cfg.Endpoint, other.String())
 	}
-	ctx := cfg.Context()
-	if perr := s.eng.CheckProfile(ctx, cfg.Profile); perr != nil {
-		return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+	for _, a := range cfg.Loras() {
+		ac := cfg.ForAdapter(a)
+		if perr := s.eng.CheckProfile(ac.Context(), ac.Profile); perr != nil {
+			return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+		}
 	}
-	// The slot is registered before the subscriber starts, so that no event (a catch-up
-	// replay can arrive at once) finds it missing. If subscribing fails, the slot goes again,
-	// and so does a context this registration created: it would otherwise pin this
+	// The slots are registered before the subscriber starts, so that no event (a catch-up
+	// replay can arrive at once) finds one missing. If subscribing fails, the slots go
+	// again, and so does a context this registration created: it would otherwise pin this
 	// (possibly wrong) hash profile until restart.
-	_, ctxExisted := s.eng.ContextProfile(ctx)
-	slotCreated := false
+	var undo contextUndo
 	if cfg.Kind.IsEngine() {
-		created, rerr := s.registerSlot(cfg, key)
-		if rerr != nil {
-			return false, rerr
+		for _, a := range cfg.Loras() {
+			ac := cfg.ForAdapter(a)
+			if rerr := s.registerSlot(&ac, key, &undo); rerr != nil {
+				undo.run(s.eng)
+				return false, rerr
+			}
 		}
-		slotCreated = created
-	}
-	rollback := func() {
-		if slotCreated {
-			s.eng.UnregisterSlot(ctx, cfg.Slot())
-		}
-		if !ctxExisted {
-			s.eng.DropEmptyContext(ctx)
-		}
+	} else {
+		undo.track(s.eng, cfg.Context())
 	}
 	sub, serr := s.subscribe(cfg, s.eng, s.log)
 	if serr != nil {
-		rollback()
+		undo.run(s.eng)
 		s.log.Error("subscribe failed; registration rolled back", "service", key, "endpoint", cfg.Endpoint, "err", serr)
 		return false, &Error{Code: CodeInternal, Msg: "Failed to subscribe: " + serr.Error()}
 	}
 	if persist && s.store != nil {
 		// Durable before acknowledged: a registration that could not be stored is undone
-		// whole (subscriber stopped, anything it indexed retracted, slot and new context
+		// whole (subscriber stopped, anything it indexed retracted, slots and new contexts
 		// removed) and answered 500.
 		if perr := s.store.Put(cfg); perr != nil {
 			sub.Stop()
 			if !cfg.Kind.IsEngine() {
 				s.eng.RetractSource(cfg.Endpoint)
 			}
-			rollback()
-			var refused *Error
-			if errors.As(perr, &refused) {
-				s.log.Info("registration refused by the store; rolled back", "service", key, "err", perr)
-				return false, refused
-			}
-			s.log.Error("registration could not be made durable; rolled back", "service", key, "err", perr)
-			return false, &Error{Code: CodeInternal, Msg: "Failed to persist registration: " + perr.Error()}
+			undo.run(s.eng)
+			return false, s.storeRefusal(key, "registration", perr)
 		}
 	}
 	s.services[id] = &registration{cfg: *cfg, sub: sub, static: static}
 	s.endpoints[cfg.Endpoint] = id
 	s.log.Info("service registered", "service", key, "type", cfg.Kind.String(), "endpoint", cfg.Endpoint,
-		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", cfg.LoraName,
-		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName())
+		"replay_endpoint", cfg.ReplayEndpoint, "model", cfg.ModelName, "lora", loraNames(cfg),
+		"block_size", cfg.BlockSize, "strategy", cfg.Profile.StrategyName(), "algorithm", cfg.Profile.AlgorithmName(),
+		"extra_keys", cfg.Profile.ExtraKeysName(), "lookahead_tokens", cfg.Profile.Lookahead,
+		"index_media", cfg.Media.Names(cfg.Kind))
 	return true, nil
 }
 
-// registerSlot adds an engine registration's (instance, rank) to its context, creating
-// the context on first use.
-func (s *Service) registerSlot(cfg *Config, key string) (created bool, err *Error) {
-	created, rerr := s.eng.RegisterSlot(cfg.Context(), cfg.Profile, cfg.Slot())
+// storeRefusal answers a store's failure to record a change (what is the change, for
+// logs): a refusal by the store's rules (a *Error) is the answer as is; anything else is
+// an internal failure. The caller has undone the change.
+func (s *Service) storeRefusal(key, what string, perr error) *Error {
+	var refused *Error
+	if errors.As(perr, &refused) {
+		s.log.Info(what+" refused by the store; rolled back", "service", key, "err", perr)
+		return refused
+	}
+	s.log.Error(what+" could not be made durable; rolled back", "service", key, "err", perr)
+	return &Error{Code: CodeInternal, Msg: "Failed to persist " + what + ": " + perr.Error()}
+}
+
+// contextUndo remembers what a registration created in the engine (slots, contexts), so
+// that a registration that fails half-way leaves nothing behind.
+type contextUndo struct {
+	slots    []engine.ContextKey // contexts where the slot was registered by us
+	slot     engine.Slot
+	newCtxes []engine.ContextKey // contexts that did not exist before
+}
+
+// track notes whether the context of key exists before the registration touches it.
+func (u *contextUndo) track(eng *engine.Engine, key engine.ContextKey) {
+	if _, ok := eng.ContextProfile(key); !ok {
+		u.newCtxes = append(u.newCtxes, key)
+	}
+}
+
+// run unregisters the slots and drops the contexts that are empty again, newest first.
+func (u *contextUndo) run(eng *engine.Engine) {
+	for i := len(u.slots) - 1; i >= 0; i-- {
+		eng.UnregisterSlot(u.slots[i], u.slot)
+	}
+	for i := len(u.newCtxes) - 1; i >= 0; i-- {
+		eng.DropEmptyContext(u.newCtxes[i])
+	}
+	*u = contextUndo{}
+}
+
+// loraNames lists a registration's adapters for logs, quoted (the base model's is "").
+func loraNames(cfg *Config) string {
+	out := make([]string, 0, 1+len(cfg.Adapters))
+	for _, a := range cfg.Loras() {
+		out = append(out, strconv.Quote(a.LoraName))
+	}
+	return strings.Join(out, ",")
+}
+
+// registerSlot adds an engine registration's (instance, rank) to its context (one
+// adapter's), creating the context on first use; undo learns what to take back.
+func (s *Service) registerSlot(cfg *Config, key string, undo *contextUndo) *Error {
+	ctx := cfg.Context()
+	undo.track(s.eng, ctx)
+	created, rerr := s.eng.RegisterSlot(ctx, cfg.Profile, cfg.Slot())
 	if rerr != nil {
 		if errors.Is(rerr, engine.ErrProfileConflict) {
-			return false, invalidRegistration("registration conflicts with the ContextKey hash profile")
+			return invalidRegistration("registration conflicts with the ContextKey hash profile")
 		}
-		return false, &Error{Code: CodeInternal, Msg: fmt.Sprintf("register %s: %v", key, rerr)}
+		return &Error{Code: CodeInternal, Msg: fmt.Sprintf("register %s: %v", key, rerr)}
 	}
-	return created, nil
+	if created {
+		undo.slot = cfg.Slot()
+		undo.slots = append(undo.slots, ctx)
+	}
+	return nil
 }
 
 // Unregister stops consuming a service's events (waiting for its in-flight batch) and
 // removes what it contributed to the index. It returns the removed service key.
 func (s *Service) Unregister(instanceID, tenantID string, dpRank int) (string, *Error) {
+	id, err := s.unregisterID(instanceID, tenantID, dpRank)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.unregisterLocked(id, true)
+}
+
+// unregisterID validates the identity an unregistration names ("" tenant: "default").
+func (s *Service) unregisterID(instanceID, tenantID string, dpRank int) (ID, *Error) {
 	if tenantID == "" {
 		tenantID = "default"
 	}
 	if instanceID == "" {
-		return "", invalidField("invalid_value", "instance_id", "instance_id must not be empty")
+		return ID{}, invalidField("invalid_value", "instance_id", "instance_id must not be empty")
 	}
 	if dpRank < 0 {
-		return "", invalidField("invalid_value", "dp_rank", "dp_rank must be a non-negative int")
+		return ID{}, invalidField("invalid_value", "dp_rank", "dp_rank must be a non-negative int")
 	}
 	if s.stopping.Load() {
-		return "", errStopping
+		return ID{}, errStopping
 	}
-	id := ID{InstanceID: instanceID, TenantID: tenantID, DPRank: dpRank}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.unregisterLocked(id, true)
+	return ID{InstanceID: instanceID, TenantID: tenantID, DPRank: dpRank}, nil
 }
 
 // unregisterLocked is Unregister with s.mu held; persist false leaves the store alone
@@ -317,12 +406,15 @@ func (s *Service) unregisterLocked(id ID, persist bool) (string, *Error) {
 	return key, nil
 }
 
-// retract removes everything a stopped service contributed.
+// retract removes everything a stopped service contributed, in every adapter's context.
 func (s *Service) retract(cfg *Config) {
-	if cfg.Kind.IsEngine() {
-		s.eng.UnregisterSlot(cfg.Context(), cfg.Slot())
-	} else {
+	if !cfg.Kind.IsEngine() {
 		s.eng.RetractSource(cfg.Endpoint)
+		return
+	}
+	for _, a := range cfg.Loras() {
+		ac := cfg.ForAdapter(a)
+		s.eng.UnregisterSlot(ac.Context(), cfg.Slot())
 	}
 }
 
@@ -362,6 +454,15 @@ type Stats struct {
 	// Leader holds the master-view counters when HasLeader (Mooncake master locators).
 	Leader    source.LeaderStats
 	HasLeader bool
+	// Checks are the profile self-checks of an engine service's adapters (one per
+	// lora_name; none when the check is off).
+	Checks []AdapterCheck
+}
+
+// AdapterCheck is the profile self-check of one adapter's context.
+type AdapterCheck struct {
+	LoraName string
+	Stats    hashing.CheckStats
 }
 
 // handlerStatser is implemented by subscriptions that expose their event handler's counters.
@@ -378,6 +479,13 @@ func (s *Service) Stats() []Stats {
 		}
 		if ls, ok := r.sub.(source.LeaderStatser); ok {
 			st.Leader, st.HasLeader = ls.LeaderStats(), true
+		}
+		if router, ok := r.sub.(AdapterRouter); ok && r.cfg.Kind.IsEngine() {
+			for _, a := range r.cfg.Loras() {
+				if cs, ok := router.CheckStats(a.LoraName); ok {
+					st.Checks = append(st.Checks, AdapterCheck{LoraName: a.LoraName, Stats: cs})
+				}
+			}
 		}
 		out = append(out, st)
 	}

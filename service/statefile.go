@@ -219,11 +219,18 @@ func (f *StateFile) Reset(svcs []Config) error {
 	return f.rewriteLocked(f.snapshotLocked(), nil)
 }
 
-// Put appends a registration and syncs it. On error nothing was recorded.
+// Put appends a registration and syncs it; a registration the file already holds as is
+// writes nothing. On error nothing was recorded.
 func (f *StateFile) Put(c *Config) error {
 	line, err := putRecord(c)
 	if err != nil {
 		return err
+	}
+	f.mu.Lock()
+	held := f.broken == nil && f.f != nil && bytes.Equal(f.live[c.ID()], line)
+	f.mu.Unlock()
+	if held {
+		return nil
 	}
 	return f.appendRecord(line, func() { f.live[c.ID()] = line })
 }

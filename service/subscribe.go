@@ -10,11 +10,16 @@ import (
 
 // SourceSpec is what a source subscription needs of a registration.
 func SourceSpec(cfg *Config) source.Spec {
-	return source.Spec{
+	spec := source.Spec{
 		Source: translate.Source{Name: cfg.Key(), Kind: cfg.Kind, Endpoint: cfg.Endpoint,
-			Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile},
+			Context: cfg.Context(), Slot: cfg.Slot(), Profile: cfg.Profile, Media: cfg.Media},
 		ReplayEndpoint: cfg.ReplayEndpoint,
 	}
+	for _, a := range cfg.Adapters {
+		ac := cfg.ForAdapter(a)
+		spec.Adapters = append(spec.Adapters, translate.AdapterContext{Key: ac.Context(), Profile: ac.Profile})
+	}
+	return spec
 }
 
 // ZMQSubscriber returns the SubscribeFunc of package ingest/source: a ZMQ subscription

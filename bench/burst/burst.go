@@ -50,8 +50,7 @@ type Config struct {
 	Rate float64
 	// Warmup is the time between the registration and the burst (negative: none; 0 = 2
 	// s), so that the subscriptions' catch-up and join check (1 s after connecting, by
-	// default) are over: a join check during a flat-out burst replays from the
-	// conductor's applied sequence, which the publisher's ring may no longer hold.
+	// default, unless a live batch arrived first) are over and not measured.
 	Warmup time.Duration
 	// Settle is how long after the last block is applied the settled RSS is read (0 =
 	// read at once).

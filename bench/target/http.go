@@ -46,6 +46,12 @@ func WaitReady(ctx context.Context, addr string, timeout time.Duration) error {
 	}
 }
 
+// Ready reports whether the conductor's /readyz at addr answers 200 now.
+func Ready(ctx context.Context, addr string) bool {
+	code, _, err := httpGet(ctx, addr, "/readyz")
+	return err == nil && code == http.StatusOK
+}
+
 // Metrics is a Prometheus text exposition: every sample's value by its series, the metric
 // name with its labels as exposed (`name{a="x",b="y"}`).
 type Metrics map[string]float64

@@ -1,6 +1,7 @@
 // Package etcdtest runs a real etcd server (the etcd binary, Debian package etcd-server,
-// installed by `make deps-etcd`) for tests: one member on free 127.0.0.1 ports in a
-// temporary directory, stopped when the test ends.
+// installed by `make deps-etcd`) for tests and benchmarks: one member on free 127.0.0.1
+// ports in a directory of the caller's, stopped when the test ends (Start) or when the
+// caller stops it (Launch).
 package etcdtest
 
 import (
@@ -24,7 +25,7 @@ import (
 // Server is one running (or stopped) etcd member. It keeps its data directory and
 // ports across Stop and Restart, so a restarted member has the same contents.
 type Server struct {
-	t       testing.TB
+	t       testing.TB // nil for a member started by Launch
 	bin     string
 	dir     string
 	client  int
@@ -49,23 +50,38 @@ func Binary() (string, error) {
 // Start starts an etcd member on free loopback ports; it is stopped at the end of t.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin, err := Binary()
+	s, err := Launch(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir()}
-	s.logPath = filepath.Join(s.dir, "etcd.log")
+	s.t = t
 	t.Cleanup(s.Stop)
+	return s
+}
+
+// Launch starts an etcd member on free loopback ports with its data and log under dir,
+// outside a test (a benchmark); the caller stops it with Stop.
+func Launch(dir string) (*Server, error) {
+	bin, err := Binary()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{bin: bin, dir: dir, logPath: filepath.Join(dir, "etcd.log")}
 	// A free port can be taken by another process between our probe and etcd's bind:
 	// then try other ports.
 	for attempt := 0; ; attempt++ {
-		s.client, s.peer = freePort(t), freePort(t)
+		if s.client, err = freePort(); err != nil {
+			return nil, err
+		}
+		if s.peer, err = freePort(); err != nil {
+			return nil, err
+		}
 		err := s.start()
 		if err == nil {
-			return s
+			return s, nil
 		}
 		if !errors.Is(err, errPortTaken) || attempt == 4 {
-			t.Fatal(err)
+			return nil, err
 		}
 		_ = os.RemoveAll(filepath.Join(s.dir, "data"))
 	}
@@ -80,7 +96,6 @@ func (s *Server) Endpoint() string { return "http://127.0.0.1:" + strconv.Itoa(s
 func (s *Server) Endpoints() []string { return []string{s.Endpoint()} }
 
 func (s *Server) start() error {
-	s.t.Helper()
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
@@ -158,29 +173,58 @@ func (s *Server) Stop() {
 	s.cmd = nil
 }
 
-// Restart starts a stopped member again with the same data and ports.
+// Restart starts a stopped member again with the same data and ports; a failure fails
+// the test.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.Relaunch(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// Relaunch is Restart returning its error (for a member started by Launch).
+func (s *Server) Relaunch() error {
 	if s.cmd != nil {
-		s.t.Fatal("etcdtest: Restart of a running member")
+		return errors.New("etcdtest: restart of a running member")
 	}
 	// Same ports (clients know them): wait while something else holds one.
 	for attempt := 0; ; attempt++ {
 		err := s.start()
 		if err == nil {
-			return
+			return nil
 		}
 		if !errors.Is(err, errPortTaken) || attempt == 50 {
-			s.t.Fatal(err)
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // paces the retries of the bind
 	}
+}
+
+// RestartEmpty starts a stopped member again on the same ports with an empty data
+// directory, as an operator who restores etcd from nothing would: same name and peer
+// URL, hence the same cluster id, and revisions counting from 1 again.
+func (s *Server) RestartEmpty() {
+	s.t.Helper()
+	if err := s.RelaunchEmpty(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// RelaunchEmpty is RestartEmpty returning its error (for a member started by Launch).
+func (s *Server) RelaunchEmpty() error {
+	if s.cmd != nil {
+		return errors.New("etcdtest: restart of a running member")
+	}
+	if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
+		return fmt.Errorf("etcdtest: empty the data directory: %w", err)
+	}
+	return s.Relaunch()
 }
 
 // Client returns a client of the member, closed at the end of the test.
 func (s *Server) Client() *clientv3.Client {
 	s.t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: s.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	cli, err := s.NewClient()
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -188,14 +232,22 @@ func (s *Server) Client() *clientv3.Client {
 	return cli
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
+// NewClient returns a client of the member; the caller closes it.
+func (s *Server) NewClient() (*clientv3.Client, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: s.Endpoints(), DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("etcdtest: client: %w", err)
+	}
+	return cli, nil
+}
+
+func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return 0, fmt.Errorf("etcdtest: find a free port: %w", err)
 	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func tail(b []byte, n int) []byte {

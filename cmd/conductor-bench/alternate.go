@@ -39,6 +39,31 @@ func (a *alternateFlags) pair(cf *conductorFlags) ([]string, error) {
 	return bins, nil
 }
 
+// measuredCommand is a command that measures once, or alternately against two binaries
+// (runMeasured): its flag set with the conductor's and the alternation's flags and
+// --results registered; the command adds its own flags before Parse.
+type measuredCommand struct {
+	name    string
+	fs      *flag.FlagSet
+	cf      conductorFlags
+	alt     alternateFlags
+	results *string
+}
+
+func newMeasuredCommand(name string, stderr io.Writer) *measuredCommand {
+	m := &measuredCommand{name: name, fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	m.fs.SetOutput(stderr)
+	m.cf.register(m.fs)
+	m.alt.register(m.fs)
+	m.results = m.fs.String("results", "bench/results", "directory for the JSON result")
+	return m
+}
+
+// run measures as the flags say and writes the JSON result.
+func (m *measuredCommand) run(ctx context.Context, measure measureFunc, stdout io.Writer) error {
+	return runMeasured(ctx, m.name, *m.results, &m.cf, &m.alt, measure, stdout)
+}
+
 // measureFunc measures once against the conductor cf selects, prints its own table, and
 // returns its figures (for medians) and its JSON document; both may come with an error.
 type measureFunc func(ctx context.Context, cf *conductorFlags) ([]report.Figure, any, error)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -15,16 +14,11 @@ import (
 // runIdle measures a conductor with nothing to do (bench/idle), or alternately two
 // binaries.
 func runIdle(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("idle", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf conductorFlags
-	cf.register(fs)
-	var alt alternateFlags
-	alt.register(fs)
+	cmd := newMeasuredCommand("idle", stderr)
+	fs := cmd.fs
 	dead := fs.Int("dead-endpoints", 0, "register this many services on loopback ports nobody listens on before waiting")
 	wait := fs.Duration("wait", 5*time.Second, "time between the first RSS sample (ready, services registered) and the second")
 	window := fs.Duration("window", 10*time.Second, "time over which idle CPU is measured, after the wait")
-	results := fs.String("results", "bench/results", "directory for the JSON result")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,5 +57,5 @@ func runIdle(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return figs, map[string]any{"conductor_mode": string(cond.Mode), "binary": cf.bin, "config": cf.config, "result": res}, nil
 	}
-	return runMeasured(ctx, "idle", *results, &cf, &alt, measure, stdout)
+	return cmd.run(ctx, measure, stdout)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -15,12 +14,8 @@ import (
 // runIngest measures a burst of KV events (bench/burst) against the conductor, or
 // alternately against two binaries.
 func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ingest", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf conductorFlags
-	cf.register(fs)
-	var alt alternateFlags
-	alt.register(fs)
+	cmd := newMeasuredCommand("ingest", stderr)
+	fs := cmd.fs
 	pubs := fs.Int("publishers", 8, "simulated vLLM engines, each a ZMQ publisher with a replay endpoint")
 	blocks := fs.Int("blocks", 1_000_000, "distinct blocks to publish")
 	perEvent := fs.Int("blocks-per-event", 64, "blocks per BlockStored event")
@@ -32,7 +27,6 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	settle := fs.Duration("settle", 10*time.Second, "read the settled RSS this long after the last block is applied")
 	warmup := fs.Duration("warmup", 2*time.Second, "wait this long between registering the publishers and the burst (the conductor's catch-up and join check, 1 s after connecting by default, are then over)")
 	seed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
-	results := fs.String("results", "bench/results", "directory for the JSON result")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,7 +70,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return ingestFigures(res), map[string]any{"conductor_mode": string(cond.Mode), "binary": cf.bin, "config": cf.config, "result": res}, err
 	}
-	return runMeasured(ctx, "ingest", *results, &cf, &alt, measure, stdout)
+	return cmd.run(ctx, measure, stdout)
 }
 
 // ingestFigures are the burst's figures compared between binaries.

@@ -4,12 +4,16 @@
 //	conductor-bench load --instances 8 --blocks 1000000 --prompt-tokens 2048,8192,32768
 //	conductor-bench ingest --conductor-bin bin/mooncake_conductor --blocks 1000000
 //	conductor-bench idle --conductor-bin bin/mooncake_conductor --dead-endpoints 100
+//	conductor-bench snapshot-upload --conductor-bin bin/mooncake_conductor --bytes 1073741824
+//	conductor-bench replicas-race --conductor-bin bin/mooncake_conductor --runs 100
 //
 // replay routes a Mooncake trace through the conductor and compares the prefix-cache hit
 // rate with oracle, random and round-robin routing of the same fleet; load measures
 // /query latency and throughput at fixed concurrency and prompt shape; ingest measures a
 // burst of KV events and idle a conductor with nothing to do (both can alternate two
-// binaries and print medians). They print tables and write JSON under bench/results/.
+// binaries and print medians); snapshot-upload, snapshot-downloads, replicas-race and
+// etcd-reset put the snapshot routes and replica clusters (on a real etcd) through the
+// scenes of issue 27. They print tables and write JSON under bench/results/.
 // See bench/README.md.
 package main
 
@@ -52,6 +56,18 @@ commands:
   logflood measure the log a spawned conductor writes for a flood of malformed batches
   ingest   measure a burst of KV events from N publishers: blocks/s applied, CPU and RSS per block
   idle     measure a ready conductor's RSS and its idle CPU (optionally with dead endpoints)
+  snapshot-upload
+           measure RSS while a conductor receives K large snapshot POSTs (it must refuse
+           or stream them in bounded memory)
+  snapshot-downloads
+           start K snapshot GETs at once while an engine churns the index: each must
+           deliver a snapshot that verifies or fail visibly
+  replicas-race
+           race registrations for the last max_services slots across replicas on a
+           real etcd, R times
+  etcd-reset
+           restore etcd empty under running replicas: the registry must heal and every
+           replica agree with it
   floor-server
            serve the load command's floor server (load --floor starts it)
   keep-awake [N]
@@ -84,6 +100,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runIngest(ctx, args[1:], stdout, stderr)
 	case "idle":
 		err = runIdle(ctx, args[1:], stdout, stderr)
+	case "snapshot-upload":
+		err = runSnapshotUpload(ctx, args[1:], stdout, stderr)
+	case "snapshot-downloads":
+		err = runSnapshotDownloads(ctx, args[1:], stdout, stderr)
+	case "replicas-race":
+		err = runReplicasRace(ctx, args[1:], stdout, stderr)
+	case "etcd-reset":
+		err = runEtcdReset(ctx, args[1:], stdout, stderr)
 	case floor.Command:
 		err = floor.Run(ctx, stdout)
 	case target.AwakeCommand:

@@ -29,7 +29,7 @@ func startRealConductor(t *testing.T) string {
 		t.Fatalf("build conductor: %v\n%s", err, out)
 	}
 	var log bytes.Buffer
-	c, err := target.Spawn(bin, &log)
+	c, err := target.SpawnWith(bin, &log, target.SpawnOptions{Config: map[string]any{"admin_token": realConductorToken}})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
@@ -44,8 +44,13 @@ func ctl(t *testing.T, args ...string) (int, string, string) {
 	return code, stdout.String(), stderr.String()
 }
 
+// realConductorToken is the real conductor's admin_token (a snapshot load needs one);
+// the commands read it from CONDUCTOR_ADMIN_TOKEN.
+const realConductorToken = "t0ken"
+
 // TestCLIAgainstRealConductor drives every command against the real binary.
 func TestCLIAgainstRealConductor(t *testing.T) {
+	t.Setenv("CONDUCTOR_ADMIN_TOKEN", realConductorToken)
 	addr := startRealConductor(t)
 	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
 	if err != nil {
@@ -184,7 +189,7 @@ func TestCLIAgainstRealConductor(t *testing.T) {
 	}
 	bad := filepath.Join(t.TempDir(), "bad.snap")
 	raw, _ = os.ReadFile(snap)
-	raw[len(raw)-1] ^= 1
+	raw[len(raw)-40] ^= 1 // in the end frame: the checksum fails (the signature is the conductor's to check)
 	os.WriteFile(bad, raw, 0o600)
 	if code, _, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", bad); code != 2 || !strings.Contains(errOut, "checksum") {
 		t.Fatalf("damaged load: %d %q", code, errOut)
@@ -198,7 +203,11 @@ func TestCLIAgainstRealConductor(t *testing.T) {
 	if d := device(); d != 32 {
 		t.Fatalf("after load device = %v, want 32", d)
 	}
-	code, out, errOut = ctl(t, "--addr", addr, "--json", "snapshot", "load", "--file", snap)
+	// A second load into an index that holds data is refused unless it replaces it.
+	if code, _, errOut = ctl(t, "--addr", addr, "snapshot", "load", "--file", snap); code == 0 || !strings.Contains(errOut, "409") {
+		t.Fatalf("second load without --replace: %d %q", code, errOut)
+	}
+	code, out, errOut = ctl(t, "--addr", addr, "--json", "snapshot", "load", "--replace", "--file", snap)
 	if got, _ := jsonOf(t, out).(map[string]any); code != 0 || got["applied"] != 2.0 || got["entries"] != 2.0 || got["skipped"] != 0.0 {
 		t.Fatalf("snapshot load --json: %d %q %q", code, out, errOut)
 	}

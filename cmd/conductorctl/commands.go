@@ -128,6 +128,17 @@ func registerFlags(r *httpclient.RegisterRequest, file, cacheGroup *string) *fla
 	fs.StringVar(&p.Algorithm, "algorithm", p.Algorithm, "hash algorithm: sha256 or sha256_cbor for vllm_v1 (required); sha256_raw for sglang (default)")
 	fs.StringVar(&p.PythonHashSeed, "seed", p.PythonHashSeed, "publisher's PYTHONHASHSEED, decimal or \"random\" (required for vllm_v1)")
 	fs.StringVar(&p.IndexProjection, "projection", p.IndexProjection, "index projection (default from strategy: low64_be for vllm_v1, first64_be for sglang)")
+	fs.StringVar(&p.ExtraKeys, "extra-keys", p.ExtraKeys, "vLLM extra-key form: untagged (vLLM <= 0.30, the default) or tagged (vLLM >= 0.31)")
+	fs.StringVar(&p.LoraPath, "lora-path", p.LoraPath, "the adapter path the engine was given (vLLM tagged; SGLang >= 0.5.23)")
+	fs.Int64Var(&p.LookaheadTokens, "lookahead-tokens", p.LookaheadTokens, "vLLM num_hash_lookahead_tokens (EAGLE/MTP speculative decoding, vLLM >= 0.33)")
+	fs.Func("index-media", "comma-separated media to index (vLLM GPU,CPU,STORAGE; SGLang GPU,CPU_PINNED,DISK); empty: the type's default",
+		func(v string) error {
+			r.IndexMedia = nil
+			if v != "" {
+				r.IndexMedia = strings.Split(v, ",")
+			}
+			return nil
+		})
 	return fs
 }
 
@@ -191,9 +202,15 @@ func (c *cli) cmdUnregister(g *globals, args []string) int {
 	fs.StringVar(&r.InstanceID, "instance", "", "instance id (required)")
 	fs.StringVar(&r.TenantID, "tenant", "", "tenant id (empty: default)")
 	fs.Int64Var(&r.DPRank, "dp-rank", 0, "data-parallel rank")
+	lora := fs.String("lora", "", "unregister only this LoRA adapter of a multi-LoRA registration (\"\": the base model's); without it, the whole service")
 	if code := c.parseFlags(name, fs, g, args); code >= 0 {
 		return code
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "lora" {
+			r.LoraName = lora
+		}
+	})
 	if fs.NArg() > 0 {
 		return c.usageError(name, fs, fmt.Sprintf("unexpected arguments %q", fs.Args()))
 	}

@@ -74,7 +74,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 // that nothing can append to it.
 var commandHelp = [...]struct{ name, args, summary string }{
 	{"register", "(--file svc.json | --endpoint E --type T --model M --instance I --block-size N ...)", "register a KV event publisher"},
-	{"unregister", "--instance I [--tenant T] [--dp-rank N]", "unregister a publisher"},
+	{"unregister", "--instance I [--tenant T] [--dp-rank N] [--lora L]", "unregister a publisher (or one LoRA adapter of it)"},
 	{"services", "", "list registered publishers"},
 	{"view", "", "show the global view of indexed contexts"},
 	{"query", "--model M --block-size N (--tokens 1,2,3 | --tokens-file F | -) [...]", "show cached prefix hits for a prompt"},

@@ -225,7 +225,7 @@ func TestUnregister(t *testing.T) {
 }
 
 var servicesBody = map[string]any{
-	"count": 2,
+	"count": 3,
 	"services": []any{
 		map[string]any{
 			"Endpoint": "tcp://10.0.0.1:5557", "ReplayEndpoint": "tcp://10.0.0.1:5558", "Type": "vLLM",
@@ -233,6 +233,18 @@ var servicesBody = map[string]any{
 			"BlockSize": 16, "DPRank": 0, "CacheGroup": nil,
 			"HashProfile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "0",
 				"root_digest": strings.Repeat("ab", 32), "index_projection": "low64_be"},
+			"IndexMedia": []any{"GPU"}, "HashCheck": "ok",
+		},
+		// The adapter of a multi-LoRA engine (issue 25's profile fields), whose profile
+		// does not match its engine.
+		map[string]any{
+			"Endpoint": "tcp://10.0.0.1:5557", "ReplayEndpoint": "tcp://10.0.0.1:5558", "Type": "vLLM",
+			"ModelName": "deepseek", "LoraName": "sql", "TenantID": "default", "InstanceID": "vllm-prefill-node1",
+			"BlockSize": 16, "DPRank": 0, "CacheGroup": nil,
+			"HashProfile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256_cbor", "python_hash_seed": "unset",
+				"root_digest": strings.Repeat("cd", 32), "index_projection": "low64_be", "extra_keys": "tagged",
+				"lora_path": "/adapters/sql", "lookahead_tokens": 1},
+			"IndexMedia": []any{"GPU", "CPU"}, "HashCheck": `mismatch (engine hashes match lookahead_tokens 0)`,
 		},
 		map[string]any{
 			"Endpoint": "tcp://10.0.0.9:7000", "ReplayEndpoint": "", "Type": "Mooncake",
@@ -250,11 +262,15 @@ func TestServices(t *testing.T) {
 	r := f.run(t, "", "services")
 	wantCode(t, r, 0)
 	rows := tableRows(r.stdout)
-	if !hasRow(rows, "INSTANCE", "TENANT", "DP", "TYPE", "MODEL", "LORA", "BLOCK", "ENDPOINT", "REPLAY", "CACHE_GROUP", "HASH_PROFILE") ||
+	if !hasRow(rows, "INSTANCE", "TENANT", "DP", "TYPE", "MODEL", "LORA", "BLOCK", "ENDPOINT", "REPLAY", "CACHE_GROUP", "MEDIA",
+		"HASH_PROFILE", "HASH_CHECK") ||
 		!hasRow(rows, "vllm-prefill-node1", "default", "0", "vLLM", "deepseek", "-", "16", "tcp://10.0.0.1:5557",
-			"tcp://10.0.0.1:5558", "-", "vllm_v1/sha256_cbor/low64_be", "seed=0") ||
-		!hasRow(rows, "store", "default", "0", "Mooncake", "deepseek", "-", "16", "tcp://10.0.0.9:7000", "-", "0",
-			"vllm_v1/sha256_cbor/low64_be", "seed=0") {
+			"tcp://10.0.0.1:5558", "-", "GPU", "vllm_v1/sha256_cbor/low64_be", "seed=0", "ok") ||
+		!hasRow(rows, "vllm-prefill-node1", "default", "0", "vLLM", "deepseek", "sql", "16", "tcp://10.0.0.1:5557",
+			"tcp://10.0.0.1:5558", "-", "GPU,CPU", "vllm_v1/sha256_cbor/low64_be", "seed=unset", "extra_keys=tagged",
+			"lora_path=/adapters/sql", "lookahead=1", "mismatch", "(engine", "hashes", "match", "lookahead_tokens", "0)") ||
+		!hasRow(rows, "store", "default", "0", "Mooncake", "deepseek", "-", "16", "tcp://10.0.0.9:7000", "-", "0", "-",
+			"vllm_v1/sha256_cbor/low64_be", "seed=0", "-") {
 		t.Fatalf("table:\n%s", r.stdout)
 	}
 	// Columns are aligned: every row's ENDPOINT starts at the same offset.
@@ -596,7 +612,9 @@ func TestWatchTable(t *testing.T) {
 		"sglang/sha256_raw/first64_be", "seed=0", "000000000000...", "sg-1[0]") {
 		t.Fatalf("third frame:\n%s", frames[3])
 	}
-	if !hasRow(third, "store", "default", "0", "Mooncake", "deepseek", "-", "16", "tcp://10.0.0.9:7000") ||
+	if !hasRow(third, "store", "default", "0", "Mooncake", "deepseek", "-", "16", "tcp://10.0.0.9:7000", "-") ||
+		!hasRow(third, "vllm-prefill-node1", "default", "0", "vLLM", "deepseek", "sql", "16", "tcp://10.0.0.1:5557", "mismatch",
+			"(engine", "hashes", "match", "lookahead_tokens", "0)") ||
 		!hasRow(third, "vllm-prefill-node1", "0", "32", "16", "16", "32", "32") ||
 		!strings.Contains(frames[3], "PROBE model deepseek, block 16") || !strings.Contains(frames[3], "4 tokens queried, 2 instances") {
 		t.Fatalf("services or probe missing:\n%s", frames[3])
@@ -619,7 +637,7 @@ func TestWatchWithoutProbeJSON(t *testing.T) {
 	for i, line := range lines {
 		v := jsonOf(t, line).(map[string]any)
 		if v["refresh"] != float64(i+1) || v["global_view"].(map[string]any)["context_count"] != float64(2) ||
-			v["services"].(map[string]any)["count"] != float64(2) || v["probe"] != nil {
+			v["services"].(map[string]any)["count"] != float64(3) || v["probe"] != nil {
 			t.Fatalf("line %d: %s", i, line)
 		}
 		if !regexp.MustCompile(`^\d{4}-\d\d-\d\dT`).MatchString(v["time"].(string)) {
@@ -703,5 +721,49 @@ func TestRunUsesGivenWriters(t *testing.T) {
 	var out, errb strings.Builder
 	if code := run([]string{"--addr", f.srv.URL, "view"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "deepseek") || errb.Len() != 0 {
 		t.Fatalf("exit %d stdout %q stderr %q", code, out.String(), errb.String())
+	}
+}
+
+// TestRegisterNewProfileFields: the hash_profile fields of issue 25 and index_media, from
+// flags or a file; unregister --lora names one adapter ("" included), without it none.
+func TestRegisterNewProfileFields(t *testing.T) {
+	f := newFakeConductor(t)
+	f.on("POST /register", reply(200, registered))
+	r := f.run(t, "", "register", "--endpoint", "tcp://h:1", "--type", "vLLM", "--model", "m", "--lora", "sql",
+		"--instance", "e", "--block-size", "16", "--algorithm", "sha256", "--seed", "unset", "--extra-keys", "tagged",
+		"--lora-path", "/adapters/sql", "--lookahead-tokens", "1", "--index-media", "GPU,CPU")
+	wantCode(t, r, 0)
+	want := map[string]any{
+		"endpoint": "tcp://h:1", "type": "vLLM", "modelname": "m", "lora_name": "sql", "instance_id": "e",
+		"block_size": int64(16), "dp_rank": int64(0), "index_media": []any{"GPU", "CPU"},
+		"hash_profile": map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset",
+			"index_projection": "low64_be", "extra_keys": "tagged", "lora_path": "/adapters/sql", "lookahead_tokens": int64(1)},
+	}
+	wantBody(t, f, "POST /register", want)
+	file := filepath.Join(t.TempDir(), "svc.json")
+	svc := `{"endpoint": "tcp://h:1", "type": "vLLM", "modelname": "m", "lora_name": "sql", "instance_id": "e",
+	  "block_size": 16, "dp_rank": 0, "index_media": ["GPU", "CPU"], "hash_profile": {"strategy": "vllm_v1",
+	  "algorithm": "sha256", "python_hash_seed": "unset", "index_projection": "low64_be", "extra_keys": "tagged",
+	  "lora_path": "/adapters/sql", "lookahead_tokens": 1}}`
+	if err := os.WriteFile(file, []byte(svc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f = newFakeConductor(t)
+	f.on("POST /register", reply(200, registered))
+	wantCode(t, f.run(t, "", "register", "--file", file), 0)
+	wantBody(t, f, "POST /register", want)
+
+	for _, c := range []struct {
+		args []string
+		want map[string]any
+	}{
+		{[]string{"--lora", ""}, map[string]any{"instance_id": "e", "dp_rank": int64(0), "lora_name": ""}},
+		{[]string{"--lora", "sql"}, map[string]any{"instance_id": "e", "dp_rank": int64(0), "lora_name": "sql"}},
+		{nil, map[string]any{"instance_id": "e", "dp_rank": int64(0)}},
+	} {
+		f = newFakeConductor(t)
+		f.on("POST /unregister", reply(200, map[string]any{"status": "unregistered successfully", "removed_instances": []any{"e|default|0"}}))
+		wantCode(t, f.run(t, "", append([]string{"unregister", "--instance", "e"}, c.args...)...), 0)
+		wantBody(t, f, "POST /unregister", c.want)
 	}
 }

@@ -56,16 +56,28 @@ func orDash(s string) string {
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
+// profileString is a hash profile on one line: the selectors, the seed, and the fields
+// of issue 25 where set.
 func profileString(p httpclient.HashProfile) string {
 	s := p.Strategy + "/" + p.Algorithm + "/" + p.IndexProjection
 	if p.PythonHashSeed != "" {
 		s += " seed=" + p.PythonHashSeed
 	}
+	if p.ExtraKeys != "" {
+		s += " extra_keys=" + p.ExtraKeys
+	}
+	if p.LoraPath != "" {
+		s += " lora_path=" + p.LoraPath
+	}
+	if p.LookaheadTokens != 0 {
+		s += " lookahead=" + itoa(p.LookaheadTokens)
+	}
 	return s
 }
 
 // writeServices prints the services table; full adds the columns watch leaves out to
-// stay within a terminal's width.
+// stay within a terminal's width. HASH_CHECK (the profile self-check) is always shown:
+// a profile that does not reproduce the engine's hashes makes every query miss.
 func writeServices(w io.Writer, l httpclient.ServiceList, full bool) {
 	if len(l.Services) == 0 {
 		fmt.Fprintln(w, "no services registered")
@@ -73,9 +85,10 @@ func writeServices(w io.Writer, l httpclient.ServiceList, full bool) {
 	}
 	t := newTable(w)
 	if full {
-		t.row("INSTANCE", "TENANT", "DP", "TYPE", "MODEL", "LORA", "BLOCK", "ENDPOINT", "REPLAY", "CACHE_GROUP", "HASH_PROFILE")
+		t.row("INSTANCE", "TENANT", "DP", "TYPE", "MODEL", "LORA", "BLOCK", "ENDPOINT", "REPLAY", "CACHE_GROUP", "MEDIA",
+			"HASH_PROFILE", "HASH_CHECK")
 	} else {
-		t.row("INSTANCE", "TENANT", "DP", "TYPE", "MODEL", "LORA", "BLOCK", "ENDPOINT")
+		t.row("INSTANCE", "TENANT", "DP", "TYPE", "MODEL", "LORA", "BLOCK", "ENDPOINT", "HASH_CHECK")
 	}
 	for _, s := range l.Services {
 		cells := []string{s.InstanceID, s.TenantID, itoa(s.DPRank), s.Type, s.ModelName, orDash(s.LoraName),
@@ -85,9 +98,9 @@ func writeServices(w io.Writer, l httpclient.ServiceList, full bool) {
 			if s.CacheGroup != nil {
 				cg = itoa(*s.CacheGroup)
 			}
-			cells = append(cells, orDash(s.ReplayEndpoint), cg, profileString(s.HashProfile))
+			cells = append(cells, orDash(s.ReplayEndpoint), cg, orDash(strings.Join(s.IndexMedia, ",")), profileString(s.HashProfile))
 		}
-		t.row(cells...)
+		t.row(append(cells, orDash(s.HashCheck))...)
 	}
 	t.tw.Flush()
 }

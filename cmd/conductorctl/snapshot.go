@@ -24,6 +24,7 @@ const snapshotPath = "/cluster/snapshot"
 func (c *cli) cmdSnapshot(g *globals, args []string) int {
 	fs := flag.NewFlagSet("snapshot", flag.ContinueOnError)
 	file := fs.String("file", "", "snapshot file (\"-\": stdout for save, stdin for load)")
+	replace := fs.Bool("replace", false, "load: swap the snapshot in over an index that holds data (else refused with 409)")
 	if len(args) == 0 || (args[0] != "save" && args[0] != "load") {
 		g.register(fs) // the usage lists the global flags too, as parseFlags' does
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
@@ -53,7 +54,7 @@ func (c *cli) cmdSnapshot(g *globals, args []string) int {
 	if op == "save" {
 		return c.snapshotSave(ctx, g, url, *file)
 	}
-	return c.snapshotLoad(ctx, g, url, *file)
+	return c.snapshotLoad(ctx, g, url, *file, *replace)
 }
 
 func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) int {
@@ -84,12 +85,17 @@ func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) in
 		return exitReply
 	}
 	if tmp != "" {
-		// Check the whole file before it replaces anything.
+		// Check the whole file (checksum and structure: the signature is the loading
+		// conductor's to check) before it replaces anything.
 		f, err := os.Open(tmp)
 		if err != nil {
 			return c.inputError(err)
 		}
-		st, verr := snapshot.Read(f, 1<<40, nopSnap{})
+		var st snapshot.Stats
+		sp, verr := snapshot.OpenFile(f, snapshot.ReceiveOptions{MaxBytes: 1 << 40, Unauthenticated: true})
+		if verr == nil {
+			st, verr = sp.Read(nopSnap{})
+		}
 		_ = f.Close()
 		if verr != nil {
 			fmt.Fprintf(c.stderr, "error: the snapshot received does not verify: %v\n", verr)
@@ -103,18 +109,39 @@ func (c *cli) snapshotSave(ctx context.Context, g *globals, url, file string) in
 	return exitOK
 }
 
-func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string) int {
-	data, err := c.readInput(file)
-	if err != nil {
-		return c.inputError(err)
+func (c *cli) snapshotLoad(ctx context.Context, g *globals, url, file string, replace bool) int {
+	// Checked (checksum and structure) before it is sent, and sent from disk: a file
+	// from standard input is spooled to a temporary file first.
+	var sp *snapshot.Spool
+	var err error
+	if file == "-" {
+		sp, err = snapshot.Receive(c.stdin, snapshot.ReceiveOptions{MaxBytes: 1 << 40, Unauthenticated: true})
+	} else {
+		var f *os.File
+		if f, err = os.Open(file); err == nil {
+			if sp, err = snapshot.OpenFile(f, snapshot.ReceiveOptions{MaxBytes: 1 << 40, Unauthenticated: true}); err != nil {
+				_ = f.Close()
+			}
+		}
 	}
-	if _, err := snapshot.Read(strings.NewReader(string(data)), int64(len(data)), nopSnap{}); err != nil {
+	if err == nil {
+		_, err = sp.Read(nopSnap{})
+		if err != nil {
+			_ = sp.Close()
+		}
+	}
+	if err != nil {
 		return c.inputError(fmt.Errorf("%s: %w", file, err))
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(string(data)))
+	defer sp.Close()
+	if replace {
+		url += "?replace=true"
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, sp.Reader())
 	if err != nil {
 		return c.inputError(err)
 	}
+	req.ContentLength = sp.Size()
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, code := c.snapshotDo(g, req)
 	if code >= 0 {

@@ -58,7 +58,7 @@ func startWithPublisher(t *testing.T, env ...string) (*zmqtest.Publisher, *condu
 	c := startConductor(t, config, env...)
 	base := "http://127.0.0.1:" + strconv.Itoa(httpPort)
 	c.waitReady(base)
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+	if err := pub.WaitSubscribers(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	return pub, c, base

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -69,65 +70,58 @@ func TestListenersSurviveEMFILE(t *testing.T) {
 			idle = append(idle, x)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !(strings.Contains(c.out.String(), "listener=http") && strings.Contains(c.out.String(), "listener=rpc") &&
-		strings.Contains(c.out.String(), "too many open files")) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no EMFILE on both listeners:\n%s", c.out.String())
+	c.waitFor("EMFILE on both listeners", func() error {
+		out := c.out.String()
+		if !strings.Contains(out, "listener=http") || !strings.Contains(out, "listener=rpc") || !strings.Contains(out, "too many open files") {
+			return errors.New("not logged yet")
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	for _, x := range idle {
 		x.Close()
 	}
 	idle = nil
-	// Serves again: HTTP answers, and an RPC call goes through.
+	// Serves again: HTTP answers, and an RPC call goes through (each attempt may meet
+	// the listener still backing off: retried until it serves).
 	client := &http.Client{Timeout: 2 * time.Second}
-	deadline = time.Now().Add(15 * time.Second)
-	for {
+	c.waitFor("HTTP serving after the descriptors were freed", func() error {
 		resp, err := client.Get("http://" + httpAddr + "/healthz")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 && string(body) == "ok\n" {
-				break
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("HTTP does not serve after descriptors were freed: %v\n%s", err, c.out.String())
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "ok\n" {
+			return fmt.Errorf("%d %q", resp.StatusCode, body)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	for {
+		return nil
+	})
+	c.waitFor("RPC serving after the descriptors were freed", func() error {
 		rc, err := rpcclient.Dial(rpcAddr, 2*time.Second)
-		if err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err = rc.ListServices(ctx)
-			cancel()
-			rc.Close()
-			if err == nil {
-				break
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("RPC does not serve after descriptors were freed: %v\n%s", err, c.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !strings.Contains(c.out.String(), "accepting again") {
-		t.Errorf("recovery not logged")
-	}
+		defer rc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err = rc.ListServices(ctx)
+		return err
+	})
+	// Logged when a listener accepts again; it may reach c.out after the answer.
+	c.waitLog("accepting again")
 	c.terminate()
 }
 
 // TestShutdownBoundedWithHalfSentRequest: clients that sent half a request (HTTP, and
 // RPC frames, one of them waiting for the body budget) and keep their connections open
-// do not delay exit beyond shutdown_timeout_ms.
+// do not delay exit beyond shutdown_timeout_ms: the process logs that the shutdown timed
+// out and closed them, and exits 0 long before any read timeout (an hour here) could
+// have freed it.
 func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 	httpPort, rpcPort := freePort(t), freePort(t)
 	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": rpcPort,
 		"http_bind_address": "127.0.0.1", "rpc_bind_address": "127.0.0.1", "state_file": "", "shutdown_timeout_ms": 1000,
-		"max_inflight_body_bytes": 8 << 20})
+		"http_read_timeout_ms": 3_600_000, "rpc_read_timeout_ms": 3_600_000, "max_inflight_body_bytes": 8 << 20})
 	c := startConductor(t, cfg)
 	addr := fmt.Sprintf("127.0.0.1:%d", httpPort)
 	c.waitHTTP(addr)
@@ -159,26 +153,24 @@ func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 		}
 	}
 	// Once the server holds the half HTTP body (5 x 100000) and the first frame (2 x 3 MiB)
-	// reserved (the second frame then waits for the budget),
-	// stop it: terminate requires exit 0 within 5 s (the read timeout alone would hold
-	// it 30 s).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// reserved (the second frame then waits for the budget), stop it.
+	c.waitFor("the half body and the first RPC frame reserved", func() error {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.791456e+06") {
-			break
+		if !strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.791456e+06") {
+			return errors.New("conductor_http_inflight_body_bytes is not 6791456 yet")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("RPC frame not reserved:\n%s", body)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	// Within exitWait (a minute), where the read timeouts would hold it an hour.
 	c.terminate()
+	if !strings.Contains(c.out.String(), "http shutdown timed out; open connections closed") {
+		t.Errorf("the shutdown did not time out and close the half-sent request's connection:\n%s", c.out.String())
+	}
 }
 
 // TestBindAddressAndErrorBodiesUTF8: with http_bind_address 127.0.0.1 the server is not
@@ -217,7 +209,7 @@ func TestBindAddressAndErrorBodiesUTF8(t *testing.T) {
 func TestUnknownConfigKeyRefused(t *testing.T) {
 	cfg := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": freePort(t), "bind_address": "127.0.0.1"})
 	c := startConductor(t, cfg)
-	if code := c.waitExit(10 * time.Second); code != 1 {
+	if code := c.waitExit(exitWait); code != 1 {
 		t.Fatalf("exit code %d, want 1", code)
 	}
 	if out := c.out.String(); !strings.Contains(out, `unknown key(s) "bind_address"`) {

@@ -99,7 +99,7 @@ func TestMeasureBigBodyAttack(t *testing.T) {
 				conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
 				if err != nil {
 					count("dial error")
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // paces the redials (a measurement: no verdict)
 					continue
 				}
 				_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
@@ -150,11 +150,11 @@ func TestMeasureBigBodyAttack(t *testing.T) {
 		if r := rss(); r > maxRSS {
 			maxRSS = r
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // paces the sampling
 	}
 	close(stop)
 	wg.Wait()
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // the figure is the RSS 5 s after the attack (printed, no verdict)
 	after := rss()
 	pct := func(d []time.Duration, p float64) time.Duration {
 		if len(d) == 0 {
@@ -224,12 +224,12 @@ func TestMeasureRPCHalfFrames(t *testing.T) {
 		_ = conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
 		_, _ = conn.Write(part) // may block once the server stops reading: that is the point
 	}
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the figure is the RSS 3 s into the stall (printed, no verdict)
 	during := rss()
 	for _, conn := range conns {
 		conn.Close()
 	}
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // and 5 s after the clients left
 	after := rss()
 	t.Logf("RPC half frames: %d clients x (8 MiB declared, 1 MiB sent) against %s", len(conns), binPath)
 	t.Logf("RSS: before %d MiB, with the clients stalled %d MiB, 5 s after they left %d MiB", base>>20, during>>20, after>>20)

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"regexp"
@@ -14,12 +11,8 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/cluster/etcdtest"
-	"github.com/conductor-go/conductor/engine"
-	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/httpclient"
-	"github.com/conductor-go/conductor/server"
-	"github.com/conductor-go/conductor/service"
-	"github.com/conductor-go/conductor/wire/publisher"
+	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
 
 // TestMeasureQueryDuringPeerBootstrap measures, against real binaries, the /query_by_hash
@@ -46,56 +39,38 @@ func TestMeasureQueryDuringPeerBootstrap(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	a := startReplicas(t, etcd, 1)[0]
 
-	// The index: n synthetic block keys over 4 instances, built in process and loaded
-	// into replica A as a snapshot (POST /cluster/snapshot) after registering the same
-	// services there.
-	prof, err := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := server.Start(server.AppConfig{HTTPPort: 0, RPCPort: -1, BindAddress: "127.0.0.1",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Stop()
-	key := engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
+	// The index: n synthetic block keys over 4 instances, published by 4 real publishers
+	// (so that a snapshot carries each source's sequence cut, which a joiner requires).
 	keyOf := func(i int) uint64 { return uint64(i+1) * 0x9E3779B97F4A7C15 }
 	for inst := range 4 {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", 23000+inst)
-		cfg := service.Config{Endpoint: ep, Kind: publisher.VLLM, ModelName: "m", TenantID: "default",
-			InstanceID: fmt.Sprintf("engine-%d", inst), BlockSize: 16, Profile: prof}
-		if _, err := src.Service.Register(&cfg); err != nil {
+		pub, err := zmqtest.NewPublisher(zmqtest.Config{})
+		if err != nil {
 			t.Fatal(err)
 		}
-		e := vllmEntry(ep)
-		e["instance_id"] = cfg.InstanceID
+		t.Cleanup(func() { pub.Close() })
+		e := vllmEntry(pub.Endpoint())
+		e["instance_id"] = fmt.Sprintf("engine-%d", inst)
 		if code, raw, err := postRaw(a.base, "/register", mp(flatten(e)...)); err != nil || code != http.StatusOK {
 			t.Fatalf("register on A: %d %v %s", code, err, raw)
 		}
-		s := engine.Slot{InstanceID: cfg.InstanceID}
+		if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
 		hs := make([]uint64, 0, 4096)
 		for i := inst; i < n; i += 4 {
 			hs = append(hs, keyOf(i))
 			if len(hs) == cap(hs) || i+4 >= n {
-				if err := src.Engine.Apply(key, []engine.Op{{Kind: engine.OpStore, Slot: s, Tier: engine.TierDevice, Hashes: hs}}); err != nil {
+				if _, err := pub.Publish(vllmBatch(hs)); err != nil {
 					t.Fatal(err)
 				}
 				hs = hs[:0]
 			}
 		}
 	}
-	var snap bytes.Buffer
-	if _, err := src.WriteSnapshot(&snap); err != nil {
-		t.Fatal(err)
-	}
-	if code, raw, err := postRaw(a.base, server.SnapshotPath, snap.Bytes()); err != nil || code != http.StatusOK {
-		t.Fatalf("load snapshot into A: %d %v %s", code, err, raw)
-	}
-	src.Stop()
-	if v, err := a.cl.GlobalView(); err != nil || len(v.Contexts) != 1 || v.Contexts[0].PrefixCount != int64(n) {
-		t.Fatalf("A holds %+v %v, want %d blocks", v, err, n)
-	}
+	waitFor(t, 5*time.Minute, func() string { return "A indexing the published blocks" }, func() bool {
+		v, err := a.cl.GlobalView()
+		return err == nil && len(v.Contexts) == 1 && v.Contexts[0].PrefixCount == int64(n)
+	})
 
 	hashes := make([]uint64, 128)
 	for j := range hashes {

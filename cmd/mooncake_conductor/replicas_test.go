@@ -99,7 +99,7 @@ func (r *replica) waitReady(limit time.Duration) {
 		if time.Now().After(deadline) {
 			r.t.Fatalf("%s not ready after %v:\n%s", r.name, limit, r.c.out.String())
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // paces the polling
 	}
 }
 
@@ -109,7 +109,7 @@ func (r *replica) kill9() {
 	if err := r.c.cmd.Process.Kill(); err != nil {
 		r.t.Fatal(err)
 	}
-	r.c.waitExit(10 * time.Second)
+	r.c.waitExit(exitWait)
 }
 
 // postRaw posts a msgpack body and returns the status and the raw response body.
@@ -173,7 +173,7 @@ func waitFor(t *testing.T, limit time.Duration, what func() string, cond func() 
 		if time.Now().After(deadline) {
 			t.Fatalf("after %v: %s", limit, what())
 		}
-		time.Sleep(pause)
+		time.Sleep(pause) // paces the polling
 		pause = min(2*pause, 50*time.Millisecond)
 	}
 }
@@ -305,7 +305,7 @@ func settle(t *testing.T, f *sim.Fleet, rs []*replica, instances ...int) {
 						nudged = true
 						nudge = now.Add(time.Second)
 					}
-					time.Sleep(pause)
+					time.Sleep(pause) // paces the polling
 					pause = min(2*pause, 50*time.Millisecond)
 				}
 			}
@@ -536,14 +536,15 @@ var bootstrapDone = regexp.MustCompile(`cluster: bootstrap done.*peer=(\S*).*sou
 // bootstrapLineAfterReady is bootstrapLine for a replica that is ready: the process logs
 // the line before it sets readiness, but the output reaches r.c.out through a pipe that
 // exec copies on a goroutine of its own, which may not have copied the line yet when the
-// readiness probe answers; it waits up to a few seconds for it.
+// readiness probe answers; it waits for it (at most 30 s: only a line never written
+// takes that long).
 func (r *replica) bootstrapLineAfterReady() (peer string, stale int, took string, ok bool) {
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if peer, stale, took, ok = r.bootstrapLine(); ok || time.Now().After(deadline) {
 			return peer, stale, took, ok
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // paces the polling
 	}
 }
 
@@ -638,7 +639,7 @@ func TestReplicasKill9AndRestart(t *testing.T) {
 	settle(t, f, rs, 0, 1)
 
 	load := startQueryLoad(rs[:2], old)
-	waitFor(t, 10*time.Second, func() string { return "no query load" }, func() bool { return load.ok[0].Load() > 20 && load.ok[1].Load() > 20 })
+	waitFor(t, 30*time.Second, func() string { return "no query load" }, func() bool { return load.ok[0].Load() > 20 && load.ok[1].Load() > 20 })
 	rs[2].kill9()
 	before := [2]int64{load.ok[0].Load(), load.ok[1].Load()}
 	// While replica 3 is down each engine publishes more batches than its ring holds.
@@ -651,7 +652,7 @@ func TestReplicasKill9AndRestart(t *testing.T) {
 			t.Fatalf("instance %d published %d batches, not enough to overrun a ring of %d", i, s, ring)
 		}
 	}
-	waitFor(t, 10*time.Second, func() string { return "query load stalled after the kill" }, func() bool {
+	waitFor(t, 30*time.Second, func() string { return "query load stalled after the kill" }, func() bool {
 		return load.ok[0].Load() > before[0]+20 && load.ok[1].Load() > before[1]+20
 	})
 

@@ -1,13 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
@@ -40,7 +40,7 @@ func TestBinaryKill9RestartKeepsServices(t *testing.T) {
 	if err := first.cmd.Process.Kill(); err != nil { // SIGKILL: no shutdown path runs
 		t.Fatal(err)
 	}
-	first.waitExit(5 * time.Second)
+	first.waitExit(exitWait)
 
 	// While the conductor is down the engine caches a prompt.
 	tokens := make([]int32, 32)
@@ -66,23 +66,16 @@ func TestBinaryKill9RestartKeepsServices(t *testing.T) {
 	for i, v := range tokens {
 		ts[i] = v
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	second.waitFor("hits after restart", func() error {
 		_, r := call(t, http.MethodPost, base+"/query", mp("model", "m", "block_size", 16, "token_ids", ts))
-		inst, _ := r["instances"].(map[string]any)["engine-k"].(map[string]any)
-		if inst != nil && num(inst["device"]) == 32 {
-			break
+		if inst, _ := r["instances"].(map[string]any)["engine-k"].(map[string]any); inst == nil || num(inst["device"]) != 32 {
+			return fmt.Errorf("answer %v", r)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no hits after restart: %v\n%s", r, second.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	// The listeners serve (and restored services apply events) before the startup
 	// summary is logged: wait for it.
-	for !strings.Contains(second.out.String(), "conductor started") && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	second.waitLog("conductor started")
 	if !strings.Contains(second.out.String(), "restored_services=1") {
 		t.Errorf("startup summary does not report the restored service:\n%s", second.out.String())
 	}

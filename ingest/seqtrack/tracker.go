@@ -128,6 +128,8 @@ type Tracker struct {
 
 	connectedOnce bool // the SUB has connected at least once
 	reconnected   bool // it reconnected since the last batch was applied
+	// sawLive: a live batch has been received (see joinSeesLive).
+	sawLive bool
 	// join is the pending join check (Config.JoinCheck), due at joinAt.
 	join   bool
 	joinAt time.Time
@@ -269,8 +271,10 @@ func (t *Tracker) Live(now time.Time, seq uint64, cost int, payload []byte) []Ac
 }
 
 func (t *Tracker) live(now time.Time, seq uint64, cost int, payload []byte) {
+	restarted := t.base && seq < t.next && (t.restartByZero(seq) || t.reconnected)
+	t.joinSeesLive(now, seq, restarted)
 	if t.base && seq < t.next {
-		if !t.restartByZero(seq) && !t.reconnected {
+		if !restarted {
 			t.st.duplicates.Add(1)
 			return
 		}
@@ -295,13 +299,6 @@ func (t *Tracker) live(now time.Time, seq uint64, cost int, payload []byte) {
 	}
 	if seq >= t.hiNext {
 		t.hiNext = seq + 1
-	}
-	if t.rec.active && t.rec.joinCheck && seq == t.next && t.pend.len() == 0 {
-		// The join check looks for batches that may be missing before next; the live
-		// stream goes on meanwhile (a slow replay endpoint must not hold it up), and
-		// replayed batches it has already applied count as duplicates.
-		t.apply(seq, payload)
-		return
 	}
 	if t.rec.active {
 		if !t.rec.catchUp || t.base || t.fits(cost) {
@@ -338,6 +335,35 @@ func (t *Tracker) live(now time.Time, seq uint64, cost int, payload []byte) {
 	}
 	if t.bufferLive(seq, cost, payload) {
 		t.startRecovery(now)
+	}
+}
+
+// joinSeesLive makes the join check moot at the first live batch. The check is there for
+// batches published after the catch-up read the publisher's ring and before the
+// subscription took effect, on a stream that then goes quiet: no live batch would show
+// them missing. Once a live batch seq has been received, the subscription receives the
+// stream from seq on, and the sequence rules compare seq with what the catch-up applied
+// (a gap before it is recovered as any gap), so nothing can be missed unseen. Asking the
+// replay endpoint anyway, from the applied sequence, is worse than useless during a
+// burst: the publisher's ring may no longer hold a sequence that still waits, unread,
+// in the connection, and the source would go stale for nothing. So a pending check is
+// dropped, and a running one ends here when the live stream follows on from what is
+// applied (seq <= next, nothing buffered); a first live batch past next is a gap, which
+// the running check goes on to close strictly.
+func (t *Tracker) joinSeesLive(now time.Time, seq uint64, restarted bool) {
+	if t.sawLive {
+		return
+	}
+	t.sawLive = true
+	if t.join {
+		t.join = false
+		t.log(slog.LevelInfo, "join check not needed: the live stream arrived", "seq", seq)
+	}
+	if t.rec.active && t.rec.joinCheck && !restarted && t.pend.len() == 0 && seq <= t.next {
+		// Batches replayed from seq on are received live too: only those below seq
+		// were missing.
+		t.rec.replayed = min(t.rec.replayed, max(seq, t.rec.from)-t.rec.from)
+		t.finishRecovery(now)
 	}
 }
 
@@ -425,7 +451,7 @@ func (t *Tracker) Connected(now time.Time) []Action {
 	t.begin()
 	if !t.connectedOnce {
 		t.connectedOnce = true
-		if t.cfg.CatchUpOnStart && t.cfg.JoinCheck && !t.stale {
+		if t.cfg.CatchUpOnStart && t.cfg.JoinCheck && !t.stale && !t.sawLive {
 			t.join, t.joinAt = true, now.Add(t.cfg.JoinCheckDelay)
 			t.driveJoinCheck(now)
 		}

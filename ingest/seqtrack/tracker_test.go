@@ -299,12 +299,38 @@ var trackerCases = []trackerCase{
 		op(0, "start", "open 0"), op(1, "end", "close"), op(2, "conn", ""),
 		op(202, "tick", "open 0"), replay(203, 4, "apply 4:r4"), op(203, "end", "close"),
 	}, want: Counters{CatchUps: 2}, next: 5},
-	{name: "join check lets the live stream flow", cfg: cfgJoin(), steps: []step{
+	// The first live batch ends a running join check when it follows on from what is
+	// applied: the stream is received from there, and its replies are not waited for.
+	{name: "join check ended by the live stream", cfg: cfgJoin(), steps: []step{
 		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
-		op(202, "tick", "open 1"), live(203, 1, "apply 1:p1"), live(203, 2, "apply 2:p2"),
-		replay(204, 1, ""), replay(204, 2, ""), replay(204, 3, "apply 3:r3"), op(204, "end", "close"),
-		live(205, 4, "apply 4:p4"),
-	}, want: Counters{CatchUps: 1, JoinChecks: 1, Duplicates: 2, Gaps: 1, Dropped: 1}, next: 5},
+		op(202, "tick", "open 1"), live(203, 1, "close apply 1:p1"), live(203, 2, "apply 2:p2"),
+		replay(204, 1, ""), op(204, "end", ""), op(500, "tick", ""), live(600, 3, "apply 3:p3"),
+	}, want: Counters{CatchUps: 1, JoinChecks: 1}, next: 4},
+	// ... also when the replay got ahead of it: the batches replayed from the first live
+	// one on are received live (duplicates), those before it were missing.
+	{name: "join check ended by a live batch it replayed already", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		op(202, "tick", "open 1"), replay(203, 1, "apply 1:r1"), replay(203, 2, "apply 2:r2"), replay(203, 3, "apply 3:r3"),
+		live(204, 2, "close"), live(204, 3, ""), live(205, 4, "apply 4:p4"),
+	}, want: Counters{CatchUps: 1, JoinChecks: 1, Gaps: 1, Dropped: 1, Duplicates: 2}, next: 5},
+	// A live batch before the check is due (a stream that flows: a burst, or paced
+	// batches) makes it moot: nothing is asked, nothing is replayed twice. In a burst the
+	// applied sequence lags far behind what waits unread in the connection, and a replay
+	// from it would find the publisher's ring moved on (a false stale source).
+	{name: "join check dropped when the live stream arrives first", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		live(100, 1, "apply 1:p1"), live(150, 2, "apply 2:p2"), op(202, "tick", ""), op(5000, "tick", ""),
+		live(5001, 3, "apply 3:p3"),
+	}, want: Counters{CatchUps: 1}, next: 4},
+	{name: "join check dropped at a live gap, closed as a gap", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), replay(1, 0, "apply 0:r0"), op(1, "end", "close"), op(2, "conn", ""),
+		live(100, 3, "open 1"), replay(101, 1, "apply 1:r1"), replay(101, 2, "apply 2:r2 close apply 3:p3"),
+		op(300, "tick", ""),
+	}, want: Counters{CatchUps: 1, Gaps: 1, Dropped: 2, ReplaysOK: 1}, next: 4},
+	{name: "join check not scheduled after a live batch", cfg: cfgJoin(), steps: []step{
+		op(0, "start", "open 0"), live(1, 0, ""), replay(2, 0, "close apply 0:p0"), op(3, "conn", ""),
+		op(500, "tick", ""), live(501, 1, "apply 1:p1"),
+	}, want: Counters{CatchUps: 1}, next: 2},
 	{name: "join check needs an answered catch-up", cfg: cfgJoin(), steps: []step{
 		op(0, "start", "open 0"), op(1, "fail", "close"), op(2, "conn", ""),
 		live(3, 7, "apply 7:p7"), op(300, "tick", ""),

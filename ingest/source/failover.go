@@ -179,7 +179,7 @@ func (m *masterSubscription) onView(v MasterView) {
 	m.stopCurLocked()
 	sub, err := ingest.NewSubscriber(ingest.SubscriberConfig{
 		Name: m.key, Endpoint: ep, Logger: m.log,
-		Transport: m.opts.Transport, MaxMessageSize: m.opts.MaxMessageSize,
+		Transport: m.opts.Transport, MaxMessageSize: m.opts.MaxMessageSize, BufferBytes: m.opts.BufferBytes,
 	}, &leaderStream{m: m, first: true})
 	if err == nil {
 		err = sub.Start()

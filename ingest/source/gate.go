@@ -223,6 +223,11 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 		case buf[0].seq != threshold+1:
 			reason = fmt.Sprintf("bootstrap: batches %d..%d are neither in the peer's snapshot nor received", threshold+1, buf[0].seq-1)
 		}
+		if reason == "" && g.applied.Load() < threshold+1 {
+			// The index holds the source's batches up to threshold (the snapshot's): a
+			// snapshot of this replica is cut there too, even before a live batch.
+			g.applied.Store(threshold + 1)
+		}
 	}
 	if reason != "" {
 		g.stale = true

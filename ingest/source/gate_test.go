@@ -96,7 +96,10 @@ func TestGateOpen(t *testing.T) {
 		{name: "gap in the buffer", buffered: []uint64{8, 9}, threshold: 6, have: true, live: []uint64{10},
 			want: []string{"stale"}, stale: true},
 		{name: "gap after open", threshold: 6, have: true, live: []uint64{8, 9},
-			want: []string{"stale"}},
+			want: []string{"stale"}, last: 6},
+		// Nothing buffered and nothing live yet: the snapshot's cut is what the index
+		// holds (a snapshot of this replica must carry it).
+		{name: "snapshot only", threshold: 4, have: true, want: nil, last: 4},
 		{name: "restart while closed: retract, apply the new stream", restart: true, buffered: []uint64{1, 2}, threshold: 50, have: true,
 			want: []string{"restart", "apply 1 b1", "apply 2 b2"}, last: 2},
 		{name: "rejected buffered batch", buffered: []uint64{7, 8, 9}, threshold: 6, have: true, fail: 8,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtransport"
@@ -39,6 +40,9 @@ type Options struct {
 	Transport *zmqtransport.Transport
 	// MaxMessageSize bounds one ZMQ message (0: ingest.DefaultMaxMessageSize, -1: none).
 	MaxMessageSize int64
+	// BufferBytes is each subscriber's byte budget for messages queued in libzmq
+	// (ingest.SubscriberConfig.BufferBytes; 0: ingest.DefaultBufferBytes).
+	BufferBytes int64
 	// JoinCheckDelay is ingest.SubscriberConfig.JoinCheckDelay (0: the default, 1 s;
 	// negative: no join check).
 	JoinCheckDelay time.Duration
@@ -51,6 +55,10 @@ type Options struct {
 	// MasterHook, in tests, hears the steps of master-locator subscriptions (failover.go),
 	// with the service key of the registration.
 	MasterHook func(service, event string)
+	// HashCheckOff turns the profile self-check of engine sources off (the hash_check
+	// key); HashCheckLogInterval spaces its mismatch warnings (0: the default).
+	HashCheckOff         bool
+	HashCheckLogInterval time.Duration
 }
 
 // zmqSubscription pairs a ZMQ subscriber with the handler that applies its events, and
@@ -83,6 +91,22 @@ func (z *zmqSubscription) SubscriberConfig() ingest.SubscriberConfig { return z.
 // HandlerStats exposes the event handler's counters (for metrics).
 func (z *zmqSubscription) HandlerStats() translate.HandlerStats { return z.handler.Stats() }
 
+// AddContext routes the events of another adapter of the engine to its context
+// (translate.EventHandler.AddContext).
+func (z *zmqSubscription) AddContext(key engine.ContextKey, p hashing.Profile) error {
+	return z.handler.AddContext(key, p)
+}
+
+// RemoveContext stops routing the events of an adapter (translate.EventHandler.RemoveContext).
+func (z *zmqSubscription) RemoveContext(loraName string) bool {
+	return z.handler.RemoveContext(loraName)
+}
+
+// CheckStats returns the profile self-check of an adapter's context.
+func (z *zmqSubscription) CheckStats(loraName string) (hashing.CheckStats, bool) {
+	return z.handler.CheckStats(loraName)
+}
+
 // Subscribe starts consuming a source: a ZMQ SUB subscriber (with DEALER replay for vLLM
 // and SGLang when a replay endpoint is registered) feeding a translate.EventHandler, or,
 // for a Mooncake master locator, the subscription that follows the elected master.
@@ -98,7 +122,12 @@ func Subscribe(spec Spec, eng *engine.Engine, log *slog.Logger, opts Options) (S
 		log.Warn("replay_endpoint ignored: the Mooncake master has no replay", "service", key, "replay_endpoint", replay)
 		replay = ""
 	}
-	h := translate.NewEventHandler(spec.Source, eng, log)
+	src := spec.Source
+	src.CheckOff = src.CheckOff || opts.HashCheckOff
+	if src.CheckLogInterval == 0 {
+		src.CheckLogInterval = opts.HashCheckLogInterval
+	}
+	h := translate.NewEventHandler(src, eng, log)
 	var handler ingest.Handler = h
 	var g *gate
 	if opts.Gates != nil {
@@ -111,7 +140,7 @@ func Subscribe(spec Spec, eng *engine.Engine, log *slog.Logger, opts Options) (S
 		// restart of the conductor, or a new registration): a warm index at once. Best
 		// effort: an unanswered catch-up never marks the source stale.
 		CatchUpOnStart: replay != "",
-		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize,
+		Transport:      opts.Transport, MaxMessageSize: opts.MaxMessageSize, BufferBytes: opts.BufferBytes,
 		JoinCheckDelay: opts.JoinCheckDelay,
 	}, handler)
 	if err == nil {

@@ -56,6 +56,9 @@ func (h *EventHandler) Flush() {
 	if len(h.ops) == 0 {
 		return
 	}
+	if h.src.BeforeApply != nil {
+		h.src.BeforeApply()
+	}
 	b := &h.burst
 	if b.deferred {
 		h.burstFlushes.Add(1)

@@ -3,14 +3,13 @@ package translate
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/internal/enginevectors"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
@@ -57,24 +56,7 @@ type vectorFile struct {
 }
 
 func loadVectorFiles(t *testing.T, engineName string) []*vectorFile {
-	t.Helper()
-	paths, err := filepath.Glob(filepath.Join("..", "..", "testdata", "engines", engineName+"-*.json"))
-	if err != nil || len(paths) == 0 {
-		t.Fatalf("no %s vectors: %v", engineName, err)
-	}
-	var out []*vectorFile
-	for _, p := range paths {
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var f vectorFile
-		if err := json.Unmarshal(raw, &f); err != nil {
-			t.Fatalf("%s: %v", p, err)
-		}
-		out = append(out, &f)
-	}
-	return out
+	return enginevectors.Load[vectorFile](t, filepath.Join("..", ".."), engineName+"-*.json")
 }
 
 func framePayload(t *testing.T, fr []string) (uint64, []byte) {

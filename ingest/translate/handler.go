@@ -50,6 +50,20 @@ type Source struct {
 	// CheckLogInterval is the least time between two mismatch warnings of one context
 	// (0: DefaultCheckLogInterval).
 	CheckLogInterval time.Duration
+	// Adapters are more contexts of an engine source from the start, as AddContext adds
+	// them (a multi-LoRA registration restored whole): routed before the first batch.
+	Adapters []AdapterContext
+	// BeforeApply, in tests, runs when routed ops of vLLM or SGLang batches are about to
+	// be applied (Flush), their contexts chosen: the point where registration changes
+	// can interleave with a batch in flight.
+	BeforeApply func()
+}
+
+// AdapterContext is one more context of a multi-LoRA engine source: the context of its
+// lora_name and that context's profile.
+type AdapterContext struct {
+	Key     engine.ContextKey
+	Profile hashing.Profile
 }
 
 // DefaultCheckLogInterval is how often, at most, a context whose profile does not match
@@ -83,6 +97,10 @@ type HandlerStats struct {
 type route struct {
 	key   engine.ContextKey
 	check *hashing.ProfileCheck // nil: no self-check
+	// unmarked: an SGLang adapter context without lora_path, registered as earlier
+	// releases registered one: alone on its source, it takes the stores that name no
+	// adapter (SGLang <= 0.5.21 never names one), as it did before multi-LoRA routing.
+	unmarked bool
 	// lastLog is when this context's last mismatch warning was logged (stream goroutine).
 	lastLog time.Time
 }
@@ -147,17 +165,22 @@ func NewEventHandler(src Source, eng *engine.Engine, log *slog.Logger) *EventHan
 	// Batches the self-check verifies decode them (HandleBatchDeferred).
 	h.dec.SkipTokenIDs = true
 	rs := &routes{byLora: map[string]*route{}}
+	h.routes.Store(rs)
 	if src.Kind != publisher.Mooncake {
 		r := h.newRoute(src.Context, src.Profile)
 		rs.byLora[src.Context.LoraName] = r
 		rs.list = []*route{r}
+		for _, a := range src.Adapters {
+			if err := h.AddContext(a.Key, a.Profile); err != nil {
+				h.log.Error("adapter context not routed", "lora_name", a.Key.LoraName, "err", err)
+			}
+		}
 	}
-	h.routes.Store(rs)
 	return h
 }
 
 func (h *EventHandler) newRoute(key engine.ContextKey, p hashing.Profile) *route {
-	r := &route{key: key}
+	r := &route{key: key, unmarked: h.src.Kind == publisher.SGLang && key.LoraName != "" && p.LoraPath == ""}
 	if !h.src.CheckOff {
 		r.check = hashing.NewProfileCheck(p, int(key.BlockSize), key.LoraName, h.src.Check)
 	}
@@ -347,6 +370,12 @@ func (h *EventHandler) handleBatch(seq uint64, payload []byte, deferred bool) er
 			continue
 		}
 		r := rs.byLora[string(ev.LoraName.Bytes)]
+		if r == nil && len(ev.LoraName.Bytes) == 0 && len(rs.list) == 1 && rs.list[0].unmarked {
+			// An SGLang source registered for one adapter alone, without lora_path: its
+			// unnamed pages are that registration's, as before issue 25. A store naming
+			// another adapter is still refused (SGLang >= 0.5.22 names them).
+			r = rs.list[0]
+		}
 		if r == nil {
 			h.reject(seq, fmt.Errorf("event %d (%s): %w %q", i, ev.Type, errLoraName, ev.LoraName.Bytes))
 			continue

@@ -603,3 +603,53 @@ func TestContextsChangeWhileHandling(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestSGLangUnmarkedPages: an SGLang source registered for one adapter alone without
+// lora_path takes the pages that name no adapter (SGLang <= 0.5.21 names none), as
+// before multi-LoRA routing; a store naming another adapter never lands there, and once
+// the source has another context, or the adapter has a lora_path (SGLang >= 0.5.23
+// names and namespaces its pages), unnamed pages go only to the base model's context.
+func TestSGLangUnmarkedPages(t *testing.T) {
+	p, _ := hashing.Resolve("sglang", "sha256_raw", "0", "first64_be")
+	withPath, _ := hashing.ResolveSpec(hashing.Spec{Strategy: "sglang", Algorithm: "sha256_raw", IndexProjection: "first64_be", LoraPath: "/a"})
+	ka := testKey
+	ka.LoraName = "a"
+	stored := func(hash uint64, lora any) []byte {
+		return kvs{"type", "BlockStored", "block_hashes", []any{int64(hash)}, "parent_block_hash", nil,
+			"token_ids", anyList(promptOf(16, 1)), "block_size", 16, "lora_id", nil, "lora_name", lora}.enc()
+	}
+	for _, c := range []struct {
+		name     string
+		prof     hashing.Profile
+		base     bool // the base model registered too
+		unnamed  bool // the unnamed page lands in a's context
+		rejected uint64
+	}{
+		{"alone, no path", p, false, true, 1},
+		{"alone, with path", withPath, false, false, 2},
+		{"beside the base model", p, true, false, 1},
+	} {
+		r := newTestRig(t)
+		r.register(ka, c.prof)
+		h := NewEventHandler(Source{Kind: publisher.SGLang, Context: ka, Slot: r.slot, Profile: c.prof, CheckOff: true}, r.eng, r.log)
+		if c.base {
+			r.register(testKey, p)
+			if err := h.AddContext(testKey, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r.handle(h, stored(1, nil), stored(2, "b"))
+		if got := r.tiers(ka, []uint64{1}).Device == 16; got != c.unnamed {
+			t.Errorf("%s: unnamed page in a's context: %v", c.name, got)
+		}
+		if r.tiers(ka, []uint64{2}).Device != 0 || (c.base && r.tiers(testKey, []uint64{2}).Device != 0) {
+			t.Errorf("%s: adapter b's page landed in another context", c.name)
+		}
+		if c.base && r.tiers(testKey, []uint64{1}).Device != 16 {
+			t.Errorf("%s: the unnamed page missed the base context", c.name)
+		}
+		if st := h.Stats(); st.EventsRejected != c.rejected {
+			t.Errorf("%s: %d rejected, want %d", c.name, st.EventsRejected, c.rejected)
+		}
+	}
+}

@@ -55,7 +55,9 @@ var ErrIndexMedia = errors.New("invalid index_media")
 
 // ParseIndexMedia validates a registration's index_media for a publisher kind: a
 // non-empty list of the kind's media names (case-insensitive, duplicates allowed).
-// nil is the default set. Mooncake sources take none: their media map to shared tiers.
+// nil is the default set, and so is a list naming exactly the default media (the
+// result is the zero value then, so that equal sets compare equal with ==). Mooncake
+// sources take none: their media map to shared tiers.
 func ParseIndexMedia(kind publisher.Kind, names []string) (MediaSet, error) {
 	if names == nil {
 		return MediaSet{}, nil
@@ -80,8 +82,15 @@ func ParseIndexMedia(kind publisher.Kind, names []string) (MediaSet, error) {
 		}
 		s.bits |= m
 	}
+	if s.bits == (MediaSet{}).effective(kind) {
+		return MediaSet{}, nil
+	}
 	return s, nil
 }
+
+// Explicit reports whether the set differs from the contract's default (what a
+// registration must record as its index_media).
+func (s MediaSet) Explicit() bool { return s.bits != 0 }
 
 func mediumNamed(n string) medium {
 	for _, e := range mediaNames {
@@ -113,8 +122,15 @@ func (s MediaSet) effective(kind publisher.Kind) medium {
 	return defaultVLLMMedia
 }
 
+// mooncakeMedia are the media a Mooncake master source indexes, always (its memory
+// replicas in the cpu_share tier, its disk replicas in disk).
+var mooncakeMedia = []string{"CPU", "CPU_PINNED", "DISK"}
+
 // Names lists the media indexed for a kind, in canonical spelling (for views).
 func (s MediaSet) Names(kind publisher.Kind) []string {
+	if kind == publisher.Mooncake {
+		return append([]string(nil), mooncakeMedia...)
+	}
 	set := s.effective(kind)
 	var out []string
 	for _, e := range mediaNames {

@@ -28,6 +28,14 @@ const (
 	// three, four while it replays). libzmq's own default, 1023, would cap a conductor at
 	// about 300 services.
 	DefaultMaxSockets = 65535
+	// DefaultReconnectInterval is libzmq's first pause before reconnecting a SUB socket
+	// whose publisher is not there (ZMQ_RECONNECT_IVL, libzmq's own default).
+	DefaultReconnectInterval = 100 * time.Millisecond
+	// DefaultReconnectIntervalMax bounds the pause as it doubles after each failed
+	// attempt (ZMQ_RECONNECT_IVL_MAX; libzmq's default, 0, never doubles it, so each dead
+	// endpoint costs ten connection attempts a second). A publisher that comes back is
+	// connected within this long; what it published meanwhile comes back through replay.
+	DefaultReconnectIntervalMax = 5 * time.Second
 )
 
 // TransportConfig configures the ZMQ context shared by every subscriber.
@@ -37,6 +45,13 @@ type TransportConfig struct {
 	// MaxSockets bounds the open sockets (libzmq ZMQ_MAX_SOCKETS); 0 takes
 	// DefaultMaxSockets, and libzmq lowers it to its own limit.
 	MaxSockets int
+	// ReconnectInterval and ReconnectIntervalMax set the reconnection back-off of every
+	// socket opened in the transport (ZMQ_RECONNECT_IVL, ZMQ_RECONNECT_IVL_MAX, at
+	// millisecond resolution): the pause before a reconnection starts at the first and
+	// doubles after each failed attempt up to the second (libzmq adds up to one first
+	// interval of jitter). 0 takes DefaultReconnectInterval and
+	// DefaultReconnectIntervalMax.
+	ReconnectInterval, ReconnectIntervalMax time.Duration
 }
 
 // PastDeadline is a poll-file deadline that wakes a waiting Conn at once.

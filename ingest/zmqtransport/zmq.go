@@ -20,6 +20,9 @@ package zmqtransport
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #define CZ_MAXF 4
 #define CZ_SUB 0
@@ -110,11 +113,12 @@ static void cz_close_sock(cz_conn *c, int which) {
 // cz_open_sub creates the SUB socket and its connection monitor (bound at the unique
 // inproc address monaddr) and connects. Returns 0, or an errno with *step naming what
 // failed.
-static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t maxmsg, const char *monaddr, const char **step) {
+static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t maxmsg, int ivl, int ivlmax, const char *monaddr, const char **step) {
 	void *s = zmq_socket(c->ctx, ZMQ_SUB);
 	if (s == NULL) { *step = "create SUB socket"; return zmq_errno(); }
 	c->sock[CZ_SUB] = s;
-	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, rcvhwm) || cz_setmax(s, maxmsg)) {
+	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, rcvhwm) || cz_setmax(s, maxmsg) ||
+	    cz_setint(s, ZMQ_RECONNECT_IVL, ivl) || cz_setint(s, ZMQ_RECONNECT_IVL_MAX, ivlmax)) {
 		*step = "set SUB options"; return zmq_errno();
 	}
 	if (zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0)) { *step = "subscribe"; return zmq_errno(); }
@@ -137,11 +141,12 @@ static int cz_open_sub(cz_conn *c, const char *endpoint, int rcvhwm, int64_t max
 // cz_open_dealer creates the DEALER for one replay attempt. RCVHWM 0 (unlimited) because a
 // ROUTER silently drops replies to a peer whose pipe is full, which would show up as a
 // skipped sequence; the publisher's replay ring bounds the volume anyway.
-static int cz_open_dealer(cz_conn *c, const char *endpoint, int64_t maxmsg, const char **step) {
+static int cz_open_dealer(cz_conn *c, const char *endpoint, int64_t maxmsg, int ivl, int ivlmax, const char **step) {
 	void *s = zmq_socket(c->ctx, ZMQ_DEALER);
 	if (s == NULL) { *step = "create DEALER socket"; return zmq_errno(); }
 	c->sock[CZ_DEALER] = s;
-	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, 0) || cz_setmax(s, maxmsg)) {
+	if (cz_setint(s, ZMQ_LINGER, 0) || cz_setint(s, ZMQ_IPV6, 1) || cz_setint(s, ZMQ_RCVHWM, 0) || cz_setmax(s, maxmsg) ||
+	    cz_setint(s, ZMQ_RECONNECT_IVL, ivl) || cz_setint(s, ZMQ_RECONNECT_IVL_MAX, ivlmax)) {
 		*step = "set DEALER options"; return zmq_errno();
 	}
 	if (zmq_connect(s, endpoint)) { *step = "connect replay"; return zmq_errno(); }
@@ -235,14 +240,17 @@ static int cz_recv(cz_conn *c, int which, unsigned char *buf, size_t cap) {
 	return total;
 }
 
-// cz_mon_event reads one monitor event: its id (> 0), 0 if none, or -errno.
-static int cz_mon_event(cz_conn *c) {
+// cz_mon_event reads one monitor event: its id (> 0), 0 if none, or -errno; *value is
+// the event's value (for ZMQ_EVENT_CONNECT_RETRIED, the pause before the next attempt in
+// milliseconds).
+static int cz_mon_event(cz_conn *c, uint32_t *value) {
 	int n = cz_recv(c, CZ_MON, NULL, 0);
 	if (n <= 0) return n;
 	int ev = -EPROTO;
 	if (c->nparts >= 1 && c->sizes[0] >= 6) {
 		uint16_t v;
 		memcpy(&v, zmq_msg_data(&c->parts[0]), sizeof v);
+		memcpy(value, (char *)zmq_msg_data(&c->parts[0]) + 2, sizeof *value);
 		if (v != 0) ev = v;
 	}
 	cz_release(c);
@@ -259,12 +267,29 @@ static void cz_free(cz_conn *c) {
 }
 
 static const char *cz_strerror(int e) { return zmq_strerror(e); }
+
+// cz_rcvhwm reads the SUB socket's ZMQ_RCVHWM back from libzmq, or -errno.
+static int cz_rcvhwm(cz_conn *c) {
+	int v;
+	size_t len = sizeof v;
+	if (zmq_getsockopt(c->sock[CZ_SUB], ZMQ_RCVHWM, &v, &len)) return -zmq_errno();
+	return v;
+}
+
+// cz_trim gives the free memory of every malloc arena back to the system (glibc's
+// malloc_trim: free pages inside an arena too, not only at its top); elsewhere nothing.
+static void cz_trim(void) {
+#if defined(__GLIBC__)
+	malloc_trim(0);
+#endif
+}
 */
 import "C"
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"sync"
@@ -306,6 +331,11 @@ const MaxFrames = C.CZ_MAXF
 type Transport struct {
 	ctx    unsafe.Pointer
 	monSeq atomic.Uint64
+	// ivl and ivlMax are the reconnection back-off of every socket, in milliseconds.
+	ivl, ivlMax int
+	// trim gives libzmq's freed receive memory back to the system after bursts
+	// (NoteReceived).
+	trim *trimmer
 
 	mu     sync.Mutex
 	closed bool
@@ -315,15 +345,29 @@ type Transport struct {
 // NewTransport creates the shared context. Close it after every subscriber using it has
 // stopped.
 func NewTransport(cfg TransportConfig) (*Transport, error) {
-	if cfg.IOThreads < 0 || cfg.MaxSockets < 0 {
-		return nil, errors.New("new ZMQ transport: negative io_threads or max_sockets")
+	if cfg.IOThreads < 0 || cfg.MaxSockets < 0 || cfg.ReconnectInterval < 0 || cfg.ReconnectIntervalMax < 0 {
+		return nil, errors.New("new ZMQ transport: negative io_threads, max_sockets or reconnect interval")
+	}
+	ivl := orDefault(cfg.ReconnectInterval, DefaultReconnectInterval).Milliseconds()
+	ivlMax := orDefault(cfg.ReconnectIntervalMax, DefaultReconnectIntervalMax).Milliseconds()
+	if ivl < 1 || ivlMax < ivl || ivlMax > math.MaxInt32 {
+		return nil, fmt.Errorf("new ZMQ transport: reconnect interval %d ms, max %d ms: want 1 <= interval <= max", ivl, ivlMax)
 	}
 	ctx := C.cz_ctx_new(C.int(orDefault(cfg.IOThreads, DefaultIOThreads)), C.int(orDefault(cfg.MaxSockets, DefaultMaxSockets)))
 	if ctx == nil {
 		return nil, fmt.Errorf("new ZMQ transport: create context: %w", zerr(C.cz_errno()))
 	}
-	return &Transport{ctx: ctx}, nil
+	return &Transport{ctx: ctx, ivl: int(ivl), ivlMax: int(ivlMax), trim: newTrimmer(func() { C.cz_trim() }, time.After)}, nil
 }
+
+// NoteReceived tells the transport that a subscriber read n bytes of messages and has
+// drained its sockets; once subscribers have read enough since the last time, the C
+// heap's free memory (libzmq's received messages, freed) is given back to the system a
+// little later (see trimmer).
+func (t *Transport) NoteReceived(n int64) { t.trim.note(n) }
+
+// Trims counts the times the C heap was trimmed.
+func (t *Transport) Trims() uint64 { return t.trim.trims() }
 
 // Close terminates the context. It fails while a subscriber still holds sockets in it.
 func (t *Transport) Close() error {
@@ -336,6 +380,7 @@ func (t *Transport) Close() error {
 		return fmt.Errorf("close ZMQ transport: %d subscribers still open", t.conns)
 	}
 	t.closed = true
+	t.trim.close()
 	if e := C.cz_ctx_term(t.ctx); e != 0 {
 		return fmt.Errorf("close ZMQ transport: %w", zerr(e))
 	}
@@ -448,7 +493,7 @@ func (z *Conn) OpenSub(endpoint string, rcvhwm int) error {
 	ma := C.CString("inproc://conductor-sub-monitor-" + strconv.FormatUint(z.t.monSeq.Add(1), 10))
 	defer C.free(unsafe.Pointer(ma))
 	var step *C.char
-	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), C.int64_t(z.maxMsg), ma, &step); e != 0 {
+	if e := C.cz_open_sub(z.c, cs, C.int(rcvhwm), C.int64_t(z.maxMsg), C.int(z.t.ivl), C.int(z.t.ivlMax), ma, &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
 		z.CloseSub()
 		return err
@@ -468,6 +513,15 @@ func (z *Conn) CloseSub() {
 	z.closeSock(SockMon)
 }
 
+// RcvHWM reads the open SUB socket's receive high-water mark back from libzmq.
+func (z *Conn) RcvHWM() (int, error) {
+	v := C.cz_rcvhwm(z.c)
+	if v < 0 {
+		return 0, fmt.Errorf("get ZMQ_RCVHWM: %w", zerr(-v))
+	}
+	return int(v), nil
+}
+
 // HasSub tells whether the SUB socket is open.
 func (z *Conn) HasSub() bool { return z.c.sock[SockSub] != nil }
 
@@ -476,7 +530,7 @@ func (z *Conn) OpenDealer(endpoint string) error {
 	cs := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(cs))
 	var step *C.char
-	if e := C.cz_open_dealer(z.c, cs, C.int64_t(z.maxMsg), &step); e != 0 {
+	if e := C.cz_open_dealer(z.c, cs, C.int64_t(z.maxMsg), C.int(z.t.ivl), C.int(z.t.ivlMax), &step); e != 0 {
 		err := fmt.Errorf("%s %q: %w", C.GoString(step), endpoint, zerr(e))
 		z.CloseDealer()
 		return err
@@ -568,16 +622,18 @@ func (z *Conn) Wait(d time.Duration, stop *atomic.Bool) (int, error) {
 	return mask, err
 }
 
-// MonEvent returns the next monitor event id, or 0 when none is queued.
-func (z *Conn) MonEvent() (int, error) {
+// MonEvent returns the next monitor event id and its value (for EvConnectRetried, the
+// pause before the next attempt, in milliseconds), or 0 when none is queued.
+func (z *Conn) MonEvent() (ev int, value uint32, err error) {
 	if z.c.sock[SockMon] == nil {
-		return 0, nil
+		return 0, 0, nil
 	}
-	r := C.cz_mon_event(z.c)
+	var v C.uint32_t
+	r := C.cz_mon_event(z.c, &v)
 	if r < 0 {
-		return 0, fmt.Errorf("read monitor event: %w", zerr(-r))
+		return 0, 0, fmt.Errorf("read monitor event: %w", zerr(-r))
 	}
-	return int(r), nil
+	return int(r), uint32(v), nil
 }
 
 // Free closes every socket (linger 0, so it does not block) and the poll set, and lets

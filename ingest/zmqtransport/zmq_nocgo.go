@@ -46,6 +46,12 @@ func (t *Transport) Close() error { return nil }
 // Open is always 0.
 func (t *Transport) Open() int { return 0 }
 
+// NoteReceived does nothing.
+func (t *Transport) NoteReceived(int64) {}
+
+// Trims is always 0.
+func (t *Transport) Trims() uint64 { return 0 }
+
 // Conn cannot be created without cgo: NewConn returns ErrNoCgo.
 type Conn struct{}
 
@@ -63,6 +69,9 @@ func (z *Conn) CloseSub() {}
 
 // HasSub is false.
 func (z *Conn) HasSub() bool { return false }
+
+// RcvHWM returns ErrNoCgo.
+func (z *Conn) RcvHWM() (int, error) { return 0, ErrNoCgo }
 
 // OpenDealer returns ErrNoCgo.
 func (z *Conn) OpenDealer(string) error { return ErrNoCgo }
@@ -86,7 +95,7 @@ func (z *Conn) Used() int { return 0 }
 func (z *Conn) Wait(time.Duration, *atomic.Bool) (int, error) { return 0, ErrNoCgo }
 
 // MonEvent returns ErrNoCgo.
-func (z *Conn) MonEvent() (int, error) { return 0, ErrNoCgo }
+func (z *Conn) MonEvent() (int, uint32, error) { return 0, 0, ErrNoCgo }
 
 // Free does nothing.
 func (z *Conn) Free() {}

@@ -5,6 +5,7 @@ package zmqtransport_test
 import (
 	"bytes"
 	"encoding/binary"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,8 +17,9 @@ import (
 
 // TestConnReceivesWholeMessages: a Conn subscribed to a publisher waits in the poller
 // until a message is ready, receives all its frames back to back into the buffer (grown
-// to fit, an outlier above MappedAbove mapped outside the heap), and the transport
-// counts the Conn until it is freed.
+// to fit, an outlier above MappedAbove mapped outside the heap), its SUB socket has the
+// high-water mark it was opened with, and the transport counts the Conn until it is
+// freed.
 func TestConnReceivesWholeMessages(t *testing.T) {
 	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
 	if err != nil {
@@ -34,6 +36,9 @@ func TestConnReceivesWholeMessages(t *testing.T) {
 	}
 	if err := z.OpenSub(p.Endpoint(), 1000); err != nil {
 		t.Fatal(err)
+	}
+	if hwm, err := z.RcvHWM(); hwm != 1000 || err != nil {
+		t.Fatalf("RcvHWM = %d, %v; want the 1000 OpenSub set", hwm, err)
 	}
 	if !z.HasSub() || z.HasDealer() || tr.Open() != 1 {
 		t.Fatalf("sub %v dealer %v open %d", z.HasSub(), z.HasDealer(), tr.Open())
@@ -127,5 +132,67 @@ func TestWaitWokenByPastDeadline(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Wait not woken")
+	}
+}
+
+// TestSubReconnectBacksOff: a SUB socket whose publisher is not there reconnects after
+// pauses that double from ReconnectInterval up to ReconnectIntervalMax (libzmq reports
+// each pause, jitter included, in its CONNECT_RETRIED event), instead of retrying every
+// 100 ms for ever: a thousand dead endpoints then cost a few attempts a second, not ten
+// thousand.
+func TestSubReconnectBacksOff(t *testing.T) {
+	const ivl, ivlMax = 10, 80 // milliseconds
+	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{ReconnectInterval: ivl * time.Millisecond,
+		ReconnectIntervalMax: ivlMax * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tr.Close() }()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "tcp://" + ln.Addr().String()
+	ln.Close() // nobody listens there now: every attempt is refused
+	z, err := zmqtransport.NewConn(tr, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Free()
+	if err := z.OpenSub(dead, 1000); err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var pauses []uint32
+	for deadline := time.Now().Add(30 * time.Second); len(pauses) < 7; {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d reconnection attempts reported: %v", len(pauses), pauses)
+		}
+		if _, err := z.Wait(time.Second, &stop); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			ev, v, err := z.MonEvent()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev == 0 {
+				break
+			}
+			if ev == zmqtransport.EvConnectRetried {
+				pauses = append(pauses, v)
+			}
+		}
+	}
+	// Pause k is min(ivl·2^k, max) plus up to ivl of jitter.
+	for k, p := range pauses {
+		base := min(ivl<<k, ivlMax)
+		if p < uint32(base) || p >= uint32(base+ivl) {
+			t.Fatalf("pause %d = %d ms, want %d..%d (all: %v)", k, p, base, base+ivl-1, pauses)
+		}
+	}
+	if _, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{ReconnectInterval: time.Second,
+		ReconnectIntervalMax: time.Millisecond}); err == nil {
+		t.Fatal("a max below the interval accepted")
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/internal/deferred"
 )
 
 // Defaults (config keys access_log_trace_header, access_log_buffer_bytes,
@@ -37,7 +38,8 @@ type Config struct {
 	// BufferBytes bounds the lines held in memory between flushes; a line that does not
 	// fit is dropped and counted (conductor_access_log_dropped_lines_total).
 	BufferBytes int
-	// FlushInterval is how often the buffer is written out (also when half full).
+	// FlushInterval is how long after its first line the buffer is written out (at once
+	// when half full).
 	FlushInterval time.Duration
 }
 
@@ -57,8 +59,9 @@ func (c Config) withDefaults() Config {
 
 // Log writes one JSON line per request. A request appends its line to a
 // bounded in-memory buffer under a mutex (no allocation, no I/O on the request path); a
-// background goroutine writes the buffer out every FlushInterval or when it is half full.
-// When the writer falls behind and the buffer is full, lines are dropped and counted.
+// background goroutine writes the buffer out FlushInterval after its first line, or at
+// once when it is half full, and sleeps while no request is served. When the writer falls
+// behind and the buffer is full, lines are dropped and counted.
 type Log struct {
 	w           io.Writer
 	closer      io.Closer
@@ -76,10 +79,8 @@ type Log struct {
 	written atomic.Uint64
 	errs    atomic.Uint64
 
-	kick chan struct{}
-	quit chan struct{}
-	done chan struct{}
-	once sync.Once
+	flusher *deferred.Runner
+	once    sync.Once
 }
 
 // Open opens cfg.Path for appending and starts the flusher; nil, nil when the log is
@@ -104,27 +105,10 @@ func New(w io.Writer, closer io.Closer, cfg Config) *Log {
 	l := &Log{
 		w: w, closer: closer, traceHeader: cfg.TraceHeader, limit: cfg.BufferBytes, interval: cfg.FlushInterval,
 		buf: make([]byte, 0, cfg.BufferBytes), spare: make([]byte, 0, cfg.BufferBytes),
-		kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	l.lines.New = func() any { b := make([]byte, 0, 512); return &b }
-	go l.run()
+	l.flusher = deferred.Start(l.interval, l.Flush)
 	return l
-}
-
-func (l *Log) run() {
-	defer close(l.done)
-	t := time.NewTicker(l.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-l.kick:
-		case <-l.quit:
-			l.Flush()
-			return
-		}
-		l.Flush()
-	}
 }
 
 // Flush writes out what is buffered: the full buffer is swapped for the empty spare under
@@ -155,8 +139,8 @@ func (l *Log) Close() error {
 	}
 	var err error
 	l.once.Do(func() {
-		close(l.quit)
-		<-l.done
+		l.flusher.Close()
+		l.Flush()
 		if l.closer != nil {
 			err = l.closer.Close()
 		}
@@ -182,14 +166,15 @@ func (l *Log) commit(line []byte) {
 		l.dropped.Add(1)
 		return
 	}
+	first := len(l.buf) == 0
 	l.buf = append(l.buf, line...)
 	half := len(l.buf) > l.limit/2
 	l.mu.Unlock()
-	if half {
-		select {
-		case l.kick <- struct{}{}:
-		default:
-		}
+	switch {
+	case half:
+		l.flusher.Now()
+	case first:
+		l.flusher.Request() // written FlushInterval from now
 	}
 }
 

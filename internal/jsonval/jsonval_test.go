@@ -36,3 +36,29 @@ func TestString(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckDuplicateKeys: a key repeated in one object is named with its path, at any
+// depth and however it is escaped; the same key in two objects is not a duplicate.
+func TestCheckDuplicateKeys(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{`{"a": 1, "b": 2}`, ""},
+		{`{"a": {"x": 1}, "b": {"x": 2}}`, ""},
+		{`[{"a": 1}, {"a": 2}]`, ""},
+		{`{"a": 1, "a": 2}`, `duplicate key "a" in the root object`},
+		{`{"a": 1, "\u0061": 2}`, `duplicate key "a" in the root object`},
+		{`{"cluster": {"key_prefix": "/x/", "key_prefix": "/y/"}}`, `duplicate key "key_prefix" in "cluster"`},
+		{`{"kvevent_instance": {"e": {"hash_profile": {"strategy": "a", "strategy": "b"}}}}`,
+			`duplicate key "strategy" in "kvevent_instance.e.hash_profile"`},
+		{`{"l": [1, {"k": 1, "k": 1}]}`, `duplicate key "k" in "l[1]"`},
+		{`{"a": 1,`, ""}, // does not parse: the caller's decoder says so
+	} {
+		err := CheckDuplicateKeys([]byte(c.doc))
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("%s: %q, want %q", c.doc, got, c.want)
+		}
+	}
+}

@@ -21,6 +21,9 @@ __all__ = [
     "FUNC_UNREGISTER",
     "FUNC_GET_GLOBAL_VIEW",
     "FUNC_LIST_SERVICES",
+    "FUNC_REGISTER_EX",
+    "FUNC_UNREGISTER_ADAPTER",
+    "FUNC_LIST_SERVICE_DETAILS",
     "REQUEST_HEADER_SIZE",
     "RESPONSE_HEADER_SIZE",
     "encode",
@@ -41,6 +44,16 @@ FUNC_REGISTER = 0x7027662F
 FUNC_UNREGISTER = 0x3DFFB565
 FUNC_GET_GLOBAL_VIEW = 0x8988FAF0
 FUNC_LIST_SERVICES = 0x0F74B1BB
+# Methods of this conductor beyond upstream's (an upstream conductor answers "function
+# not registered"): struct_pack type codes hash a whole structure, so upstream's bodies
+# cannot gain fields; these carry what they cannot (hash_profile fields of issue 25,
+# index_media, one LoRA adapter's unregistration, the self-check of each service).
+FUNC_REGISTER_EX = 0x7A86E5C5
+FUNC_UNREGISTER_ADAPTER = 0xFF4FFBB5
+FUNC_LIST_SERVICE_DETAILS = 0xD001F69E
+
+#: coro_rpc framework error code of a call to a function the server does not have.
+ERRC_FUNCTION_NOT_REGISTERED = 11
 
 RPC_MAGIC = 21
 REQUEST_HEADER_SIZE = 20
@@ -135,6 +148,13 @@ UNREGISTER_RESPONSE = expected(fields(STR))  # removed_key
 CONTEXT_VIEW = fields(CONTEXT_KEY, HASH_PROFILE, map_of(STR, set_of(I64)), U64)
 GLOBAL_VIEW = fields(I32, vec(CONTEXT_VIEW))
 SERVICE_LIST = vec(SERVICE_CONFIG)
+# extra_keys, lora_path, lookahead_tokens
+PROFILE_EXT = fields(STR, STR, I64)
+# config, profile fields, index_media (absent: the publisher's default media)
+REGISTER_EX_ARGS = fields(SERVICE_CONFIG, PROFILE_EXT, opt(vec(STR)))
+UNREGISTER_ADAPTER_ARGS = fields(STR, STR, I32, STR)  # instance_id, tenant_id, dp_rank, lora_name
+# config, profile fields, index_media, hash_check
+SERVICE_DETAIL_LIST = vec(fields(SERVICE_CONFIG, PROFILE_EXT, vec(STR), STR))
 
 # Type codes with the metainfo bit (bit 0) clear, as computed from the upstream types.
 TC_QUERY_REQUEST = 0xF9001A1C
@@ -145,6 +165,9 @@ TC_UNREGISTER_ARGS = 0x9981CA1A
 TC_UNREGISTER_RESPONSE = 0xF354385C
 TC_GLOBAL_VIEW = 0x3A0BDE58
 TC_SERVICE_LIST = 0x667842F8
+TC_REGISTER_EX_ARGS = 0x5D787D80
+TC_UNREGISTER_ADAPTER_ARGS = 0x6192B998
+TC_SERVICE_DETAIL_LIST = 0x6A84E2DA
 
 # Publisher kinds (int32 enum on the wire).
 PUBLISHER_KINDS = {"vLLM": 0, "Mooncake": 1, "SGLang": 2}

@@ -76,6 +76,7 @@ _REGISTER_KEYS = frozenset(
         "dp_rank",
         "cache_group",
         "hash_profile",
+        "index_media",
     )
 )
 _REGISTER_STR_KEYS = (
@@ -88,6 +89,9 @@ _REGISTER_STR_KEYS = (
     "tenant_id",
 )
 _PROFILE_KEYS = ("strategy", "algorithm", "python_hash_seed", "index_projection")
+# The optional hash_profile fields of issue 25 (this conductor's RegisterEx carries them).
+_PROFILE_EXT_STR_KEYS = ("extra_keys", "lora_path")
+_PROFILE_EXT_KEYS = _PROFILE_EXT_STR_KEYS + ("lookahead_tokens",)
 
 
 def _check_str(name, value):
@@ -132,11 +136,13 @@ def _split_address(addr):
 
 
 class _CallFailed(Exception):
-    """Internal: carries the error code of a call that did not produce a decodable reply."""
+    """Internal: carries the error code of a call that did not produce a decodable reply
+    (and, for a framework error, the server's coro_rpc error code)."""
 
-    def __init__(self, code):
+    def __init__(self, code, framework=0):
         super().__init__(code)
         self.code = code
+        self.framework = framework
 
 
 class ConductorClient:
@@ -160,6 +166,9 @@ class ConductorClient:
         self._rbuf = bytearray(_RECV_BUFFER_BYTES)
         self._rhave = 0
         self._templates = {}
+        # True once the server answered ListServiceDetails "function not registered"
+        # (an upstream conductor): list_services() then asks ListServices only.
+        self._upstream_views = False
 
     def __enter__(self):
         return self
@@ -191,6 +200,7 @@ class ConductorClient:
             except OSError:
                 return RPC_FAIL
             self._target = target
+            self._upstream_views = False
             self._connect_timeout = connect_timeout
             self._request_timeout = request_timeout_ms / 1000.0
             return OK
@@ -269,23 +279,49 @@ class ConductorClient:
         types, integer overflow, an unknown publisher_type, or a bad hash_profile (including
         a root_digest, which the server derives). Missing required values are sent empty
         and rejected by the server with INVALID_PARAMS.
+
+        A config using the hash_profile fields ``extra_keys``, ``lora_path`` or
+        ``lookahead_tokens``, or ``index_media``, is sent with this conductor's RegisterEx
+        (an upstream conductor does not have it: RPC_FAIL); any other with Register,
+        byte for byte as before. Registering another ``lora_name`` of a registered engine
+        adds that adapter (multi-LoRA).
         """
-        args = _service_config(config)
-        body = _wire.encode(_wire.SERVICE_CONFIG, _wire.TC_SERVICE_CONFIG, args)
+        args, ext, media = _service_config(config)
+        if ext is None and media is None:
+            body = _wire.encode(_wire.SERVICE_CONFIG, _wire.TC_SERVICE_CONFIG, args)
+            func = _wire.FUNC_REGISTER
+        else:
+            body = _wire.encode(_wire.REGISTER_EX_ARGS, _wire.TC_REGISTER_EX_ARGS, (args, ext or ("", "", 0), media))
+            func = _wire.FUNC_REGISTER_EX
         try:
-            ok, value = self._call(_wire.FUNC_REGISTER, body, _wire.REGISTER_RESPONSE, _wire.TC_REGISTER_RESPONSE)
+            ok, value = self._call(func, body, _wire.REGISTER_RESPONSE, _wire.TC_REGISTER_RESPONSE)
         except _CallFailed as failed:
             return failed.code
         return OK if ok else value
 
-    def unregister(self, instance_id, tenant_id="default", dp_rank=0):
-        """Stop the subscription (instance_id, tenant_id, dp_rank); OK, SERVICE_NOT_FOUND or another code."""
+    def unregister(self, instance_id, tenant_id="default", dp_rank=0, lora_name=None):
+        """Stop the subscription (instance_id, tenant_id, dp_rank); OK, SERVICE_NOT_FOUND or another code.
+
+        With ``lora_name`` (``""`` being the base model's), only that adapter of a
+        multi-LoRA registration goes (this conductor's UnregisterAdapter); the last
+        adapter's unregistration stops the subscription.
+        """
         _check_str("instance_id", instance_id)
         _check_str("tenant_id", tenant_id)
         _check_int("dp_rank", dp_rank, _INT32_MIN, _INT32_MAX)
-        body = _wire.encode(_wire.UNREGISTER_ARGS, _wire.TC_UNREGISTER_ARGS, (instance_id, _tenant(tenant_id), dp_rank))
+        if lora_name is None:
+            body = _wire.encode(_wire.UNREGISTER_ARGS, _wire.TC_UNREGISTER_ARGS, (instance_id, _tenant(tenant_id), dp_rank))
+            func = _wire.FUNC_UNREGISTER
+        else:
+            _check_str("lora_name", lora_name)
+            body = _wire.encode(
+                _wire.UNREGISTER_ADAPTER_ARGS,
+                _wire.TC_UNREGISTER_ADAPTER_ARGS,
+                (instance_id, _tenant(tenant_id), dp_rank, lora_name),
+            )
+            func = _wire.FUNC_UNREGISTER_ADAPTER
         try:
-            ok, value = self._call(_wire.FUNC_UNREGISTER, body, _wire.UNREGISTER_RESPONSE, _wire.TC_UNREGISTER_RESPONSE)
+            ok, value = self._call(func, body, _wire.UNREGISTER_RESPONSE, _wire.TC_UNREGISTER_RESPONSE)
         except _CallFailed as failed:
             return failed.code
         return OK if ok else value
@@ -312,29 +348,38 @@ class ConductorClient:
         return {"ret": OK, "context_count": count, "contexts": contexts}
 
     def list_services(self):
-        """Active publisher configurations: ``{"ret", "count", "services"}`` with export keys."""
+        """Active publisher configurations: ``{"ret", "count", "services"}`` with export keys.
+
+        From this conductor (its ListServiceDetails), each entry also has ``IndexMedia``
+        (the event media indexed) and ``HashCheck`` (the profile self-check: ``"ok"``,
+        ``"unverified"``, ``"mismatch (<suggestion>)"`` or ``"off"``), and its
+        ``HashProfile`` the fields of issue 25 where set, as ``GET /services`` shows
+        them; one entry per adapter of a multi-LoRA registration. From an upstream
+        conductor, the upstream keys only.
+        """
+        if not self._upstream_views:
+            try:
+                details = self._call(
+                    _wire.FUNC_LIST_SERVICE_DETAILS, b"", _wire.SERVICE_DETAIL_LIST, _wire.TC_SERVICE_DETAIL_LIST
+                )
+            except _CallFailed as failed:
+                if failed.framework != _wire.ERRC_FUNCTION_NOT_REGISTERED:
+                    return {"ret": failed.code, "count": 0, "services": []}
+                self._upstream_views = True  # until the next setup()
+            else:
+                services = []
+                for cfg, ext, media, check in details:
+                    svc = _service_dict(cfg)
+                    svc["HashProfile"].update(_profile_ext_dict(ext))
+                    svc["IndexMedia"] = media
+                    svc["HashCheck"] = check
+                    services.append(svc)
+                return {"ret": OK, "count": len(services), "services": services}
         try:
             configs = self._call(_wire.FUNC_LIST_SERVICES, b"", _wire.SERVICE_LIST, _wire.TC_SERVICE_LIST)
         except _CallFailed as failed:
             return {"ret": failed.code, "count": 0, "services": []}
-        services = []
-        for cfg in configs:
-            (endpoint, replay, kind, model_name, lora_name, tenant_id, instance_id, block_size, dp_rank, group, profile) = cfg
-            services.append(
-                {
-                    "Endpoint": endpoint,
-                    "ReplayEndpoint": replay,
-                    "Type": _wire.PUBLISHER_NAMES.get(kind, str(kind)),
-                    "ModelName": model_name,
-                    "LoraName": lora_name,
-                    "TenantID": tenant_id,
-                    "InstanceID": instance_id,
-                    "BlockSize": block_size,
-                    "DPRank": dp_rank,
-                    "CacheGroup": group,
-                    "HashProfile": _profile_dict(profile),
-                }
-            )
+        services = [_service_dict(cfg) for cfg in configs]
         return {"ret": OK, "count": len(services), "services": services}
 
     # -- transport ---------------------------------------------------------
@@ -392,7 +437,7 @@ class ConductorClient:
                 raise _CallFailed(RPC_FAIL) from None
         if err_code != 0:
             # Framework error (unknown function, bad body...): the stream is still in step.
-            raise _CallFailed(RPC_FAIL)
+            raise _CallFailed(RPC_FAIL, err_code)
         try:
             if decoder is not None:
                 return decoder(payload)
@@ -475,8 +520,40 @@ def _profile_dict(profile):
     }
 
 
+def _profile_ext_dict(ext):
+    """The hash_profile fields of issue 25 that are set, as /services shows them."""
+    extra_keys, lora_path, lookahead = ext
+    out = {}
+    if extra_keys and extra_keys != "untagged":
+        out["extra_keys"] = extra_keys
+    if lora_path:
+        out["lora_path"] = lora_path
+    if lookahead:
+        out["lookahead_tokens"] = lookahead
+    return out
+
+
+def _service_dict(cfg):
+    (endpoint, replay, kind, model_name, lora_name, tenant_id, instance_id, block_size, dp_rank, group, profile) = cfg
+    return {
+        "Endpoint": endpoint,
+        "ReplayEndpoint": replay,
+        "Type": _wire.PUBLISHER_NAMES.get(kind, str(kind)),
+        "ModelName": model_name,
+        "LoraName": lora_name,
+        "TenantID": tenant_id,
+        "InstanceID": instance_id,
+        "BlockSize": block_size,
+        "DPRank": dp_rank,
+        "CacheGroup": group,
+        "HashProfile": _profile_dict(profile),
+    }
+
+
 def _service_config(config):
-    """Validate a register() dict and return the ServiceConfig tuple in wire order."""
+    """Validate a register() dict; return the ServiceConfig tuple in wire order, the
+    profile fields of issue 25 as (extra_keys, lora_path, lookahead_tokens) or None when
+    none is given, and index_media as a list or None."""
     if not isinstance(config, dict):
         raise ValueError("config must be a dict, got %s" % type(config).__name__)
     for key in config:
@@ -503,25 +580,41 @@ def _service_config(config):
             raise ValueError("hash_profile keys must be str, got %r" % (key,))
         if key == "root_digest":
             raise ValueError("hash_profile must not contain root_digest: the server derives it")
-        if key not in _PROFILE_KEYS:
+        if key == "lookahead_tokens":
+            _check_int("hash_profile.lookahead_tokens", value, 0, _INT64_MAX)
+            continue
+        if key not in _PROFILE_KEYS and key not in _PROFILE_EXT_STR_KEYS:
             raise ValueError("unknown hash_profile key %r" % key)
         _check_str("hash_profile." + key, value)
+    ext = None
+    if any(k in profile for k in _PROFILE_EXT_KEYS):
+        ext = (profile.get("extra_keys", ""), profile.get("lora_path", ""), profile.get("lookahead_tokens", 0))
+    media = config.get("index_media")
+    if media is not None:
+        if not isinstance(media, (list, tuple)):
+            raise ValueError("index_media must be a list of str, got %s" % type(media).__name__)
+        media = [_check_str("index_media[%d]" % i, m) for i, m in enumerate(media)]
     return (
-        config.get("endpoint", ""),
-        config.get("replay_endpoint", ""),
-        _wire.PUBLISHER_KINDS[publisher_type],
-        config.get("model_name", ""),
-        config.get("lora_name", ""),
-        _tenant(config.get("tenant_id", "")),
-        config.get("instance_id", ""),
-        block_size,
-        dp_rank,
-        cache_group,
         (
-            profile.get("strategy", ""),
-            profile.get("algorithm", ""),
-            profile.get("python_hash_seed", ""),
-            "",
-            profile.get("index_projection", ""),
+            config.get("endpoint", ""),
+            config.get("replay_endpoint", ""),
+            _wire.PUBLISHER_KINDS[publisher_type],
+            config.get("model_name", ""),
+            config.get("lora_name", ""),
+            _tenant(config.get("tenant_id", "")),
+            config.get("instance_id", ""),
+            block_size,
+            dp_rank,
+            cache_group,
+            (
+                profile.get("strategy", ""),
+                profile.get("algorithm", ""),
+                profile.get("python_hash_seed", ""),
+                "",
+                profile.get("index_projection", ""),
+            ),
         ),
+        ext,
+        media,
     )
+

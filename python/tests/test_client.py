@@ -37,9 +37,16 @@ GOLDEN_REPLIES = {
 }
 
 
+# What an upstream conductor answers a function it does not have (this conductor's
+# ListServiceDetails): coro_rpc's framework error "function not registered".
+NOT_REGISTERED = Reply(w.encode(w.STR, 0x9DCFFA76, "the function is not registered"), err_code=w.ERRC_FUNCTION_NOT_REGISTERED)
+
+
 def golden_handler(req):
     if req.func_id == w.FUNC_QUERY and g.QUERY_ARGS_70000.matches(req.body):
         return g.QUERY_RESP_EMPTY
+    if req.func_id == w.FUNC_LIST_SERVICE_DETAILS:
+        return NOT_REGISTERED
     try:
         return GOLDEN_REPLIES[(req.func_id, req.body)]
     except KeyError:

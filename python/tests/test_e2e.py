@@ -307,6 +307,10 @@ def test_vllm_publisher_events_become_hits(client, publisher_factory):
                 "DPRank": 0,
                 "CacheGroup": None,
                 "HashProfile": dict(VLLM_PROFILE, root_digest=g.ROOT_VLLM_CBOR_SEED0),
+                # This conductor's (ListServiceDetails): the media indexed, and the
+                # self-check of the engine's hashes against the registered profile.
+                "IndexMedia": ["GPU"],
+                "HashCheck": "ok",
             }
         ],
     }
@@ -542,12 +546,22 @@ def test_code_rpc_timeout_silent_socket():
             assert c.get_global_view() == {"ret": RPC_TIMEOUT, "context_count": 0, "contexts": []}
 
 
-@pytest.mark.parametrize("endpoint", ["not-a-valid-endpoint", "tcp://127.0.0.1:notaport", "tcp://*:5557"])
-def test_code_internal_error_unsubscribable_endpoint(client, endpoint):
-    """The ZMQ client cannot start on this endpoint. Upstream maps a subscribe error that
-    starts with "failed to start ZMQ client" to INTERNAL_ERROR, not INVALID_PARAMS (the
-    configuration itself validated), and nothing is left registered."""
-    assert client.register(vllm_config("i", endpoint)) == INTERNAL_ERROR
+@pytest.mark.parametrize("endpoint", ["not-a-valid-endpoint", "tcp://127.0.0.1:notaport", "tcp://*:5557",
+                                      "tcp://127.0.0.1:5557/x", "tcp://127.0.0.1:70000", "tcp:/127.0.0.1:5557"])
+def test_code_invalid_params_malformed_endpoint(client, endpoint):
+    """An endpoint that names no publisher (no tcp://host:port or ipc://path, a wildcard
+    host, something after the port, a port outside 1..65535) is a client error, refused
+    before any socket is opened, and nothing is left registered."""
+    assert client.register(vllm_config("i", endpoint)) == INVALID_PARAMS
+    assert client.list_services()["count"] == 0
+    assert client.get_global_view()["context_count"] == 0
+
+
+def test_code_internal_error_unsubscribable_endpoint(client):
+    """A well-formed endpoint that libzmq cannot connect (an ipc path longer than a socket
+    address holds). Upstream maps a subscribe error that starts with "failed to start ZMQ
+    client" to INTERNAL_ERROR, not INVALID_PARAMS, and nothing is left registered."""
+    assert client.register(vllm_config("i", "ipc:///tmp/" + "x" * 200)) == INTERNAL_ERROR
     assert client.list_services()["count"] == 0
     assert client.get_global_view()["context_count"] == 0
 

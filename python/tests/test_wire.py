@@ -69,6 +69,9 @@ def test_function_ids_are_md5_of_qualified_names():
         ("Unregister", w.FUNC_UNREGISTER),
         ("GetGlobalView", w.FUNC_GET_GLOBAL_VIEW),
         ("ListServices", w.FUNC_LIST_SERVICES),
+        ("RegisterEx", w.FUNC_REGISTER_EX),
+        ("UnregisterAdapter", w.FUNC_UNREGISTER_ADAPTER),
+        ("ListServiceDetails", w.FUNC_LIST_SERVICE_DETAILS),
     ]:
         digest = hashlib.md5((prefix + method).encode()).digest()
         assert int.from_bytes(digest[:4], "big") == fid, method

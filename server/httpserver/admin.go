@@ -20,6 +20,8 @@ func (h *Server) register(ctx *fasthttp.RequestCtx, body []byte) {
 		DPRank: int64(req.DPRank), CacheGroup: req.CacheGroup,
 		Strategy: req.HashProfile.Strategy, Algorithm: req.HashProfile.Algorithm,
 		PythonHashSeed: req.HashProfile.PythonHashSeed, IndexProjection: req.HashProfile.IndexProjection,
+		ExtraKeys: req.HashProfile.ExtraKeys, LoraPath: req.HashProfile.LoraPath,
+		LookaheadTokens: req.HashProfile.LookaheadTokens, IndexMedia: req.IndexMedia,
 	}
 	cfg, _, serr := h.svc.RegisterInput(&r)
 	if serr != nil {
@@ -36,7 +38,13 @@ func (h *Server) unregister(ctx *fasthttp.RequestCtx, body []byte) {
 		h.requestError(ctx, rerr)
 		return
 	}
-	key, serr := h.svc.Unregister(req.InstanceID, req.TenantID, req.DPRank)
+	var key string
+	var serr *service.Error
+	if req.HasLoraName {
+		key, serr = h.svc.UnregisterAdapter(req.InstanceID, req.TenantID, req.DPRank, req.LoraName)
+	} else {
+		key, serr = h.svc.Unregister(req.InstanceID, req.TenantID, req.DPRank)
+	}
 	if serr != nil {
 		h.serviceError(ctx, serr)
 		return
@@ -60,5 +68,5 @@ func (h *Server) services(ctx *fasthttp.RequestCtx) {
 		h.serviceError(ctx, service.StoppingError())
 		return
 	}
-	h.writeMsgpack(ctx, appendServices(nil, h.svc.Services()))
+	h.writeMsgpack(ctx, appendServices(nil, h.svc.Views()))
 }

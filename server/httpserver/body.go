@@ -143,7 +143,7 @@ func (h *Server) releaseBody(body *[]byte, held int64) {
 	// whole bound for a chunked body): the memory release this triggers is a full
 	// collection, worth it only for buffers too large for the pool.
 	if cap(*body) > limits.SmallBodyBytes {
-		h.counters.LargeBodies.Add(1)
+		h.counters.LargeBody()
 		return
 	}
 	if h.poisonReleased {

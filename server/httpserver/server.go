@@ -118,13 +118,21 @@ func New(opts Options) *Server {
 		ReadTimeout:                  h.limits.HTTPReadTimeout,
 		WriteTimeout:                 h.limits.HTTPReadTimeout,
 		IdleTimeout:                  h.limits.HTTPIdleTimeout,
-		CloseOnShutdown:              true,
-		Logger:                       fasthttpLogger{h.log},
-		ConnState:                    h.trackConn,
+		// fasthttp's worker pool looks for idle workers to end this often, even in a
+		// process that serves nothing (its default, 10 s, was the last periodic wake-up of
+		// an idle conductor). An idle worker is one parked goroutine.
+		MaxIdleWorkerDuration: idleWorkerDuration,
+		CloseOnShutdown:       true,
+		Logger:                fasthttpLogger{h.log},
+		ConnState:             h.trackConn,
 	}
 	h.conns = make(map[net.Conn]struct{})
 	return h
 }
+
+// idleWorkerDuration is how long fasthttp keeps a worker goroutine that serves no
+// connection, and how often it looks for such workers.
+const idleWorkerDuration = 2 * time.Minute
 
 // trackConn keeps the set of open connections, so that a shutdown that timed out can
 // close those still reading a request.

@@ -8,9 +8,18 @@ import (
 	"github.com/conductor-go/conductor/service"
 )
 
-// appendProfile writes the resolved profile map, root_digest included.
+// appendProfile writes the resolved profile map, root_digest included; the fields of
+// issue 25 only where they differ from their defaults (extra_keys "tagged", a
+// lora_path, lookahead_tokens > 0), so a profile without them reads as before.
 func appendProfile(b []byte, p *hashing.Profile) []byte {
-	b = msgp.AppendMapHeader(b, 5)
+	n := uint32(5)
+	tagged := p.ExtraKeys != hashing.ExtraKeysUntagged
+	for _, set := range []bool{tagged, p.LoraPath != "", p.Lookahead != 0} {
+		if set {
+			n++
+		}
+	}
+	b = msgp.AppendMapHeader(b, n)
 	b = msgp.AppendString(b, "strategy")
 	b = msgp.AppendString(b, p.StrategyName())
 	b = msgp.AppendString(b, "algorithm")
@@ -21,6 +30,18 @@ func appendProfile(b []byte, p *hashing.Profile) []byte {
 	b = msgp.AppendString(b, p.RootHex())
 	b = msgp.AppendString(b, "index_projection")
 	b = msgp.AppendString(b, p.ProjectionName())
+	if tagged {
+		b = msgp.AppendString(b, "extra_keys")
+		b = msgp.AppendString(b, p.ExtraKeysName())
+	}
+	if p.LoraPath != "" {
+		b = msgp.AppendString(b, "lora_path")
+		b = msgp.AppendString(b, p.LoraPath)
+	}
+	if p.Lookahead != 0 {
+		b = msgp.AppendString(b, "lookahead_tokens")
+		b = msgp.AppendInt(b, p.Lookahead)
+	}
 	return b
 }
 
@@ -59,16 +80,19 @@ func appendGlobalView(b []byte, views []engine.ContextView) []byte {
 	return b
 }
 
-// appendServices writes the /services body with the PascalCase keys of the contract.
-func appendServices(b []byte, svcs []service.Config) []byte {
+// appendServices writes the /services body with the PascalCase keys of the contract,
+// one entry per adapter of a multi-LoRA registration, and two keys of this conductor:
+// IndexMedia (the event media indexed) and HashCheck (the profile self-check of the
+// entry's context).
+func appendServices(b []byte, views []service.View) []byte {
 	b = msgp.AppendMapHeader(b, 2)
 	b = msgp.AppendString(b, "count")
-	b = msgp.AppendUint64(b, uint64(len(svcs)))
+	b = msgp.AppendUint64(b, uint64(len(views)))
 	b = msgp.AppendString(b, "services")
-	b = msgp.AppendArrayHeader(b, uint32(len(svcs)))
-	for i := range svcs {
-		c := &svcs[i]
-		b = msgp.AppendMapHeader(b, 11)
+	b = msgp.AppendArrayHeader(b, uint32(len(views)))
+	for i := range views {
+		c := &views[i].Config
+		b = msgp.AppendMapHeader(b, 13)
 		b = msgp.AppendString(b, "Endpoint")
 		b = msgp.AppendString(b, c.Endpoint)
 		b = msgp.AppendString(b, "ReplayEndpoint")
@@ -95,6 +119,14 @@ func appendServices(b []byte, svcs []service.Config) []byte {
 		}
 		b = msgp.AppendString(b, "HashProfile")
 		b = appendProfile(b, &c.Profile)
+		b = msgp.AppendString(b, "IndexMedia")
+		media := c.Media.Names(c.Kind)
+		b = msgp.AppendArrayHeader(b, uint32(len(media)))
+		for _, m := range media {
+			b = msgp.AppendString(b, m)
+		}
+		b = msgp.AppendString(b, "HashCheck")
+		b = msgp.AppendString(b, views[i].HashCheck)
 	}
 	return b
 }

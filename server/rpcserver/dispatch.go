@@ -46,8 +46,18 @@ func (rc *rpcConn) dispatch(hdr cororpc.RequestHeader, body []byte) error {
 		if len(body) != 0 {
 			return errors.New("ListServices takes no arguments")
 		}
-		out = cororpc.AppendServiceList(out, rpcServiceList(rc.s.svc.Services()))
+		out = cororpc.AppendServiceList(out, rpcServiceList(rc.s.svc.Views()))
 		rc.s.observe("ListServices", "OK")
+	case cororpc.FuncRegisterEx:
+		out, err = rc.registerEx(out, body)
+	case cororpc.FuncUnregisterAdapter:
+		out, err = rc.unregisterAdapter(out, body)
+	case cororpc.FuncListServiceDetails:
+		if len(body) != 0 {
+			return errors.New("ListServiceDetails takes no arguments")
+		}
+		out = cororpc.AppendServiceDetails(out, rpcServiceDetails(rc.s.svc.Views()))
+		rc.s.observe("ListServiceDetails", "OK")
 	default:
 		rc.s.observe("unknown", "function_not_registered")
 		rc.out = cororpc.AppendFrameworkError(rc.out[:0], hdr.SeqNum, cororpc.ErrcFunctionNotRegistered,
@@ -123,8 +133,28 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 	if err := cororpc.DecodeServiceConfig(body, &c); err != nil {
 		return out, err
 	}
+	return rc.registerConfig(out, "Register", &c, nil), nil
+}
+
+// registerEx answers a RegisterEx call: Register with the fields of issue 25.
+func (rc *rpcConn) registerEx(out, body []byte) ([]byte, error) {
+	var a cororpc.RegisterExArgs
+	if err := cororpc.DecodeRegisterExArgs(body, &a); err != nil {
+		return out, err
+	}
+	return rc.registerConfig(out, "RegisterEx", &a.Config, &a), nil
+}
+
+// registerConfig registers c (with ext's fields when it is a RegisterEx call) and
+// appends the answer of function fn.
+func (rc *rpcConn) registerConfig(out []byte, fn string, c *cororpc.ServiceConfig, ext *cororpc.RegisterExArgs) []byte {
+	if rc.s.refuseMutations {
+		rc.s.refused(fn, c.InstanceID)
+		return cororpc.AppendRegisterError(out, cororpc.CodeConductorUnavailable)
+	}
 	if !c.PublisherKind.Valid() {
-		return cororpc.AppendRegisterError(out, cororpc.CodeInvalidParams), nil
+		rc.s.observe(fn, cororpc.CodeInvalidParams.String())
+		return cororpc.AppendRegisterError(out, cororpc.CodeInvalidParams)
 	}
 	r := service.Registration{
 		Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, Type: c.PublisherKind.String(),
@@ -138,14 +168,20 @@ func (rc *rpcConn) register(out, body []byte) ([]byte, error) {
 		g := c.CacheGroup
 		r.CacheGroup = &g
 	}
+	if ext != nil {
+		r.ExtraKeys, r.LoraPath, r.LookaheadTokens = ext.Ext.ExtraKeys, ext.Ext.LoraPath, ext.Ext.LookaheadTokens
+		if ext.HasIndexMedia {
+			r.IndexMedia = ext.IndexMedia
+		}
+	}
 	cfg, isNew, serr := rc.s.svc.RegisterInput(&r)
 	if serr != nil {
-		rc.s.clientLog.Info("rpc register rejected", "instance", c.InstanceID, "err", serr)
-		rc.s.observe("Register", rpcCode(serr).String())
-		return cororpc.AppendRegisterError(out, rpcCode(serr)), nil
+		rc.s.clientLog.Info("rpc register rejected", "function", fn, "instance", c.InstanceID, "err", serr)
+		rc.s.observe(fn, rpcCode(serr).String())
+		return cororpc.AppendRegisterError(out, rpcCode(serr))
 	}
-	rc.s.observe("Register", "OK")
-	return cororpc.AppendRegisterResult(out, cororpc.RegisterResult{InstanceID: cfg.InstanceID, IsNew: isNew}), nil
+	rc.s.observe(fn, "OK")
+	return cororpc.AppendRegisterResult(out, cororpc.RegisterResult{InstanceID: cfg.InstanceID, IsNew: isNew})
 }
 
 // unregister answers an Unregister call.
@@ -153,6 +189,10 @@ func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
 	id, tenant, rank, err := cororpc.DecodeUnregisterArgs(body)
 	if err != nil {
 		return out, err
+	}
+	if rc.s.refuseMutations {
+		rc.s.refused("Unregister", id)
+		return cororpc.AppendUnregisterError(out, cororpc.CodeConductorUnavailable), nil
 	}
 	key, serr := rc.s.svc.Unregister(id, tenant, int(rank))
 	if serr != nil {
@@ -163,15 +203,62 @@ func (rc *rpcConn) unregister(out, body []byte) ([]byte, error) {
 	return cororpc.AppendUnregisterResult(out, cororpc.UnregisterResult{RemovedKey: key}), nil
 }
 
+// refused counts and logs (rate-limited) a Register or Unregister refused because RPC
+// mutations are off.
+func (s *Server) refused(function, instance string) {
+	s.observe(function, cororpc.CodeConductorUnavailable.String())
+	s.clientLog.Warn("rpc "+function+" refused: admin_token is set and rpc_allow_mutations is not true "+
+		"(the RPC wire carries no token); register over HTTP with the token", "instance", instance)
+}
+
+// unregisterAdapter answers an UnregisterAdapter call: one adapter of a multi-LoRA
+// registration.
+func (rc *rpcConn) unregisterAdapter(out, body []byte) ([]byte, error) {
+	id, tenant, rank, lora, err := cororpc.DecodeUnregisterAdapterArgs(body)
+	if err != nil {
+		return out, err
+	}
+	if rc.s.refuseMutations {
+		rc.s.refused("UnregisterAdapter", id)
+		return cororpc.AppendUnregisterError(out, cororpc.CodeConductorUnavailable), nil
+	}
+	key, serr := rc.s.svc.UnregisterAdapter(id, tenant, int(rank), lora)
+	if serr != nil {
+		rc.s.observe("UnregisterAdapter", rpcCode(serr).String())
+		return cororpc.AppendUnregisterError(out, rpcCode(serr)), nil
+	}
+	rc.s.observe("UnregisterAdapter", "OK")
+	return cororpc.AppendUnregisterResult(out, cororpc.UnregisterResult{RemovedKey: key}), nil
+}
+
+// rpcServiceDetails is the ListServiceDetails answer: ListServices' entries with the
+// profile fields, media and self-check they cannot carry.
+func rpcServiceDetails(views []service.View) []cororpc.ServiceDetail {
+	cfgs := rpcServiceList(views)
+	out := make([]cororpc.ServiceDetail, len(views))
+	for i := range views {
+		c := &views[i].Config
+		out[i] = cororpc.ServiceDetail{Config: cfgs[i], IndexMedia: c.Media.Names(c.Kind), HashCheck: views[i].HashCheck,
+			Ext: cororpc.ProfileExt{LoraPath: c.Profile.LoraPath, LookaheadTokens: int64(c.Profile.Lookahead)}}
+		if c.Profile.ExtraKeys != hashing.ExtraKeysUntagged {
+			out[i].Ext.ExtraKeys = c.Profile.ExtraKeysName()
+		}
+	}
+	return out
+}
+
 func rpcProfile(p *hashing.Profile) cororpc.HashProfile {
 	return cororpc.HashProfile{Strategy: p.StrategyName(), Algorithm: p.AlgorithmName(), PythonHashSeed: p.Seed,
 		RootDigest: p.RootHex(), IndexProjection: p.ProjectionName()}
 }
 
-func rpcServiceList(svcs []service.Config) []cororpc.ServiceConfig {
-	out := make([]cororpc.ServiceConfig, len(svcs))
-	for i := range svcs {
-		c := &svcs[i]
+// rpcServiceList is the ListServices answer: one ServiceConfig per adapter of a
+// multi-LoRA registration, as /services lists them (the upstream type has no room for
+// the other fields of issue 25; root_digest covers them).
+func rpcServiceList(views []service.View) []cororpc.ServiceConfig {
+	out := make([]cororpc.ServiceConfig, len(views))
+	for i := range views {
+		c := &views[i].Config
 		out[i] = cororpc.ServiceConfig{
 			Endpoint: c.Endpoint, ReplayEndpoint: c.ReplayEndpoint, PublisherKind: c.Kind,
 			ModelName: c.ModelName, LoraName: c.LoraName, TenantID: c.TenantID, InstanceID: c.InstanceID,

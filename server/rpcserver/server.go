@@ -37,6 +37,9 @@ type Server struct {
 	// registrations), rate-limited per kind (RPCOptions.ClientLogLimit), then a count.
 	clientLog *slog.Logger
 	budget    *limits.Budget
+	// refuseMutations: Register and Unregister answer CONDUCTOR_UNAVAILABLE (the RPC wire
+	// carries no token; see Options.RefuseMutations).
+	refuseMutations bool
 
 	// done is closed by Close: frames waiting for the body budget give up.
 	done chan struct{}
@@ -76,11 +79,16 @@ type Options struct {
 	Budget *limits.Budget
 	// ClientLogLimit limits the log lines clients cause, per kind (zero: 20 per second).
 	ClientLogLimit lograte.Config
+	// RefuseMutations makes Register and Unregister answer CONDUCTOR_UNAVAILABLE without
+	// changing anything: the coro_rpc wire has no field for a token, so a server whose
+	// HTTP routes need the admin token refuses RPC changes unless told otherwise.
+	RefuseMutations bool
 }
 
 // New builds the RPC listener; call Serve with a listener.
 func New(opts Options) *Server {
-	s := &Server{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, maxBody: opts.MaxBody, conns: make(map[net.Conn]struct{}), access: opts.AccessLog}
+	s := &Server{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, maxBody: opts.MaxBody, conns: make(map[net.Conn]struct{}),
+		access: opts.AccessLog, refuseMutations: opts.RefuseMutations}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

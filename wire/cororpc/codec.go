@@ -418,13 +418,21 @@ func AppendUnregisterArgs(dst []byte, instanceID, tenantID string, dpRank int32)
 // DecodeUnregisterArgs decodes the Unregister argument body; strings are copied.
 func DecodeUnregisterArgs(body []byte) (instanceID, tenantID string, dpRank int32, err error) {
 	r := open(body, codeUnregisterArgs)
-	instanceID = r.at("instance_id").strCopy()
-	tenantID = r.at("tenant_id").strCopy()
-	dpRank = r.at("dp_rank").i32()
-	if err := r.done("Unregister arguments"); err != nil {
-		return "", "", 0, err
+	instanceID, tenantID, dpRank = r.serviceID()
+	if err := r.finish(); err != nil {
+		return "", "", 0, decodeErr("Unregister arguments", err)
 	}
 	return instanceID, tenantID, dpRank, nil
+}
+
+// serviceID reads the (instance_id, tenant_id, dp_rank) an unregistration names.
+func (r *reader) serviceID() (instanceID, tenantID string, dpRank int32) {
+	r.field = "instance_id"
+	instanceID = r.strCopy()
+	r.field = "tenant_id"
+	tenantID = r.strCopy()
+	r.field = "dp_rank"
+	return instanceID, tenantID, r.i32()
 }
 
 // AppendUnregisterResult appends a successful Unregister response body.

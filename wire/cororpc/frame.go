@@ -60,6 +60,12 @@ func FunctionName(id uint32) string {
 		return "GetGlobalView"
 	case FuncListServices:
 		return "ListServices"
+	case FuncRegisterEx:
+		return "RegisterEx"
+	case FuncUnregisterAdapter:
+		return "UnregisterAdapter"
+	case FuncListServiceDetails:
+		return "ListServiceDetails"
 	}
 	return ""
 }

@@ -17,6 +17,8 @@ func TestRPCFunctionIDsAreMD5OfQualifiedNames(t *testing.T) {
 	}{
 		{"Query", FuncQuery}, {"Register", FuncRegister}, {"Unregister", FuncUnregister},
 		{"GetGlobalView", FuncGetGlobalView}, {"ListServices", FuncListServices},
+		{"RegisterEx", FuncRegisterEx}, {"UnregisterAdapter", FuncUnregisterAdapter},
+		{"ListServiceDetails", FuncListServiceDetails},
 	} {
 		if got := FunctionID(ServiceQualifiedPrefix + c.name); got != c.id {
 			t.Errorf("%s: MD5 id %#08x, constant %#08x", c.name, got, c.id)

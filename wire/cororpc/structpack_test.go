@@ -71,6 +71,7 @@ func TestStructPackTypeCodesFromStructure(t *testing.T) {
 	rankHit := spLitTrivialStruct(8, i64, i64, i64, i64)
 	cacheHit := spLitStruct(i64, spLitOf(tidMap, i64, i64), spLitOf(tidMap, i64, rankHit), i64, i64, i64, i64)
 	contextView := spLitStruct(contextKey, profile, spLitOf(tidMap, str, spLitOf(tidSet, i64)), u64)
+	profileExt := spLitStruct(str, str, i64)
 
 	for _, c := range []struct {
 		name    string
@@ -87,6 +88,10 @@ func TestStructPackTypeCodesFromStructure(t *testing.T) {
 		{"vector<ServiceConfig>", spLitOf(tidVector, serviceConfig), codeServiceList},
 		{"string", str, codeString},
 		{"pair<uint16,string>", spLitStruct(spLit(tidUint16), str), codeU16StringPair},
+		// This conductor's methods (ext.go).
+		{"RegisterExArgs", spLitStruct(serviceConfig, profileExt, spLitOf(tidOptional, spLitOf(tidVector, str))), codeRegisterExArgs},
+		{"tuple<string,string,int,string>", spLitStruct(str, str, i32, str), codeUnregisterAdapterArgs},
+		{"vector<ServiceDetail>", spLitOf(tidVector, spLitStruct(serviceConfig, profileExt, spLitOf(tidVector, str), str)), codeServiceDetails},
 	} {
 		if got := spTypeCode(c.literal); got != c.code {
 			t.Errorf("%s: computed %#08x, constant %#08x", c.name, got, c.code)

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"bytes"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -367,14 +368,14 @@ func TestDecodeRegisterRequest(t *testing.T) {
 		HashProfile: httpapi.HashProfileFields{Strategy: "vllm_v1", Algorithm: "sha256_cbor", PythonHashSeed: "0",
 			IndexProjection: "low64_be", HasSeed: true},
 	}
-	if req != want {
+	if !reflect.DeepEqual(req, want) {
 		t.Fatalf("got %+v\nwant %+v", req, want)
 	}
 	// Strings are copies: the request buffer may be reused.
 	for i := range body {
 		body[i] = 'X'
 	}
-	if req != want {
+	if !reflect.DeepEqual(req, want) {
 		t.Fatal("decoded strings alias the body")
 	}
 

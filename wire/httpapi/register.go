@@ -1,10 +1,14 @@
 package httpapi
 
 import (
+	"fmt"
 	"math"
 	"strings"
 
+	"github.com/tinylib/msgp/msgp"
+
 	"github.com/conductor-go/conductor/hashing"
+	"github.com/conductor-go/conductor/wire/internal/msgpack"
 )
 
 // HashProfileFields is the hash_profile map of a registration as sent. Only its shape is
@@ -40,12 +44,19 @@ type RegisterRequest struct {
 	// only group supported.
 	CacheGroup  *int64
 	HashProfile HashProfileFields
+	// IndexMedia is index_media, the media to index: nil when absent (the kind's
+	// default). Names are checked by the server (translate.ParseIndexMedia).
+	IndexMedia []string
 }
 
 // UnregisterRequest is a decoded POST /unregister body.
 type UnregisterRequest struct {
 	InstanceID, TenantID string
 	DPRank               int
+	// LoraName, when HasLoraName, names the one adapter of a multi-LoRA registration to
+	// unregister; without it the whole service goes.
+	LoraName    string
+	HasLoraName bool
 }
 
 // Slots of the /register fields, in upstream's validation order.
@@ -61,6 +72,7 @@ const (
 	regCacheGroup
 	regHashProfile
 	regDPRank
+	regIndexMedia
 	regFields
 )
 
@@ -88,6 +100,8 @@ func registerSlot(key []byte) int {
 		return regHashProfile
 	case "dp_rank":
 		return regDPRank
+	case "index_media":
+		return regIndexMedia
 	}
 	return -1
 }
@@ -144,7 +158,40 @@ func DecodeRegisterRequest(body []byte) (RegisterRequest, *RequestError) {
 	if req.DPRank, rerr = dpRank(vals[regDPRank], ReasonInvalidType, ReasonOutOfRange); rerr != nil {
 		return req, rerr
 	}
+	if req.IndexMedia, rerr = stringList(vals[regIndexMedia], "index_media", maxIndexMedia); rerr != nil {
+		return req, rerr
+	}
 	return req, nil
+}
+
+// maxIndexMedia bounds index_media (an engine names three media).
+const maxIndexMedia = 16
+
+// stringList decodes an optional array of strings into copies (nil when absent): at most
+// max elements, each a string (the index of a wrong one is reported).
+func stringList(raw []byte, field string, max int) ([]string, *RequestError) {
+	if raw == nil {
+		return nil, nil
+	}
+	n, rest, err := msgp.ReadArrayHeaderBytes(raw)
+	if err != nil {
+		return nil, newRequestError(ReasonInvalidType, field, field+" must be an array of strings")
+	}
+	if int(n) > max {
+		return nil, newRequestError(ReasonOutOfRange, field, fmt.Sprintf("%s has %d elements, more than %d", field, n, max))
+	}
+	out := make([]string, 0, n)
+	for i := range int(n) {
+		s, r, err := msgpack.Str(rest)
+		if err != nil {
+			e := newRequestError(ReasonInvalidType, field, field+" elements must be strings")
+			e.Index = i
+			return nil, e
+		}
+		out = append(out, string(s))
+		rest = r
+	}
+	return out, nil
 }
 
 // Slots of the /unregister fields, in validation order.
@@ -152,6 +199,7 @@ const (
 	unregInstanceID = iota
 	unregTenantID
 	unregDPRank
+	unregLoraName
 	unregFields
 )
 
@@ -163,6 +211,8 @@ func unregisterSlot(key []byte) int {
 		return unregTenantID
 	case "dp_rank":
 		return unregDPRank
+	case "lora_name":
+		return unregLoraName
 	}
 	return -1
 }
@@ -187,6 +237,12 @@ func DecodeUnregisterRequest(body []byte) (UnregisterRequest, *RequestError) {
 	}
 	if req.DPRank, rerr = dpRank(vals[unregDPRank], ReasonInvalidValue, ReasonInvalidValue); rerr != nil {
 		return req, rerr
+	}
+	if raw := vals[unregLoraName]; raw != nil {
+		if req.LoraName, rerr = optionalString(raw, "lora_name"); rerr != nil {
+			return req, rerr
+		}
+		req.HasLoraName = true
 	}
 	return req, nil
 }

@@ -72,3 +72,46 @@ func TestDecodeRegisterProfileFieldErrors(t *testing.T) {
 		htCheck(t, c.name, e, c.want)
 	}
 }
+
+// index_media (an optional array of strings, names checked by the server) and the
+// optional lora_name of /unregister (one adapter of a multi-LoRA registration).
+func TestDecodeIndexMediaAndUnregisterLora(t *testing.T) {
+	req, e := httpapi.DecodeRegisterRequest(htEnc(htRegisterBase().plus("index_media", []any{"GPU", "cpu"})))
+	if e != nil || len(req.IndexMedia) != 2 || req.IndexMedia[0] != "GPU" || req.IndexMedia[1] != "cpu" {
+		t.Fatalf("index_media: %v %q", e, req.IndexMedia)
+	}
+	if req, e = httpapi.DecodeRegisterRequest(htEnc(htRegisterBase())); e != nil || req.IndexMedia != nil {
+		t.Fatalf("absent index_media: %v %q", e, req.IndexMedia)
+	}
+	if req, e = httpapi.DecodeRegisterRequest(htEnc(htRegisterBase().plus("index_media", []any{}))); e != nil || req.IndexMedia == nil {
+		t.Fatalf("an empty list is sent to the server as one (which refuses it): %v %v", e, req.IndexMedia)
+	}
+	many := make([]any, 17)
+	for i := range many {
+		many[i] = "GPU"
+	}
+	for _, c := range []htCase{
+		{"index_media string", htEnc(htRegisterBase().plus("index_media", "GPU")), htWant{httpapi.ReasonInvalidType, "index_media", -1, "index_media must be an array of strings"}},
+		{"index_media nil", htEnc(htRegisterBase().plus("index_media", nil)), htWant{httpapi.ReasonInvalidType, "index_media", -1, ""}},
+		{"index_media element", htEnc(htRegisterBase().plus("index_media", []any{"GPU", 3})), htWant{httpapi.ReasonInvalidType, "index_media", 1, "index_media elements must be strings"}},
+		{"index_media too long", htEnc(htRegisterBase().plus("index_media", many)), htWant{httpapi.ReasonOutOfRange, "index_media", -1, ""}},
+	} {
+		_, e := httpapi.DecodeRegisterRequest(c.body)
+		htCheck(t, c.name, e, c.want)
+	}
+
+	u, e := httpapi.DecodeUnregisterRequest(htEnc(htUnregisterBase()))
+	if e != nil || u.HasLoraName {
+		t.Fatalf("unregister without lora_name: %v %+v", e, u)
+	}
+	u, e = httpapi.DecodeUnregisterRequest(htEnc(htUnregisterBase().plus("lora_name", "")))
+	if e != nil || !u.HasLoraName || u.LoraName != "" {
+		t.Fatalf("unregister of the base adapter: %v %+v", e, u)
+	}
+	u, e = httpapi.DecodeUnregisterRequest(htEnc(htUnregisterBase().plus("lora_name", "adapter-a")))
+	if e != nil || !u.HasLoraName || u.LoraName != "adapter-a" {
+		t.Fatalf("unregister of an adapter: %v %+v", e, u)
+	}
+	_, e = httpapi.DecodeUnregisterRequest(htEnc(htUnregisterBase().plus("lora_name", 1)))
+	htCheck(t, "unregister lora_name int", e, htWant{httpapi.ReasonInvalidType, "lora_name", -1, "lora_name must be a string"})
+}

@@ -127,11 +127,22 @@ type Counters struct {
 	BodyTooLarge    atomic.Uint64 // HTTP 413
 	BodyBudgetFull  atomic.Uint64 // HTTP 503: in-flight body budget exhausted
 	InflightBody    atomic.Int64  // HTTP body bytes held now
-	LargeBodies     atomic.Uint64 // HTTP bodies above SmallBodyBytes served (memory release trigger)
+	LargeBodies     atomic.Uint64 // HTTP bodies above SmallBodyBytes served (memory release trigger: LargeBody)
 	Unauthorized    atomic.Uint64 // HTTP 401 on admin routes
 	RPCConnsRefused atomic.Uint64 // RPC connections closed at accept (cap reached)
 	RPCConns        atomic.Int64  // RPC connections open now
 	RPCTimeouts     atomic.Uint64 // RPC connections closed by the idle or read deadline
+	// OnLargeBody, when set before the servers start, is called by LargeBody (the App
+	// asks for a memory release then, instead of looking on a ticker).
+	OnLargeBody func()
+}
+
+// LargeBody counts an HTTP body above SmallBodyBytes served and calls OnLargeBody.
+func (c *Counters) LargeBody() {
+	c.LargeBodies.Add(1)
+	if c.OnLargeBody != nil {
+		c.OnLargeBody()
+	}
 }
 
 // Budget is the in-flight request-body byte budget, shared by HTTP and RPC; lock-free.

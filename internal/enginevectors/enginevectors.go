@@ -1,0 +1,35 @@
+// Package enginevectors reads the engine vector files of testdata/engines (what the
+// published vLLM and SGLang releases computed and sent, see its README.md) for the
+// tests of several packages, each with its own view of the files' fields.
+package enginevectors
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Load decodes every testdata/engines file whose name matches pattern (e.g. "vllm-*.json")
+// into a T, in file-name order; root is the repository root relative to the test. It
+// fails the test when there is none or one does not decode.
+func Load[T any](tb testing.TB, root, pattern string) []*T {
+	tb.Helper()
+	paths, err := filepath.Glob(filepath.Join(root, "testdata", "engines", pattern))
+	if err != nil || len(paths) == 0 {
+		tb.Fatalf("no engine vectors %s: %v", pattern, err)
+	}
+	out := make([]*T, 0, len(paths))
+	for _, p := range paths {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		v := new(T)
+		if err := json.Unmarshal(raw, v); err != nil {
+			tb.Fatalf("%s: %v", p, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
