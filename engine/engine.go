@@ -61,14 +61,26 @@ type Config struct {
 	MemoryLimitBytes int64
 	// Logger receives eviction warnings. nil means slog.Default().
 	Logger *slog.Logger
-	// MemoEntries sizes the query key memo shared by every context (hashing.Memo): blocks
-	// whose keys queries remember (in runs), so that a repeated prefix skips SHA-256. 0 or less
-	// disables it; servers default to hashing.DefaultMemoEntries.
+	// MemoEntries bounds the query key memo shared by every context (hashing.Memo): blocks
+	// whose keys queries remember (in runs), so that a repeated prefix skips SHA-256. 0 or
+	// less disables it; servers default to hashing.DefaultMemoEntries.
 	MemoEntries int
-	// PopulateMemo makes the memo resident in New (hashing.Memo.Populate), so that no
-	// query pays the page faults of its first writes; where that fails the memo fills
-	// as before, and New logs why.
+	// MemoStartEntries is the memo's size at start, in blocks: 0 means
+	// hashing.DefaultMemoStart. Below MemoEntries the memo grows, on a goroutine of the
+	// engine's, ahead of the index once queries use it (one memo block per two indexed
+	// blocks) and as queries fill it (up to two per indexed block), up to MemoEntries
+	// (query_memo.go); at or above it, the memo has MemoEntries blocks from the start.
+	MemoStartEntries int
+	// PopulateMemo makes the memo's pages resident before queries use them, so that no
+	// query pays the page faults of its first writes: each growth step's (the grower
+	// populates them before the memo takes the step), or, for a memo of fixed size, all
+	// of it in New (hashing.Memo.Populate). Where that fails the memo fills as before,
+	// and the engine logs why.
 	PopulateMemo bool
+
+	// manualMemoGrowth (tests) starts no grower: the test answers the memo's requests
+	// itself (growMemoStep), at chosen points.
+	manualMemoGrowth bool
 }
 
 // Errors returned by the engine. Callers compare with errors.Is. Those of the engine and
@@ -169,6 +181,10 @@ type Engine struct {
 	start     time.Time    // epochs are microseconds since start
 	log       *slog.Logger
 	memo      *hashing.Memo // nil: no memo
+	memoQuit  chan struct{} // closed by Close: stops growMemo
+	// memoAheadAt is the indexed blocks (total) past which a query asks the grower to
+	// grow the memo ahead of the index (query_memo.go).
+	memoAheadAt atomic.Int64
 
 	// ctxs is an immutable map replaced (copy on write) when a context is created, so
 	// queries look contexts up without locking.
@@ -188,8 +204,7 @@ type Engine struct {
 // New returns an empty engine.
 func New(cfg Config) *Engine {
 	e := &Engine{maxBlocks: cfg.MaxBlocksPerContext, maxTotal: max(cfg.MaxBlocks, 0), memLimit: max(cfg.MemoryLimitBytes, 0),
-		log: cfg.Logger, start: time.Now(),
-		memo: hashing.NewMemo(cfg.MemoEntries)}
+		log: cfg.Logger, start: time.Now()}
 	if e.maxBlocks == 0 {
 		e.maxBlocks = DefaultMaxBlocksPerContext
 	}
@@ -199,15 +214,7 @@ func New(cfg Config) *Engine {
 	if e.log == nil {
 		e.log = slog.Default()
 	}
-	if cfg.PopulateMemo && e.memo != nil {
-		start := time.Now()
-		if err := e.memo.Populate(); err != nil {
-			e.log.Warn("query key memo not populated: its pages become resident as queries fill it", "err", err)
-		} else {
-			e.log.Info("query key memo populated", "bytes", e.memo.Bytes(), "blocks", e.memo.Stats().Capacity,
-				"took", time.Since(start).Round(time.Millisecond))
-		}
-	}
+	e.newMemo(cfg)
 	m := map[ContextKey]*cacheContext{}
 	e.ctxs.Store(&m)
 	e.reqFree = make(chan *request, 64)
@@ -225,6 +232,9 @@ func (e *Engine) Close() {
 	e.closed = true
 	for _, c := range *e.ctxs.Load() {
 		close(c.quit)
+	}
+	if e.memoQuit != nil {
+		close(e.memoQuit)
 	}
 	e.mu.Unlock()
 	e.wg.Wait()

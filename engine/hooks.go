@@ -37,6 +37,9 @@ type testHooks struct {
 	// deleting runs on the writer while it deletes the record of key: after the record
 	// is marked free, before the key leaves the table.
 	deleting func(key uint64)
+	// memoGrew runs on the memo's grower after each request it handled, with whether the
+	// memo grew.
+	memoGrew func(grew bool)
 	// created runs on the writer right after the record of a new key entered the table
 	// (from then on a query can find it).
 	created func(key uint64)

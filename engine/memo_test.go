@@ -11,7 +11,7 @@ import (
 )
 
 // TestMemoDifferential drives two engines, one with a key memo (a small one, so that it
-// also evicts) and one without, with the same random stores, removes and clears of blocks
+// also evicts, or one that grows from a single set between queries) and one without, with the same random stores, removes and clears of blocks
 // hashed from real prompts, and checks that every Query (prompts repeating, extending,
 // truncating and editing earlier ones, with LoRAs, salts, instance filters and negative
 // tokens) gets the same answer and the same error from both, in every hash profile.
@@ -23,12 +23,20 @@ func TestMemoDifferential(t *testing.T) {
 		{"sglang_bigram", "sha256_raw", "first64_be"},
 	}
 	for pi, pc := range profiles {
-		for _, entries := range []int{1 << 14, 16} {
-			t.Run(fmt.Sprintf("%s-%s/memo%d", pc.strategy, pc.algo, entries), func(t *testing.T) {
+		for _, entries := range []int{1 << 14, 16, -1} {
+			name := fmt.Sprintf("%s-%s/memo%d", pc.strategy, pc.algo, entries)
+			cfg := Config{MemoEntries: entries}
+			if entries < 0 {
+				name = fmt.Sprintf("%s-%s/growing", pc.strategy, pc.algo)
+				log, _ := captureLogger()
+				cfg = Config{MemoEntries: 1 << 14, MemoStartEntries: 32, manualMemoGrowth: true, Logger: log}
+			}
+			t.Run(name, func(t *testing.T) {
 				p := resolve(t, pc.strategy, pc.algo, "0", pc.proj)
-				on := newTestEngine(t, Config{MemoEntries: entries})
+				on := newTestEngine(t, cfg)
+				grown, warned := 0, false
 				off := newTestEngine(t, Config{})
-				r := rand.New(rand.NewPCG(uint64(pi), uint64(entries)))
+				r := rand.New(rand.NewPCG(uint64(pi), uint64(entries&0xFFFF)))
 				loras, salts := []string{"", "lora-a"}, []string{"", "s1", "s2"}
 				slots := []Slot{{"a", 0}, {"a", 1}, {"b", 0}, {"c", 0}}
 				var keys []ContextKey
@@ -115,7 +123,17 @@ func TestMemoDifferential(t *testing.T) {
 						if filter != "zz" { // a filter naming no instance returns before hashing
 							hits += ron.BlocksFromMemo()
 						}
+						select {
+						case <-on.memo.GrowRequests(): // nil but for the growing memo
+							if on.growMemoStep(nil, &warned) {
+								grown++
+							}
+						default:
+						}
 					}
+				}
+				if entries < 0 && grown < 3 {
+					t.Fatalf("the memo grew %d times", grown)
 				}
 				st := on.MemoStats()
 				if hits == 0 || st.Hits != uint64(hits) || st.Misses == 0 {

@@ -200,7 +200,7 @@ func TestHashAheadBound(t *testing.T) {
 
 // TestWalkSwitchesToProbesMidWalk: in a table over probeMinEntries a walk goes its first
 // leanBlocks blocks without probes and then, when they were slow, continues with probes
-// from where it is. Whichever way it goes, the answer and the blocks walked are those of
+// from where it is; a walk whose blocks are SHA-hashed probes from block hashAfter. Whichever way it goes, the answer and the blocks walked are those of
 // a walk that never probes, for stops before, at and after the switch, over walk1's
 // tiers, through precomputed keys and through the hashing Query (memo cold and warm).
 func TestWalkSwitchesToProbesMidWalk(t *testing.T) {
@@ -257,6 +257,11 @@ func TestWalkSwitchesToProbesMidWalk(t *testing.T) {
 				if fmt.Sprint(got.Instances) != fmt.Sprint(want.Instances) {
 					t.Fatalf("stop %d switch %d Query round %d: %+v, want %+v", stop, sw, round,
 						got.Instances, want.Instances)
+				}
+				// Without a memo every block is SHA-hashed: walkAuto probes ahead from
+				// block hashAfter on (no timed lean start), every block it walks past it.
+				if sw == walkAuto && got.w.pb.probed < got.w.walked-hashAfter-1 {
+					t.Fatalf("stop %d Query round %d: probed %d of %d blocks walked", stop, round, got.w.pb.probed, got.w.walked)
 				}
 			}
 		}

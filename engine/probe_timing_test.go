@@ -84,7 +84,11 @@ func BenchmarkQueryWalkCold(b *testing.B) {
 // BenchmarkQueryCold is BenchmarkQueryWalkCold through the public Query of real prompts
 // (vllm_v1 sha256_cbor, 512 blocks) over an index of -coldblocks/4 blocks. "memo": every
 // block key is in the key memo (each prompt queried once before), the memo-warm full
-// hit; "hashed": no memo, every block SHA-hashed (the walk hashes windows ahead).
+// hit; "hashed": no memo, every block SHA-hashed (the walk hashes windows ahead);
+// "memo-cold": a prompt nobody asked before, with a server's memo (default size,
+// populated): every block SHA-hashed and its runs inserted, as a router's new prompt.
+// memo-cold asks each prompt once, so it needs -benchtime Nx with N at most the prompts
+// (-coldblocks/2048; `make test` runs it once).
 func BenchmarkQueryCold(b *testing.B) {
 	const blocks = 512
 	prompts := max(*coldBlocks/blocks/4, 1) // hashing the setup is the cost: a quarter
@@ -105,17 +109,20 @@ func BenchmarkQueryCold(b *testing.B) {
 			keys[pr*blocks+j] = k
 		}
 	}
-	for _, memo := range []bool{true, false} {
-		name := "hashed"
-		if memo {
-			name = "memo"
-		}
+	for _, name := range []string{"memo", "hashed", "memo-cold"} {
+		memo, cold := name != "hashed", name == "memo-cold"
 		b.Run(name, func(b *testing.B) {
+			if cold && b.N > prompts {
+				b.Fatalf("memo-cold asks each of the %d prompts once: run it with -benchtime %dx or less", prompts, prompts)
+			}
 			entries := 0
 			if memo {
 				entries = 16 * prompts * blocks // 4-way sets: room enough that few are lost
 			}
-			e := New(Config{MaxBlocksPerContext: -1, MemoEntries: entries,
+			if cold {
+				entries = hashing.DefaultMemoEntries
+			}
+			e := New(Config{MaxBlocksPerContext: -1, MemoEntries: entries, MemoStartEntries: entries, PopulateMemo: cold,
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			defer e.Close()
 			for i := 0; i < 8; i++ {
@@ -131,7 +138,7 @@ func BenchmarkQueryCold(b *testing.B) {
 			var res Result
 			mode := benchWalkMode()
 			q := &Query{Key: ctxA}
-			for pr := 0; memo && pr < prompts; pr++ { // fills the memo
+			for pr := 0; memo && !cold && pr < prompts; pr++ { // fills the memo
 				q.Tokens = toks[pr*blocks*16 : (pr+1)*blocks*16]
 				if err := e.queryWith(q, &res, mode); err != nil {
 					b.Fatal(err)
@@ -145,10 +152,10 @@ func BenchmarkQueryCold(b *testing.B) {
 			// Every block comes from the memo but those its 4-way sets lost to overflow
 			// (rare at this load, counted as evictions: each costs one hashed block).
 			want := 0
-			if memo {
+			if memo && !cold {
 				want = blocks - int(min(e.MemoStats().Evictions, blocks))
 			}
-			if res.Instances[0].Disk != blocks*16 || res.fromMemo < want || !memo && res.fromMemo != 0 {
+			if res.Instances[0].Disk != blocks*16 || res.fromMemo < want || (!memo || cold) && res.fromMemo != 0 {
 				b.Fatalf("walk stopped early or hashed: %d, %d of %d from the memo (%d evictions)",
 					res.Instances[0].Disk, res.fromMemo, blocks, e.MemoStats().Evictions)
 			}
@@ -169,7 +176,7 @@ func BenchmarkQueryWarm(b *testing.B) {
 	for i := range toks {
 		toks[i] = int32(i*7 + 1)
 	}
-	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries,
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries, MemoStartEntries: hashing.DefaultMemoEntries,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer e.Close()
 	slots := make([]Slot, 8)
@@ -233,7 +240,7 @@ func BenchmarkQueryWarmTwoContexts(b *testing.B) {
 		toks[i] = int32(i*7 + 1)
 	}
 	ctxB := ContextKey{TenantID: "other", ModelName: "m", BlockSize: 16}
-	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries,
+	e := New(Config{MaxBlocksPerContext: -1, MemoEntries: hashing.DefaultMemoEntries, MemoStartEntries: hashing.DefaultMemoEntries,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer e.Close()
 	keys := make([]uint64, blocks)

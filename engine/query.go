@@ -99,6 +99,7 @@ func (e *Engine) query(key ContextKey, filter string, in walkInput, res *Result,
 			err = w.run(v, mask, hook, mode, &w.chain, w.chain.NumBlocks(), int64(w.chain.Positions()), key.BlockSize)
 			w.chain.Done() // publishes the walk's memo inserts and counters
 			res.hashed, res.fromMemo = w.chain.Hashed(), w.chain.MemoHits()
+			e.memoAheadOfIndex(res)
 		} else {
 			w.keys = sliceKeys{keys: in.keys, hints: in.hints}
 			err = w.run(v, mask, hook, mode, &w.keys, len(in.keys), int64(in.positions), key.BlockSize)

@@ -139,18 +139,36 @@ func (r *walker) walk1(tab *table, mode walkMode, src keySource, nblocks int, po
 	}
 	// A large table: the first leanBlocks blocks go without probes, timed. When their
 	// records were in the caches (a prompt asked again soon), probing ahead would only
-	// add its bookkeeping; when they were not, the rest of the walk probes ahead.
+	// add its bookkeeping; when they were not, the rest of the walk probes ahead. A
+	// hashed prompt probes from block hashAfter (below).
 	if nblocks <= leanBlocks {
 		return r.walk1Loop(&w, src, 0, nblocks, nblocks, positions, bs, false)
 	}
 	t0 := time.Now()
-	if err := r.walk1Loop(&w, src, 0, leanBlocks, nblocks, positions, bs, false); err != nil || w.done {
+	if err := r.walk1Loop(&w, src, 0, hashAfter, nblocks, positions, bs, false); err != nil || w.done {
+		return err
+	}
+	// A prompt whose first blocks were SHA-hashed (a cold one: the key memo lacks them)
+	// probes ahead from here: hashing alone takes longer than probeAboveNs a block, so the
+	// timed start would only delay the switch, paying two memory round trips a block
+	// (table entry, then record) that the probes overlap (probeBuf.next).
+	if mode != walkSwitchLean && shaHashed(src) {
+		return r.walk1Loop(&w, src, hashAfter, nblocks, nblocks, positions, bs, true)
+	}
+	if err := r.walk1Loop(&w, src, hashAfter, leanBlocks, nblocks, positions, bs, false); err != nil || w.done {
 		return err
 	}
 	if mode == walkSwitchLean || (mode != walkSwitchProbed && time.Since(t0) < leanBlocks*probeAboveNs) {
 		return r.walk1Loop(&w, src, leanBlocks, nblocks, nblocks, positions, bs, false)
 	}
 	return r.walk1Loop(&w, src, leanBlocks, nblocks, nblocks, positions, bs, true)
+}
+
+// shaHashed reports whether src SHA-hashed any block it returned (a hashing.Chain whose
+// key memo lacked them, or that has none).
+func shaHashed(src keySource) bool {
+	c, ok := src.(*hashing.Chain)
+	return ok && c.Hashed() > c.MemoHits()
 }
 
 // walk1State is where a walk1 loop left off: the four alive sets, the table it reads

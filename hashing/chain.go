@@ -291,7 +291,7 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 		if c.xxh {
 			xxhDigest(d, pre)
 		} else {
-			*d = sum256Room(pre)
+			sum256RoomTo(d, pre)
 		}
 	case StrategySGLang:
 		s := i * bs
@@ -301,7 +301,7 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 			c.err = err
 			return err
 		}
-		*d = sum256Room(encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
+		sum256RoomTo(d, encodeSGLangBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	case StrategySGLangBigram:
 		s := i * bs
 		e := min(s+bs, c.positions)
@@ -310,7 +310,7 @@ func (c *Chain) hashBlock(i int, d *[32]byte) error {
 			c.err = err
 			return err
 		}
-		*d = sum256Room(encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
+		sum256RoomTo(d, encodeBigramBlock(c.buf[:cap(c.buf)], c.hasParent, &c.parent, toks))
 	}
 	return nil
 }

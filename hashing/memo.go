@@ -12,6 +12,10 @@ import (
 // memoRun blocks, 160 MiB once every entry has been written.
 const DefaultMemoEntries = 1 << 23
 
+// DefaultMemoStart is the size, in blocks, that servers' memos start at and grow from
+// (NewGrowingMemo): 131,072 blocks, 2.5 MiB once written.
+const DefaultMemoStart = 1 << 17
+
 // MemoEntryBytes is the memory one memo entry takes, for a run of memoRun blocks (20
 // bytes a block): two cache lines for the entry, and its record hints (memoRun 32-bit
 // words, kept apart from the entry; see Chain.HintsAhead).
@@ -52,7 +56,7 @@ const memoRun = 8
 // a false match needs both lanes, under independent secret keys, to collide at once plus
 // the check word; the 64-bit index keys themselves collide far more often.
 //
-// The table is a fixed array of 4-way sets (512 bytes, one entry two adjacent cache
+// The table is an array of 4-way sets (512 bytes, one entry two adjacent cache
 // lines, 128-byte aligned) with a reference bit per entry: an insert replaces an empty or unreferenced way, and when every
 // way was used since the set was last passed over it clears their bits and takes one (a
 // clock per set). Each entry has a preferred way (two bits of lane B, pref) that inserts
@@ -68,31 +72,50 @@ const memoRun = 8
 // Hints are not covered by the check word: a walk checks a hint against the record
 // itself, and a replaced entry's hints are stale until a walk corrects them.
 //
-// A Memo is safe for concurrent use. Its table is mapped once by NewMemo, outside the Go
-// heap and on transparent huge pages where the kernel allows (allocEntries); pages become
-// resident as entries are written, and the mapping goes when the Memo is unreachable.
+// A Memo is safe for concurrent use. Its largest table is mapped once by NewMemo or
+// NewGrowingMemo, outside the Go heap and on transparent huge pages where the kernel
+// allows (allocEntries); the table queries use is a prefix of it, which a growing memo
+// enlarges (Grow, memo_grow.go); pages become resident as entries are written or
+// populated, and the mapping goes when the Memo is unreachable.
 type Memo struct {
-	ents []memoEntry
-	// hints holds memoRun words per entry (entry e's at e*memoRun): for each block of the
-	// run, a record index plus one that a walk found its key at, for the next walk to try
-	// first (0 = none). The memo never reads them; a walk verifies what it is given.
-	hints   []uint32
-	setMask uint64 // sets - 1
+	// tab is the table queries use now: the first sets of the mapping (ents, hints) that
+	// the memo has grown to. Grow publishes a larger one; a chain loads it once per
+	// prompt (ResetMemo), so a prompt sees one table from start to end.
+	tab atomic.Pointer[memoTable]
+	// ents and hints are the whole reservation, the limit's sets: the current table is a
+	// prefix of each (entry e's hints at e*memoRun of hints, whatever the table's size).
+	ents  []memoEntry
+	hints []uint32
 	// seedA and seedB seed the two lanes' start values, laneA and laneB key their block
 	// hashes and chain folds (blockLanes); ck keys the check word. Random per Memo.
 	seedA, seedB uint64
 	laneA, laneB laneKeys
 	ck           [memoEntryWords]uint64
 
-	// region is the mapping that holds ents and hints (nil where they are on the heap).
-	region []byte
+	// region is the mapping that holds ents and hints (nil where they are on the heap);
+	// entsOff and hintsOff are where they start in it.
+	region            []byte
+	entsOff, hintsOff int
+
+	grower memoGrower
 
 	stripe  atomic.Uint32
 	stripes [memoStripes]memoCounters
 }
 
-// Populate makes the whole memo resident now, where its pages otherwise become resident
-// as queries first write to them. In a fresh process the first writes land on untouched
+// memoTable is a memo's table at one size: its first len(ents)/memoWays sets, their
+// record hints, and the memo's check keys. Queries read and write entries through it;
+// it never changes once published (Grow publishes another).
+type memoTable struct {
+	ents    []memoEntry
+	hints   []uint32
+	setMask uint64 // sets - 1
+	ck      *[memoEntryWords]uint64
+}
+
+// Populate makes the memo's current table resident now, where its pages otherwise become
+// resident as queries first write to them (a growing memo's later sizes are populated by
+// Grow, NewGrowingMemo). In a fresh process the first writes land on untouched
 // pages at random, and each costs the query that makes it a page fault that zeroes a
 // (huge) page: on a VM, cold queries of a new conductor cost two to three times what they
 // cost once the memo has been used (each prompt asked once, 8K tokens: 450-800 us of
@@ -108,12 +131,12 @@ func (m *Memo) Populate() error {
 	return m.populate()
 }
 
-// Bytes is the memory the memo's table and record hints take once resident.
+// Bytes is the memory the memo's current table and record hints take once resident.
 func (m *Memo) Bytes() int {
 	if m == nil {
 		return 0
 	}
-	return len(m.ents) * MemoEntryBytes
+	return len(m.tab.Load().ents) * MemoEntryBytes
 }
 
 // memoStripes spreads the statistics counters over cache lines so that concurrent queries
@@ -150,8 +173,8 @@ type memoRunVal struct {
 
 // MemoStats are a Memo's cumulative counters.
 type MemoStats struct {
-	// Capacity is the number of blocks the memo can hold (runs times memoRun, a power of
-	// two).
+	// Capacity is the number of blocks the memo can hold at its current size (runs times
+	// memoRun, a power of two; a growing memo's grows, see Grow).
 	Capacity int
 	// Hits counts blocks whose key a query took from the memo; Misses counts blocks a
 	// query had to SHA-hash while a memo was attached.
@@ -163,27 +186,13 @@ type MemoStats struct {
 
 // NewMemo returns a memo of at least blocks blocks (rounded up to a power of two, at
 // least 4 runs of memoRun), or nil when blocks <= 0: a nil *Memo disables memoisation.
+// Its size is fixed (NewGrowingMemo makes one that grows).
 func NewMemo(blocks int) *Memo {
-	if blocks <= 0 {
-		return nil
-	}
-	n := memoRuns(blocks)
-	m := &Memo{
-		setMask: uint64(n/memoWays - 1),
-		seedA:   rand.Uint64(),
-		seedB:   rand.Uint64(),
-		laneA:   newLaneKeys(),
-		laneB:   newLaneKeys(),
-	}
-	for i := range m.ck {
-		m.ck[i] = rand.Uint64()
-	}
-	m.ents, m.hints, m.region = allocEntries(n, m)
-	return m
+	return NewGrowingMemo(blocks, blocks, false)
 }
 
-// memoRuns is the number of runs a memo of blocks blocks has: at least memoWays, a
-// power of two.
+// memoRuns is the number of entries (runs) of a memo of at least blocks blocks: a power
+// of two, at least one set.
 func memoRuns(blocks int) int {
 	n := memoWays
 	for n*memoRun < blocks {
@@ -192,8 +201,45 @@ func memoRuns(blocks int) int {
 	return n
 }
 
-// MemoBytes is the memory NewMemo(blocks) takes once every entry has been written (0 for
-// blocks <= 0), so that a configuration can be checked before the memo is allocated.
+// NewGrowingMemo returns a memo of at least start blocks that Grow can enlarge up to at
+// least limit blocks (both rounded up to powers of two), or nil when limit <= 0. Only
+// address space is reserved for the limit: pages become resident as entries are written,
+// or, with prefault, as Grow makes them part of the table (see Grow). Once queries have
+// inserted runs for half of its capacity since it last grew (or was made), the memo asks
+// to grow through GrowRequests; whoever owns it decides by how much and calls Grow.
+func NewGrowingMemo(start, limit int, prefault bool) *Memo {
+	if limit <= 0 {
+		return nil
+	}
+	total := memoRuns(limit)
+	n := min(memoRuns(start), total)
+	m := &Memo{
+		seedA: rand.Uint64(),
+		seedB: rand.Uint64(),
+		laneA: newLaneKeys(),
+		laneB: newLaneKeys(),
+	}
+	for i := range m.ck {
+		m.ck[i] = rand.Uint64()
+	}
+	m.ents, m.hints, m.region, m.entsOff, m.hintsOff = allocEntries(total, m)
+	m.tab.Store(m.table(n))
+	m.grower.init(n, n < total, prefault)
+	return m
+}
+
+// table returns the table of the first n entries (a power of two, at least one set).
+func (m *Memo) table(n int) *memoTable {
+	return &memoTable{ents: m.ents[:n:n], hints: m.hints[: n*memoRun : n*memoRun],
+		setMask: uint64(n/memoWays - 1), ck: &m.ck}
+}
+
+// cur returns the table queries use now.
+func (m *Memo) cur() *memoTable { return m.tab.Load() }
+
+// MemoBytes is the memory a memo of at most blocks blocks takes once grown to its bound
+// and written all over (0 for blocks <= 0), so that a configuration can be checked before
+// the memo is made.
 func MemoBytes(blocks int) int64 {
 	if blocks <= 0 {
 		return 0
@@ -206,7 +252,7 @@ func (m *Memo) Stats() MemoStats {
 	if m == nil {
 		return MemoStats{}
 	}
-	s := MemoStats{Capacity: len(m.ents) * memoRun}
+	s := MemoStats{Capacity: len(m.tab.Load().ents) * memoRun}
 	for i := range m.stripes {
 		st := &m.stripes[i]
 		s.Hits += st.hits.Load()
@@ -228,8 +274,8 @@ func memoMul(x, y uint64) uint64 {
 // entry. Independent products of key-masked word pairs, summed and mixed once more:
 // any mix of two entries' words (a torn read) gives another value but with probability
 // about 2^-64.
-func (m *Memo) checkOf(v *memoRunVal) uint64 {
-	k := &m.ck
+func (m *memoTable) checkOf(v *memoRunVal) uint64 {
+	k := m.ck
 	h := memoMul(v.a^k[0], v.b^k[1]) +
 		memoMul(v.k[0]^k[2], v.k[1]^k[3]) + memoMul(v.k[2]^k[4], v.k[3]^k[5]) +
 		memoMul(v.k[4]^k[6], v.k[5]^k[7]) + memoMul(v.k[6]^k[8], v.k[7]^k[9]) +
@@ -241,7 +287,7 @@ func (m *Memo) checkOf(v *memoRunVal) uint64 {
 const memoWays = 4
 
 // set returns the first entry of the set of lane a.
-func (m *Memo) set(a uint64) int { return int(a&m.setMask) * memoWays }
+func (m *memoTable) set(a uint64) int { return int(a&m.setMask) * memoWays }
 
 // pref is the way an entry of lane b goes to when it can: lookups try it first, and
 // touch loads only its lines, so a set's other entries are fetched only for inserts that
@@ -250,30 +296,30 @@ func pref(b uint64) int { return int(b >> 62) }
 
 // touch loads a word of each line of (a, b)'s preferred way so that both are on their
 // way before the real lookup or insert; the result only feeds a sink.
-func (m *Memo) touch(a, b uint64) uint64 {
+func (m *memoTable) touch(a, b uint64) uint64 {
 	e := &m.ents[m.set(a)+pref(b)]
 	return ldw(&e.a) + ldw(&e.d[0])
 }
 
 // hintOwner returns the owner of entry w's record hints (0: none).
-func (m *Memo) hintOwner(w int) uint32 { return uint32(ldw(&m.ents[w].ref) >> 32) }
+func (m *memoTable) hintOwner(w int) uint32 { return uint32(ldw(&m.ents[w].ref) >> 32) }
 
 // claimHints makes owner the owner of entry w's record hints, keeping its reference bit.
-func (m *Memo) claimHints(w int, owner uint32) {
+func (m *memoTable) claimHints(w int, owner uint32) {
 	e := &m.ents[w]
 	stw(&e.ref, ldw(&e.ref)&0xFFFFFFFF|uint64(owner)<<32)
 }
 
 // touchHints is touch for the preferred way's record hints (a lookup that finds the run
 // reads them).
-func (m *Memo) touchHints(a, b uint64) uint64 {
+func (m *memoTable) touchHints(a, b uint64) uint64 {
 	return uint64(atomic.LoadUint32(&m.hints[(m.set(a)+pref(b))*memoRun]))
 }
 
 // touchSet loads a word of both lines of every entry of the set of lane a, for an insert
 // whose preferred way is taken, which reads every way's lanes (first line), check word
 // and reference bit (second line; see insert).
-func (m *Memo) touchSet(a uint64) uint64 {
+func (m *memoTable) touchSet(a uint64) uint64 {
 	s := m.set(a)
 	e := m.ents[s : s+memoWays : s+memoWays]
 	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a) +
@@ -282,16 +328,16 @@ func (m *Memo) touchSet(a uint64) uint64 {
 
 // preferredEmpty reports whether the preferred way of (a, b) is empty, so that an insert
 // of (a, b) writes only that entry (see insert).
-func (m *Memo) preferredEmpty(a, b uint64) bool {
+func (m *memoTable) preferredEmpty(a, b uint64) bool {
 	return ldw(&m.ents[m.set(a)+pref(b)].check) == 0
 }
 
 // lookup copies the run stored under (a, b) into v and reports whether it was there: the
 // preferred way first, then the others.
-func (m *Memo) lookup(a, b uint64, v *memoRunVal) bool { return m.lookupAt(a, b, v) >= 0 }
+func (m *memoTable) lookup(a, b uint64, v *memoRunVal) bool { return m.lookupAt(a, b, v) >= 0 }
 
 // lookupAt is lookup returning the index of the entry found, or -1.
-func (m *Memo) lookupAt(a, b uint64, v *memoRunVal) int {
+func (m *memoTable) lookupAt(a, b uint64, v *memoRunVal) int {
 	s := m.set(a)
 	p := pref(b)
 	for i := 0; i < memoWays; i++ {
@@ -323,7 +369,13 @@ func (m *Memo) lookupAt(a, b uint64, v *memoRunVal) int {
 // referenced since the set was last passed over, the preferred way first in both cases;
 // when every way was referenced, their bits are cleared and the preferred way is taken (a
 // clock per set).
-func (m *Memo) insert(v *memoRunVal) (wrote, evicted bool) {
+func (m *memoTable) insert(v *memoRunVal) (wrote, evicted bool) {
+	_, wrote, evicted = m.place(v)
+	return wrote, evicted
+}
+
+// place is insert, also returning the entry written (or found).
+func (m *memoTable) place(v *memoRunVal) (at int, wrote, evicted bool) {
 	a, b := v.a, v.b
 	s := m.set(a)
 	p := s + pref(b)
@@ -333,14 +385,14 @@ func (m *Memo) insert(v *memoRunVal) (wrote, evicted bool) {
 		// preferred way comes first), and the set cannot hold (a, b) elsewhere: entries
 		// are never removed, so the way was empty whenever an entry of this preference
 		// was inserted, and that entry took it. One entry read instead of four.
-		return true, m.write(&m.ents[p], v, ck)
+		return p, true, m.write(&m.ents[p], v, ck)
 	}
 	empty, unref := -1, -1
 	for w := s; w < s+memoWays; w++ {
 		e := &m.ents[w]
 		c := ldw(&e.check)
 		if c == ck && ldw(&e.a) == a && ldw(&e.b) == b {
-			return false, false
+			return w, false, false
 		}
 		if c == 0 && (empty < 0 || w == p) {
 			empty = w
@@ -361,16 +413,26 @@ func (m *Memo) insert(v *memoRunVal) (wrote, evicted bool) {
 			}
 		}
 	}
-	return true, m.write(&m.ents[victim], v, ck)
+	return victim, true, m.write(&m.ents[victim], v, ck)
 }
 
-// write fills e and reports whether it held a valid-looking entry before.
-func (m *Memo) write(e *memoEntry, v *memoRunVal, ck uint64) bool {
-	w := memoWriter{e: e, v: v, check: ck}
-	var old uint64
-	for k := 0; k < memoWriteSteps; k++ {
-		old |= w.step(k)
+// write fills e and reports whether it held a valid-looking entry before. It stores the
+// words in memoWriter's order (the check as 0 first, so that readers see the entry absent
+// while it changes, the check last), written out rather than stepped: the tests'
+// interleavings step a memoWriter, and TestMemoWriteMatchesSteps holds the two equal.
+func (m *memoTable) write(e *memoEntry, v *memoRunVal, ck uint64) bool {
+	old := ldw(&e.check)
+	stw(&e.check, 0)
+	stw(&e.a, v.a)
+	stw(&e.b, v.b)
+	for j := range v.k {
+		stw(&e.k[j], v.k[j])
 	}
+	for j := range v.d {
+		stw(&e.d[j], v.d[j])
+	}
+	stw(&e.ref, 1)
+	stw(&e.check, ck)
 	return old != 0
 }
 
@@ -387,7 +449,7 @@ type memoWriter struct {
 	check uint64
 }
 
-func (m *Memo) newWriter(e *memoEntry, v *memoRunVal) memoWriter {
+func (m *memoTable) newWriter(e *memoEntry, v *memoRunVal) memoWriter {
 	return memoWriter{e: e, v: v, check: m.checkOf(v)}
 }
 

@@ -305,7 +305,7 @@ func TestMemoWriteInterleavings(t *testing.T) {
 	check := func(where string) {
 		for _, v := range vals {
 			var got memoRunVal
-			if m.lookup(v.a, v.b, &got) && got != v {
+			if m.cur().lookup(v.a, v.b, &got) && got != v {
 				t.Fatalf("%s: lookup of run %d returned another run's words", where, v.a)
 			}
 		}
@@ -314,10 +314,10 @@ func TestMemoWriteInterleavings(t *testing.T) {
 		for w := range m.ents {
 			m.ents[w] = memoEntry{}
 		}
-		if wrote, _ := m.insert(&vals[0]); !wrote {
+		if wrote, _ := m.cur().insert(&vals[0]); !wrote {
 			t.Fatal("insert into an empty set did not write")
 		}
-		w := [2]memoWriter{m.newWriter(&m.ents[0], &vals[1]), m.newWriter(&m.ents[0], &vals[2])}
+		w := [2]memoWriter{m.cur().newWriter(&m.ents[0], &vals[1]), m.cur().newWriter(&m.ents[0], &vals[2])}
 		var n [2]int
 		for _, who := range order {
 			g := groups[n[who]]
@@ -370,10 +370,31 @@ func TestMemoWriteInterleavings(t *testing.T) {
 	}
 	// A complete write by one writer is found.
 	m.ents[0] = memoEntry{}
-	m.insert(&vals[1])
+	m.cur().insert(&vals[1])
 	var got memoRunVal
-	if !m.lookup(vals[1].a, vals[1].b, &got) || got != vals[1] {
+	if !m.cur().lookup(vals[1].a, vals[1].b, &got) || got != vals[1] {
 		t.Fatal("complete write not found")
+	}
+}
+
+// TestMemoWriteMatchesSteps: the insert's written-out stores (memoTable.write) leave an
+// entry exactly as the stepped writer the interleaving tests use (memoWriter), from an
+// empty entry and over another run, and report the same "held a valid entry" flag.
+func TestMemoWriteMatchesSteps(t *testing.T) {
+	m := NewMemo(1)
+	tab := m.cur()
+	for _, before := range []memoEntry{{}, {a: 5, b: 6, check: 7, ref: 1<<40 | 1}} {
+		v := memoVal(9)
+		var byWrite, bySteps memoEntry = before, before
+		got := tab.write(&byWrite, &v, tab.checkOf(&v))
+		w := tab.newWriter(&bySteps, &v)
+		var old uint64
+		for k := 0; k < memoWriteSteps; k++ {
+			old |= w.step(k)
+		}
+		if byWrite != bySteps || got != (old != 0) {
+			t.Fatalf("from %+v: write %+v (%v), steps %+v (%v)", before, byWrite, got, bySteps, old != 0)
+		}
 	}
 }
 
@@ -381,17 +402,28 @@ func TestMemoWriteInterleavings(t *testing.T) {
 // replacements of the same entries) each get exactly the plain chain's keys. Under -race
 // this also checks that every shared word is accessed atomically.
 func TestMemoConcurrentChains(t *testing.T) {
-	ps := allProfiles(t)
-	p := ps["sglang"]
-	r := rand.New(rand.NewPCG(8, 9))
-	prompts := memoWorkload(r, 40, false)
+	p := allProfiles(t)["sglang"]
+	prompts := memoWorkload(rand.New(rand.NewPCG(8, 9)), 40, false)
+	concurrentChains(t, NewMemo(16), &p, prompts, nil)
+}
+
+// plainRuns returns what a chain without memo produces for each prompt (block size 4).
+func plainRuns(p *Profile, salt string, prompts [][]int32) []chainRun {
 	want := make([]chainRun, len(prompts))
 	for i, toks := range prompts {
-		want[i] = runChain(&Chain{}, nil, &p, 4, "", "s", toks, -1)
+		want[i] = runChain(&Chain{}, nil, p, 4, "", salt, toks, -1)
 	}
-	m := NewMemo(16)
+	return want
+}
+
+// concurrentChains runs chains on four goroutines over prompts (block size 4, salt "s"),
+// three rounds each, with memo m, and beside them beside (when not nil) on a fifth; it
+// fails the test when a chain's keys differ from the plain chain's or beside fails.
+func concurrentChains(t *testing.T, m *Memo, p *Profile, prompts [][]int32, beside func() error) {
+	t.Helper()
+	want := plainRuns(p, "s", prompts)
 	var wg sync.WaitGroup
-	errs := make(chan string, 4)
+	errs := make(chan string, 5)
 	for g := range 4 {
 		wg.Add(1)
 		go func() {
@@ -399,10 +431,19 @@ func TestMemoConcurrentChains(t *testing.T) {
 			var ch Chain
 			for k := range 3 * len(prompts) {
 				i := (k*7 + g*13) % len(prompts)
-				if got := runChain(&ch, m, &p, 4, "", "s", prompts[i], -1); !sameRun(want[i], got) {
+				if got := runChain(&ch, m, p, 4, "", "s", prompts[i], -1); !sameRun(want[i], got) {
 					errs <- "prompt differs under concurrency"
 					return
 				}
+			}
+		}()
+	}
+	if beside != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := beside(); err != nil {
+				errs <- err.Error()
 			}
 		}()
 	}
@@ -541,7 +582,7 @@ func TestMemoLostRunCostsItsBlocks(t *testing.T) {
 		a, b := lanesOf(m, &p, bs, "", "s", toks)
 		for j := memoRun - 1; j < len(a); j += memoRun {
 			var v memoRunVal
-			if m.lookup(a[j], b[j], &v) {
+			if m.cur().lookup(a[j], b[j], &v) {
 				present++
 			}
 		}
@@ -559,7 +600,7 @@ func TestMemoLostRunCostsItsBlocks(t *testing.T) {
 		for r := range have {
 			j := r*memoRun + memoRun - 1
 			var v memoRunVal
-			if have[r] = m.lookup(a[j], b[j], &v); have[r] {
+			if have[r] = m.cur().lookup(a[j], b[j], &v); have[r] {
 				n += memoRun
 			} else if r > 0 && !have[r-1] {
 				pairs++
@@ -595,7 +636,7 @@ func TestMemoLostRunCostsItsBlocks(t *testing.T) {
 // policy as documented on Memo (a duplicate is not written; the victim is an empty way,
 // else an unreferenced one, the preferred way first in both cases; else the preferred
 // way after clearing the others' reference bits).
-func fullScanInsert(m *Memo, v *memoRunVal) (wrote, evicted bool) {
+func fullScanInsert(m *memoTable, v *memoRunVal) (wrote, evicted bool) {
 	s := m.set(v.a)
 	p := s + pref(v.b)
 	ck := m.checkOf(v)
@@ -637,8 +678,7 @@ func fullScanInsert(m *Memo, v *memoRunVal) (wrote, evicted bool) {
 func TestMemoInsertMatchesFullScan(t *testing.T) {
 	r := rand.New(rand.NewPCG(21, 22))
 	m := NewMemo(32 * memoRun) // 8 sets
-	ref := &Memo{ents: make([]memoEntry, len(m.ents)), setMask: m.setMask, seedA: m.seedA, seedB: m.seedB,
-		ck: m.ck, laneA: m.laneA, laneB: m.laneB}
+	ref := &memoTable{ents: make([]memoEntry, len(m.ents)), setMask: m.cur().setMask, ck: &m.ck}
 	pool := make([]memoRunVal, 120)
 	for i := range pool {
 		pool[i] = memoVal(r.Uint64())
@@ -651,12 +691,12 @@ func TestMemoInsertMatchesFullScan(t *testing.T) {
 		k := &pool[r.IntN(len(pool))]
 		if r.IntN(3) == 0 {
 			var v1, v2 memoRunVal
-			if m.lookup(k.a, k.b, &v1) != ref.lookup(k.a, k.b, &v2) || v1 != v2 {
+			if m.cur().lookup(k.a, k.b, &v1) != ref.lookup(k.a, k.b, &v2) || v1 != v2 {
 				t.Fatalf("step %d: lookups differ", step)
 			}
 			continue
 		}
-		if m.preferredEmpty(k.a, k.b) {
+		if m.cur().preferredEmpty(k.a, k.b) {
 			shortcuts++
 		}
 		before := mc.inserts

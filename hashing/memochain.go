@@ -17,8 +17,12 @@ const aheadMax = 64
 // query that stops early (a miss) looks up at most about twice the runs it uses.
 const aheadRuns = aheadMax / memoRun
 
-// pendMax is how many memo inserts (runs) a chain buffers before writing them in one pass.
-const pendMax = aheadRuns
+// pendMax is how many memo inserts (runs) a chain buffers before writing them in one pass:
+// a cold prompt of up to 512 blocks (8K tokens at block size 16) writes all its runs in
+// one pass at Done, whose loads of the runs' sets overlap; in passes of 8 runs (the
+// lookahead's), each pass waited for its own misses, a tenth of a cold query's CPU in the
+// memo-cold benchmark.
+const pendMax = 64
 
 // errMemoDigest is the error of a chain asked to hash a block whose parent digest it does
 // not have; the chain's invariant (below) rules it out, and it is an error rather than a
@@ -42,7 +46,10 @@ var errMemoDigest = errors.New("hashing: memo chain lost the digest it resumes f
 // doubling from 1 run, so a cold suffix of n runs pays about log2(n) lookups after the
 // batch that found it, and a re-probe that hits resumes the batched lookups.
 type memoChain struct {
-	m  *Memo
+	m *Memo
+	// t is m's table as the prompt found it (ResetMemo): the whole prompt uses one table,
+	// even when the memo grows meanwhile (see Memo.Grow).
+	t  *memoTable
 	on bool
 	// owner is the hint owner the chain walks for (SetHintOwner; 0: no hints).
 	owner uint32
@@ -103,6 +110,10 @@ const missRun = 2
 
 func (mc *memoChain) reset(m *Memo) {
 	mc.m = m
+	mc.t = nil
+	if m != nil {
+		mc.t = m.tab.Load()
+	}
 	mc.on = m != nil
 	mc.run, mc.gap, mc.probeAt = 0, 1, 0
 	mc.cx, mc.sha, mc.probes = 0, 0, 0
@@ -167,7 +178,7 @@ func (c *Chain) advance() {
 // stops the lookups, until a re-probe at a doubled gap.
 func (c *Chain) fill() {
 	mc := &c.mc
-	m := mc.m
+	m, t := mc.m, mc.t
 	end := min((c.next/memoRun+mc.batch)*memoRun, c.numBlocks)
 	n := end - c.next
 	// Lanes first (pure arithmetic), then a pass that starts every entry's cache misses,
@@ -199,14 +210,14 @@ func (c *Chain) fill() {
 	}
 	var sink uint64
 	for j := j0; j < n; j += memoRun {
-		sink += m.touch(mc.aheadA[j], mc.aheadB[j]) + m.touchHints(mc.aheadA[j], mc.aheadB[j])
+		sink += t.touch(mc.aheadA[j], mc.aheadB[j]) + t.touchHints(mc.aheadA[j], mc.aheadB[j])
 	}
 	mc.sink += sink
 	run := mc.run
 	v := &mc.val
 	for j := j0; j < n; j += memoRun {
 		mc.probes++
-		w := m.lookupAt(mc.aheadA[j], mc.aheadB[j], v)
+		w := t.lookupAt(mc.aheadA[j], mc.aheadB[j], v)
 		mc.aheadW[j] = int32(w)
 		if w < 0 {
 			run++
@@ -222,11 +233,11 @@ func (c *Chain) fill() {
 		// The run's hints, unless they are another owner's (another index's records):
 		// those stay theirs, and this walk probes. A stale hint (racing SaveHints) is
 		// only a wrong one, which the walk checks.
-		if o := m.hintOwner(w); mc.owner == 0 || o != 0 && o != mc.owner {
+		if o := t.hintOwner(w); mc.owner == 0 || o != 0 && o != mc.owner {
 			mc.aheadW[j] = -1
 		} else {
 			mc.ownRuns++
-			hints := m.hints[w*memoRun : w*memoRun+memoRun : w*memoRun+memoRun]
+			hints := t.hints[w*memoRun : w*memoRun+memoRun : w*memoRun+memoRun]
 			for i := from; i <= j; i++ {
 				mc.aheadH[i] = atomic.LoadUint32(&hints[i-first])
 			}
@@ -355,7 +366,7 @@ func (c *Chain) nextMemo() (uint64, error) {
 // pass independent loads whose cache misses overlap, then the writes, which find their
 // lines cached.
 func (mc *memoChain) flush() {
-	m := mc.m
+	m := mc.t
 	var sink uint64
 	for i := range mc.pend {
 		sink += m.touch(mc.pend[i].a, mc.pend[i].b)
@@ -403,6 +414,7 @@ func (c *Chain) Done() {
 	}
 	if mc.inserts != 0 {
 		st.inserts.Add(mc.inserts)
+		mc.m.noteInserts(mc.inserts)
 	}
 	if mc.evictions != 0 {
 		st.evictions.Add(mc.evictions)
@@ -487,7 +499,8 @@ func (c *Chain) SaveHints(n int) {
 		return
 	}
 	p := mc.aheadPos
-	hints := mc.m.hints
+	t := mc.t
+	hints := t.hints
 	for j := p; j < p+n && j < mc.knownEnd; j++ {
 		// Slot j holds block c.next+j-p; its run ends at slot e.
 		in := (c.next + j - p) % memoRun
@@ -497,8 +510,8 @@ func (c *Chain) SaveHints(n int) {
 		}
 		w := int(mc.aheadW[e])
 		if hp := &hints[w*memoRun+in]; atomic.LoadUint32(hp) != mc.aheadH[j] {
-			if mc.m.hintOwner(w) != mc.owner {
-				mc.m.claimHints(w, mc.owner) // unowned when the run was looked up
+			if t.hintOwner(w) != mc.owner {
+				t.claimHints(w, mc.owner) // unowned when the run was looked up
 			}
 			atomic.StoreUint32(hp, mc.aheadH[j])
 		}

@@ -158,7 +158,7 @@ func TestMemoHintsHaveOneOwner(t *testing.T) {
 	// other chain claims the runs.
 	for w := range m.ents {
 		if m.ents[w].check != 0 {
-			wr := m.newWriter(&m.ents[w], &memoRunVal{a: m.ents[w].a, b: m.ents[w].b, k: m.ents[w].k, d: m.ents[w].d})
+			wr := m.cur().newWriter(&m.ents[w], &memoRunVal{a: m.ents[w].a, b: m.ents[w].b, k: m.ents[w].k, d: m.ents[w].d})
 			for k := 0; k < memoWriteSteps; k++ {
 				wr.step(k)
 			}

@@ -56,9 +56,21 @@ var sha256IV = [8]uint32{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e5
 // shaPadRoom bytes of capacity after it: it overwrites those bytes with the padding
 // (they must be scratch). Otherwise it is sum256.
 func sum256Room(b []byte) [32]byte {
+	var d [32]byte
+	sum256RoomTo(&d, b)
+	return d
+}
+
+// sum256RoomTo is sum256Room storing the digest in *d. The chain's hot path uses it:
+// returning the digest by value had it stored as 4-byte words and copied at once with
+// 16-byte loads (twice: the return, then *d), which cannot be forwarded from the stores
+// still in flight and stalled each block (perf: a tenth of a cold query's hashing outside
+// the compression). Here each pair of words is one 8-byte store, read later.
+func sum256RoomTo(d *[32]byte, b []byte) {
 	n := len(b)
 	if !hasSHANI || cap(b)-n < shaPadRoom {
-		return sum256(b)
+		*d = sum256(b)
+		return
 	}
 	total := (n + 9 + 63) &^ 63
 	p := b[:total]
@@ -67,9 +79,8 @@ func sum256Room(b []byte) [32]byte {
 	binary.BigEndian.PutUint64(p[total-8:], uint64(n)<<3)
 	h := sha256IV
 	sha256BlocksNI(&h, &p[0], total/64, &sha256Tabs)
-	var d [32]byte
-	for i, w := range h {
-		binary.BigEndian.PutUint32(d[4*i:], w)
-	}
-	return d
+	binary.BigEndian.PutUint64(d[0:], uint64(h[0])<<32|uint64(h[1]))
+	binary.BigEndian.PutUint64(d[8:], uint64(h[2])<<32|uint64(h[3]))
+	binary.BigEndian.PutUint64(d[16:], uint64(h[4])<<32|uint64(h[5]))
+	binary.BigEndian.PutUint64(d[24:], uint64(h[6])<<32|uint64(h[7]))
 }

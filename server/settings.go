@@ -155,19 +155,27 @@ func fileSettings() []setting[FileConfig] {
 				"logged nothing runs",
 			ms(func(f *FileConfig, d time.Duration) { f.AccessLog.FlushInterval = d })),
 		intSetting("query_memo_entries", hashing.DefaultMemoEntries, 0, maxMemoEntries,
-			"blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, 20 a "+
-				"block: 160 MiB at the default once filled): a prompt prefix asked again skips SHA-256 for its "+
-				"remembered runs (a prompt's last, partial run is hashed each time), and its walk reads each block's "+
-				"record where the last walk found it instead of probing the index table (a record hint, checked before "+
-				"use); answers never change; 0 disables. A memo larger than a quarter of the memory the process may use (the "+
-				"machine's, or its control group's limit when lower) is refused at start with the size it would take. Metrics `conductor_query_memo_{hits,misses,evictions}_total`",
+			"most blocks the query key memo remembers, in runs of 8 consecutive blocks of a prompt (160 bytes a run, "+
+				"20 a block: 160 MiB at the default once grown to it and filled): a prompt prefix asked again skips "+
+				"SHA-256 for its remembered runs (a prompt's last, partial run is hashed each time), and its walk reads "+
+				"each block's record where the last walk found it instead of probing the index table (a record hint, "+
+				"checked before use); answers never change; 0 disables. The memo starts at 131,072 blocks with "+
+				"nothing resident, and grows in the background: once queries hash blocks, ahead of the index (one memo "+
+				"block per two indexed blocks, populated before queries use it), and when queries have filled half "+
+				"of it (doubling, up to two memo blocks per indexed block); never past this bound (logged as `query "+
+				"key memo grew`); a bound of 131,072 or less is the memo's size from the start. Metrics "+
+				"`conductor_query_memo_{hits,misses,evictions}_total`, `conductor_query_memo_capacity_entries` (its "+
+				"current size). A bound whose memo would take more than a quarter of the memory the process may use "+
+				"(the machine's, or its control group's limit when lower) is refused at start with the size it "+
+				"would take",
 			func(f *FileConfig, v int64) { f.MemoEntries = int(v) }).also(checkMemoFits),
 		boolSetting("query_memo_populate", true,
-			"make the whole memo resident at start (`madvise(MADV_POPULATE_WRITE)`, Linux 5.14+; the time it took is "+
-				"logged at start), so that RSS shows the memo's memory from the start and no query pays the page faults "+
-				"of the memo's first writes (a fresh conductor's cold queries otherwise cost several times their steady "+
-				"cost until the memo has been written all over); `false` lets pages become resident as queries fill "+
-				"them; where populating is not possible the conductor logs why and goes on",
+			"make each part of the memo resident before queries use it (`madvise(MADV_POPULATE_WRITE)`, Linux 5.14+): "+
+				"a background goroutine populates each growth step, a huge page at a time, before the memo takes it "+
+				"(a memo of fixed size is populated at start, and the time it took logged), so that no query pays the "+
+				"page faults of the memo's first writes (cold queries otherwise pay a zeroed huge page for each first "+
+				"write to one); `false` lets pages become resident as queries fill them; where populating is not "+
+				"possible the conductor logs why and goes on",
 			func(f *FileConfig, v bool) { f.PopulateMemo = v }),
 		intSetting("max_blocks", 0, 0, math.MaxInt32,
 			"most blocks indexed over all contexts together (each Mooncake object binding counts as one more); past "+
@@ -187,8 +195,8 @@ func fileSettings() []setting[FileConfig] {
 				"insertion while over; counted in `conductor_context_evicted_blocks_total`, logged as a warning at "+
 				"most every 10 s per context). Process RSS is higher: the Go runtime, buffers, connections and the "+
 				"slack of hash tables between growth steps come on top, and so does the query key memo (20 bytes a "+
-				"block of `query_memo_entries`: 160 MiB by default, resident from the start unless "+
-				"`query_memo_populate` is false)",
+				"block of its current size, `conductor_query_memo_capacity_entries`: 10 to 40 bytes an indexed block "+
+				"once queries use it, at most 160 MiB by default, see `query_memo_entries`)",
 			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
 		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,
 			"bytes one frame of a ZMQ message may have (a batch's payload; its topic and sequence frames are a few "+

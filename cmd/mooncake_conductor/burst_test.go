@@ -40,13 +40,11 @@ func metricSum(t *testing.T, base, name string) (sum float64, found bool) {
 	return sum, found
 }
 
-// TestBinaryBurstIngest: the binary's subscriptions take the burst path (every batch
-// handed over deferred, applied by the flush at the end of the burst): a burst of batches
-// from a real ZMQ publisher is counted in conductor_service_burst_batches_total, whole,
-// and applied by at most as many writer requests (conductor_service_burst_flushes_total)
-// as there were batches. A subscription whose handler chain does not implement
-// ingest.BurstHandler (as the bootstrap gate once did not) leaves the burst counters at 0.
-func TestBinaryBurstIngest(t *testing.T) {
+// startWithPublisher starts a ZMQ publisher and the binary with one vLLM service on it
+// (HTTP on a free port, no RPC, no state file, env added to its environment), and returns
+// them and the HTTP base URL once the conductor is ready and subscribed.
+func startWithPublisher(t *testing.T, env ...string) (*zmqtest.Publisher, *conductor, string) {
+	t.Helper()
 	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -54,15 +52,26 @@ func TestBinaryBurstIngest(t *testing.T) {
 	t.Cleanup(func() { pub.Close() })
 	httpPort := freePort(t)
 	config := writeJSON(t, t.TempDir(), map[string]any{
-		"http_server_port": httpPort, "rpc_server_port": 0,
+		"http_server_port": httpPort, "rpc_server_port": 0, "state_file": "",
 		"kvevent_instance": map[string]any{"vllm-a-r0": vllmEntry(pub.Endpoint())},
 	})
-	c := startConductor(t, config)
+	c := startConductor(t, config, env...)
 	base := "http://127.0.0.1:" + strconv.Itoa(httpPort)
 	c.waitReady(base)
 	if err := pub.WaitSubscribers(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	return pub, c, base
+}
+
+// TestBinaryBurstIngest: the binary's subscriptions take the burst path (every batch
+// handed over deferred, applied by the flush at the end of the burst): a burst of batches
+// from a real ZMQ publisher is counted in conductor_service_burst_batches_total, whole,
+// and applied by at most as many writer requests (conductor_service_burst_flushes_total)
+// as there were batches. A subscription whose handler chain does not implement
+// ingest.BurstHandler (as the bootstrap gate once did not) leaves the burst counters at 0.
+func TestBinaryBurstIngest(t *testing.T) {
+	pub, c, base := startWithPublisher(t)
 	const batches = 2000
 	for i := range batches {
 		if _, err := pub.Publish(vllmBatch([]uint64{uint64(2*i + 1), uint64(2*i + 2)})); err != nil {

@@ -1,0 +1,385 @@
+package hashing
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// growPrompts returns n prompts of blocks whole 16-token blocks (vllm_v1 blocks, so that
+// every run of 8 is memoised).
+func growPrompts(r *rand.Rand, n, blocks int) [][]int32 {
+	out := make([][]int32, n)
+	for i := range out {
+		out[i] = make([]int32, 16*blocks)
+		for j := range out[i] {
+			out[i][j] = int32(r.IntN(150000))
+		}
+	}
+	return out
+}
+
+// heldRuns returns, for each prompt, which of its runs the memo's current table holds.
+func heldRuns(m *Memo, p *Profile, prompts [][]int32) [][]bool {
+	out := make([][]bool, len(prompts))
+	for i, toks := range prompts {
+		a, b := lanesOf(m, p, 16, "", "", toks)
+		for j := memoRun - 1; j < len(a); j += memoRun {
+			var v memoRunVal
+			out[i] = append(out[i], m.cur().lookup(a[j], b[j], &v))
+		}
+	}
+	return out
+}
+
+// TestMemoGrowKeepsEntries: growing (by 2, and by 8 at once) keeps every run the memo
+// held, at its new set, with its record hints and their owner, and the table is the new
+// size; asking a held prompt again takes every block from the memo.
+func TestMemoGrowKeepsEntries(t *testing.T) {
+	p := allProfiles(t)["cbor"]
+	for _, factor := range []int{2, 8} {
+		t.Run(fmt.Sprintf("x%d", factor), func(t *testing.T) {
+			const start = 1 << 12
+			m := NewGrowingMemo(start, 1<<16, true)
+			m.grower.setsStep = 3 // several steps, one of them partial
+			r := rand.New(rand.NewPCG(1, uint64(factor)))
+			prompts := growPrompts(r, 48, 64) // 384 runs in 128 sets of 4: some overflow
+			var ch Chain
+			ch.SetHintOwner(7)
+			for i, toks := range prompts { // inserted, then walked with hints saved
+				for range 2 {
+					ch.ResetMemo(m, &p, 16, "", "", toks)
+					walkHints(t, &ch, 64, func(j int) uint32 { return uint32(i<<8 | j + 1) })
+				}
+			}
+			before := heldRuns(m, &p, prompts)
+			// A prompt held whole with the hints its last walk saved (a run evicted by its
+			// own prompt's later runs was inserted again by the second walk, which saves
+			// no hints for blocks it hashed): they must come along.
+			q := -1
+			var hintsBefore []uint32
+			for i := range before {
+				if !allTrue(before[i]) {
+					continue
+				}
+				ch.ResetMemo(m, &p, 16, "", "", prompts[i])
+				hs := walkHints(t, &ch, 64, nil)
+				if ownHints(hs, i) {
+					q, hintsBefore = i, hs
+				}
+			}
+			if q < 0 {
+				t.Fatal("no prompt held whole with its own hints")
+			}
+			grew, err := m.Grow(factor*start, nil)
+			if !grew || err != nil && m.region != nil {
+				t.Fatalf("Grow: grew %v, err %v", grew, err)
+			}
+			if got := m.Stats().Capacity; got != factor*start {
+				t.Fatalf("capacity %d after growing to %d", got, factor*start)
+			}
+			after := heldRuns(m, &p, prompts)
+			held := 0
+			for i := range before {
+				for j := range before[i] {
+					if before[i][j] && !after[i][j] {
+						t.Fatalf("prompt %d run %d was held before growing and is not after", i, j)
+					}
+					if before[i][j] {
+						held++
+					}
+				}
+			}
+			if held == len(prompts)*64/memoRun {
+				t.Fatalf("%d runs held: no set overflowed, the workload proves little", held)
+			}
+			ch.ResetMemo(m, &p, 16, "", "", prompts[q])
+			if got := walkHints(t, &ch, 64, nil); !ownHints(got, q) {
+				t.Fatalf("prompt %d's hints after growing %v, before %v", q, got, hintsBefore)
+			}
+			// Every prompt held whole is served whole (asked before any prompt whose lost
+			// runs would be inserted again, evicting others).
+			for i := range prompts {
+				if !allTrue(after[i]) {
+					continue
+				}
+				want := runChain(&Chain{}, nil, &p, 16, "", "", prompts[i], -1)
+				if got := runChain(&ch, m, &p, 16, "", "", prompts[i], -1); !sameRun(want, got) || ch.MemoHits() != 64 {
+					t.Fatalf("prompt %d after growing: same keys %v, %d blocks from the memo", i, sameRun(want, got), ch.MemoHits())
+				}
+			}
+		})
+	}
+}
+
+// ownHints reports whether hs are the hints TestMemoGrowKeepsEntries saves for prompt i.
+func ownHints(hs []uint32, i int) bool {
+	for j, h := range hs {
+		if h != uint32(i<<8|j+1) {
+			return false
+		}
+	}
+	return true
+}
+
+func allTrue(bs []bool) bool {
+	for _, b := range bs {
+		if !b {
+			return false
+		}
+	}
+	return true
+}
+
+// TestMemoGrowInterleavings steps Grow through every point between its steps (each
+// populated huge page, each copied step of sets, before the publication) and at each
+// one runs chains beside it: chains that insert new prompts and ask old ones (into sets
+// copied already, and not yet), and one chain that starts before the new table is
+// published and finishes after it. Every chain's keys, digests and errors equal the plain
+// chain's (the inserts beside Grow evict and lose runs, so which runs survive is
+// TestMemoGrowKeepsEntries's business), and the grown memo serves the prompts asked
+// throughout. No sleeps: Grow waits in its hook until the test lets it go on.
+func TestMemoGrowInterleavings(t *testing.T) {
+	ps := allProfiles(t)
+	p := ps["cbor"]
+	r := rand.New(rand.NewPCG(3, 4))
+	const start = 1 << 11
+	m := NewGrowingMemo(start, 1<<14, true)
+	m.grower.setsStep = 5
+	old := growPrompts(r, 12, 48)
+	var ch Chain
+	for _, toks := range old {
+		runChain(&ch, m, &p, 16, "", "", toks, -1)
+	}
+	fresh := memoWorkload(r, 300, true)
+	want := plainRuns(&p, "", fresh)
+	wantOld := make([]chainRun, len(old))
+	for i, toks := range old {
+		wantOld[i] = runChain(&Chain{}, nil, &p, 16, "", "", toks, -1)
+	}
+
+	type stop struct {
+		stage growStage
+		at    int
+	}
+	at := make(chan stop)
+	cont := make(chan struct{})
+	m.grower.hook = func(s growStage, n int) {
+		at <- stop{s, n}
+		<-cont
+	}
+	done := make(chan error, 1)
+	go func() {
+		grew, err := m.Grow(8*start, nil)
+		if !grew && err == nil {
+			err = fmt.Errorf("did not grow")
+		}
+		if m.region == nil {
+			err = nil // on the heap: no populating, the rest is the same
+		}
+		done <- err
+	}()
+	// straddle starts before the publication and ends after it.
+	var straddle Chain
+	straddleAt := -1
+	k, stages := 0, map[growStage]int{}
+	for s := range at {
+		stages[s.stage]++
+		for range 6 {
+			i := k % len(fresh)
+			k++
+			if got := runChain(&ch, m, &p, 4, "", "", fresh[i], -1); !sameRun(want[i], got) {
+				t.Fatalf("stage %d at %d: fresh prompt %d differs", s.stage, s.at, i)
+			}
+			j := k % len(old)
+			if got := runChain(&ch, m, &p, 16, "", "", old[j], -1); !sameRun(wantOld[j], got) {
+				t.Fatalf("stage %d at %d: old prompt %d differs", s.stage, s.at, j)
+			}
+		}
+		if s.stage == growPublish {
+			straddleAt = k % len(old)
+			straddle.ResetMemo(m, &p, 16, "", "", old[straddleAt])
+			if key, err := straddle.Next(); err != nil || key != wantOld[straddleAt].keys[0] {
+				t.Fatalf("straddling chain: block 0 %x, %v", key, err)
+			}
+		}
+		cont <- struct{}{}
+		if s.stage == growPublish {
+			break
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if stages[growCopied] < 2 || stages[growPublish] != 1 || m.region != nil && stages[growPopulated] < 2 {
+		t.Fatalf("stages seen %v", stages)
+	}
+	if m.Stats().Capacity != 8*start {
+		t.Fatalf("capacity %d", m.Stats().Capacity)
+	}
+	// The straddling chain finishes on the table it started with.
+	for i := 1; i < len(wantOld[straddleAt].keys); i++ {
+		if key, err := straddle.Next(); err != nil || key != wantOld[straddleAt].keys[i] {
+			t.Fatalf("straddling chain: block %d %x, %v", i, key, err)
+		}
+	}
+	straddle.Done()
+	served := 0
+	for i, toks := range old {
+		runChain(&ch, m, &p, 16, "", "", toks, -1) // a run lost meanwhile is inserted again
+		if got := runChain(&ch, m, &p, 16, "", "", toks, -1); !sameRun(wantOld[i], got) {
+			t.Fatalf("after growing: old prompt %d differs", i)
+		}
+		served += ch.MemoHits()
+	}
+	if served != 48*len(old) {
+		t.Fatalf("after growing: %d of %d blocks from the memo", served, 48*len(old))
+	}
+}
+
+// TestMemoGrowWhileInUse: chains on four goroutines, on a memo small enough to evict
+// constantly, while another goroutine grows it step by step to its limit: every chain
+// gets exactly the plain chain's keys. Under -race this checks that Grow's accesses are
+// atomic where they race with queries'.
+func TestMemoGrowWhileInUse(t *testing.T) {
+	p := allProfiles(t)["sglang"]
+	prompts := memoWorkload(rand.New(rand.NewPCG(8, 10)), 40, false)
+	m := NewGrowingMemo(32, 1<<12, true)
+	m.grower.setsStep = 1
+	concurrentChains(t, m, &p, prompts, func() error {
+		for c := 64; c <= 1<<12; c *= 2 {
+			if _, err := m.Grow(c, nil); err != nil && m.region != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if m.Stats().Capacity != 1<<12 {
+		t.Fatalf("capacity %d", m.Stats().Capacity)
+	}
+}
+
+// TestMemoGrowRequests: a growing memo asks to grow once chains have inserted runs for
+// half its capacity, not before; after Grow (whether it grew or declined) it asks again
+// only after another half of the capacity then; the owner's own requests (RequestGrow)
+// come through once each and move nothing; at its limit it never asks. A fixed memo never
+// asks.
+func TestMemoGrowRequests(t *testing.T) {
+	p := allProfiles(t)["cbor"]
+	r := rand.New(rand.NewPCG(5, 5))
+	const start = 1 << 10 // 128 runs: asks after 64
+	m := NewGrowingMemo(start, 4*start, false)
+	if fixed := NewMemo(start); fixed.GrowRequests() != nil || fixed.HalfFilled() {
+		t.Fatal("a fixed memo has grow requests")
+	}
+	NewMemo(start).RequestGrow() // a fixed memo ignores it
+	asked := func() bool {
+		select {
+		case <-m.GrowRequests():
+			return true
+		default:
+			return false
+		}
+	}
+	var ch Chain
+	insert := func(runs int) { // runs distinct new runs, whole prompts of 8
+		for _, toks := range growPrompts(r, runs/8, 64) {
+			runChain(&ch, m, &p, 16, "", "", toks, -1)
+		}
+	}
+	insert(56)
+	if asked() {
+		t.Fatal("asked to grow after 56 of 128 runs")
+	}
+	insert(8)
+	if !asked() {
+		t.Fatal("did not ask after 64 of 128 runs")
+	}
+	if asked() {
+		t.Fatal("asked twice")
+	}
+	if grew, _ := m.Grow(start, nil); grew { // no growth: the owner said no
+		t.Fatal("grew to its own size")
+	}
+	insert(56)
+	if asked() {
+		t.Fatal("asked again before another 64 runs")
+	}
+	// The owner's own request, declined, does not move the mark.
+	m.RequestGrow()
+	m.RequestGrow()
+	if !asked() || asked() || m.HalfFilled() {
+		t.Fatal("RequestGrow: not one request, or half filled")
+	}
+	if grew, _ := m.Grow(start, nil); grew {
+		t.Fatal("grew to its own size")
+	}
+	insert(8)
+	if !asked() || !m.HalfFilled() {
+		t.Fatal("did not ask again after another 64 runs")
+	}
+	if grew, _ := m.Grow(2*start, nil); !grew || m.Stats().Capacity != 2*start {
+		t.Fatalf("grow to %d: capacity %d", 2*start, m.Stats().Capacity)
+	}
+	insert(120)
+	if asked() {
+		t.Fatal("asked after 120 of 256 runs")
+	}
+	insert(8)
+	if !asked() {
+		t.Fatal("did not ask after 128 of 256 runs")
+	}
+	if grew, _ := m.Grow(1<<30, nil); !grew || m.Stats().Capacity != m.Limit() || m.Limit() != 4*start {
+		t.Fatalf("grow past the limit: capacity %d, limit %d", m.Stats().Capacity, m.Limit())
+	}
+	insert(4 * start / memoRun)
+	if asked() {
+		t.Fatal("asked to grow at its limit")
+	}
+}
+
+// TestMemoGrowStops: a closed stop ends Grow between steps without publishing: the memo
+// keeps its size and its entries, and a later Grow completes.
+func TestMemoGrowStops(t *testing.T) {
+	p := allProfiles(t)["cbor"]
+	r := rand.New(rand.NewPCG(6, 6))
+	m := NewGrowingMemo(1<<11, 1<<14, true)
+	m.grower.setsStep = 4
+	prompts := growPrompts(r, 8, 32)
+	var ch Chain
+	for _, toks := range prompts {
+		runChain(&ch, m, &p, 16, "", "", toks, -1)
+	}
+	held := heldRuns(m, &p, prompts)
+	for _, stage := range []growStage{growPopulated, growCopied} {
+		stop := make(chan struct{})
+		seen := false
+		m.grower.hook = func(s growStage, _ int) {
+			if s == stage && !seen {
+				seen = true
+				close(stop)
+			}
+		}
+		if grew, _ := m.Grow(1<<14, stop); grew {
+			t.Fatalf("stopped at stage %d: grew", stage)
+		}
+		if stage == growPopulated && m.region == nil {
+			continue // nothing to populate on the heap
+		}
+		if !seen || m.Stats().Capacity != 1<<11 {
+			t.Fatalf("stopped at stage %d (seen %v): capacity %d", stage, seen, m.Stats().Capacity)
+		}
+	}
+	m.grower.hook = nil
+	if grew, _ := m.Grow(1<<14, nil); !grew || m.Stats().Capacity != 1<<14 {
+		t.Fatalf("Grow after stops: capacity %d", m.Stats().Capacity)
+	}
+	after := heldRuns(m, &p, prompts)
+	for i := range held {
+		for j := range held[i] {
+			if held[i][j] && !after[i][j] {
+				t.Fatalf("prompt %d run %d lost", i, j)
+			}
+		}
+	}
+}
