@@ -99,6 +99,12 @@ type Config struct {
 	Memo []Memo
 	// ColdPrompts caps the prompts of one cold or extend cell (0 = 64).
 	ColdPrompts int
+	// ColdWarmup indexed prompts are asked once each, unmeasured, before the first cell,
+	// and are not used by cold or extend cells: a conductor whose query key memo grows
+	// with use (issue 28) pays the growth's page zeroing while cold traffic first fills
+	// it; after a warm-up that long, cold cells measure what a conductor that has served
+	// cold traffic for a while pays.
+	ColdWarmup int
 	// Duration is how long each cell runs (0 = 1 s); every cell sends at least one query
 	// per client.
 	Duration time.Duration
@@ -370,10 +376,24 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	// Cold and extend cells take indexed prompts nobody asked about yet, each once.
 	unused := rng.Perm(nPrompts)
+	var warmRes httpclient.QueryResult
 	onceCells := 0
 	for _, md := range modes {
 		if md != MemoWarm {
 			onceCells += len(cfg.PromptTokens) * len(cfg.Shapes) * len(cfg.Concurrency)
+		}
+	}
+	if w := min(cfg.ColdWarmup, len(unused)); w > 0 {
+		for _, p := range unused[:w] {
+			q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens,
+				TokenIDs: promptTokens(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)}
+			if err := cl.Query(&q, &warmRes); err != nil {
+				return res, fmt.Errorf("cold warm-up: %w", err)
+			}
+		}
+		unused = unused[w:]
+		if cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "warm-up: %d cold prompts asked (unmeasured)\n", w)
 		}
 	}
 	perOnce := cfg.ColdPrompts
@@ -381,10 +401,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		perOnce = 64
 	}
 	if onceCells > 0 {
-		perOnce = max(1, min(perOnce, nPrompts/onceCells))
+		perOnce = max(1, min(perOnce, len(unused)/onceCells))
 	}
 	fresh := uint64(0) // distinct seeds for new tokens across the run
-	var warmRes httpclient.QueryResult
 	build := func(p int, L, cached int) ([]byte, error) {
 		q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens}
 		full := promptTokens(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)

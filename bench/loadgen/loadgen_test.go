@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +92,39 @@ func TestLoadgenMemoModes(t *testing.T) {
 	}
 	if _, err := ParseMemo("hot"); err == nil {
 		t.Error("unknown memo mode accepted")
+	}
+}
+
+// TestLoadgenColdWarmup: the warm-up's prompts are asked before the cells and kept out of
+// the cold cells, which share what is left (94 prompts indexed, 80 warmed up: 14 for 8
+// cold and extend cells, one each); a warm-up that takes every prompt leaves cold cells
+// none, which is an error, not a cell of warm prompts.
+func TestLoadgenColdWarmup(t *testing.T) {
+	c, err := target.InProcess(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	cfg := Config{
+		Addr: c.Addr, Instances: 2, IndexedBlocks: 3000, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
+		PromptTokens: []int{512}, Shapes: []Shape{ShapeHit, ShapeMiss}, Concurrency: []int{1, 2},
+		Memo: []Memo{MemoCold, MemoExtend}, ColdPrompts: 5, ColdWarmup: 80, Duration: 20 * time.Millisecond, Seed: 7,
+	}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cells) != 8 {
+		t.Fatalf("%d cells, want 8", len(res.Cells))
+	}
+	for _, cell := range res.Cells {
+		if cell.Wrong != 0 || cell.Queries != 1 {
+			t.Errorf("cell %+v", cell)
+		}
+	}
+	cfg.ColdWarmup = 1000
+	if _, err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "no unused indexed prompts") {
+		t.Fatalf("a warm-up of every prompt: %v", err)
 	}
 }
 

@@ -421,6 +421,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	mixed := fs.Bool("mixed-widths", false, "token ids whose array encodings mix widths element by element (20% fixint, 50% uint16, 30% uint32; default: uniform under 100000, 65% uint16, 35% uint32)")
 	memo := fs.String("memo", "warm", "query key memo modes: warm (prompts repeat), cold (each prompt once), extend (each prompt once, after its first ~91%)")
 	coldPrompts := fs.Int("cold-prompts", 64, "prompts per cold or extend cell (each asked once; capped by the indexed prompts)")
+	coldWarmup := fs.Int("cold-warmup", 0, "indexed prompts asked once, unmeasured, before the cells and kept out of cold cells: a memo that grows with use then has grown")
 	tokenSeed := fs.Uint64("token-seed", 1, "seed of the synthetic prompts")
 	growTo := fs.Int("grow-to", 0, "after the grid, measure the first cell idle and again while a publisher grows the index to this many blocks (0 = no growth phase)")
 	results := fs.String("results", "bench/results", "directory for the JSON result")
@@ -484,7 +485,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		defer ap.Stop()
 	}
-	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts,
+	cfg := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts, ColdWarmup: *coldWarmup,
 		Addr: cond.Addr, Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
 		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, MixedWidths: *mixed, KeepAwake: *keepAwake, Seed: *tokenSeed,
 		Progress: stderr, GrowTo: *growTo,
