@@ -395,6 +395,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if cfg.Progress != nil {
 			fmt.Fprintf(cfg.Progress, "warm-up: %d cold prompts asked (unmeasured)\n", w)
 		}
+		if cfg.Sample != nil {
+			// The memo's last growth step, which the warm-up's prompts asked for, runs in
+			// the background: let it end before the cells' CPU is counted.
+			if waited, ok := settle(cfg.Sample, settleWindow, settleMax, time.Sleep); cfg.Progress != nil {
+				fmt.Fprintf(cfg.Progress, "conductor idle after the warm-up: %v (%.1fs)\n", ok, waited.Seconds())
+			}
+		}
 	}
 	perOnce := cfg.ColdPrompts
 	if perOnce <= 0 {
