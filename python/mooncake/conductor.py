@@ -63,22 +63,6 @@ _RECV_BUFFER_BYTES = 1 << 16
 # Encoded query fields (model, LoRA, block size, tenant, salt, filter) kept per client.
 _QUERY_TEMPLATES = 64
 
-_REGISTER_KEYS = frozenset(
-    (
-        "instance_id",
-        "endpoint",
-        "replay_endpoint",
-        "publisher_type",
-        "model_name",
-        "lora_name",
-        "tenant_id",
-        "block_size",
-        "dp_rank",
-        "cache_group",
-        "hash_profile",
-        "index_media",
-    )
-)
 _REGISTER_STR_KEYS = (
     "instance_id",
     "endpoint",
@@ -88,6 +72,7 @@ _REGISTER_STR_KEYS = (
     "lora_name",
     "tenant_id",
 )
+_REGISTER_KEYS = frozenset(_REGISTER_STR_KEYS + ("block_size", "dp_rank", "cache_group", "hash_profile", "index_media"))
 _PROFILE_KEYS = ("strategy", "algorithm", "python_hash_seed", "index_projection")
 # The optional hash_profile fields of issue 25 (this conductor's RegisterEx carries them).
 _PROFILE_EXT_STR_KEYS = ("extra_keys", "lora_path")
