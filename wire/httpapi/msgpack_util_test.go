@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/conductor-go/conductor/wire/internal/testmap"
 	"github.com/tinylib/msgp/msgp"
 )
 
@@ -17,41 +18,27 @@ type htRaw []byte
 // htSigned is a token array encoded with signed ints only ([]int32 encodes like Python).
 type htSigned []int32
 
+// htKV is one entry of an htMap; keys are encoded like values (so a test can send a
+// key that is not a string).
 type htKV struct {
 	k any
 	v any
 }
 
+// Key is the entry's key (testmap.Entry).
+func (e htKV) Key() any { return e.k }
+
 // htMap is an ordered msgpack map; order and duplicates are kept as written.
 type htMap []htKV
 
 // with returns a copy with key k set to v (replaced in place, or appended).
-func (m htMap) with(k string, v any) htMap {
-	out := append(htMap(nil), m...)
-	for i := range out {
-		if out[i].k == k {
-			out[i].v = v
-			return out
-		}
-	}
-	return append(out, htKV{k, v})
-}
+func (m htMap) with(k string, v any) htMap { return testmap.With(m, htKV{k, v}) }
 
 // without returns a copy with key k removed.
-func (m htMap) without(k string) htMap {
-	var out htMap
-	for _, kv := range m {
-		if kv.k != k {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
+func (m htMap) without(k string) htMap { return testmap.Without(m, any(k)) }
 
 // plus returns a copy with an extra entry appended, even if the key is already present.
-func (m htMap) plus(k, v any) htMap {
-	return append(append(htMap(nil), m...), htKV{k, v})
-}
+func (m htMap) plus(k, v any) htMap { return testmap.Plus(m, htKV{k, v}) }
 
 func htEnc(v any) []byte { return htAppend(nil, v) }
 
