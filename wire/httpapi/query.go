@@ -456,24 +456,15 @@ func tokensFast(b []byte, dst []int32, mixed bool) (int, int) {
 // package initialisation.
 var tokenLead = func() (t [256]uint64) {
 	ent := func(off, shr, bound uint64) uint64 { return off | shr<<8 | bound<<32 }
-	for c := range 256 {
-		switch {
-		case c <= 0x7f:
-			t[c] = ent(0, 56, 1<<7)
-		case c == 0xcc:
-			t[c] = ent(1, 56, 1<<8)
-		case c == 0xcd:
-			t[c] = ent(1, 48, 1<<16)
-		case c == 0xce:
-			t[c] = ent(1, 32, 1<<31)
-		case c == 0xd0:
-			t[c] = ent(1, 56, 1<<7)
-		case c == 0xd1:
-			t[c] = ent(1, 48, 1<<15)
-		case c == 0xd2:
-			t[c] = ent(1, 32, 1<<31)
-		}
+	for c := range 0x80 {
+		t[c] = ent(0, 56, 1<<7)
 	}
+	t[0xcc] = ent(1, 56, 1<<8)
+	t[0xcd] = ent(1, 48, 1<<16)
+	t[0xce] = ent(1, 32, 1<<31)
+	t[0xd0] = ent(1, 56, 1<<7)
+	t[0xd1] = ent(1, 48, 1<<15)
+	t[0xd2] = ent(1, 32, 1<<31)
 	return t
 }()
 
