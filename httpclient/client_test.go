@@ -170,12 +170,7 @@ func TestClientErrorReplies(t *testing.T) {
 }
 
 func TestClientConnectionRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := refusedAddr(t)
 	c, err := New(addr, Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -233,22 +228,41 @@ func TestNewAddresses(t *testing.T) {
 	}
 }
 
-// cannedServer serves body as the msgpack answer to every request from a fasthttp server
-// on a free loopback port, and returns its address; the server stops when the test ends.
-func cannedServer(t *testing.T, body []byte) string {
+// fasthttpServer serves handler from a fasthttp server on a free loopback port and
+// returns its address; the server stops when the test or benchmark ends.
+func fasthttpServer(tb testing.TB, handler fasthttp.RequestHandler) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: handler}
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ln); close(done) }()
+	tb.Cleanup(func() { _ = srv.Shutdown(); <-done })
+	return ln.Addr().String()
+}
+
+// cannedServer serves body as the msgpack answer to every request (see fasthttpServer).
+func cannedServer(tb testing.TB, body []byte) string {
+	tb.Helper()
+	return fasthttpServer(tb, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/msgpack")
+		ctx.SetBody(body)
+	})
+}
+
+// refusedAddr returns a loopback address that was just free, so that connecting to it
+// is refused.
+func refusedAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/msgpack")
-		ctx.SetBody(body)
-	}}
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ln); close(done) }()
-	t.Cleanup(func() { _ = srv.Shutdown(); <-done })
-	return ln.Addr().String()
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
 
 // TestClientQueryNoAllocs runs the whole round trip, against a fasthttp server whose
