@@ -252,6 +252,18 @@ func cannedServer(tb testing.TB, body []byte) string {
 	})
 }
 
+// cannedClient is a Client of a cannedServer serving body, closed when the test or
+// benchmark ends.
+func cannedClient(tb testing.TB, body []byte) *Client {
+	tb.Helper()
+	c, err := New(cannedServer(tb, body), Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
 // refusedAddr returns a loopback address that was just free, so that connecting to it
 // is refused.
 func refusedAddr(t *testing.T) string {
@@ -272,11 +284,7 @@ func TestClientQueryNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	c, err := New(cannedServer(t, mustAppendIntf(t, contractQueryBody())), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(t, mustAppendIntf(t, contractQueryBody()))
 	toks := make([]int32, 2048)
 	for i := range toks {
 		toks[i] = int32(i)

@@ -80,11 +80,7 @@ func BenchmarkDecodeQueryResult(b *testing.B) {
 // BenchmarkClientQuery measures the full round trip over loopback TCP against a fasthttp
 // server answering with a prepared 16-instance body.
 func BenchmarkClientQuery(b *testing.B) {
-	c, err := New(cannedServer(b, benchQueryBody(b)), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(b, benchQueryBody(b))
 	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(2048)}
 	var res QueryResult
 	b.ReportAllocs()
@@ -99,11 +95,7 @@ func BenchmarkClientQuery(b *testing.B) {
 // time, sending a pre-encoded body (the load generator's loop), and taking the raw
 // answer without decoding it.
 func BenchmarkSessionQuery(b *testing.B) {
-	c, err := New(cannedServer(b, benchQueryBody(b)), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(b, benchQueryBody(b))
 	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(2048)}
 	body := AppendQueryRequest(nil, &q)
 	var res QueryResult

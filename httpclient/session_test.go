@@ -151,11 +151,7 @@ func TestSessionNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	c, err := New(cannedServer(t, mustAppendIntf(t, contractQueryBody())), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(t, mustAppendIntf(t, contractQueryBody()))
 	s := c.NewSession()
 	defer s.Close()
 	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(4096)}
