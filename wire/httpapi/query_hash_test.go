@@ -129,12 +129,5 @@ func TestDecodeQueryByHashRequestZeroAllocs(t *testing.T) {
 		"bin":   htEnc(full.with("block_hashes", hhLE(keys...))),
 	}
 	var q httpapi.QueryByHashRequest
-	for name, body := range bodies {
-		if e := httpapi.DecodeQueryByHashRequest(body, &q); e != nil {
-			t.Fatalf("%s: %v", name, e)
-		}
-		if n := testing.AllocsPerRun(100, func() { _ = httpapi.DecodeQueryByHashRequest(body, &q) }); n != 0 {
-			t.Errorf("%s: %v allocs per decode, want 0", name, n)
-		}
-	}
+	htWantNoAllocs(t, bodies, func(body []byte) *httpapi.RequestError { return httpapi.DecodeQueryByHashRequest(body, &q) })
 }

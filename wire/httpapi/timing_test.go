@@ -11,12 +11,8 @@ import (
 // benchmark encodes them as Python's msgpack does (unsigned), the Signed one as Go's msgp.
 func htPrompt(n int) []int32 {
 	tokens := make([]int32, n)
-	x := uint32(2463534242)
-	for i := range tokens {
-		x ^= x << 13
-		x ^= x >> 17
-		x ^= x << 5
-		tokens[i] = int32(x % 152000)
+	for i, k := range htKeys(n) {
+		tokens[i] = int32(k % 152000)
 	}
 	return tokens
 }
