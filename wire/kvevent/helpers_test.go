@@ -150,9 +150,10 @@ func evMooncakeCommon(eventType string) evMap {
 	}
 }
 
-func evMooncakeRemoved() evMap {
-	m := evMooncakeCommon("removed")
-	return append(m,
+// evMooncakeObject is evMooncakeCommon with the object fields every stored and removed
+// event carries.
+func evMooncakeObject(eventType string) evMap {
+	return append(evMooncakeCommon(eventType),
 		evKV{"group_id", evNil()},
 		evKV{"seq_hashes", evUints()},
 		evKV{"base_block_idx", evNil()},
@@ -160,16 +161,10 @@ func evMooncakeRemoved() evMap {
 	)
 }
 
+func evMooncakeRemoved() evMap { return evMooncakeObject("removed") }
+
 func evMooncakeStored() evMap {
-	m := evMooncakeCommon("stored")
-	return append(m,
-		evKV{"group_id", evNil()},
-		evKV{"seq_hashes", evUints()},
-		evKV{"base_block_idx", evNil()},
-		evKV{"object_key", evS(evVLLMKey)},
-		evKV{"parent_hash", evNil()},
-		evKV{"token_ids", evNil()},
-	)
+	return append(evMooncakeObject("stored"), evKV{"parent_hash", evNil()}, evKV{"token_ids", evNil()})
 }
 
 // evWidths encodes v (0 <= v < 128) in every msgpack integer width.
