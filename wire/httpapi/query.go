@@ -45,23 +45,9 @@ const (
 // is decoded during the walk instead of being stored.
 const qTokenIDs = -2
 
-func querySlot(key []byte) int {
-	switch string(key) {
-	case "model":
-		return qModel
-	case "block_size":
-		return qBlockSize
-	case "tenant_id":
-		return qTenantID
-	case "lora_name":
-		return qLoraName
-	case "cache_salt":
-		return qCacheSalt
-	case "instance_id":
-		return qInstanceID
-	}
-	return -1
-}
+// queryKeys are the /query keys of the q* slots.
+var queryKeys = [qFields]string{qModel: "model", qBlockSize: "block_size", qTenantID: "tenant_id",
+	qLoraName: "lora_name", qCacheSalt: "cache_salt", qInstanceID: "instance_id"}
 
 // tokenErr is a token_ids failure found during the walk; it is reported only if the
 // body parses and the fields checked before token_ids are valid, and it is a value so
@@ -135,7 +121,7 @@ func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]b
 			if string(key) == listKey {
 				slot = qTokenIDs
 			} else {
-				slot = querySlot(key)
+				slot = slotOf(queryKeys[:], key)
 			}
 		}
 		if slot == qTokenIDs {
