@@ -170,13 +170,8 @@ func TestClientErrorReplies(t *testing.T) {
 }
 
 func TestClientConnectionRefused(t *testing.T) {
-	addr := refusedAddr(t)
-	c, err := New(addr, Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, err = c.GlobalView()
+	c, addr := refusedClient(t)
+	_, err := c.GlobalView()
 	var ce *ConnError
 	if !errors.As(err, &ce) || ce.Addr != "http://"+addr || !strings.Contains(err.Error(), "http://"+addr) {
 		t.Fatalf("got %v", err)
@@ -264,17 +259,22 @@ func cannedClient(tb testing.TB, body []byte) *Client {
 	return c
 }
 
-// refusedAddr returns a loopback address that was just free, so that connecting to it
-// is refused.
-func refusedAddr(t *testing.T) string {
+// refusedClient returns a Client of a loopback address that was free a moment ago, so
+// that connecting is refused, and that address; the client is closed when the test ends.
+func refusedClient(t *testing.T) (*Client, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer ln.Close() // on return, before the test dials: New does not connect
 	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	c, err := New(addr, Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, addr
 }
 
 // TestClientQueryNoAllocs runs the whole round trip, against a fasthttp server whose

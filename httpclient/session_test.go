@@ -6,7 +6,6 @@ import (
 	"reflect"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/tinylib/msgp/msgp"
 	"github.com/valyala/fasthttp"
@@ -93,12 +92,7 @@ func TestSessionErrors(t *testing.T) {
 		t.Fatalf("QueryRaw error: %#v", err)
 	}
 
-	addr := refusedAddr(t)
-	down, err := New(addr, Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer down.Close()
+	down, addr := refusedClient(t)
 	ds := down.NewSession()
 	defer ds.Close()
 	var ce *ConnError
