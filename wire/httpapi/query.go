@@ -72,11 +72,8 @@ const (
 // that validates the body, so an 8K-token prompt is read once.
 func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 	q.Tokens = q.buf[:0]
-	return decodeQueryBody(body, q, "token_ids", func(b []byte) ([]byte, tokenErr, bool) {
-		var terr tokenErr
-		var ok bool
-		q.Tokens, b, terr, ok = decodeTokens(b, &q.buf, &q.scratch)
-		return b, terr, ok
+	return decodeQueryBody(body, q, "token_ids", &q.Tokens, func(b []byte) ([]int32, []byte, tokenErr, bool) {
+		return decodeTokens(b, &q.buf, &q.scratch)
 	})
 }
 
@@ -93,10 +90,11 @@ func (q *QueryRequest) Release(maxTokens int) {
 }
 
 // decodeQueryBody walks a /query-shaped body whose prompt field is listKey (token_ids or
-// block_hashes): list decodes that field's value at the start of its argument and returns
-// the bytes after it, a semantic failure (reported in order, after the fields checked
-// before it) and ok=false when the bytes do not parse.
-func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]byte) ([]byte, tokenErr, bool)) *RequestError {
+// block_hashes): list decodes that field's value at the start of its argument into *out
+// and returns the bytes after it, a semantic failure (reported in order, after the
+// fields checked before it) and ok=false when the bytes do not parse.
+func decodeQueryBody[T int32 | uint64](body []byte, q *QueryRequest, listKey string, out *[]T,
+	list func([]byte) ([]T, []byte, tokenErr, bool)) *RequestError {
 	if rerr := checkRoot(body); rerr != nil {
 		return rerr
 	}
@@ -126,7 +124,7 @@ func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]b
 		}
 		if slot == qTokenIDs {
 			// A repeated list replaces the earlier one, like any duplicate key.
-			m.rest, tokErr, ok = list(m.rest)
+			*out, m.rest, tokErr, ok = list(m.rest)
 			if !ok {
 				return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
 			}
