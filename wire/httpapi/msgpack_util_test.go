@@ -115,10 +115,14 @@ func htWidth(code byte, v int64) htRaw {
 }
 
 // htLE packs int32 tokens as the little-endian binary form token_ids accepts.
-func htLE(tokens ...int32) []byte {
-	var b []byte
-	for _, t := range tokens {
-		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+func htLE(tokens ...int32) []byte { return htLittleEndian(tokens) }
+
+// htLittleEndian packs vs as consecutive little-endian words: the binary form of
+// token_ids (int32) and of block_hashes (uint64).
+func htLittleEndian[T int32 | uint64](vs []T) []byte {
+	b, err := binary.Append(nil, binary.LittleEndian, vs)
+	if err != nil {
+		panic(err)
 	}
 	return b
 }
