@@ -272,19 +272,25 @@ func (c *Client) get(uri string, fn func(body []byte) error) error {
 // may be reused across calls (see DecodeQueryResult). A goroutine that queries in a loop
 // saves the per-call pool round trip with a Session (NewSession).
 func (c *Client) Query(q *QueryRequest, res *QueryResult) error {
+	return c.postQuery(c.queryURI, "/query", res, func(b []byte) []byte { return AppendQueryRequest(b, q) })
+}
+
+// postQuery POSTs the body that appendBody appends to its argument to uri (path names
+// the endpoint in errors) and decodes the answer, a query result, into res.
+func (c *Client) postQuery(uri, path string, res *QueryResult, appendBody func([]byte) []byte) error {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	post(req, c.queryURI)
+	post(req, uri)
 	// Encode straight into the request's pooled body buffer.
 	buf := req.SwapBody(nil)
-	req.SwapBody(AppendQueryRequest(buf[:0], q))
+	req.SwapBody(appendBody(buf[:0]))
 	if err := c.roundTrip(req, resp); err != nil {
 		return err
 	}
 	if err := DecodeQueryResult(res, resp.Body()); err != nil {
-		return fmt.Errorf("decode /query response: %w", err)
+		return fmt.Errorf("decode %s response: %w", path, err)
 	}
 	return nil
 }

@@ -170,18 +170,8 @@ func TestClientErrorReplies(t *testing.T) {
 }
 
 func TestClientConnectionRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	c, err := New(addr, Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, err = c.GlobalView()
+	c, addr := refusedClient(t)
+	_, err := c.GlobalView()
 	var ce *ConnError
 	if !errors.As(err, &ce) || ce.Addr != "http://"+addr || !strings.Contains(err.Error(), "http://"+addr) {
 		t.Fatalf("got %v", err)
@@ -233,22 +223,58 @@ func TestNewAddresses(t *testing.T) {
 	}
 }
 
-// cannedServer serves body as the msgpack answer to every request from a fasthttp server
-// on a free loopback port, and returns its address; the server stops when the test ends.
-func cannedServer(t *testing.T, body []byte) string {
+// fasthttpServer serves handler from a fasthttp server on a free loopback port and
+// returns its address; the server stops when the test or benchmark ends.
+func fasthttpServer(tb testing.TB, handler fasthttp.RequestHandler) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: handler}
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ln); close(done) }()
+	tb.Cleanup(func() { _ = srv.Shutdown(); <-done })
+	return ln.Addr().String()
+}
+
+// cannedServer serves body as the msgpack answer to every request (see fasthttpServer).
+func cannedServer(tb testing.TB, body []byte) string {
+	tb.Helper()
+	return fasthttpServer(tb, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/msgpack")
+		ctx.SetBody(body)
+	})
+}
+
+// cannedClient is a Client of a cannedServer serving body, closed when the test or
+// benchmark ends.
+func cannedClient(tb testing.TB, body []byte) *Client {
+	tb.Helper()
+	c, err := New(cannedServer(tb, body), Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// refusedClient returns a Client of a loopback address that was free a moment ago, so
+// that connecting is refused, and that address; the client is closed when the test ends.
+func refusedClient(t *testing.T) (*Client, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/msgpack")
-		ctx.SetBody(body)
-	}}
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ln); close(done) }()
-	t.Cleanup(func() { _ = srv.Shutdown(); <-done })
-	return ln.Addr().String()
+	defer ln.Close() // on return, before the test dials: New does not connect
+	addr := ln.Addr().String()
+	c, err := New(addr, Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, addr
 }
 
 // TestClientQueryNoAllocs runs the whole round trip, against a fasthttp server whose
@@ -258,11 +284,7 @@ func TestClientQueryNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	c, err := New(cannedServer(t, mustAppendIntf(t, contractQueryBody())), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(t, mustAppendIntf(t, contractQueryBody()))
 	toks := make([]int32, 2048)
 	for i := range toks {
 		toks[i] = int32(i)

@@ -2,11 +2,9 @@ package httpclient
 
 import (
 	"fmt"
-	"net"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
-	"github.com/valyala/fasthttp"
 )
 
 func benchTokens(n int) []int32 {
@@ -79,30 +77,10 @@ func BenchmarkDecodeQueryResult(b *testing.B) {
 	}
 }
 
-// startBenchServer serves body on every request from a fasthttp server on loopback.
-func startBenchServer(b *testing.B, body []byte) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		ctx.SetContentType("application/msgpack")
-		ctx.SetBody(body)
-	}}
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ln); close(done) }()
-	b.Cleanup(func() { _ = srv.Shutdown(); <-done })
-	return ln.Addr().String()
-}
-
 // BenchmarkClientQuery measures the full round trip over loopback TCP against a fasthttp
 // server answering with a prepared 16-instance body.
 func BenchmarkClientQuery(b *testing.B) {
-	c, err := New(startBenchServer(b, benchQueryBody(b)), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(b, benchQueryBody(b))
 	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(2048)}
 	var res QueryResult
 	b.ReportAllocs()
@@ -117,11 +95,7 @@ func BenchmarkClientQuery(b *testing.B) {
 // time, sending a pre-encoded body (the load generator's loop), and taking the raw
 // answer without decoding it.
 func BenchmarkSessionQuery(b *testing.B) {
-	c, err := New(startBenchServer(b, benchQueryBody(b)), Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(b, benchQueryBody(b))
 	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(2048)}
 	body := AppendQueryRequest(nil, &q)
 	var res QueryResult

@@ -2,7 +2,6 @@ package httpclient
 
 import (
 	"encoding/binary"
-	"fmt"
 	"slices"
 
 	"github.com/tinylib/msgp/msgp"
@@ -48,20 +47,7 @@ func AppendQueryByHashRequest(dst []byte, q *QueryByHashRequest) []byte {
 // QueryByHash asks for the cached prefix of the blocks q.BlockHashes and decodes the
 // answer (the same shape as Query's) into res, which may be reused across calls.
 func (c *Client) QueryByHash(q *QueryByHashRequest, res *QueryResult) error {
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	post(req, c.queryByHashURI)
-	buf := req.SwapBody(nil)
-	req.SwapBody(AppendQueryByHashRequest(buf[:0], q))
-	if err := c.roundTrip(req, resp); err != nil {
-		return err
-	}
-	if err := DecodeQueryResult(res, resp.Body()); err != nil {
-		return fmt.Errorf("decode /query_by_hash response: %w", err)
-	}
-	return nil
+	return c.postQuery(c.queryByHashURI, "/query_by_hash", res, func(b []byte) []byte { return AppendQueryByHashRequest(b, q) })
 }
 
 // NewByHashSession returns a Session whose requests go to POST /query_by_hash: use its

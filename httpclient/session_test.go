@@ -3,11 +3,9 @@ package httpclient
 import (
 	"bytes"
 	"errors"
-	"net"
 	"reflect"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/tinylib/msgp/msgp"
 	"github.com/valyala/fasthttp"
@@ -94,17 +92,7 @@ func TestSessionErrors(t *testing.T) {
 		t.Fatalf("QueryRaw error: %#v", err)
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	down, err := New(addr, Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer down.Close()
+	down, addr := refusedClient(t)
 	ds := down.NewSession()
 	defer ds.Close()
 	var ce *ConnError
@@ -116,30 +104,20 @@ func TestSessionErrors(t *testing.T) {
 // TestSessionsConcurrent: Sessions of one Client run in parallel goroutines, each
 // getting the answer to its own request (the fake echoes the model back as the instance).
 func TestSessionsConcurrent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	addr := fasthttpServer(t, func(ctx *fasthttp.RequestCtx) {
 		req, _, _ := msgp.ReadIntfBytes(ctx.PostBody())
 		fields, _ := req.(map[string]any)
 		model, _ := fields["model"].(string)
 		ctx.SetBody(mustAppendIntf(t, map[string]any{"instances": map[string]any{model: map[string]any{"longest_matched": 16}}}))
-	}}
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ln); close(done) }()
-	defer func() { _ = srv.Shutdown(); <-done }()
-	c, err := New(ln.Addr().String(), Options{MaxConns: 4})
+	})
+	c, err := New(addr, Options{MaxConns: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
 	for g := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			s := c.NewSession()
 			defer s.Close()
 			model := string(rune('a' + g))
@@ -147,21 +125,17 @@ func TestSessionsConcurrent(t *testing.T) {
 			var res QueryResult
 			for range 50 {
 				if err := s.QueryEncoded(body, &res); err != nil {
-					errs <- err
+					t.Error(err)
 					return
 				}
 				if len(res.Instances) != 1 || res.Instances[0].InstanceID != model || res.Instances[0].LongestMatched != 16 {
-					errs <- errors.New("session " + model + " got another session's answer")
+					t.Errorf("session %s got another session's answer: %+v", model, res.Instances)
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
 }
 
 // TestSessionNoAllocs: a warmed-up Session sends and decodes without allocating, in all
@@ -171,11 +145,7 @@ func TestSessionNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	c, err := New(cannedServer(t, mustAppendIntf(t, contractQueryBody())), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cannedClient(t, mustAppendIntf(t, contractQueryBody()))
 	s := c.NewSession()
 	defer s.Close()
 	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: benchTokens(4096)}

@@ -101,72 +101,68 @@ func (c *Client) Query(ctx context.Context, q *cororpc.QueryRequest, res *cororp
 
 // Register runs ConductorService::Register.
 func (c *Client) Register(ctx context.Context, cfg *cororpc.ServiceConfig) (cororpc.RegisterResult, cororpc.ErrorCode, error) {
-	body, err := c.call(ctx, cororpc.FuncRegister, func(dst []byte) []byte { return cororpc.AppendServiceConfig(dst, cfg) })
-	if err != nil {
-		return cororpc.RegisterResult{}, 0, err
-	}
-	return cororpc.DecodeRegisterResponse(body)
+	return callCoded(ctx, c, cororpc.FuncRegister, func(dst []byte) []byte { return cororpc.AppendServiceConfig(dst, cfg) },
+		cororpc.DecodeRegisterResponse)
 }
 
 // Unregister runs ConductorService::Unregister.
 func (c *Client) Unregister(ctx context.Context, instanceID, tenantID string, dpRank int32) (cororpc.UnregisterResult, cororpc.ErrorCode, error) {
-	body, err := c.call(ctx, cororpc.FuncUnregister, func(dst []byte) []byte {
+	return callCoded(ctx, c, cororpc.FuncUnregister, func(dst []byte) []byte {
 		return cororpc.AppendUnregisterArgs(dst, instanceID, tenantID, dpRank)
-	})
-	if err != nil {
-		return cororpc.UnregisterResult{}, 0, err
-	}
-	return cororpc.DecodeUnregisterResponse(body)
+	}, cororpc.DecodeUnregisterResponse)
 }
 
 // GetGlobalView runs ConductorService::GetGlobalView (no business error code upstream).
 func (c *Client) GetGlobalView(ctx context.Context) (cororpc.GlobalView, error) {
-	body, err := c.call(ctx, cororpc.FuncGetGlobalView, nil)
-	if err != nil {
-		return cororpc.GlobalView{}, err
-	}
-	return cororpc.DecodeGlobalView(body)
+	return callDecode(ctx, c, cororpc.FuncGetGlobalView, nil, cororpc.DecodeGlobalView)
 }
 
 // ListServices runs ConductorService::ListServices (no business error code upstream).
 func (c *Client) ListServices(ctx context.Context) ([]cororpc.ServiceConfig, error) {
-	body, err := c.call(ctx, cororpc.FuncListServices, nil)
-	if err != nil {
-		return nil, err
-	}
-	return cororpc.DecodeServiceList(body)
+	return callDecode(ctx, c, cororpc.FuncListServices, nil, cororpc.DecodeServiceList)
 }
 
 // RegisterEx runs this conductor's RegisterEx: Register with the hash_profile fields of
 // issue 25 and index_media (an upstream conductor answers "function not registered").
 func (c *Client) RegisterEx(ctx context.Context, args *cororpc.RegisterExArgs) (cororpc.RegisterResult, cororpc.ErrorCode, error) {
-	body, err := c.call(ctx, cororpc.FuncRegisterEx, func(dst []byte) []byte { return cororpc.AppendRegisterExArgs(dst, args) })
-	if err != nil {
-		return cororpc.RegisterResult{}, 0, err
-	}
-	return cororpc.DecodeRegisterResponse(body)
+	return callCoded(ctx, c, cororpc.FuncRegisterEx, func(dst []byte) []byte { return cororpc.AppendRegisterExArgs(dst, args) },
+		cororpc.DecodeRegisterResponse)
 }
 
 // UnregisterAdapter runs this conductor's UnregisterAdapter: one adapter of a multi-LoRA
 // registration.
 func (c *Client) UnregisterAdapter(ctx context.Context, instanceID, tenantID string, dpRank int32, loraName string) (cororpc.UnregisterResult, cororpc.ErrorCode, error) {
-	body, err := c.call(ctx, cororpc.FuncUnregisterAdapter, func(dst []byte) []byte {
+	return callCoded(ctx, c, cororpc.FuncUnregisterAdapter, func(dst []byte) []byte {
 		return cororpc.AppendUnregisterAdapterArgs(dst, instanceID, tenantID, dpRank, loraName)
-	})
-	if err != nil {
-		return cororpc.UnregisterResult{}, 0, err
-	}
-	return cororpc.DecodeUnregisterResponse(body)
+	}, cororpc.DecodeUnregisterResponse)
 }
 
 // ListServiceDetails runs this conductor's ListServiceDetails: ListServices with the
 // profile fields, media and self-check of each entry.
 func (c *Client) ListServiceDetails(ctx context.Context) ([]cororpc.ServiceDetail, error) {
-	body, err := c.call(ctx, cororpc.FuncListServiceDetails, nil)
+	return callDecode(ctx, c, cororpc.FuncListServiceDetails, nil, cororpc.DecodeServiceDetails)
+}
+
+// callDecode runs c.call and decodes the body of its successful response with decode.
+func callDecode[T any](ctx context.Context, c *Client, fn uint32, encode func([]byte) []byte,
+	decode func([]byte) (T, error)) (T, error) {
+	body, err := c.call(ctx, fn, encode)
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
-	return cororpc.DecodeServiceDetails(body)
+	return decode(body)
+}
+
+// callCoded is callDecode for a method whose response carries a business error code.
+func callCoded[T any](ctx context.Context, c *Client, fn uint32, encode func([]byte) []byte,
+	decode func([]byte) (T, cororpc.ErrorCode, error)) (T, cororpc.ErrorCode, error) {
+	body, err := c.call(ctx, fn, encode)
+	if err != nil {
+		var zero T
+		return zero, 0, err
+	}
+	return decode(body)
 }
 
 // call sends one request and returns the body of its successful response. encode appends

@@ -290,11 +290,8 @@ func TestClientConcurrentCallsMatchSequence(t *testing.T) {
 	c := dial(t, srv.addr())
 	ctx := ctxTimeout(t, 20*time.Second)
 	var wg sync.WaitGroup
-	errs := make(chan error, 8)
 	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var res cororpc.QueryResult
 			for i := range 50 {
 				id := fmt.Sprintf("g%d-%d", g, i)
@@ -302,21 +299,17 @@ func TestClientConcurrentCallsMatchSequence(t *testing.T) {
 					Tokens: make([]int32, g*10+i), InstanceFilter: id, HasInstanceFilter: true}
 				ec, err := c.Query(ctx, &q, &res)
 				if err != nil || ec != cororpc.CodeOK {
-					errs <- fmt.Errorf("%s: %v %v", id, ec, err)
+					t.Errorf("%s: %v %v", id, ec, err)
 					return
 				}
 				if len(res.Instances) != 1 || res.Instances[0].InstanceID != id || res.Instances[0].Hit.LongestMatchTokens != int64(g*10+i) {
-					errs <- fmt.Errorf("%s: got %+v", id, res.Instances)
+					t.Errorf("%s: got %+v", id, res.Instances)
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
 }
 
 func TestDialFailureAndClose(t *testing.T) {

@@ -518,52 +518,44 @@ type dec struct {
 	err error
 }
 
-func (d *dec) need(n int) bool {
+// take consumes the frame's next n bytes; once the frame is short it returns nil and
+// d.err says so.
+func (d *dec) take(n int) []byte {
 	if d.err != nil {
-		return false
+		return nil
 	}
 	if len(d.b) < n {
 		d.err = fmt.Errorf("%w: short frame", ErrCorrupt)
-		return false
+		return nil
 	}
-	return true
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
 }
 
 func (d *dec) u8() byte {
-	if !d.need(1) {
-		return 0
+	if v := d.take(1); v != nil {
+		return v[0]
 	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
+	return 0
 }
 
 func (d *dec) u32() uint32 {
-	if !d.need(4) {
-		return 0
+	if v := d.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
 	}
-	v := binary.LittleEndian.Uint32(d.b)
-	d.b = d.b[4:]
-	return v
+	return 0
 }
 
 func (d *dec) u64() uint64 {
-	if !d.need(8) {
-		return 0
+	if v := d.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
 	}
-	v := binary.LittleEndian.Uint64(d.b)
-	d.b = d.b[8:]
-	return v
+	return 0
 }
 
 func (d *dec) str() string {
-	n := d.u32()
-	if !d.need(int(n)) {
-		return ""
-	}
-	v := string(d.b[:n])
-	d.b = d.b[n:]
-	return v
+	return string(d.take(int(d.u32())))
 }
 
 // count reads a count of items at least min bytes each, refusing counts the frame cannot hold.

@@ -507,29 +507,7 @@ def decode(schema, type_code, body):
     None or the value, expected<T> as (True, T) or (False, error_code).
     """
     buf = memoryview(body).cast("B") if not isinstance(body, bytes) else body
-    if len(buf) < 4:
-        raise WireError("body of %d bytes has no type code" % len(buf))
-    (code,) = struct.unpack_from("<I", buf, 0)
-    if code & ~1 != type_code & ~1:
-        raise WireError("type code 0x%08x, want 0x%08x" % (code & ~1, type_code & ~1))
-    pos = 4
-    width = 1
-    if code & 1:
-        if len(buf) < 5:
-            raise WireError("metainfo flag set but no metainfo byte")
-        meta = buf[4]
-        pos = 5
-        if meta & 0x03:
-            raise WireError("metainfo 0x%02x: compatible fields are not part of this protocol" % meta)
-        if meta & 0xE0:
-            raise WireError("metainfo 0x%02x: reserved bits set" % meta)
-        width = _BITS_WIDTH[meta & 0x18]
-        if meta & 0x04:
-            # Debug builds append the full type literal, NUL-terminated; skip it.
-            end = bytes(buf[pos:]).find(b"\x00")
-            if end < 0:
-                raise WireError("unterminated type information")
-            pos += end + 1
+    pos, width = _payload_start(buf, type_code)
     reader = _Reader(buf, pos, width)
     value = reader.read(schema)
     if reader.pos != len(buf):
@@ -624,32 +602,39 @@ class QueryTemplate:
         return [fixed[0], fixed[1](n), packed, fixed[2]]
 
 
+def _payload_start(buf, type_code):
+    """Check a body's type code and metainfo byte against type_code; return the offset of
+    the payload and the width of its lengths. buf is bytes or a byte memoryview."""
+    if len(buf) < 4:
+        raise WireError("body of %d bytes has no type code" % len(buf))
+    (code,) = _U32.unpack_from(buf, 0)
+    if code & ~1 != type_code & ~1:
+        raise WireError("type code 0x%08x, want 0x%08x" % (code & ~1, type_code & ~1))
+    if not code & 1:
+        return 4, 1
+    if len(buf) < 5:
+        raise WireError("metainfo flag set but no metainfo byte")
+    meta = buf[4]
+    if meta & 0x03:
+        raise WireError("metainfo 0x%02x: compatible fields are not part of this protocol" % meta)
+    if meta & 0xE0:
+        raise WireError("metainfo 0x%02x: reserved bits set" % meta)
+    width = _BITS_WIDTH[meta & 0x18]
+    if not meta & 0x04:
+        return 5, width
+    # Debug builds append the full type literal, NUL-terminated; skip it.
+    end = bytes(buf[5:]).find(b"\x00")
+    if end < 0:
+        raise WireError("unterminated type information")
+    return 5 + end + 1, width
+
+
 def decode_query_response(body):
     """decode(QUERY_RESPONSE, ...) straight into the client's result shape:
     (True, {instance_id: hit dict}) or (False, error_code). Raises WireError like decode."""
     buf = body if isinstance(body, bytes) else bytes(body)
     size = len(buf)
-    if size < 4:
-        raise WireError("body of %d bytes has no type code" % size)
-    (code,) = _U32.unpack_from(buf, 0)
-    if code & ~1 != TC_QUERY_RESPONSE & ~1:
-        raise WireError("type code 0x%08x, want 0x%08x" % (code & ~1, TC_QUERY_RESPONSE & ~1))
-    pos, width = 4, 1
-    if code & 1:
-        if size < 5:
-            raise WireError("metainfo flag set but no metainfo byte")
-        meta = buf[4]
-        pos = 5
-        if meta & 0x03:
-            raise WireError("metainfo 0x%02x: compatible fields are not part of this protocol" % meta)
-        if meta & 0xE0:
-            raise WireError("metainfo 0x%02x: reserved bits set" % meta)
-        width = _BITS_WIDTH[meta & 0x18]
-        if meta & 0x04:
-            end = buf.find(b"\x00", pos)
-            if end < 0:
-                raise WireError("unterminated type information")
-            pos = end + 1
+    pos, width = _payload_start(buf, TC_QUERY_RESPONSE)
     lenfmt = _LEN_FORMATS[width]
     unpack_len = lenfmt.unpack_from
     unpack_i64, unpack_2, unpack_4 = _I64.unpack_from, _I64X2.unpack_from, _I64X4.unpack_from

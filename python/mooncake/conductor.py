@@ -63,22 +63,6 @@ _RECV_BUFFER_BYTES = 1 << 16
 # Encoded query fields (model, LoRA, block size, tenant, salt, filter) kept per client.
 _QUERY_TEMPLATES = 64
 
-_REGISTER_KEYS = frozenset(
-    (
-        "instance_id",
-        "endpoint",
-        "replay_endpoint",
-        "publisher_type",
-        "model_name",
-        "lora_name",
-        "tenant_id",
-        "block_size",
-        "dp_rank",
-        "cache_group",
-        "hash_profile",
-        "index_media",
-    )
-)
 _REGISTER_STR_KEYS = (
     "instance_id",
     "endpoint",
@@ -88,6 +72,7 @@ _REGISTER_STR_KEYS = (
     "lora_name",
     "tenant_id",
 )
+_REGISTER_KEYS = frozenset(_REGISTER_STR_KEYS + ("block_size", "dp_rank", "cache_group", "hash_profile", "index_media"))
 _PROFILE_KEYS = ("strategy", "algorithm", "python_hash_seed", "index_projection")
 # The optional hash_profile fields of issue 25 (this conductor's RegisterEx carries them).
 _PROFILE_EXT_STR_KEYS = ("extra_keys", "lora_path")
@@ -293,11 +278,7 @@ class ConductorClient:
         else:
             body = _wire.encode(_wire.REGISTER_EX_ARGS, _wire.TC_REGISTER_EX_ARGS, (args, ext or ("", "", 0), media))
             func = _wire.FUNC_REGISTER_EX
-        try:
-            ok, value = self._call(func, body, _wire.REGISTER_RESPONSE, _wire.TC_REGISTER_RESPONSE)
-        except _CallFailed as failed:
-            return failed.code
-        return OK if ok else value
+        return self._call_code(func, body, _wire.REGISTER_RESPONSE, _wire.TC_REGISTER_RESPONSE)
 
     def unregister(self, instance_id, tenant_id="default", dp_rank=0, lora_name=None):
         """Stop the subscription (instance_id, tenant_id, dp_rank); OK, SERVICE_NOT_FOUND or another code.
@@ -320,11 +301,7 @@ class ConductorClient:
                 (instance_id, _tenant(tenant_id), dp_rank, lora_name),
             )
             func = _wire.FUNC_UNREGISTER_ADAPTER
-        try:
-            ok, value = self._call(func, body, _wire.UNREGISTER_RESPONSE, _wire.TC_UNREGISTER_RESPONSE)
-        except _CallFailed as failed:
-            return failed.code
-        return OK if ok else value
+        return self._call_code(func, body, _wire.UNREGISTER_RESPONSE, _wire.TC_UNREGISTER_RESPONSE)
 
     def get_global_view(self):
         """Snapshot of indexed contexts: ``{"ret", "context_count", "contexts"}``."""
@@ -401,6 +378,15 @@ class ConductorClient:
                 sock.close()
             except OSError:
                 pass
+
+    def _call_code(self, func_id, body, schema, type_code):
+        """Send one request whose reply is an expected<T> and return it as a code: OK, the
+        server's error code, or the code of a failed call."""
+        try:
+            ok, value = self._call(func_id, body, schema, type_code)
+        except _CallFailed as failed:
+            return failed.code
+        return OK if ok else value
 
     def _call(self, func_id, body, schema=None, type_code=None, decoder=None):
         """Send one request and decode its reply (with decoder(payload) when given, else

@@ -4,6 +4,7 @@ End-to-end tests take the ``conductor`` fixture; it skips when no binary is foun
 (``CONDUCTOR_BIN``, else ``bin/mooncake_conductor`` at the repository root).
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fake_server import FakeServer
+from mooncake.conductor import OK, ConductorClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,17 +27,32 @@ def fake_server():
     The test fails if a server recorded a protocol error (bad header, handler exception).
     """
     servers = []
+    with contextlib.ExitStack() as stack:
 
-    def make(handler, **kwargs):
-        srv = FakeServer(handler, **kwargs)
-        servers.append(srv)
-        return srv
+        def make(handler, **kwargs):
+            srv = FakeServer(handler, **kwargs)
+            stack.callback(srv.stop)
+            servers.append(srv)
+            return srv
 
-    yield make
-    for srv in servers:
-        srv.stop()
+        yield make
     errors = [e for srv in servers for e in srv.errors]
     assert not errors, errors
+
+
+@pytest.fixture
+def served_client(fake_server):
+    """Factory: served_client(handler) -> (FakeServer, ConductorClient set up on it); the
+    clients are closed at teardown, before their servers stop."""
+    with contextlib.ExitStack() as stack:
+
+        def make(handler):
+            srv = fake_server(handler)
+            client = stack.enter_context(ConductorClient())
+            assert client.setup(srv.address) == OK
+            return srv, client
+
+        yield make
 
 
 def free_port():

@@ -13,6 +13,26 @@ def hx(text):
     return bytes.fromhex("".join(text.split()))
 
 
+def hit(device, cpu_local, cpu_share, disk, ranks, longest=None):
+    """One instance's entry of a query result, in the client's shape (and /query's).
+
+    ranks maps a rank key to that rank's (device, cpu_local, cpu_share, disk); dp holds
+    each rank's device count, and longest_matched defaults to disk (the deepest tier
+    counts every block any tier holds).
+    """
+    return {
+        "longest_matched": disk if longest is None else longest,
+        "dp": {r: t[0] for r, t in ranks.items()},
+        "rank_matches": {
+            r: {"device": t[0], "cpu_local": t[1], "cpu_share": t[2], "disk": t[3]} for r, t in ranks.items()
+        },
+        "device": device,
+        "cpu_local": cpu_local,
+        "cpu_share": cpu_share,
+        "disk": disk,
+    }
+
+
 ROOT_VLLM_CBOR_SEED0 = "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
 PROFILE_REGISTER = ("vllm_v1", "sha256_cbor", "0", "", "low64_be")
 PROFILE_RESOLVED = ("vllm_v1", "sha256_cbor", "0", ROOT_VLLM_CBOR_SEED0, "low64_be")
@@ -32,17 +52,7 @@ QUERY_RESP_ONE = bytes.fromhex(
     "000030000000000000003000000000000000"
 )
 QUERY_RESP_ONE_VALUE = (True, ({"e": (48, {0: 32}, {0: (32, 32, 48, 48)}, 32, 32, 48, 48)},))
-QUERY_RESP_ONE_HITS = {
-    "e": {
-        "longest_matched": 48,
-        "dp": {"0": 32},
-        "rank_matches": {"0": {"device": 32, "cpu_local": 32, "cpu_share": 48, "disk": 48}},
-        "device": 32,
-        "cpu_local": 32,
-        "cpu_share": 48,
-        "disk": 48,
-    }
-}
+QUERY_RESP_ONE_HITS = {"e": hit(32, 32, 48, 48, {"0": (32, 32, 48, 48)})}
 QUERY_RESP_INVALID = hx("ccd2d5ad 00 a8fdffff")
 QUERY_RESP_INVALID_VALUE = (False, -600)
 

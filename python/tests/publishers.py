@@ -69,13 +69,19 @@ class SglKVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     """Base of SGLang's tagged union (same tag rule as vLLM)."""
 
 
-class SglBlockStored(SglKVCacheEvent, tag="BlockStored"):
+class SglBlockStoredFields(msgspec.Struct, omit_defaults=True, gc=False):
+    """SGLang's first BlockStored fields, in order: the legacy array-like event has these,
+    and the tagged-map one appends to them (its encoding sets map or array, and the tag)."""
+
     block_hashes: List[int]
     parent_block_hash: Optional[int]
     token_ids: List[int]
     block_size: int
     lora_id: Optional[int]
     medium: Optional[str] = None
+
+
+class SglBlockStored(SglBlockStoredFields, SglKVCacheEvent, tag="BlockStored"):
     cache_salt: Optional[str] = None
     session_id: Optional[str] = None
 
@@ -100,13 +106,8 @@ class SglLegacyEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fal
     """Pre-#37482 SGLang events: positional arrays, the tag first."""
 
 
-class SglLegacyBlockStored(SglLegacyEvent, tag="BlockStored"):
-    block_hashes: List[int]
-    parent_block_hash: Optional[int]
-    token_ids: List[int]
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = None
+class SglLegacyBlockStored(SglBlockStoredFields, SglLegacyEvent, tag="BlockStored"):
+    pass
 
 
 class SglLegacyKVEventBatch(SglEventBatch):

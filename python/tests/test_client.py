@@ -110,15 +110,7 @@ def test_golden_round_trips(golden_server, client):
     assert client.query("x" * 300, block_size=16, token_ids=[7]) == {"ret": INVALID_PARAMS, "hits": {}}
     big = client.query("m", block_size=16, token_ids=list(range(1, 301)))
     assert big["ret"] == OK and len(big["hits"]) == 300
-    assert big["hits"]["i123"] == {
-        "longest_matched": 16,
-        "dp": {"0": 16},
-        "rank_matches": {"0": {"device": 16, "cpu_local": 16, "cpu_share": 16, "disk": 16}},
-        "device": 16,
-        "cpu_local": 16,
-        "cpu_share": 16,
-        "disk": 16,
-    }
+    assert big["hits"]["i123"] == g.hit(16, 16, 16, 16, {"0": (16, 16, 16, 16)})
     # 70000 tokens: 4-byte lengths (metainfo 0x10), 280039-byte body checked by digest
     assert client.query("m", block_size=16, token_ids=range(-35000, 35000)) == {"ret": OK, "hits": {}}
     assert client.register(g.REGISTER_CONFIG) == OK

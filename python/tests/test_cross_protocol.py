@@ -17,6 +17,7 @@ import urllib.request
 import msgpack
 import pytest
 
+from goldens import hit
 from mooncake.conductor import INVALID_PARAMS, OK, SERVICE_NOT_FOUND, ConductorClient
 from test_e2e import (  # noqa: F401  (zmq_ctx and publisher_factory are fixtures)
     CBOR_BS16_PLAIN,
@@ -110,23 +111,7 @@ def rpc_register(client, **fields):
 
 
 def zeros(*ranks):
-    tiers = {"device": 0, "cpu_local": 0, "cpu_share": 0, "disk": 0}
-    return dict(tiers, longest_matched=0, dp={r: 0 for r in ranks}, rank_matches={r: dict(tiers) for r in ranks})
-
-
-def hit(device, cpu_local, cpu_share, disk, ranks):
-    """Expected fields of one instance; ranks maps rank key -> (device, cpu_local, cpu_share, disk)."""
-    return {
-        "longest_matched": disk,
-        "dp": {r: t[0] for r, t in ranks.items()},
-        "rank_matches": {
-            r: {"device": t[0], "cpu_local": t[1], "cpu_share": t[2], "disk": t[3]} for r, t in ranks.items()
-        },
-        "device": device,
-        "cpu_local": cpu_local,
-        "cpu_share": cpu_share,
-        "disk": disk,
-    }
+    return hit(0, 0, 0, 0, {r: (0, 0, 0, 0) for r in ranks})
 
 
 FULL = {
@@ -185,16 +170,10 @@ QUERIES = [
 
 
 def http_query_body(model_name, block_size, token_ids, lora_name="", tenant_id="", cache_salt="", instance_filter=""):
-    body = {"model": model_name, "block_size": block_size, "token_ids": list(token_ids)}
-    if lora_name:
-        body["lora_name"] = lora_name
-    if tenant_id:
-        body["tenant_id"] = tenant_id
-    if cache_salt:
-        body["cache_salt"] = cache_salt
-    if instance_filter:
-        body["instance_id"] = instance_filter
-    return body
+    """The /query body of the same question as client.query(...): empty optional strings left out."""
+    optional = {"lora_name": lora_name, "tenant_id": tenant_id, "cache_salt": cache_salt, "instance_id": instance_filter}
+    return dict({"model": model_name, "block_size": block_size, "token_ids": list(token_ids)},
+                **{key: value for key, value in optional.items() if value})
 
 
 @pytest.fixture

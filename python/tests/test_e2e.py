@@ -6,6 +6,7 @@ in the views with zero counts. The later ones run a real ZMQ publisher that send
 vLLM-style msgpack events, and walk every error code the contract lists.
 """
 
+import contextlib
 import copy
 import json
 import os
@@ -130,16 +131,9 @@ def zmq_ctx():
 
 @pytest.fixture
 def publisher_factory(zmq_ctx):
-    pubs = []
-
-    def make(**kwargs):
-        p = EventPublisher(zmq_ctx, **kwargs)
-        pubs.append(p)
-        return p
-
-    yield make
-    for p in pubs:
-        p.close()
+    """Factory: publisher_factory(**kwargs) -> EventPublisher, closed at teardown."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **kwargs: stack.enter_context(contextlib.closing(EventPublisher(zmq_ctx, **kwargs)))
 
 
 def block_stored(hashes, token_ids, block_size=16, medium="GPU"):
@@ -262,20 +256,7 @@ def test_vllm_publisher_events_become_hits(client, publisher_factory):
         return client.query("my-model", block_size=16, token_ids=PROMPT)
 
     result = wait_for(query, lambda r: r["hits"].get("vllm-0", {}).get("device") == 32, what="2 blocks indexed")
-    assert result == {
-        "ret": OK,
-        "hits": {
-            "vllm-0": {
-                "longest_matched": 32,
-                "dp": {"0": 32},
-                "rank_matches": {"0": {"device": 32, "cpu_local": 32, "cpu_share": 32, "disk": 32}},
-                "device": 32,
-                "cpu_local": 32,
-                "cpu_share": 32,
-                "disk": 32,
-            }
-        },
-    }
+    assert result == {"ret": OK, "hits": {"vllm-0": g.hit(32, 32, 32, 32, {"0": (32, 32, 32, 32)})}}
     # Only complete blocks count: 31 tokens cover one block; a different prefix misses.
     assert client.query("my-model", block_size=16, token_ids=PROMPT[:31])["hits"]["vllm-0"]["device"] == 16
     miss = client.query("my-model", block_size=16, token_ids=[7] + PROMPT[1:])["hits"]["vllm-0"]
@@ -365,11 +346,7 @@ def test_data_parallel_ranks(client, publisher_factory):
     hit = wait_for(
         query, lambda r: r["hits"].get("vllm-0", {}).get("dp") == {"0": 16, "1": 32}, what="both ranks"
     )["hits"]["vllm-0"]
-    assert hit["device"] == hit["longest_matched"] == 32
-    assert hit["rank_matches"] == {
-        "0": {"device": 16, "cpu_local": 16, "cpu_share": 16, "disk": 16},
-        "1": {"device": 32, "cpu_local": 32, "cpu_share": 32, "disk": 32},
-    }
+    assert hit == g.hit(32, 32, 32, 32, {"0": (16, 16, 16, 16), "1": (32, 32, 32, 32)})
     assert client.get_global_view()["contexts"][0]["instances"] == {"vllm-0": {0, 1}}
     assert [s["DPRank"] for s in client.list_services()["services"]] == [0, 1]
 

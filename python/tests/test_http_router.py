@@ -14,6 +14,8 @@ import urllib.request
 import msgpack
 import pytest
 
+import goldens as g
+
 MSGPACK = "application/msgpack"
 VLLM_PROFILE = {
     "strategy": "vllm_v1",
@@ -97,19 +99,7 @@ def test_router_register_and_query(conductor):
 
     status, body = post(conductor, "/query", query(tokens))
     assert status == 200
-    assert body == {
-        "instances": {
-            "engine-a": {
-                "longest_matched": 0,
-                "dp": {"0": 0},
-                "rank_matches": {"0": {"device": 0, "cpu_local": 0, "cpu_share": 0, "disk": 0}},
-                "device": 0,
-                "cpu_local": 0,
-                "cpu_share": 0,
-                "disk": 0,
-            }
-        }
-    }
+    assert body == {"instances": {"engine-a": g.hit(0, 0, 0, 0, {"0": (0, 0, 0, 0)})}}
     # token_ids as a binary of little-endian int32, as a router holding an array sends it.
     packed = struct.pack("<%di" % len(tokens), *tokens)
     assert post(conductor, "/query", query(packed))[1] == body
@@ -172,11 +162,7 @@ def test_router_sees_published_blocks(conductor):
                 break
             assert time.monotonic() < deadline, (body, conductor.log())
             time.sleep(0.05)
-        assert hit["longest_matched"] == hit["disk"] == 32
-        assert hit["dp"] == {"1": 32}
-        assert hit["rank_matches"] == {
-            "1": {"device": 32, "cpu_local": 32, "cpu_share": 32, "disk": 32}
-        }
+        assert hit == g.hit(32, 32, 32, 32, {"1": (32, 32, 32, 32)})
         # A prompt that diverges in the second block matches only the first.
         assert post(conductor, "/query", query(tokens[:16] + [7] * 24))[1]["instances"]["engine-b"]["device"] == 16
         assert post(conductor, "/unregister", {"instance_id": "engine-b", "dp_rank": 1})[0] == 200

@@ -36,7 +36,7 @@ def test_type_codes_from_structure():
 
 
 @pytest.fixture
-def recording(fake_server):
+def recording(served_client):
     """A server that answers every register and unregister OK and records the calls."""
 
     def handler(req):
@@ -46,11 +46,7 @@ def recording(fake_server):
             return w.encode(w.UNREGISTER_RESPONSE, w.TC_UNREGISTER_RESPONSE, (True, ("e|default|0",)))
         raise AssertionError("unexpected function 0x%08x" % req.func_id)
 
-    srv = fake_server(handler)
-    c = ConductorClient()
-    assert c.setup(srv.address) == OK
-    yield srv, c
-    c.close()
+    return served_client(handler)
 
 
 def test_register_sends_upstream_body_without_new_fields(recording):

@@ -14,7 +14,7 @@ from mooncake.conductor import INVALID_PARAMS, OK, ConductorClient
 
 
 @pytest.fixture
-def recording(fake_server):
+def recording(served_client):
     """A set-up client whose server answers register INVALID_PARAMS and records requests."""
 
     def handler(req):
@@ -26,11 +26,8 @@ def recording(fake_server):
             return g.UNREGISTER_RESP_OK
         raise AssertionError("unexpected function 0x%08x" % req.func_id)
 
-    srv = fake_server(handler)
-    client = ConductorClient()
-    assert client.setup(srv.address) == OK
-    yield client, srv
-    client.close()
+    srv, client = served_client(handler)
+    return client, srv
 
 
 def with_(**changes):

@@ -15,17 +15,9 @@ def generic_hits(value):
     out = {}
     for inst, hit in value[0].items():
         longest, dp, rank_matches, device, cpu_local, cpu_share, disk = hit
-        out[inst] = {
-            "longest_matched": longest,
-            "dp": {str(r): c for r, c in dp.items()},
-            "rank_matches": {
-                str(r): {"device": t[0], "cpu_local": t[1], "cpu_share": t[2], "disk": t[3]} for r, t in rank_matches.items()
-            },
-            "device": device,
-            "cpu_local": cpu_local,
-            "cpu_share": cpu_share,
-            "disk": disk,
-        }
+        out[inst] = g.hit(device, cpu_local, cpu_share, disk, {str(r): t for r, t in rank_matches.items()}, longest)
+        # dp is its own field on the wire: carried as sent, not derived from the ranks.
+        out[inst]["dp"] = {str(r): c for r, c in dp.items()}
     return out
 
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -716,7 +717,7 @@ func TestRPCRandomRoundTrips(t *testing.T) {
 			if got.InstanceID != want.InstanceID || got.Hit.LongestMatchTokens != want.Hit.LongestMatchTokens ||
 				got.Hit.Device != want.Hit.Device || got.Hit.CPULocal != want.Hit.CPULocal ||
 				got.Hit.CPUShare != want.Hit.CPUShare || got.Hit.Disk != want.Hit.Disk ||
-				!rpcSlicesEqual(got.Hit.DP, want.Hit.DP) || !rpcSlicesEqual(got.Hit.RankMatches, want.Hit.RankMatches) {
+				!slices.Equal(got.Hit.DP, want.Hit.DP) || !slices.Equal(got.Hit.RankMatches, want.Hit.RankMatches) {
 				t.Fatalf("query result %d instance %d:\n got %+v\nwant %+v", it, i, got, want)
 			}
 		}
@@ -782,18 +783,6 @@ func TestRPCRandomRoundTrips(t *testing.T) {
 			t.Fatalf("register error: %v", err)
 		}
 	}
-}
-
-func rpcSlicesEqual[T comparable](a, b []T) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // rpcBench8K is the hot-path fixture: an 8K-token query and an 8-instance, 2-rank answer.

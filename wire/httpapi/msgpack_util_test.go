@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/conductor-go/conductor/wire/internal/testmap"
 	"github.com/tinylib/msgp/msgp"
 )
 
@@ -17,41 +18,27 @@ type htRaw []byte
 // htSigned is a token array encoded with signed ints only ([]int32 encodes like Python).
 type htSigned []int32
 
+// htKV is one entry of an htMap; keys are encoded like values (so a test can send a
+// key that is not a string).
 type htKV struct {
 	k any
 	v any
 }
 
+// Key is the entry's key (testmap.Entry).
+func (e htKV) Key() any { return e.k }
+
 // htMap is an ordered msgpack map; order and duplicates are kept as written.
 type htMap []htKV
 
 // with returns a copy with key k set to v (replaced in place, or appended).
-func (m htMap) with(k string, v any) htMap {
-	out := append(htMap(nil), m...)
-	for i := range out {
-		if out[i].k == k {
-			out[i].v = v
-			return out
-		}
-	}
-	return append(out, htKV{k, v})
-}
+func (m htMap) with(k string, v any) htMap { return testmap.With(m, htKV{k, v}) }
 
 // without returns a copy with key k removed.
-func (m htMap) without(k string) htMap {
-	var out htMap
-	for _, kv := range m {
-		if kv.k != k {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
+func (m htMap) without(k string) htMap { return testmap.Without(m, any(k)) }
 
 // plus returns a copy with an extra entry appended, even if the key is already present.
-func (m htMap) plus(k, v any) htMap {
-	return append(append(htMap(nil), m...), htKV{k, v})
-}
+func (m htMap) plus(k, v any) htMap { return testmap.Plus(m, htKV{k, v}) }
 
 func htEnc(v any) []byte { return htAppend(nil, v) }
 
@@ -128,10 +115,14 @@ func htWidth(code byte, v int64) htRaw {
 }
 
 // htLE packs int32 tokens as the little-endian binary form token_ids accepts.
-func htLE(tokens ...int32) []byte {
-	var b []byte
-	for _, t := range tokens {
-		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+func htLE(tokens ...int32) []byte { return htLittleEndian(tokens) }
+
+// htLittleEndian packs vs as consecutive little-endian words: the binary form of
+// token_ids (int32) and of block_hashes (uint64).
+func htLittleEndian[T int32 | uint64](vs []T) []byte {
+	b, err := binary.Append(nil, binary.LittleEndian, vs)
+	if err != nil {
+		panic(err)
 	}
 	return b
 }

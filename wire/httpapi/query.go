@@ -45,23 +45,9 @@ const (
 // is decoded during the walk instead of being stored.
 const qTokenIDs = -2
 
-func querySlot(key []byte) int {
-	switch string(key) {
-	case "model":
-		return qModel
-	case "block_size":
-		return qBlockSize
-	case "tenant_id":
-		return qTenantID
-	case "lora_name":
-		return qLoraName
-	case "cache_salt":
-		return qCacheSalt
-	case "instance_id":
-		return qInstanceID
-	}
-	return -1
-}
+// queryKeys are the /query keys of the q* slots.
+var queryKeys = [qFields]string{qModel: "model", qBlockSize: "block_size", qTenantID: "tenant_id",
+	qLoraName: "lora_name", qCacheSalt: "cache_salt", qInstanceID: "instance_id"}
 
 // tokenErr is a token_ids failure found during the walk; it is reported only if the
 // body parses and the fields checked before token_ids are valid, and it is a value so
@@ -86,11 +72,8 @@ const (
 // that validates the body, so an 8K-token prompt is read once.
 func DecodeQueryRequest(body []byte, q *QueryRequest) *RequestError {
 	q.Tokens = q.buf[:0]
-	return decodeQueryBody(body, q, "token_ids", func(b []byte) ([]byte, tokenErr, bool) {
-		var terr tokenErr
-		var ok bool
-		q.Tokens, b, terr, ok = decodeTokens(b, &q.buf, &q.scratch)
-		return b, terr, ok
+	return decodeQueryBody(body, q, "token_ids", &q.Tokens, func(b []byte) ([]int32, []byte, tokenErr, bool) {
+		return decodeTokens(b, &q.buf, &q.scratch)
 	})
 }
 
@@ -107,10 +90,11 @@ func (q *QueryRequest) Release(maxTokens int) {
 }
 
 // decodeQueryBody walks a /query-shaped body whose prompt field is listKey (token_ids or
-// block_hashes): list decodes that field's value at the start of its argument and returns
-// the bytes after it, a semantic failure (reported in order, after the fields checked
-// before it) and ok=false when the bytes do not parse.
-func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]byte) ([]byte, tokenErr, bool)) *RequestError {
+// block_hashes): list decodes that field's value at the start of its argument into *out
+// and returns the bytes after it, a semantic failure (reported in order, after the
+// fields checked before it) and ok=false when the bytes do not parse.
+func decodeQueryBody[T int32 | uint64](body []byte, q *QueryRequest, listKey string, out *[]T,
+	list func([]byte) ([]T, []byte, tokenErr, bool)) *RequestError {
 	if rerr := checkRoot(body); rerr != nil {
 		return rerr
 	}
@@ -135,12 +119,12 @@ func decodeQueryBody(body []byte, q *QueryRequest, listKey string, list func([]b
 			if string(key) == listKey {
 				slot = qTokenIDs
 			} else {
-				slot = querySlot(key)
+				slot = slotOf(queryKeys[:], key)
 			}
 		}
 		if slot == qTokenIDs {
 			// A repeated list replaces the earlier one, like any duplicate key.
-			m.rest, tokErr, ok = list(m.rest)
+			*out, m.rest, tokErr, ok = list(m.rest)
 			if !ok {
 				return newRequestError(ReasonInvalidMsgpack, "", msgInvalidMsgpack)
 			}
@@ -456,24 +440,15 @@ func tokensFast(b []byte, dst []int32, mixed bool) (int, int) {
 // package initialisation.
 var tokenLead = func() (t [256]uint64) {
 	ent := func(off, shr, bound uint64) uint64 { return off | shr<<8 | bound<<32 }
-	for c := range 256 {
-		switch {
-		case c <= 0x7f:
-			t[c] = ent(0, 56, 1<<7)
-		case c == 0xcc:
-			t[c] = ent(1, 56, 1<<8)
-		case c == 0xcd:
-			t[c] = ent(1, 48, 1<<16)
-		case c == 0xce:
-			t[c] = ent(1, 32, 1<<31)
-		case c == 0xd0:
-			t[c] = ent(1, 56, 1<<7)
-		case c == 0xd1:
-			t[c] = ent(1, 48, 1<<15)
-		case c == 0xd2:
-			t[c] = ent(1, 32, 1<<31)
-		}
+	for c := range 0x80 {
+		t[c] = ent(0, 56, 1<<7)
 	}
+	t[0xcc] = ent(1, 56, 1<<8)
+	t[0xcd] = ent(1, 48, 1<<16)
+	t[0xce] = ent(1, 32, 1<<31)
+	t[0xd0] = ent(1, 56, 1<<7)
+	t[0xd1] = ent(1, 48, 1<<15)
+	t[0xd2] = ent(1, 32, 1<<31)
 	return t
 }()
 

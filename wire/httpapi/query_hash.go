@@ -45,11 +45,8 @@ const (
 func DecodeQueryByHashRequest(body []byte, q *QueryByHashRequest) *RequestError {
 	q.Tokens = q.Tokens[:0]
 	q.BlockHashes = q.hashBuf[:0]
-	return decodeQueryBody(body, &q.QueryRequest, "block_hashes", func(b []byte) ([]byte, tokenErr, bool) {
-		var terr tokenErr
-		var ok bool
-		q.BlockHashes, b, terr, ok = decodeHashes(b, &q.hashBuf)
-		return b, terr, ok
+	return decodeQueryBody(body, &q.QueryRequest, "block_hashes", &q.BlockHashes, func(b []byte) ([]uint64, []byte, tokenErr, bool) {
+		return decodeHashes(b, &q.hashBuf)
 	})
 }
 

@@ -1,7 +1,6 @@
 package httpapi_test
 
 import (
-	"encoding/binary"
 	"math"
 	"slices"
 	"testing"
@@ -14,13 +13,7 @@ func hhBase() htMap {
 }
 
 // hhLE encodes keys as the bin form: little-endian uint64 words.
-func hhLE(keys ...uint64) []byte {
-	b := make([]byte, 0, 8*len(keys))
-	for _, k := range keys {
-		b = binary.LittleEndian.AppendUint64(b, k)
-	}
-	return b
-}
+func hhLE(keys ...uint64) []byte { return htLittleEndian(keys) }
 
 func hhAny(keys []uint64) []any {
 	out := make([]any, len(keys))
@@ -129,12 +122,5 @@ func TestDecodeQueryByHashRequestZeroAllocs(t *testing.T) {
 		"bin":   htEnc(full.with("block_hashes", hhLE(keys...))),
 	}
 	var q httpapi.QueryByHashRequest
-	for name, body := range bodies {
-		if e := httpapi.DecodeQueryByHashRequest(body, &q); e != nil {
-			t.Fatalf("%s: %v", name, e)
-		}
-		if n := testing.AllocsPerRun(100, func() { _ = httpapi.DecodeQueryByHashRequest(body, &q) }); n != 0 {
-			t.Errorf("%s: %v allocs per decode, want 0", name, n)
-		}
-	}
+	htWantNoAllocs(t, bodies, func(body []byte) *httpapi.RequestError { return httpapi.DecodeQueryByHashRequest(body, &q) })
 }

@@ -76,35 +76,11 @@ const (
 	regFields
 )
 
-func registerSlot(key []byte) int {
-	switch string(key) {
-	case "endpoint":
-		return regEndpoint
-	case "type":
-		return regType
-	case "modelname":
-		return regModelName
-	case "instance_id":
-		return regInstanceID
-	case "block_size":
-		return regBlockSize
-	case "replay_endpoint":
-		return regReplayEndpoint
-	case "lora_name":
-		return regLoraName
-	case "tenant_id":
-		return regTenantID
-	case "cache_group":
-		return regCacheGroup
-	case "hash_profile":
-		return regHashProfile
-	case "dp_rank":
-		return regDPRank
-	case "index_media":
-		return regIndexMedia
-	}
-	return -1
-}
+// registerKeys are the /register keys of the reg* slots.
+var registerKeys = [regFields]string{regEndpoint: "endpoint", regType: "type", regModelName: "modelname",
+	regInstanceID: "instance_id", regBlockSize: "block_size", regReplayEndpoint: "replay_endpoint",
+	regLoraName: "lora_name", regTenantID: "tenant_id", regCacheGroup: "cache_group",
+	regHashProfile: "hash_profile", regDPRank: "dp_rank", regIndexMedia: "index_media"}
 
 // DecodeRegisterRequest strictly decodes a POST /register body. Checks run in upstream's
 // order (body shape, unknown fields, endpoint, type, modelname, instance_id, block_size,
@@ -113,7 +89,7 @@ func registerSlot(key []byte) int {
 func DecodeRegisterRequest(body []byte) (RegisterRequest, *RequestError) {
 	var req RegisterRequest
 	var vals [regFields][]byte
-	if rerr := decodeRoot(body, registerSlot, vals[:]); rerr != nil {
+	if rerr := decodeRoot(body, registerKeys[:], vals[:]); rerr != nil {
 		return req, rerr
 	}
 	var rerr *RequestError
@@ -203,26 +179,16 @@ const (
 	unregFields
 )
 
-func unregisterSlot(key []byte) int {
-	switch string(key) {
-	case "instance_id":
-		return unregInstanceID
-	case "tenant_id":
-		return unregTenantID
-	case "dp_rank":
-		return unregDPRank
-	case "lora_name":
-		return unregLoraName
-	}
-	return -1
-}
+// unregisterKeys are the /unregister keys of the unreg* slots.
+var unregisterKeys = [unregFields]string{unregInstanceID: "instance_id", unregTenantID: "tenant_id",
+	unregDPRank: "dp_rank", unregLoraName: "lora_name"}
 
 // DecodeUnregisterRequest strictly decodes a POST /unregister body. Upstream reports any
 // bad dp_rank (wrong type or range) as invalid_value here, unlike /register; that is kept.
 func DecodeUnregisterRequest(body []byte) (UnregisterRequest, *RequestError) {
 	var req UnregisterRequest
 	var vals [unregFields][]byte
-	if rerr := decodeRoot(body, unregisterSlot, vals[:]); rerr != nil {
+	if rerr := decodeRoot(body, unregisterKeys[:], vals[:]); rerr != nil {
 		return req, rerr
 	}
 	var rerr *RequestError
@@ -259,25 +225,10 @@ const (
 	hpFields
 )
 
-func hashProfileSlot(key []byte) int {
-	switch string(key) {
-	case "strategy":
-		return hpStrategy
-	case "algorithm":
-		return hpAlgorithm
-	case "python_hash_seed":
-		return hpSeed
-	case "index_projection":
-		return hpProjection
-	case "extra_keys":
-		return hpExtraKeys
-	case "lora_path":
-		return hpLoraPath
-	case "lookahead_tokens":
-		return hpLookahead
-	}
-	return -1
-}
+// hashProfileKeys are the hash_profile keys of the hp* slots.
+var hashProfileKeys = [hpFields]string{hpStrategy: "strategy", hpAlgorithm: "algorithm",
+	hpSeed: "python_hash_seed", hpProjection: "index_projection", hpExtraKeys: "extra_keys",
+	hpLoraPath: "lora_path", hpLookahead: "lookahead_tokens"}
 
 // hashProfile checks the shape of hash_profile. As upstream (reference notes
 // § Register), errors about its keys carry the bare key as field (`strategy`,
@@ -305,7 +256,7 @@ func hashProfileFields(raw []byte) (HashProfileFields, *RequestError) {
 	}
 	var vals [hpFields][]byte
 	var st strictMap
-	if _, rerr := walkStrict(raw, hashProfileSlot, vals[:], &st); rerr != nil {
+	if _, rerr := walkStrict(raw, hashProfileKeys[:], vals[:], &st); rerr != nil {
 		return p, rerr
 	}
 	if rerr := st.finish("hash_profile."); rerr != nil {

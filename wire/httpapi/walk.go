@@ -170,9 +170,10 @@ func (s *strictMap) finish(prefix string) *RequestError {
 	return nil
 }
 
-// walkStrict walks the map at the start of b, storing each allowed key's raw value in
-// vals (slot chosen by slot, -1 for unknown keys) and returning the bytes after the map.
-func walkStrict(b []byte, slot func(key []byte) int, vals [][]byte, st *strictMap) ([]byte, *RequestError) {
+// walkStrict walks the map at the start of b, storing the raw value of each of keys in
+// vals (at the key's index in keys; any other key is unknown) and returning the bytes
+// after the map.
+func walkStrict(b []byte, keys []string, vals [][]byte, st *strictMap) ([]byte, *RequestError) {
 	var m mapReader
 	if rerr := m.open(b); rerr != nil {
 		return nil, rerr
@@ -192,7 +193,7 @@ func walkStrict(b []byte, slot func(key []byte) int, vals [][]byte, st *strictMa
 		if key == nil {
 			continue
 		}
-		if i := slot(key); i >= 0 {
+		if i := slotOf(keys, key); i >= 0 {
 			vals[i] = raw
 		} else if st.unknown == nil {
 			st.unknown = key
@@ -202,13 +203,23 @@ func walkStrict(b []byte, slot func(key []byte) int, vals [][]byte, st *strictMa
 	return m.rest, nil
 }
 
+// slotOf returns the index of key in keys (its slot), or -1 for a key not among them.
+func slotOf(keys []string, key []byte) int {
+	for i, k := range keys {
+		if k == string(key) {
+			return i
+		}
+	}
+	return -1
+}
+
 // decodeRoot walks a request body whose root must be a map with the given keys.
-func decodeRoot(body []byte, slot func(key []byte) int, vals [][]byte) *RequestError {
+func decodeRoot(body []byte, keys []string, vals [][]byte) *RequestError {
 	if rerr := checkRoot(body); rerr != nil {
 		return rerr
 	}
 	var st strictMap
-	rest, rerr := walkStrict(body, slot, vals, &st)
+	rest, rerr := walkStrict(body, keys, vals, &st)
 	if rerr != nil {
 		return rerr
 	}

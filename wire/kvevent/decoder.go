@@ -100,6 +100,16 @@ func (d *Decoder) decodeArrayEnvelope(kind publisher.Kind, r *reader) error {
 	return d.decodeDPRank(r)
 }
 
+// envelopeKeys are the keys of the map envelope, indexed by the env* slots.
+var envelopeKeys = [...]string{envTS: "ts", envEvents: "events", envDPRank: "data_parallel_rank"}
+
+// Slots of the map envelope's keys.
+const (
+	envTS = iota
+	envEvents
+	envDPRank
+)
+
 // decodeMapEnvelope accepts the {ts, events, data_parallel_rank} form that one vLLM
 // revision produced when EventBatch lost array_like (engine-formats §A2).
 func (d *Decoder) decodeMapEnvelope(r *reader) error {
@@ -107,44 +117,36 @@ func (d *Decoder) decodeMapEnvelope(r *reader) error {
 	if err != nil {
 		return envErr("envelope", ErrEnvelopeShape, err)
 	}
-	var seenTS, seenEvents, seenDP bool
+	var seen [len(envelopeKeys)]bool
 	for i := 0; i < n; i++ {
 		key, err := r.ReadStr()
 		if err != nil {
 			return envErr("envelope key", ErrEnvelopeShape, err)
 		}
-		switch string(key) {
-		case "ts":
-			if seenTS {
-				return fmt.Errorf("envelope: %w: duplicate ts", ErrEnvelopeShape)
-			}
-			seenTS = true
-			if err := d.decodeTS(publisher.VLLM, r); err != nil {
-				return err
-			}
-		case "events":
-			if seenEvents {
-				return fmt.Errorf("envelope: %w: duplicate events", ErrEnvelopeShape)
-			}
-			seenEvents = true
-			if err := d.decodeEvents(publisher.VLLM, r); err != nil {
-				return err
-			}
-		case "data_parallel_rank":
-			if seenDP {
-				return fmt.Errorf("envelope: %w: duplicate data_parallel_rank", ErrEnvelopeShape)
-			}
-			seenDP = true
-			if err := d.decodeDPRank(r); err != nil {
-				return err
-			}
-		default:
+		slot := slices.Index(envelopeKeys[:], string(key))
+		if slot < 0 {
 			if err := r.Skip(); err != nil {
 				return envErr("envelope", ErrEnvelopeShape, err)
 			}
+			continue
+		}
+		if seen[slot] {
+			return fmt.Errorf("envelope: %w: duplicate %s", ErrEnvelopeShape, envelopeKeys[slot])
+		}
+		seen[slot] = true
+		switch slot {
+		case envTS:
+			err = d.decodeTS(publisher.VLLM, r)
+		case envEvents:
+			err = d.decodeEvents(publisher.VLLM, r)
+		default:
+			err = d.decodeDPRank(r)
+		}
+		if err != nil {
+			return err
 		}
 	}
-	if !seenTS || !seenEvents {
+	if !seen[envTS] || !seen[envEvents] {
 		return fmt.Errorf("envelope: %w: map form needs ts and events", ErrEnvelopeShape)
 	}
 	return nil
@@ -299,6 +301,7 @@ func (d *Decoder) decodeMapEvent(kind publisher.Kind, r *reader, idx int, ev *Ev
 	if err != nil {
 		return err
 	}
+	keys := mapKeys(kind)
 	for i := 0; i < n; i++ {
 		if ev.Err != nil {
 			if err := r.SkipN(2); err != nil {
@@ -317,15 +320,7 @@ func (d *Decoder) decodeMapEvent(kind publisher.Kind, r *reader, idx int, ev *Ev
 			d.fail(ev, idx, efUnknown, ErrEventKeyNotString)
 			continue
 		}
-		var f field
-		switch kind {
-		case publisher.VLLM:
-			f = lookupVLLM(key)
-		case publisher.SGLang:
-			f = lookupSGLang(key)
-		default:
-			f = lookupMooncake(key)
-		}
+		f := lookupField(keys, key)
 		if f == efUnknown {
 			if err := r.Skip(); err != nil {
 				return err

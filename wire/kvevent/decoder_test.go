@@ -69,6 +69,19 @@ func evWantErr(t *testing.T, ev *kvevent.Event, sentinel error, field string) {
 	}
 }
 
+// evWantRule checks the outcome of a field-rule case: ev is valid when want is nil, and
+// otherwise fails with want on field (see evWantErr).
+func evWantRule(t *testing.T, ev *kvevent.Event, want error, field string) {
+	t.Helper()
+	if want == nil {
+		if ev.Err != nil {
+			t.Fatalf("invalid: %v", ev.Err)
+		}
+		return
+	}
+	evWantErr(t, ev, want, field)
+}
+
 func evWantValid(t *testing.T, ev *kvevent.Event, typ kvevent.EventType) {
 	t.Helper()
 	if ev.Err != nil {
@@ -524,13 +537,7 @@ func TestDecodeVLLMFieldRules(t *testing.T) {
 		}
 		evCheckSkipTokens(t, publisher.VLLM, payload, b, nil)
 		t.Run(c.name, func(t *testing.T) {
-			if c.want == nil {
-				if b.Events[0].Err != nil {
-					t.Fatalf("invalid: %v", b.Events[0].Err)
-				}
-			} else {
-				evWantErr(t, &b.Events[0], c.want, c.field)
-			}
+			evWantRule(t, &b.Events[0], c.want, c.field)
 			evWantValid(t, &b.Events[1], kvevent.EventAllBlocksCleared)
 		})
 	}
@@ -669,13 +676,7 @@ func TestDecodeSGLangFieldRules(t *testing.T) {
 				t.Fatal(err)
 			}
 			evCheckSkipTokens(t, publisher.SGLang, payload, b, nil)
-			if c.want == nil {
-				if b.Events[0].Err != nil {
-					t.Fatalf("invalid: %v", b.Events[0].Err)
-				}
-				return
-			}
-			evWantErr(t, &b.Events[0], c.want, c.field)
+			evWantRule(t, &b.Events[0], c.want, c.field)
 		})
 	}
 	t.Run("bigram pairs flattened", func(t *testing.T) {
@@ -851,13 +852,7 @@ func TestDecodeMooncakeFieldRules(t *testing.T) {
 				t.Fatal(err)
 			}
 			evCheckSkipTokens(t, publisher.Mooncake, payload, b, nil)
-			if c.want == nil {
-				if b.Events[0].Err != nil {
-					t.Fatalf("invalid: %v", b.Events[0].Err)
-				}
-			} else {
-				evWantErr(t, &b.Events[0], c.want, c.field)
-			}
+			evWantRule(t, &b.Events[0], c.want, c.field)
 			evWantValid(t, &b.Events[1], kvevent.EventAllBlocksCleared)
 		})
 	}

@@ -143,122 +143,60 @@ func arrayFields(kind publisher.Kind, tag []byte) []field {
 	return nil
 }
 
-func lookupVLLM(k []byte) field {
-	switch string(k) {
-	case "type":
-		return efType
-	case "block_hashes":
-		return efBlockHashes
-	case "parent_block_hash":
-		return efParentBlockHash
-	case "token_ids":
-		return efTokenIDs
-	case "block_size":
-		return efBlockSize
-	case "lora_id":
-		return efLoraID
-	case "medium":
-		return efMedium
-	case "lora_name":
-		return efLoraName
-	case "extra_keys":
-		return efExtraKeys
-	case "group_idx":
-		return efGroupIdx
-	case "kv_cache_spec_kind":
-		return efSpecKind
-	case "kv_cache_spec_sliding_window":
-		return efSlidingWindow
-	case "lookahead_token_ids":
-		return efLookahead
+// fieldIndex finds a field by its wire key (fieldNames), so that every key is spelled
+// once for all publishers: slot keyHash(name) holds the field, the others efUnknown.
+// Read-only after package initialisation.
+var fieldIndex = func() (t [fieldIndexSize]field) {
+	for i := range t {
+		t[i] = efUnknown
 	}
-	return efUnknown
+	for f, name := range fieldNames {
+		h := keyHash(name)
+		if t[h] != efUnknown {
+			panic("kvevent: keyHash puts " + name + " and " + fieldNames[t[h]] + " in one slot: change its factors")
+		}
+		t[h] = field(f)
+	}
+	return t
+}()
+
+// fieldIndexSize is the number of fieldIndex slots, a power of two.
+const fieldIndexSize = 128
+
+// keyHash mixes a non-empty key's length with its first and last bytes; the factors are
+// chosen so that every key of fieldNames has a slot of its own (a lookup is one load
+// and one comparison), which package initialisation checks.
+func keyHash[K string | []byte](k K) uint {
+	return (15*uint(len(k)) + 26*uint(k[0]) + uint(k[len(k)-1])) % fieldIndexSize
 }
 
-func lookupSGLang(k []byte) field {
-	switch string(k) {
-	case "type":
-		return efType
-	case "block_hashes":
-		return efBlockHashes
-	case "parent_block_hash":
-		return efParentBlockHash
-	case "token_ids":
-		return efTokenIDs
-	case "block_size":
-		return efBlockSize
-	case "lora_id":
-		return efLoraID
-	case "medium":
-		return efMedium
-	case "cache_salt":
-		return efCacheSalt
-	case "session_id":
-		return efSessionID
-	case "lora_name":
-		return efLoraName
+// The keys a publisher's map events may carry under any tag; lookupField skips the
+// others like keys that no publisher sends. metadata is SGLang's positional field only.
+const (
+	vllmMapKeys     = vllmStoredAllowed | vllmRemovedAllowed
+	sglMapKeys      = (sglStoredAllowed | sglRemovedAllowed) &^ (1 << efMetadata)
+	mooncakeMapKeys = mcStoredAllowed | mcRemovedAllowed
+)
+
+// mapKeys is the recognised-key set of kind's map events.
+func mapKeys(kind publisher.Kind) fieldSet {
+	switch kind {
+	case publisher.VLLM:
+		return vllmMapKeys
+	case publisher.SGLang:
+		return sglMapKeys
 	}
-	return efUnknown
+	return mooncakeMapKeys
 }
 
-func lookupMooncake(k []byte) field {
-	switch string(k) {
-	case "event_id":
-		return efEventID
-	case "timestamp":
-		return efTimestamp
-	case "event_type":
-		return efEventType
-	case "type":
-		return efType
-	case "model_name":
-		return efModelName
-	case "block_size":
-		return efBlockSize
-	case "additional_salt":
-		return efAdditionalSalt
-	case "lora_name":
-		return efLoraName
-	case "tenant_id":
-		return efTenantID
-	case "backend_id":
-		return efBackendID
-	case "medium":
-		return efMedium
-	case "dp_rank":
-		return efDPRank
-	case "group_id":
-		return efGroupID
-	case "object_key":
-		return efObjectKey
-	case "connector_block_hash":
-		return efConnectorBlockHash
-	case "cache_prefix":
-		return efCachePrefix
-	case "tp_rank":
-		return efTPRank
-	case "head_or_tp_rank":
-		return efHeadOrTPRank
-	case "pcp_rank":
-		return efPCPRank
-	case "dcp_rank":
-		return efDCPRank
-	case "pp_rank":
-		return efPPRank
-	case "layer_id":
-		return efLayerID
-	case "seq_hashes":
-		return efSeqHashes
-	case "block_hashes":
-		return efBlockHashes
-	case "base_block_idx":
-		return efBaseBlockIdx
-	case "parent_hash":
-		return efParentHash
-	case "token_ids":
-		return efTokenIDs
-	case "parent_block_hash":
-		return efParentBlockHash
+// lookupField returns the field of map key k, or efUnknown when k is not in keys.
+func lookupField(keys fieldSet, k []byte) field {
+	if len(k) == 0 {
+		return efUnknown
 	}
-	return efUnknown
+	f := fieldIndex[keyHash(k)]
+	if f == efUnknown || fieldNames[f] != string(k) || keys&bit(f) == 0 {
+		return efUnknown
+	}
+	return f
 }

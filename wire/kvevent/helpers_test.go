@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"testing"
 
+	"github.com/conductor-go/conductor/wire/internal/testmap"
 	"github.com/tinylib/msgp/msgp"
 )
 
@@ -17,36 +18,20 @@ type evKV struct {
 	v []byte
 }
 
+// Key is the entry's key (testmap.Entry).
+func (e evKV) Key() string { return e.k }
+
 // evMap is an ordered map, so tests control key order and can repeat keys.
 type evMap []evKV
 
 // with returns a copy whose key k holds v (replaced in place, or appended).
-func (m evMap) with(k string, v []byte) evMap {
-	out := append(evMap(nil), m...)
-	for i := range out {
-		if out[i].k == k {
-			out[i].v = v
-			return out
-		}
-	}
-	return append(out, evKV{k, v})
-}
+func (m evMap) with(k string, v []byte) evMap { return testmap.With(m, evKV{k, v}) }
 
 // without returns a copy without key k.
-func (m evMap) without(k string) evMap {
-	var out evMap
-	for _, kv := range m {
-		if kv.k != k {
-			out = append(out, kv)
-		}
-	}
-	return out
-}
+func (m evMap) without(k string) evMap { return testmap.Without(m, k) }
 
 // plus appends an entry even if the key exists (for duplicate-key tests).
-func (m evMap) plus(k string, v []byte) evMap {
-	return append(append(evMap(nil), m...), evKV{k, v})
-}
+func (m evMap) plus(k string, v []byte) evMap { return testmap.Plus(m, evKV{k, v}) }
 
 func (m evMap) enc() []byte {
 	b := msgp.AppendMapHeader(nil, uint32(len(m)))
@@ -165,9 +150,10 @@ func evMooncakeCommon(eventType string) evMap {
 	}
 }
 
-func evMooncakeRemoved() evMap {
-	m := evMooncakeCommon("removed")
-	return append(m,
+// evMooncakeObject is evMooncakeCommon with the object fields every stored and removed
+// event carries.
+func evMooncakeObject(eventType string) evMap {
+	return append(evMooncakeCommon(eventType),
 		evKV{"group_id", evNil()},
 		evKV{"seq_hashes", evUints()},
 		evKV{"base_block_idx", evNil()},
@@ -175,29 +161,18 @@ func evMooncakeRemoved() evMap {
 	)
 }
 
+func evMooncakeRemoved() evMap { return evMooncakeObject("removed") }
+
 func evMooncakeStored() evMap {
-	m := evMooncakeCommon("stored")
-	return append(m,
-		evKV{"group_id", evNil()},
-		evKV{"seq_hashes", evUints()},
-		evKV{"base_block_idx", evNil()},
-		evKV{"object_key", evS(evVLLMKey)},
-		evKV{"parent_hash", evNil()},
-		evKV{"token_ids", evNil()},
-	)
+	return append(evMooncakeObject("stored"), evKV{"parent_hash", evNil()}, evKV{"token_ids", evNil()})
 }
 
 // evWidths encodes v (0 <= v < 128) in every msgpack integer width.
 func evWidths(v byte) [][]byte {
-	return [][]byte{
-		{v},
-		{0xcc, v},
-		{0xcd, 0, v},
-		{0xce, 0, 0, 0, v},
-		{0xcf, 0, 0, 0, 0, 0, 0, 0, v},
-		{0xd0, v},
-		{0xd1, 0, v},
-		{0xd2, 0, 0, 0, v},
-		{0xd3, 0, 0, 0, 0, 0, 0, 0, v},
+	out := [][]byte{{v}} // positive fixint
+	for _, code := range []byte{0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd1, 0xd2, 0xd3} {
+		width := 1 << (code & 3) // uint8..uint64, then int8..int64: 1, 2, 4, 8 bytes
+		out = append(out, append(append([]byte{code}, make([]byte, width-1)...), v))
 	}
+	return out
 }

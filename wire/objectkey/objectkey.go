@@ -158,6 +158,28 @@ func (ps *parts) decimalLabel(i int, label string) bool {
 	return ok && hasDecimalLabel(s, label)
 }
 
+// optLabel is an optional labelled field; decimal: a number follows the label.
+type optLabel struct {
+	label   string
+	decimal bool
+}
+
+// optionalLabels are the optional fields of the vLLM layouts, in the order they stand in.
+var optionalLabels = [...]optLabel{
+	{"pp_rank:", true}, {"group:", true}, {"cache_role:", false}, {"cache_family:", false}, {"layer_id:", true},
+}
+
+// skipLabels steps c over those of labels that stand, in their order, from field c on
+// and before field end, and returns the field after them.
+func (ps *parts) skipLabels(c, end int, labels []optLabel) int {
+	for _, l := range labels {
+		if c < end && (l.decimal && ps.decimalLabel(c, l.label) || !l.decimal && ps.label(c, l.label)) {
+			c++
+		}
+	}
+	return c
+}
+
 func (ps *parts) vllmHash(i int) bool {
 	s, ok := ps.at(i)
 	return ok && isHashText(strip0x(s))
@@ -206,17 +228,8 @@ func ParseVLLM(key []byte) (hash uint64, err error) {
 			!ps.decimalLabel(i+3, "pp_rank:") {
 			continue
 		}
-		c := i + 4
-		if c < last && ps.decimalLabel(c, "group:") {
-			c++
-		}
-		if c < last && ps.label(c, "cache_role:") {
-			c++
-		}
-		if c < last && ps.label(c, "cache_family:") {
-			c++
-		}
-		if c != last || !ps.vllmHash(last) {
+		// After pp_rank, the optional group, cache_role and cache_family, then the hash.
+		if c := ps.skipLabels(i+4, last, optionalLabels[1:4]); c != last || !ps.vllmHash(last) {
 			continue
 		}
 		return ps.projectLow64(last), nil
@@ -246,23 +259,7 @@ func (ps *parts) ascendLayout(i, h int) bool {
 	if h <= i+2 || !ps.vllmHash(h) {
 		return false
 	}
-	c := i + 3
-	if c < h && ps.decimalLabel(c, "pp_rank:") {
-		c++
-	}
-	if c < h && ps.decimalLabel(c, "group:") {
-		c++
-	}
-	if c < h && ps.label(c, "cache_role:") {
-		c++
-	}
-	if c < h && ps.label(c, "cache_family:") {
-		c++
-	}
-	if c < h && ps.decimalLabel(c, "layer_id:") {
-		c++
-	}
-	return c == h
+	return ps.skipLabels(i+3, h, optionalLabels[:]) == h
 }
 
 // ParseSGLang parses an SGLang HiCache Mooncake Store key: the first maximal

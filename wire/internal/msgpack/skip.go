@@ -43,41 +43,25 @@ func (r *Reader) SkipN(count int) error {
 		case c <= 0xbf:
 			size = 1 + int(c&0x1f)
 		default:
+			// Forms with a length after the code take w bytes of it (big-endian), then
+			// extra bytes before the payload (ext's type); an array's or a map's length
+			// counts the values owed per element, not bytes.
+			w, extra, per := 0, 0, 0
 			switch c {
 			case 0xc0, 0xc2, 0xc3:
 				size = 1
 			case 0xc1:
 				return ErrInvalid
-			case 0xc4, 0xd9:
-				if !r.Need(2) {
-					return ErrTruncated
-				}
-				size = 2 + int(r.Buf[r.Pos+1])
-			case 0xc5, 0xda:
-				if !r.Need(3) {
-					return ErrTruncated
-				}
-				size = 3 + int(binary.BigEndian.Uint16(r.Buf[r.Pos+1:]))
-			case 0xc6, 0xdb:
-				if !r.Need(5) {
-					return ErrTruncated
-				}
-				size = 5 + int(binary.BigEndian.Uint32(r.Buf[r.Pos+1:]))
-			case 0xc7:
-				if !r.Need(2) {
-					return ErrTruncated
-				}
-				size = 3 + int(r.Buf[r.Pos+1])
-			case 0xc8:
-				if !r.Need(3) {
-					return ErrTruncated
-				}
-				size = 4 + int(binary.BigEndian.Uint16(r.Buf[r.Pos+1:]))
-			case 0xc9:
-				if !r.Need(5) {
-					return ErrTruncated
-				}
-				size = 6 + int(binary.BigEndian.Uint32(r.Buf[r.Pos+1:]))
+			case 0xc4, 0xc5, 0xc6: // bin 8/16/32
+				w = 1 << (c - 0xc4)
+			case 0xd9, 0xda, 0xdb: // str 8/16/32
+				w = 1 << (c - 0xd9)
+			case 0xc7, 0xc8, 0xc9: // ext 8/16/32
+				w, extra = 1<<(c-0xc7), 1
+			case 0xdc, 0xdd: // array 16/32
+				w, per = 2<<(c-0xdc), 1
+			case 0xde, 0xdf: // map 16/32
+				w, per = 2<<(c-0xde), 2
 			case 0xca, 0xce, 0xd2:
 				size = 5
 			case 0xcb, 0xcf, 0xd3:
@@ -86,36 +70,20 @@ func (r *Reader) SkipN(count int) error {
 				size = 2
 			case 0xcd, 0xd1:
 				size = 3
-			case 0xd4:
-				size = 3
-			case 0xd5:
-				size = 4
-			case 0xd6:
-				size = 6
-			case 0xd7:
-				size = 10
-			case 0xd8:
-				size = 18
-			case 0xdc, 0xde:
-				if !r.Need(3) {
+			case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8: // fixext 1/2/4/8/16: a type byte, then the data
+				size = 2 + 1<<(c-0xd4)
+			}
+			if w > 0 {
+				if !r.Need(1 + w) {
 					return ErrTruncated
 				}
-				n := int(binary.BigEndian.Uint16(r.Buf[r.Pos+1:]))
-				if c == 0xde {
-					n *= 2
+				n := bigEndianLength(r.Buf[r.Pos+1:], w)
+				if per > 0 {
+					owed += per * n
+					size = 1 + w
+				} else {
+					size = 1 + w + extra + n
 				}
-				owed += n
-				size = 3
-			case 0xdd, 0xdf:
-				if !r.Need(5) {
-					return ErrTruncated
-				}
-				n := int(binary.BigEndian.Uint32(r.Buf[r.Pos+1:]))
-				if c == 0xdf {
-					n *= 2
-				}
-				owed += n
-				size = 5
 			}
 		}
 		if !r.Need(size) {
@@ -127,4 +95,15 @@ func (r *Reader) SkipN(count int) error {
 		}
 	}
 	return nil
+}
+
+// bigEndianLength reads the w-byte (1, 2 or 4) big-endian length at the start of b.
+func bigEndianLength(b []byte, w int) int {
+	switch w {
+	case 1:
+		return int(b[0])
+	case 2:
+		return int(binary.BigEndian.Uint16(b))
+	}
+	return int(binary.BigEndian.Uint32(b))
 }
