@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -18,51 +16,32 @@ import (
 // registered publisher sends a few ordinary batches, then one message of -mb MiB, then
 // ordinary batches again; RSS is sampled before, after the big message, and after idling.
 func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bigmsg", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("bigmsg", &cf, stderr)
 	mb := fs.Int("mb", 200, "size of the big message in MiB")
 	settle := fs.Duration("settle", 3*time.Second, "wait before each sample")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cond, err := cf.start(stderr)
+	cond, err := cf.startSampled("bigmsg", stderr)
 	if err != nil {
 		return err
 	}
 	defer cond.Stop()
-	if cond.PID <= 0 {
-		return errors.New("bigmsg needs a process to sample: --conductor-bin, or --conductor with --pid")
-	}
-	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
 	pub, err := zmqtest.NewPublisher(zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	hash := sim.VLLMHash("sha256", "0")
-	if _, err := cl.Register(&httpclient.RegisterRequest{
-		Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Type: "vLLM", ModelName: "bigmsg",
-		InstanceID: "big", BlockSize: 16,
-		HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
-			PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
-	}); err != nil {
+	cl, err := subscribeTo(cond, pub, "bigmsg", "big")
+	if err != nil {
 		return err
 	}
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
-		return err
-	}
+	defer cl.Close()
 	small := []byte{0x93, 0xcb, 0x41, 0xda, 0x2f, 0x9f, 0x3a, 0x00, 0x00, 0x00, 0x90, 0xc0} // [ts, [], nil]
 	sample := func(what string) error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(*settle):
+		if err := wait(ctx, *settle); err != nil {
+			return err
 		}
 		s, err := target.ReadProc(cond.PID)
 		if err != nil {
@@ -97,4 +76,29 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	return sample("idle")
+}
+
+// subscribeTo registers pub with the conductor as a vLLM engine (sha256, seed "0",
+// block size 16) serving model as instance, and returns the client it registered with
+// once the conductor has subscribed.
+func subscribeTo(cond *target.Conductor, pub *zmqtest.Publisher, model, instance string) (*httpclient.Client, error) {
+	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	hash := sim.VLLMHash("sha256", "0")
+	if _, err := cl.Register(&httpclient.RegisterRequest{
+		Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Type: "vLLM", ModelName: model,
+		InstanceID: instance, BlockSize: 16,
+		HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
+			PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
+	}); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return cl, nil
 }

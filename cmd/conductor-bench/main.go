@@ -77,6 +77,25 @@ commands:
 Run "conductor-bench <command> -h" for the flags of a command.
 `
 
+// command runs one measuring command with its arguments (after the command name).
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+// commands are the measuring commands by name; run handles the helper processes'
+// commands (floor-server, keep-awake) and help itself.
+var commands = map[string]command{
+	"replay":             runReplay,
+	"load":               runLoad,
+	"services":           runServices,
+	"bigmsg":             runBigMessage,
+	"logflood":           runLogFlood,
+	"ingest":             runIngest,
+	"idle":               runIdle,
+	"snapshot-upload":    runSnapshotUpload,
+	"snapshot-downloads": runSnapshotDownloads,
+	"replicas-race":      runReplicasRace,
+	"etcd-reset":         runEtcdReset,
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -85,32 +104,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	switch args[0] {
-	case "replay":
-		err = runReplay(ctx, args[1:], stdout, stderr)
-	case "load":
-		err = runLoad(ctx, args[1:], stdout, stderr)
-	case "services":
-		err = runServices(ctx, args[1:], stdout, stderr)
-	case "bigmsg":
-		err = runBigMessage(ctx, args[1:], stdout, stderr)
-	case "logflood":
-		err = runLogFlood(ctx, args[1:], stdout, stderr)
-	case "ingest":
-		err = runIngest(ctx, args[1:], stdout, stderr)
-	case "idle":
-		err = runIdle(ctx, args[1:], stdout, stderr)
-	case "snapshot-upload":
-		err = runSnapshotUpload(ctx, args[1:], stdout, stderr)
-	case "snapshot-downloads":
-		err = runSnapshotDownloads(ctx, args[1:], stdout, stderr)
-	case "replicas-race":
-		err = runReplicasRace(ctx, args[1:], stdout, stderr)
-	case "etcd-reset":
-		err = runEtcdReset(ctx, args[1:], stdout, stderr)
-	case floor.Command:
+	switch cmd, ok := commands[args[0]]; {
+	case ok:
+		err = cmd(ctx, args[1:], stdout, stderr)
+	case args[0] == floor.Command:
 		err = floor.Run(ctx, stdout)
-	case target.AwakeCommand:
+	case args[0] == target.AwakeCommand:
 		n := 0
 		if len(args) > 1 {
 			n, err = strconv.Atoi(args[1])
@@ -118,7 +117,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err == nil {
 			err = target.RunAwake(ctx, n, stdout)
 		}
-	case "-h", "--help", "help":
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
@@ -186,6 +185,39 @@ func (c *conductorFlags) start(stderr io.Writer) (*target.Conductor, error) {
 	return target.InProcess(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})))
 }
 
+// newFlagSet is the flag set of a command, with the conductor's flags registered on cf;
+// the command adds its own before Parse.
+func newFlagSet(name string, cf *conductorFlags, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cf.register(fs)
+	return fs
+}
+
+// startSampled starts the conductor cf selects for a command (name) that samples its
+// process, which must then be known: spawned, or external with --pid.
+func (c *conductorFlags) startSampled(name string, stderr io.Writer) (*target.Conductor, error) {
+	cond, err := c.start(stderr)
+	if err != nil {
+		return nil, err
+	}
+	if cond.PID <= 0 {
+		cond.Stop()
+		return nil, errors.New(name + " needs a process to sample: --conductor-bin, or --conductor with --pid")
+	}
+	return cond, nil
+}
+
+// wait waits d, or returns ctx's error if it ends first.
+func wait(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
 func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
 	if c.PID <= 0 {
 		return nil
@@ -230,10 +262,8 @@ func intList(s string) ([]int, error) {
 }
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("replay", &cf, stderr)
 	tracePath := fs.String("trace", "", `trace file (JSON lines), or "synthetic:N" for N generated chat requests`)
 	maxReq := fs.Int("max-requests", 0, "replay only the first N requests (0 = all)")
 	instances := fs.Int("instances", 16, "engine instances")
@@ -402,10 +432,8 @@ func printReplay(w io.Writer, trace string, r *replay.Result, cond *target.Condu
 }
 
 func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("load", &cf, stderr)
 	instances := fs.Int("instances", 8, "engine instances holding the index")
 	blocks := fs.Int("blocks", 1_000_000, "distinct blocks to index")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
