@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
@@ -88,6 +89,19 @@ func InProcess(log *slog.Logger) (*Conductor, error) {
 		return nil, fmt.Errorf("start in-process conductor: %w", err)
 	}
 	return &Conductor{Addr: app.HTTPAddr, Mode: ModeInProcess, PID: os.Getpid(), stop: app.Stop}, nil
+}
+
+// StartInProcess starts an in-process conductor (InProcess, its log discarded) for a
+// test or benchmark, which it fails if the conductor does not start; the conductor
+// stops when tb ends.
+func StartInProcess(tb testing.TB) *Conductor {
+	tb.Helper()
+	c, err := InProcess(nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
 }
 
 // freePort asks the kernel for an unused TCP port on 127.0.0.1.

@@ -15,13 +15,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
@@ -53,29 +53,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer collects the process output; the process writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // conductor is one running binary.
 type conductor struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *target.LogBuffer
 	exited chan struct{}
 	err    error // Wait's result, valid once exited is closed
 }
@@ -109,7 +91,7 @@ func startBinaryIn(t *testing.T, bin, dir, config string, env ...string) *conduc
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+config, "CONDUCTOR_LOG_LEVEL=")
 	cmd.Env = append(cmd.Env, env...)
-	out := &syncBuffer{}
+	out := &target.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
