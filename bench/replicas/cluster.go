@@ -170,10 +170,8 @@ func poll(ctx context.Context, limit time.Duration, cond func() (bool, error)) (
 		if time.Now().After(deadline) {
 			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(pause):
+		if err := target.Sleep(ctx, pause); err != nil {
+			return false, err
 		}
 		pause = min(2*pause, 50*time.Millisecond)
 	}

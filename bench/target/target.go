@@ -4,6 +4,7 @@
 package target
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -220,5 +221,16 @@ func SpawnWith(bin string, logw io.Writer, opts SpawnOptions) (*Conductor, error
 			return nil, fmt.Errorf("spawn %s: no answer on %s: %w", bin, c.Addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Sleep waits d, or until ctx ends first, then returning ctx's error: the pause of a
+// measurement that a signal must be able to cut short.
+func Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }
