@@ -28,19 +28,15 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer cond.Stop()
-	pub, err := zmqtest.NewPublisher(zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	pub, cl, err := startPublisher(cond, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"}, "bigmsg", "big")
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	cl, err := subscribeTo(cond, pub, "bigmsg", "big")
-	if err != nil {
-		return err
-	}
 	defer cl.Close()
 	small := []byte{0x93, 0xcb, 0x41, 0xda, 0x2f, 0x9f, 0x3a, 0x00, 0x00, 0x00, 0x90, 0xc0} // [ts, [], nil]
 	sample := func(what string) error {
-		if err := wait(ctx, *settle); err != nil {
+		if err := target.Sleep(ctx, *settle); err != nil {
 			return err
 		}
 		s, err := target.ReadProc(cond.PID)
@@ -50,10 +46,16 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "%-36s RSS %7.1f MiB\n", what, float64(s.RSSBytes)/(1<<20))
 		return nil
 	}
-	for range 10 {
-		if _, err := pub.Publish(small); err != nil {
-			return err
+	publishSmall := func() error {
+		for range 10 {
+			if _, err := pub.Publish(small); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	if err := publishSmall(); err != nil {
+		return err
 	}
 	if err := sample("before"); err != nil {
 		return err
@@ -67,10 +69,8 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := sample(fmt.Sprintf("after one %d MiB message", *mb)); err != nil {
 		return err
 	}
-	for range 10 {
-		if _, err := pub.Publish(small); err != nil {
-			return err
-		}
+	if err := publishSmall(); err != nil {
+		return err
 	}
 	if err := sample("after 10 more small batches"); err != nil {
 		return err
@@ -78,27 +78,33 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	return sample("idle")
 }
 
-// subscribeTo registers pub with the conductor as a vLLM engine (sha256, seed "0",
-// block size 16) serving model as instance, and returns the client it registered with
-// once the conductor has subscribed.
-func subscribeTo(cond *target.Conductor, pub *zmqtest.Publisher, model, instance string) (*httpclient.Client, error) {
+// startPublisher starts a publisher (cfg) and registers it with the conductor as a
+// vLLM engine (sha256, seed "0", block size 16) serving model as instance; it returns
+// the publisher and the client it registered with once the conductor has subscribed.
+func startPublisher(cond *target.Conductor, cfg zmqtest.Config, model, instance string) (*zmqtest.Publisher, *httpclient.Client, error) {
+	pub, err := zmqtest.NewPublisher(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
 	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
 	if err != nil {
-		return nil, err
+		pub.Close()
+		return nil, nil, err
 	}
 	hash := sim.VLLMHash("sha256", "0")
-	if _, err := cl.Register(&httpclient.RegisterRequest{
+	_, err = cl.Register(&httpclient.RegisterRequest{
 		Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Type: "vLLM", ModelName: model,
 		InstanceID: instance, BlockSize: 16,
 		HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
 			PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
-	}); err != nil {
-		cl.Close()
-		return nil, err
+	})
+	if err == nil {
+		err = pub.WaitSubscribers(1, 10*time.Second)
 	}
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+	if err != nil {
 		cl.Close()
-		return nil, err
+		pub.Close()
+		return nil, nil, err
 	}
-	return cl, nil
+	return pub, cl, nil
 }

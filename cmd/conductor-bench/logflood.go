@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/bench/sim"
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
@@ -57,15 +58,11 @@ func runLogFlood(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	defer cond.Stop()
-	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
+	pub, cl, err := startPublisher(cond, zmqtest.Config{}, "flood", "flood")
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	cl, err := subscribeTo(cond, pub, "flood", "flood")
-	if err != nil {
-		return err
-	}
 	defer cl.Close()
 	broken := []byte{0xc1}
 	// A valid batch whose one BlockStored has block size 7 where 16 is registered.
@@ -90,7 +87,7 @@ func runLogFlood(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	elapsed := time.Since(t0)
-	if err := wait(ctx, *settle); err != nil {
+	if err := target.Sleep(ctx, *settle); err != nil {
 		return err
 	}
 	b, l := logs.counts()

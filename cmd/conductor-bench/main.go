@@ -208,16 +208,6 @@ func (c *conductorFlags) startSampled(name string, stderr io.Writer) (*target.Co
 	return cond, nil
 }
 
-// wait waits d, or returns ctx's error if it ends first.
-func wait(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
-}
-
 func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
 	if c.PID <= 0 {
 		return nil
@@ -249,16 +239,27 @@ func splitList(s string) []string {
 	return out
 }
 
-func intList(s string) ([]int, error) {
-	var out []int
+// parseList parses each item of the comma-separated list s with parse.
+func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
 	for _, f := range splitList(s) {
-		v, err := strconv.Atoi(f)
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("%q: want positive integers separated by commas", s)
+		v, err := parse(f)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, v)
 	}
 	return out, nil
+}
+
+func intList(s string) ([]int, error) {
+	return parseList(s, func(f string) (int, error) {
+		v, err := strconv.Atoi(f)
+		if err != nil || v <= 0 {
+			return 0, fmt.Errorf("%q: want positive integers separated by commas", s)
+		}
+		return v, nil
+	})
 }
 
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -306,13 +307,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	default:
 		return fmt.Errorf("--events %q: want minimal or current", *style)
 	}
-	var pols []replay.Policy
-	for _, p := range splitList(*policies) {
-		pol, err := replay.ParsePolicy(p)
-		if err != nil {
-			return err
-		}
-		pols = append(pols, pol)
+	pols, err := parseList(*policies, replay.ParsePolicy)
+	if err != nil {
+		return err
 	}
 	var reqs []replay.Request
 	if n, ok := strings.CutPrefix(*tracePath, "synthetic:"); ok {
@@ -477,21 +474,13 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("--concurrency %w", err)
 	}
-	var S []loadgen.Shape
-	for _, s := range splitList(*shapes) {
-		sh, err := loadgen.ParseShape(s)
-		if err != nil {
-			return err
-		}
-		S = append(S, sh)
+	S, err := parseList(*shapes, loadgen.ParseShape)
+	if err != nil {
+		return err
 	}
-	var M []loadgen.Memo
-	for _, s := range splitList(*memo) {
-		m, err := loadgen.ParseMemo(s)
-		if err != nil {
-			return err
-		}
-		M = append(M, m)
+	M, err := parseList(*memo, loadgen.ParseMemo)
+	if err != nil {
+		return err
 	}
 	cond, err := cf.start(stderr)
 	if err != nil {

@@ -89,7 +89,7 @@ func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	sample := func(what string) (procCost, error) {
-		if err := wait(ctx, *settle); err != nil {
+		if err := target.Sleep(ctx, *settle); err != nil {
 			return procCost{}, err
 		}
 		c, err := readCost(cond.PID)
