@@ -513,11 +513,7 @@ func synthVLLM(t *testing.T, f *engFile, hc *engHashCase) ([][][]byte, []json.Ra
 		}
 		extras = append(extras, msgpackable(x))
 	}
-	toks := make([]any, n)
-	for i := range toks {
-		toks[i] = f.Prompt[i]
-	}
-	vals := map[string]any{"block_hashes": hashes, "token_ids": toks, "block_size": hc.BlockSize, "medium": "GPU",
+	vals := map[string]any{"block_hashes": hashes, "token_ids": anys(f.Prompt[:n]), "block_size": hc.BlockSize, "medium": "GPU",
 		"extra_keys": extras, "group_idx": 0}
 	ev := encodeEvent("BlockStored", st, vals)
 	var clr engStruct
@@ -526,11 +522,7 @@ func synthVLLM(t *testing.T, f *engFile, hc *engHashCase) ([][][]byte, []json.Ra
 	var frames [][][]byte
 	var decoded []json.RawMessage
 	for i, e := range [][]byte{ev, reset} {
-		b := msgp.AppendArrayHeader(nil, 3)
-		b = msgp.AppendFloat64(b, 1767225600.5)
-		b = msgp.AppendArrayHeader(b, 1)
-		b = append(b, e...)
-		b = msgp.AppendInt(b, 0)
+		b := eventBatch(1767225600.5, e)
 		frames = append(frames, [][]byte{{}, binary.BigEndian.AppendUint64(nil, uint64(i)), b})
 		js, err := msgpackJSON(b)
 		if err != nil {
@@ -690,7 +682,7 @@ func (e *engineRun) cell(s *engScenario) (verdict, detail string) {
 			kv = append(kv, "lora_name", r.lora)
 		}
 		if r.media != nil && !e.legacy {
-			kv = append(kv, "index_media", anyOf(r.media))
+			kv = append(kv, "index_media", anys(r.media))
 		}
 		code, resp := call(t, http.MethodPost, e.base+"/register", mp(kv...))
 		if code == http.StatusOK {
@@ -756,11 +748,7 @@ func (e *engineRun) hashChecks() map[string]string {
 // query asks the conductor for a probe's prompt: the device, cpu_local and disk counts
 // of instance e (0 when it is not in the answer).
 func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
-	toks := make([]any, len(p.tokens))
-	for i, v := range p.tokens {
-		toks[i] = v
-	}
-	kv := []any{"model", model, "block_size", bs, "token_ids", toks}
+	kv := []any{"model", model, "block_size", bs, "token_ids", anys(p.tokens)}
 	if p.lora != "" {
 		kv = append(kv, "lora_name", p.lora)
 	}
@@ -775,14 +763,6 @@ func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
 	var out [3]int64
 	if inst != nil {
 		out = [3]int64{num(inst["device"]), num(inst["cpu_local"]), num(inst["disk"])}
-	}
-	return out
-}
-
-func anyOf(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
 	}
 	return out
 }

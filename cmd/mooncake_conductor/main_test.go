@@ -281,6 +281,42 @@ func call(t *testing.T, method, url string, body []byte) (int, map[string]any) {
 	return resp.StatusCode, m
 }
 
+// anys converts xs to []any, the form mp encodes as an array.
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// tokenRun is the prompt first, first+1, ..., n tokens.
+func tokenRun(first int32, n int) []int32 {
+	tokens := make([]int32, n)
+	for i := range tokens {
+		tokens[i] = first + int32(i)
+	}
+	return tokens
+}
+
+// queryBody is the /query request of tokens for model "m", block size 16.
+func queryBody(tokens []int32) []byte {
+	return mp("model", "m", "block_size", 16, "token_ids", anys(tokens))
+}
+
+// waitDeviceHit waits until /query at base answers that instance holds device tokens of
+// the prompt tokens on the device tier.
+func (c *conductor) waitDeviceHit(base, instance string, tokens []int32, device int64) {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("a %d-token device hit on %s", device, instance), func() error {
+		_, resp := call(c.t, http.MethodPost, base+"/query", queryBody(tokens))
+		if inst, _ := resp["instances"].(map[string]any)[instance].(map[string]any); inst == nil || num(inst["device"]) != device {
+			return fmt.Errorf("answer %v", resp)
+		}
+		return nil
+	})
+}
+
 func num(v any) int64 {
 	switch x := v.(type) {
 	case int64:
@@ -342,19 +378,12 @@ func TestBinaryStaticServiceLifecycle(t *testing.T) {
 	if err := pub.WaitSubscribers(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	tokens := make([]int32, 48)
-	for i := range tokens {
-		tokens[i] = int32(100 + i)
-	}
+	tokens := tokenRun(100, 48)
 	keys := vllmKeys(t, tokens)
 	if _, err := pub.Publish(vllmBatch(keys[:2])); err != nil {
 		t.Fatal(err)
 	}
-	toks := make([]any, len(tokens))
-	for i, v := range tokens {
-		toks[i] = v
-	}
-	query := mp("model", "m", "block_size", 16, "token_ids", toks)
+	query := queryBody(tokens)
 	c.waitFor("a hit via /query", func() error {
 		code, resp := call(t, http.MethodPost, base+"/query", query)
 		inst, _ := resp["instances"].(map[string]any)["engine-a"].(map[string]any)
@@ -400,14 +429,15 @@ func vllmKeys(t *testing.T, tokens []int32) []uint64 {
 
 // vllmBatch is a vLLM KVEventBatch with one BlockStored on GPU, rank 0.
 func vllmBatch(keys []uint64) []byte {
-	hs := make([]any, len(keys))
-	for i, k := range keys {
-		hs[i] = k
-	}
-	ev := mp("type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", nil,
+	ev := mp("type", "BlockStored", "block_hashes", anys(keys), "parent_block_hash", nil, "token_ids", nil,
 		"block_size", 16, "lora_id", nil, "medium", "GPU", "lora_name", nil)
+	return eventBatch(float64(time.Now().UnixNano())/1e9, ev)
+}
+
+// eventBatch wraps one encoded event as a KVEventBatch [ts, [ev], 0] (dp rank 0).
+func eventBatch(ts float64, ev []byte) []byte {
 	b := msgp.AppendArrayHeader(nil, 3)
-	b = msgp.AppendFloat64(b, float64(time.Now().UnixNano())/1e9)
+	b = msgp.AppendFloat64(b, ts)
 	b = msgp.AppendArrayHeader(b, 1)
 	b = append(b, ev...)
 	return msgp.AppendInt(b, 0)
