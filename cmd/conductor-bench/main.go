@@ -218,6 +218,20 @@ func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
 	}
 }
 
+// hashFlags select the simulated engines' kind and, for vLLM, hash (replay, load).
+type hashFlags struct{ engine, algo, seed string }
+
+func (h *hashFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&h.engine, "engine", "vllm", "engine kind: vllm or sglang")
+	fs.StringVar(&h.algo, "hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
+	fs.StringVar(&h.seed, "python-hash-seed", "0", "vLLM PYTHONHASHSEED")
+}
+
+// spec is the engine kind and hash the flags select.
+func (h *hashFlags) spec() (publisher.Kind, sim.HashSpec, error) {
+	return hashSpec(h.engine, h.algo, h.seed)
+}
+
 func hashSpec(engine, algo, seed string) (publisher.Kind, sim.HashSpec, error) {
 	kind, err := sim.ParseKind(engine)
 	if err != nil {
@@ -265,14 +279,13 @@ func intList(s string) ([]int, error) {
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cf conductorFlags
 	fs := newFlagSet("replay", &cf, stderr)
+	var hf hashFlags
+	hf.register(fs)
 	tracePath := fs.String("trace", "", `trace file (JSON lines), or "synthetic:N" for N generated chat requests`)
 	maxReq := fs.Int("max-requests", 0, "replay only the first N requests (0 = all)")
 	instances := fs.Int("instances", 16, "engine instances")
 	dpRanks := fs.Int("dp-ranks", 1, "data-parallel ranks per instance (each its own cache and publisher)")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
-	engine := fs.String("engine", "vllm", "engine kind: vllm or sglang")
-	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
-	seed := fs.String("python-hash-seed", "0", "vLLM PYTHONHASHSEED")
 	style := fs.String("events", "minimal", "vLLM event fields: minimal or current (adds extra_keys, group_idx, kv_cache_spec_kind)")
 	devTokens := fs.Int("device-tokens", 1<<20, "device (GPU) KV cache per rank, in tokens")
 	cpuTokens := fs.Int("cpu-tokens", 0, "SGLang host-memory tier per rank, in tokens (0 = none)")
@@ -295,7 +308,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *tracePath == "" {
 		return errors.New("--trace is required")
 	}
-	kind, hs, err := hashSpec(*engine, *algo, *seed)
+	kind, hs, err := hf.spec()
 	if err != nil {
 		return err
 	}
@@ -431,12 +444,11 @@ func printReplay(w io.Writer, trace string, r *replay.Result, cond *target.Condu
 func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var cf conductorFlags
 	fs := newFlagSet("load", &cf, stderr)
+	var hf hashFlags
+	hf.register(fs)
 	instances := fs.Int("instances", 8, "engine instances holding the index")
 	blocks := fs.Int("blocks", 1_000_000, "distinct blocks to index")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
-	engine := fs.String("engine", "vllm", "engine kind: vllm or sglang")
-	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
-	seed := fs.String("python-hash-seed", "0", "vLLM PYTHONHASHSEED")
 	lens := fs.String("prompt-tokens", "2048,8192,32768", "query prompt lengths")
 	shapes := fs.String("shapes", "hit,half,miss", "prompt shapes: hit, half, miss")
 	conc := fs.String("concurrency", "1,4", "concurrent clients")
@@ -462,7 +474,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *growTo != 0 && *growTo <= *blocks {
 		return fmt.Errorf("--grow-to %d: want more than --blocks %d", *growTo, *blocks)
 	}
-	_, hs, err := hashSpec(*engine, *algo, *seed)
+	_, hs, err := hf.spec()
 	if err != nil {
 		return err
 	}
