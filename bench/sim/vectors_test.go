@@ -126,14 +126,7 @@ func TestVectorsSGLang(t *testing.T) {
 		default:
 			continue // HiCache storage chains are not event hashes
 		}
-		h, err := NewHasher(SGLangHash(), c.PageSize, "", salt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys, err := h.AppendKeys(nil, v.Prompt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		keys := hashKeys(t, SGLangHash(), c.PageSize, salt, v.Prompt)
 		full := 0
 		for _, p := range c.Pages {
 			if p.Partial {
@@ -170,15 +163,8 @@ func TestVectorsVLLMBatchBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHasher(VLLMHash("sha256", v.VLLM.Seed), 16, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	toks := v.Prompt[:32]
-	keys, err := h.AppendKeys(nil, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := hashKeys(t, VLLMHash("sha256", v.VLLM.Seed), 16, "", toks)
 	enc := NewBatchEncoder(publisher.VLLM, StyleCurrent, 16, "")
 	enc.Stored(keys, 0, false, toks, TierDevice)
 	enc.Removed(keys[:1], TierDevice)
@@ -205,20 +191,13 @@ func TestVectorsSGLangBatch(t *testing.T) {
 	if err := json.Unmarshal(decoded[1], &events); err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHasher(SGLangHash(), 16, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	sink := &captureSink{}
 	r, err := newRank(0, 0, publisher.SGLang, 16, CacheConfig{Device: 8}, sink, StyleMinimal, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	toks := v.Prompt[:32]
-	keys, err := h.AppendKeys(nil, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := hashKeys(t, SGLangHash(), 16, "", toks)
 	if _, err := r.Store(toks, keys, 1757500000.25); err != nil {
 		t.Fatal(err)
 	}
