@@ -16,6 +16,13 @@ import (
 // the metric has no sample.
 func metricSum(t *testing.T, base, name string) (sum float64, found bool) {
 	t.Helper()
+	return metricSumWhere(t, base, name, "")
+}
+
+// metricSumWhere is metricSum over the samples whose line contains label (say
+// `service="e|default|0"`).
+func metricSumWhere(t *testing.T, base, name, label string) (sum float64, found bool) {
+	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +33,7 @@ func metricSum(t *testing.T, base, name string) (sum float64, found bool) {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") || !strings.Contains(line, label) {
 			continue
 		}
 		f := strings.Fields(line)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -772,7 +771,7 @@ func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
 func (e *engineRun) waitApplied(n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		v := e.metric("conductor_service_messages_applied_total", `service="e|default|0"`)
+		v, _ := metricSumWhere(e.t, e.base, "conductor_service_messages_applied_total", `service="e|default|0"`)
 		if v >= float64(n) {
 			return
 		}
@@ -781,24 +780,6 @@ func (e *engineRun) waitApplied(n int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func (e *engineRun) metric(name, label string) float64 {
-	resp, err := http.Get(e.base + "/metrics")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	sum := 0.0
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(line, name+"{") && strings.Contains(line, label) {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
-		}
-	}
-	return sum
 }
 
 // engineCell is one cell of the table.
