@@ -771,7 +771,7 @@ func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
 func (e *engineRun) waitApplied(n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		v, _ := metricSumWhere(e.t, e.base, "conductor_service_messages_applied_total", `service="e|default|0"`)
+		v, _ := metricSum(e.t, e.base, "conductor_service_messages_applied_total", `service="e|default|0"`)
 		if v >= float64(n) {
 			return
 		}
