@@ -105,8 +105,8 @@ func StartInProcess(tb testing.TB) *Conductor {
 	return c
 }
 
-// freePort asks the kernel for an unused TCP port on 127.0.0.1.
-func freePort() (int, error) {
+// FreePort asks the kernel for a TCP port on 127.0.0.1 that was unused a moment ago.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free port: %w", err)
@@ -153,7 +153,7 @@ func ParseConfigSet(kv string) (string, any, error) {
 // configuration's directory is removed as soon as the conductor answers (it reads its
 // configuration once, at start), so a harness killed later leaves nothing behind.
 func SpawnWith(bin string, logw io.Writer, opts SpawnOptions) (*Conductor, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
