@@ -19,11 +19,11 @@ type vectorFile struct {
 	VLLM   struct {
 		Seed  string `json:"pythonhashseed"`
 		Cases []struct {
-			Algo      string  `json:"algo"`
-			BlockSize int     `json:"block_size"`
-			Variant   string  `json:"variant"`
-			Lora      *string `json:"lora_name"`
-			Salt      *string `json:"cache_salt"`
+			Algo      string `json:"algo"`
+			BlockSize int    `json:"block_size"`
+			Variant   string `json:"variant"`
+			Lora      string `json:"lora_name"` // null: ""
+			Salt      string `json:"cache_salt"`
 			Blocks    []struct {
 				HashHex  string `json:"hash_hex"`
 				EventU64 uint64 `json:"event_u64"`
@@ -64,13 +64,6 @@ func loadVectors(t *testing.T) *vectorFile {
 	return &v
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
 // TestVectorsVLLM: the keys simulated vLLM engines publish, and their full digests, are
 // the upstream engine's values for every algorithm, block size, LoRA and salt variant.
 func TestVectorsVLLM(t *testing.T) {
@@ -80,7 +73,7 @@ func TestVectorsVLLM(t *testing.T) {
 		if strings.HasPrefix(c.Variant, "mm ") {
 			continue // multimodal extra keys are not simulated
 		}
-		h, err := NewHasher(VLLMHash(c.Algo, v.VLLM.Seed), c.BlockSize, deref(c.Lora), deref(c.Salt))
+		h, err := NewHasher(VLLMHash(c.Algo, v.VLLM.Seed), c.BlockSize, c.Lora, c.Salt)
 		if err != nil {
 			t.Fatalf("%s/%d/%s: %v", c.Algo, c.BlockSize, c.Variant, err)
 		}
