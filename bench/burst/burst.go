@@ -218,21 +218,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer f.Close()
-	cl, err := httpclient.New(cfg.Addr, httpclient.Options{Timeout: time.Minute})
+	cl, detach, err := f.Attach(cfg.Addr, httpclient.Options{Timeout: time.Minute}, 30*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("burst: %w", err)
 	}
-	defer cl.Close()
-	defer f.Unregister(cl)
-	if err := f.Register(cl, 30*time.Second); err != nil {
-		return nil, err
-	}
+	defer detach()
 	if cfg.Warmup > 0 {
 		progress(cfg.Progress, "registered %d publishers; warming up for %v", cfg.Publishers, cfg.Warmup)
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(cfg.Warmup):
+		if err := target.Sleep(ctx, cfg.Warmup); err != nil {
+			return nil, err
 		}
 		res.WarmupSeconds = cfg.Warmup.Seconds()
 	}
@@ -289,10 +283,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		count, res.Seconds, res.BlocksPerSec, res.SendSeconds)
 
 	settleStart := time.Now()
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(cfg.Settle):
+	if err := target.Sleep(ctx, cfg.Settle); err != nil {
+		return nil, err
 	}
 	res.SettleSeconds = time.Since(settleStart).Seconds()
 	if cfg.PID > 0 {

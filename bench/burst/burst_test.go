@@ -19,11 +19,7 @@ import (
 
 func inProcess(t *testing.T) *target.Conductor {
 	t.Helper()
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := target.StartInProcess(t)
 	return c
 }
 

@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			len(regs), res.RegisterSeconds, mib(s.RSSBytes))
 	}
 	t0 := time.Now()
-	if err := sleep(ctx, cfg.Wait); err != nil {
+	if err := target.Sleep(ctx, cfg.Wait); err != nil {
 		return nil, err
 	}
 	res.WaitSeconds = time.Since(t0).Seconds()
@@ -113,7 +113,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.RSSBytes = s0.RSSBytes
 	w0 := time.Now()
-	if err := sleep(ctx, cfg.Window); err != nil {
+	if err := target.Sleep(ctx, cfg.Window); err != nil {
 		return nil, err
 	}
 	s1, err := target.ReadProc(cfg.PID)
@@ -129,15 +129,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 }
 
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
-
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
-}
 
 func progress(w io.Writer, format string, args ...any) {
 	if w != nil {

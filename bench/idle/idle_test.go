@@ -46,11 +46,7 @@ func TestDeadEndpointsRefuse(t *testing.T) {
 // TestIdleWithDeadEndpoints: the dead services are registered during the measurement and
 // unregistered after it; RSS and CPU figures are read.
 func TestIdleWithDeadEndpoints(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	var log strings.Builder
 	res, err := Run(context.Background(), Config{Addr: c.Addr, PID: c.PID, DeadEndpoints: 20, Wait: 20 * time.Millisecond,
 		Window: 50 * time.Millisecond, Progress: &log})

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,11 +38,15 @@ const (
 
 // ParseShape accepts a shape name.
 func ParseShape(s string) (Shape, error) {
-	switch sh := Shape(s); sh {
-	case ShapeHit, ShapeHalf, ShapeMiss:
-		return sh, nil
+	return parseName("prompt shape", s, "hit, half or miss", ShapeHit, ShapeHalf, ShapeMiss)
+}
+
+// parseName returns s as one of names, or an error naming what and, in want, the names.
+func parseName[T ~string](what, s, want string, names ...T) (T, error) {
+	if slices.Contains(names, T(s)) {
+		return T(s), nil
 	}
-	return "", fmt.Errorf("prompt shape %q: want hit, half or miss", s)
+	return "", fmt.Errorf("%s %q: want %s", what, s, want)
 }
 
 // Memo is how each measured prompt relates to the conductor's query key memo.
@@ -62,11 +67,7 @@ const (
 
 // ParseMemo accepts a memo mode name.
 func ParseMemo(s string) (Memo, error) {
-	switch m := Memo(s); m {
-	case MemoWarm, MemoCold, MemoExtend:
-		return m, nil
-	}
-	return "", fmt.Errorf("memo mode %q: want warm, cold or extend", s)
+	return parseName("memo mode", s, "warm, cold or extend", MemoWarm, MemoCold, MemoExtend)
 }
 
 // Sampler reads the conductor process's RSS and CPU time.
@@ -281,15 +282,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer f.Close()
-	cl, err := httpclient.New(cfg.Addr, httpclient.Options{Timeout: time.Minute})
+	cl, detach, err := f.Attach(cfg.Addr, httpclient.Options{Timeout: time.Minute}, 15*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
-	defer cl.Close()
-	defer f.Unregister(cl)
-	if err := f.Register(cl, 15*time.Second); err != nil {
-		return nil, err
-	}
+	defer detach()
 	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, MixedWidths: cfg.MixedWidths, KeepAwake: cfg.KeepAwake, ByHash: cfg.ByHash}
 	var cpuStart time.Duration
 	if cfg.Sample != nil {

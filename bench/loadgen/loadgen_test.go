@@ -19,11 +19,7 @@ import (
 // queries whose answers match their shape exactly (hit = whole prompt on its owner,
 // half = half of it, miss = nothing anywhere), and the index holds what was published.
 func TestLoadgenGrid(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	var progress bytes.Buffer
 	res, err := Run(context.Background(), Config{
 		Addr: c.Addr, Instances: 3, IndexedBlocks: 1500, BlockSize: 16, Hash: sim.VLLMHash("sha256", "0"),
@@ -69,11 +65,7 @@ func TestParseShape(t *testing.T) {
 // TestLoadgenMemoModes: cold and extend cells send each of their prompts exactly once,
 // and every answer still matches its shape.
 func TestLoadgenMemoModes(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	res, err := Run(context.Background(), Config{
 		Addr: c.Addr, Instances: 2, IndexedBlocks: 3000, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
 		PromptTokens: []int{512}, Shapes: []Shape{ShapeHit, ShapeMiss}, Concurrency: []int{1, 2},
@@ -131,11 +123,7 @@ func TestLoadgenColdWarmup(t *testing.T) {
 // TestLoadgenByHash: the /query_by_hash mode gets the same exact answers for every shape,
 // with 8-byte keys per block instead of 4-byte tokens (bin forms).
 func TestLoadgenByHash(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	bytesOf := map[bool]float64{}
 	for _, byHash := range []bool{false, true} {
 		res, err := Run(context.Background(), Config{
@@ -186,11 +174,7 @@ func TestLoadgenMixedWidths(t *testing.T) {
 	if n := len(toks); fix < n/8 || fix > n*3/10 || u16 < n*4/10 || u16 > n*6/10 || u32 < n/5 || u32 > n*4/10 {
 		t.Fatalf("widths of %d ids: %d fixint, %d uint16, %d uint32", n, fix, u16, u32)
 	}
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	res, err := Run(context.Background(), Config{
 		Addr: c.Addr, Instances: 2, IndexedBlocks: 256, BlockSize: 16, Hash: sim.VLLMHash("sha256_cbor", "0"),
 		PromptTokens: []int{1024}, Shapes: []Shape{ShapeHit, ShapeHalf, ShapeMiss}, Concurrency: []int{1},
@@ -216,11 +200,7 @@ func TestLoadgenMixedWidths(t *testing.T) {
 // fleet grows the index; every answer during the growth still matches, and the index
 // holds the grown fleet's blocks at the end.
 func TestLoadgenGrowth(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	res, err := Run(context.Background(), Config{
 		Addr: c.Addr, Instances: 2, IndexedBlocks: 1000, GrowTo: 6000, BlockSize: 16, Hash: sim.VLLMHash("sha256", "0"),
 		PromptTokens: []int{512}, Shapes: []Shape{ShapeHit}, Concurrency: []int{1}, Duration: 20 * time.Millisecond, Seed: 3,
@@ -245,11 +225,7 @@ func TestLoadgenGrowth(t *testing.T) {
 // its cell sent them), reads every body in full, and answers with the conductor's own
 // answer, which the floor measurement put there.
 func TestLoadgenFloor(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -130,11 +130,7 @@ func TestLoadModel(t *testing.T) {
 // startConductor runs an in-process conductor for one test.
 func startConductor(t *testing.T) *httpclient.Client {
 	t.Helper()
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
+	c := target.StartInProcess(t)
 	cl, err := httpclient.New(c.Addr, httpclient.Options{Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@
 package replicas
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,7 +15,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -40,7 +38,7 @@ type replica struct {
 	name string
 	c    *target.Conductor
 	cl   *httpclient.Client
-	log  *lockedBuffer
+	log  *target.LogBuffer
 }
 
 // startReplicaSet starts etcd and n replicas of bin on it, one after the other, each
@@ -74,7 +72,7 @@ func startReplicaSet(ctx context.Context, bin string, n int, config map[string]a
 		for k, v := range config {
 			conf[k] = v
 		}
-		r := &replica{name: fmt.Sprintf("replica %d", i+1), log: &lockedBuffer{}}
+		r := &replica{name: fmt.Sprintf("replica %d", i+1), log: &target.LogBuffer{}}
 		if r.c, err = target.SpawnWith(bin, r.log, target.SpawnOptions{Config: conf}); err != nil {
 			return nil, fmt.Errorf("%s: %w\n%s", r.name, err, r.log.String())
 		}
@@ -172,37 +170,17 @@ func poll(ctx context.Context, limit time.Duration, cond func() (bool, error)) (
 		if time.Now().After(deadline) {
 			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return false, ctx.Err()
-		case <-time.After(pause):
+		if err := target.Sleep(ctx, pause); err != nil {
+			return false, err
 		}
 		pause = min(2*pause, 50*time.Millisecond)
 	}
 }
 
-// lockedBuffer collects a process's log; the process writes while the harness reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// linesWith counts the log lines containing s.
-func (b *lockedBuffer) linesWith(s string) int {
+// linesWith counts the lines of log containing s.
+func linesWith(log *target.LogBuffer, s string) int {
 	n := 0
-	for _, l := range strings.Split(b.String(), "\n") {
+	for _, l := range strings.Split(log.String(), "\n") {
 		if strings.Contains(l, s) {
 			n++
 		}

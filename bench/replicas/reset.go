@@ -189,7 +189,7 @@ func (r *replica) afterReset(ctx context.Context) (ReplicaAfterReset, error) {
 	if err != nil {
 		return ReplicaAfterReset{}, fmt.Errorf("%s: %w", r.name, err)
 	}
-	ar := ReplicaAfterReset{Resets: -1, Republished: -1, ResetLogLines: r.log.linesWith(resetLog)}
+	ar := ReplicaAfterReset{Resets: -1, Republished: -1, ResetLogLines: linesWith(r.log, resetLog)}
 	if v, ok := m.Sum("conductor_registry_resets_total"); ok {
 		ar.Resets = v
 	}

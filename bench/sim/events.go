@@ -96,6 +96,20 @@ func (e *BatchEncoder) appendHash(b []byte, k uint64) []byte {
 	return msgp.AppendUint64(b, k)
 }
 
+// appendBlocksEvent starts an event map of fields entries of type typ with its
+// block_hashes, keys; the caller appends the other fields-2 entries.
+func (e *BatchEncoder) appendBlocksEvent(b []byte, fields uint32, typ string, keys []uint64) []byte {
+	b = msgp.AppendMapHeader(b, fields)
+	b = msgp.AppendString(b, "type")
+	b = msgp.AppendString(b, typ)
+	b = msgp.AppendString(b, "block_hashes")
+	b = msgp.AppendArrayHeader(b, uint32(len(keys)))
+	for _, k := range keys {
+		b = e.appendHash(b, k)
+	}
+	return b
+}
+
 func (e *BatchEncoder) appendLora(b []byte) []byte {
 	if e.loraName == "" {
 		return msgp.AppendNil(b)
@@ -115,14 +129,7 @@ func (e *BatchEncoder) Stored(keys []uint64, parent uint64, hasParent bool, toke
 	} else if e.style == StyleCurrent {
 		fields = 11
 	}
-	b = msgp.AppendMapHeader(b, fields)
-	b = msgp.AppendString(b, "type")
-	b = msgp.AppendString(b, "BlockStored")
-	b = msgp.AppendString(b, "block_hashes")
-	b = msgp.AppendArrayHeader(b, uint32(len(keys)))
-	for _, k := range keys {
-		b = e.appendHash(b, k)
-	}
+	b = e.appendBlocksEvent(b, fields, "BlockStored", keys)
 	b = msgp.AppendString(b, "parent_block_hash")
 	if hasParent {
 		b = e.appendHash(b, parent)
@@ -175,14 +182,7 @@ func (e *BatchEncoder) Removed(keys []uint64, tier Tier) {
 	if e.kind == publisher.VLLM && e.style == StyleCurrent {
 		fields = 4
 	}
-	b = msgp.AppendMapHeader(b, fields)
-	b = msgp.AppendString(b, "type")
-	b = msgp.AppendString(b, "BlockRemoved")
-	b = msgp.AppendString(b, "block_hashes")
-	b = msgp.AppendArrayHeader(b, uint32(len(keys)))
-	for _, k := range keys {
-		b = e.appendHash(b, k)
-	}
+	b = e.appendBlocksEvent(b, fields, "BlockRemoved", keys)
 	b = msgp.AppendString(b, "medium")
 	b = msgp.AppendString(b, tier.String())
 	if fields == 4 {

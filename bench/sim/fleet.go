@@ -300,6 +300,24 @@ func (f *Fleet) Unregister(cl *httpclient.Client) {
 	f.registered = f.registered[:0]
 }
 
+// Attach opens a client of the conductor at addr and registers the fleet there
+// (Register, waiting up to timeout for the subscriptions); detach unregisters it and
+// closes the client. A failed registration is undone before Attach returns.
+func (f *Fleet) Attach(addr string, opts httpclient.Options, timeout time.Duration) (cl *httpclient.Client, detach func(), err error) {
+	if cl, err = httpclient.New(addr, opts); err != nil {
+		return nil, nil, err
+	}
+	detach = func() {
+		f.Unregister(cl)
+		cl.Close()
+	}
+	if err := f.Register(cl, timeout); err != nil {
+		detach()
+		return nil, nil, err
+	}
+	return cl, detach, nil
+}
+
 // Drain waits until the conductor has applied every event published so far: it
 // publishes a marker block on every rank and polls until the conductor reports the
 // marker on all of them (each stream is applied in order). It returns the context's

@@ -75,11 +75,7 @@ func TestFleetHits(t *testing.T) {
 // TestDrainContextGivesUp: a drain whose marker never shows (the conductor knows none of
 // the fleet's ranks) ends with the context's cause instead of waiting for its timeout.
 func TestDrainContextGivesUp(t *testing.T) {
-	c, err := target.InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := target.StartInProcess(t)
 	cl, err := httpclient.New(c.Addr, httpclient.Options{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -48,16 +48,7 @@ func newTestSocket(t *testing.T, typ zmq.Type, ep string) *zmq.Socket {
 // subscriber, and the ROUTER endpoint replays the buffered ones from a requested
 // sequence, ending with the ff*8 marker; the ring forgets the oldest batches.
 func TestPublisherLiveAndReplay(t *testing.T) {
-	hub, err := NewHub()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hub.Close()
-	pub, err := hub.NewPublisher(PublisherConfig{BufferSteps: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub.Start()
+	pub := startTestPublisher(t, PublisherConfig{BufferSteps: 3})
 	sub := newTestSocket(t, zmq.SUB, pub.Endpoint())
 	if err := pub.WaitSubscribed(5 * time.Second); err != nil {
 		t.Fatal(err)
@@ -218,16 +209,7 @@ func TestPromptsShareByHashID(t *testing.T) {
 // after the bind) plus a few MiB in TCP buffers would have dropped most of them.
 func TestPublisherSendHWM(t *testing.T) {
 	const batches, size = 5900, 4096
-	hub, err := NewHub()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hub.Close()
-	pub, err := hub.NewPublisher(PublisherConfig{SendHWM: batches + 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hub.Start()
+	pub := startTestPublisher(t, PublisherConfig{SendHWM: batches + 100})
 	ctx, err := zmq.NewContext()
 	if err != nil {
 		t.Fatal(err)

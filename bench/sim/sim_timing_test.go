@@ -58,16 +58,7 @@ func BenchmarkRankStore(b *testing.B) {
 // BenchmarkPublish measures sending one 16 KiB batch through a real ZMQ PUB socket with
 // no subscriber (the ring copy and three frames).
 func BenchmarkPublish(b *testing.B) {
-	hub, err := NewHub()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer hub.Close()
-	pub, err := hub.NewPublisher(PublisherConfig{BufferSteps: 64})
-	if err != nil {
-		b.Fatal(err)
-	}
-	hub.Start()
+	pub := startTestPublisher(b, PublisherConfig{BufferSteps: 64})
 	payload := make([]byte, 16<<10)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(payload)))

@@ -19,11 +19,11 @@ type vectorFile struct {
 	VLLM   struct {
 		Seed  string `json:"pythonhashseed"`
 		Cases []struct {
-			Algo      string  `json:"algo"`
-			BlockSize int     `json:"block_size"`
-			Variant   string  `json:"variant"`
-			Lora      *string `json:"lora_name"`
-			Salt      *string `json:"cache_salt"`
+			Algo      string `json:"algo"`
+			BlockSize int    `json:"block_size"`
+			Variant   string `json:"variant"`
+			Lora      string `json:"lora_name"` // null: ""
+			Salt      string `json:"cache_salt"`
 			Blocks    []struct {
 				HashHex  string `json:"hash_hex"`
 				EventU64 uint64 `json:"event_u64"`
@@ -64,13 +64,6 @@ func loadVectors(t *testing.T) *vectorFile {
 	return &v
 }
 
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
 // TestVectorsVLLM: the keys simulated vLLM engines publish, and their full digests, are
 // the upstream engine's values for every algorithm, block size, LoRA and salt variant.
 func TestVectorsVLLM(t *testing.T) {
@@ -80,7 +73,7 @@ func TestVectorsVLLM(t *testing.T) {
 		if strings.HasPrefix(c.Variant, "mm ") {
 			continue // multimodal extra keys are not simulated
 		}
-		h, err := NewHasher(VLLMHash(c.Algo, v.VLLM.Seed), c.BlockSize, deref(c.Lora), deref(c.Salt))
+		h, err := NewHasher(VLLMHash(c.Algo, v.VLLM.Seed), c.BlockSize, c.Lora, c.Salt)
 		if err != nil {
 			t.Fatalf("%s/%d/%s: %v", c.Algo, c.BlockSize, c.Variant, err)
 		}
@@ -126,14 +119,7 @@ func TestVectorsSGLang(t *testing.T) {
 		default:
 			continue // HiCache storage chains are not event hashes
 		}
-		h, err := NewHasher(SGLangHash(), c.PageSize, "", salt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys, err := h.AppendKeys(nil, v.Prompt)
-		if err != nil {
-			t.Fatal(err)
-		}
+		keys := hashKeys(t, SGLangHash(), c.PageSize, salt, v.Prompt)
 		full := 0
 		for _, p := range c.Pages {
 			if p.Partial {
@@ -170,15 +156,8 @@ func TestVectorsVLLMBatchBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHasher(VLLMHash("sha256", v.VLLM.Seed), 16, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	toks := v.Prompt[:32]
-	keys, err := h.AppendKeys(nil, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := hashKeys(t, VLLMHash("sha256", v.VLLM.Seed), 16, "", toks)
 	enc := NewBatchEncoder(publisher.VLLM, StyleCurrent, 16, "")
 	enc.Stored(keys, 0, false, toks, TierDevice)
 	enc.Removed(keys[:1], TierDevice)
@@ -205,20 +184,13 @@ func TestVectorsSGLangBatch(t *testing.T) {
 	if err := json.Unmarshal(decoded[1], &events); err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHasher(SGLangHash(), 16, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	sink := &captureSink{}
 	r, err := newRank(0, 0, publisher.SGLang, 16, CacheConfig{Device: 8}, sink, StyleMinimal, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	toks := v.Prompt[:32]
-	keys, err := h.AppendKeys(nil, toks)
-	if err != nil {
-		t.Fatal(err)
-	}
+	keys := hashKeys(t, SGLangHash(), 16, "", toks)
 	if _, err := r.Store(toks, keys, 1757500000.25); err != nil {
 		t.Fatal(err)
 	}

@@ -103,11 +103,6 @@ func Downloads(ctx context.Context, cfg DownloadsConfig) (*DownloadsResult, erro
 	if err := target.WaitReady(ctx, cfg.Addr, 30*time.Second); err != nil {
 		return nil, fmt.Errorf("snapshot downloads: %w", err)
 	}
-	cl, err := httpclient.New(cfg.Addr, httpclient.Options{Timeout: time.Minute, AdminToken: cfg.Token})
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
 	f, err := sim.NewFleet(sim.FleetConfig{Instances: 1, DPRanks: 1, Kind: publisher.VLLM, Hash: sim.VLLMHash("sha256_cbor", "0"),
 		Model: "snapshot-bench", BlockSize: 16, Cache: sim.CacheConfig{Device: cfg.Blocks}, Publish: true, MaxBatchEvents: 64,
 		InstancePrefix: "snapshot-bench-"})
@@ -115,10 +110,11 @@ func Downloads(ctx context.Context, cfg DownloadsConfig) (*DownloadsResult, erro
 		return nil, err
 	}
 	defer f.Close()
-	if err := f.Register(cl, 30*time.Second); err != nil {
+	cl, detach, err := f.Attach(cfg.Addr, httpclient.Options{Timeout: time.Minute, AdminToken: cfg.Token}, 30*time.Second)
+	if err != nil {
 		return nil, err
 	}
-	defer f.Unregister(cl)
+	defer detach()
 	// Twice the cache in distinct prompts, stored in turn: from the second half on,
 	// every prompt evicts one stored earlier.
 	pool, err := prompts(f.Hasher(), 2*cfg.Blocks/promptBlocks+1)

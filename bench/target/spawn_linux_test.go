@@ -52,7 +52,7 @@ func TestFakeConductorHelper(t *testing.T) {
 // keeps running until Stop.
 func TestSpawnRemovesConfig(t *testing.T) {
 	bin := fakeConductor(t)
-	c, err := Spawn(bin, &syncWriter{b: &strings.Builder{}})
+	c, err := Spawn(bin, &LogBuffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestSpawnWithConfig(t *testing.T) {
 		}
 		opts.Config[k] = v
 	}
-	c, err := SpawnWith(bin, &syncWriter{b: &strings.Builder{}}, opts)
+	c, err := SpawnWith(bin, &LogBuffer{}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

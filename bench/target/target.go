@@ -4,6 +4,7 @@
 package target
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
@@ -90,8 +92,21 @@ func InProcess(log *slog.Logger) (*Conductor, error) {
 	return &Conductor{Addr: app.HTTPAddr, Mode: ModeInProcess, PID: os.Getpid(), stop: app.Stop}, nil
 }
 
-// freePort asks the kernel for an unused TCP port on 127.0.0.1.
-func freePort() (int, error) {
+// StartInProcess starts an in-process conductor (InProcess, its log discarded) for a
+// test or benchmark, which it fails if the conductor does not start; the conductor
+// stops when tb ends.
+func StartInProcess(tb testing.TB) *Conductor {
+	tb.Helper()
+	c, err := InProcess(nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Stop)
+	return c
+}
+
+// FreePort asks the kernel for a TCP port on 127.0.0.1 that was unused a moment ago.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("find a free port: %w", err)
@@ -138,7 +153,7 @@ func ParseConfigSet(kv string) (string, any, error) {
 // configuration's directory is removed as soon as the conductor answers (it reads its
 // configuration once, at start), so a harness killed later leaves nothing behind.
 func SpawnWith(bin string, logw io.Writer, opts SpawnOptions) (*Conductor, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -206,5 +221,16 @@ func SpawnWith(bin string, logw io.Writer, opts SpawnOptions) (*Conductor, error
 			return nil, fmt.Errorf("spawn %s: no answer on %s: %w", bin, c.Addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Sleep waits d, or until ctx ends first, then returning ctx's error: the pause of a
+// measurement that a signal must be able to cut short.
+func Sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }

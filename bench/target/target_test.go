@@ -4,7 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,11 +36,7 @@ func TestReadProc(t *testing.T) {
 // TestInProcessAndExternal: an in-process conductor answers, samples the harness
 // process, and an External handle to it talks to the same server.
 func TestInProcessAndExternal(t *testing.T) {
-	c, err := InProcess(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
+	c := StartInProcess(t)
 	if c.Mode != ModeInProcess || c.PID != os.Getpid() {
 		t.Fatalf("conductor %+v", c)
 	}
@@ -79,26 +74,13 @@ func TestSpawnFailure(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho failing >&2\nexit 3\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var logs strings.Builder
-	_, err := Spawn(bin, &syncWriter{b: &logs})
+	_, err := Spawn(bin, &LogBuffer{})
 	if err == nil || !strings.Contains(err.Error(), "exited before answering") {
 		t.Fatalf("spawn error %v", err)
 	}
 	if _, err := Spawn(filepath.Join(t.TempDir(), "missing"), nil); err == nil {
 		t.Fatal("missing binary spawned")
 	}
-}
-
-// syncWriter guards a builder written by the child's output copier.
-type syncWriter struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
 }
 
 // TestPeakRSS: the peak RSS keeps a touched and unmapped region counted until

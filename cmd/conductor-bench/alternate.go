@@ -51,9 +51,8 @@ type measuredCommand struct {
 }
 
 func newMeasuredCommand(name string, stderr io.Writer) *measuredCommand {
-	m := &measuredCommand{name: name, fs: flag.NewFlagSet(name, flag.ContinueOnError)}
-	m.fs.SetOutput(stderr)
-	m.cf.register(m.fs)
+	m := &measuredCommand{name: name}
+	m.fs = newFlagSet(name, &m.cf, stderr)
 	m.alt.register(m.fs)
 	m.results = m.fs.String("results", "bench/results", "directory for the JSON result")
 	return m

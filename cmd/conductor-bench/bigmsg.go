@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -18,51 +16,28 @@ import (
 // registered publisher sends a few ordinary batches, then one message of -mb MiB, then
 // ordinary batches again; RSS is sampled before, after the big message, and after idling.
 func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bigmsg", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("bigmsg", &cf, stderr)
 	mb := fs.Int("mb", 200, "size of the big message in MiB")
 	settle := fs.Duration("settle", 3*time.Second, "wait before each sample")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cond, err := cf.start(stderr)
+	cond, err := cf.startSampled("bigmsg", stderr)
 	if err != nil {
 		return err
 	}
 	defer cond.Stop()
-	if cond.PID <= 0 {
-		return errors.New("bigmsg needs a process to sample: --conductor-bin, or --conductor with --pid")
-	}
-	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	pub, err := zmqtest.NewPublisher(zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
+	pub, cl, err := startPublisher(cond, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"}, "bigmsg", "big")
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	hash := sim.VLLMHash("sha256", "0")
-	if _, err := cl.Register(&httpclient.RegisterRequest{
-		Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Type: "vLLM", ModelName: "bigmsg",
-		InstanceID: "big", BlockSize: 16,
-		HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
-			PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
-	}); err != nil {
-		return err
-	}
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
-		return err
-	}
+	defer cl.Close()
 	small := []byte{0x93, 0xcb, 0x41, 0xda, 0x2f, 0x9f, 0x3a, 0x00, 0x00, 0x00, 0x90, 0xc0} // [ts, [], nil]
 	sample := func(what string) error {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(*settle):
+		if err := target.Sleep(ctx, *settle); err != nil {
+			return err
 		}
 		s, err := target.ReadProc(cond.PID)
 		if err != nil {
@@ -71,10 +46,16 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "%-36s RSS %7.1f MiB\n", what, float64(s.RSSBytes)/(1<<20))
 		return nil
 	}
-	for range 10 {
-		if _, err := pub.Publish(small); err != nil {
-			return err
+	publishSmall := func() error {
+		for range 10 {
+			if _, err := pub.Publish(small); err != nil {
+				return err
+			}
 		}
+		return nil
+	}
+	if err := publishSmall(); err != nil {
+		return err
 	}
 	if err := sample("before"); err != nil {
 		return err
@@ -88,13 +69,42 @@ func runBigMessage(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := sample(fmt.Sprintf("after one %d MiB message", *mb)); err != nil {
 		return err
 	}
-	for range 10 {
-		if _, err := pub.Publish(small); err != nil {
-			return err
-		}
+	if err := publishSmall(); err != nil {
+		return err
 	}
 	if err := sample("after 10 more small batches"); err != nil {
 		return err
 	}
 	return sample("idle")
+}
+
+// startPublisher starts a publisher (cfg) and registers it with the conductor as a
+// vLLM engine (sha256, seed "0", block size 16) serving model as instance; it returns
+// the publisher and the client it registered with once the conductor has subscribed.
+func startPublisher(cond *target.Conductor, cfg zmqtest.Config, model, instance string) (*zmqtest.Publisher, *httpclient.Client, error) {
+	pub, err := zmqtest.NewPublisher(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		pub.Close()
+		return nil, nil, err
+	}
+	hash := sim.VLLMHash("sha256", "0")
+	_, err = cl.Register(&httpclient.RegisterRequest{
+		Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint(), Type: "vLLM", ModelName: model,
+		InstanceID: instance, BlockSize: 16,
+		HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
+			PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
+	})
+	if err == nil {
+		err = pub.WaitSubscribers(1, 10*time.Second)
+	}
+	if err != nil {
+		cl.Close()
+		pub.Close()
+		return nil, nil, err
+	}
+	return pub, cl, nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -26,14 +25,11 @@ func runIdle(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("--dead-endpoints %d, --wait %v, --window %v: none negative, the window positive", *dead, *wait, *window)
 	}
 	measure := func(ctx context.Context, cf *conductorFlags) ([]report.Figure, any, error) {
-		cond, err := cf.start(stderr)
+		cond, err := cf.startSampled("idle", stderr)
 		if err != nil {
 			return nil, nil, err
 		}
 		defer cond.Stop()
-		if cond.PID <= 0 {
-			return nil, nil, errors.New("idle needs a process to sample: --conductor-bin, or --conductor with --pid")
-		}
 		res, err := idle.Run(ctx, idle.Config{Addr: cond.Addr, PID: cond.PID, DeadEndpoints: *dead, Wait: *wait, Window: *window, Progress: stderr})
 		if err != nil {
 			return nil, nil, err

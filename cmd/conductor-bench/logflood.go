@@ -10,11 +10,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tinylib/msgp/msgp"
-
 	"github.com/conductor-go/conductor/bench/sim"
-	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // countingWriter counts what a spawned conductor writes to its log (stderr).
@@ -59,47 +58,17 @@ func runLogFlood(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	defer cond.Stop()
-	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
+	pub, cl, err := startPublisher(cond, zmqtest.Config{}, "flood", "flood")
 	if err != nil {
 		return err
 	}
 	defer pub.Close()
-	hash := sim.VLLMHash("sha256", "0")
-	if _, err := cl.Register(&httpclient.RegisterRequest{
-		Endpoint: pub.Endpoint(), Type: "vLLM", ModelName: "flood", InstanceID: "flood", BlockSize: 16,
-		HashProfile: httpclient.HashProfile{Strategy: hash.Strategy, Algorithm: hash.Algorithm,
-			PythonHashSeed: hash.PythonHashSeed, IndexProjection: hash.IndexProjection},
-	}); err != nil {
-		return err
-	}
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
-		return err
-	}
+	defer cl.Close()
 	broken := []byte{0xc1}
-	// [ts, [{BlockStored, block_size 7}], nil]
-	bad := msgp.AppendArrayHeader(nil, 3)
-	bad = msgp.AppendFloat64(bad, 1757500000.25)
-	bad = msgp.AppendArrayHeader(bad, 1)
-	bad = msgp.AppendMapHeader(bad, 6)
-	bad = msgp.AppendString(bad, "type")
-	bad = msgp.AppendString(bad, "BlockStored")
-	bad = msgp.AppendString(bad, "block_hashes")
-	bad = msgp.AppendArrayHeader(bad, 1)
-	bad = msgp.AppendUint64(bad, 12345)
-	bad = msgp.AppendString(bad, "parent_block_hash")
-	bad = msgp.AppendNil(bad)
-	bad = msgp.AppendString(bad, "token_ids")
-	bad = msgp.AppendNil(bad)
-	bad = msgp.AppendString(bad, "block_size")
-	bad = msgp.AppendInt(bad, 7)
-	bad = msgp.AppendString(bad, "medium")
-	bad = msgp.AppendString(bad, "GPU")
-	bad = msgp.AppendNil(bad)
+	// A valid batch whose one BlockStored has block size 7 where 16 is registered.
+	enc := sim.NewBatchEncoder(publisher.VLLM, sim.StyleMinimal, 7, "")
+	enc.Stored([]uint64{12345}, 0, false, nil, sim.TierDevice)
+	bad := enc.Finish(1757500000.25, 0)
 	before, _ := logs.counts()
 	t0 := time.Now()
 	for i := range *n {
@@ -118,10 +87,8 @@ func runLogFlood(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	elapsed := time.Since(t0)
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(*settle):
+	if err := target.Sleep(ctx, *settle); err != nil {
+		return err
 	}
 	b, l := logs.counts()
 	fmt.Fprintf(stdout, "%d malformed batches in %v: conductor log %d bytes, %d lines\n", *n, elapsed.Round(time.Millisecond), b-before, l)

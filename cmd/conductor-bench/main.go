@@ -77,6 +77,25 @@ commands:
 Run "conductor-bench <command> -h" for the flags of a command.
 `
 
+// command runs one measuring command with its arguments (after the command name).
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
+// commands are the measuring commands by name; run handles the helper processes'
+// commands (floor-server, keep-awake) and help itself.
+var commands = map[string]command{
+	"replay":             runReplay,
+	"load":               runLoad,
+	"services":           runServices,
+	"bigmsg":             runBigMessage,
+	"logflood":           runLogFlood,
+	"ingest":             runIngest,
+	"idle":               runIdle,
+	"snapshot-upload":    runSnapshotUpload,
+	"snapshot-downloads": runSnapshotDownloads,
+	"replicas-race":      runReplicasRace,
+	"etcd-reset":         runEtcdReset,
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -85,32 +104,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	switch args[0] {
-	case "replay":
-		err = runReplay(ctx, args[1:], stdout, stderr)
-	case "load":
-		err = runLoad(ctx, args[1:], stdout, stderr)
-	case "services":
-		err = runServices(ctx, args[1:], stdout, stderr)
-	case "bigmsg":
-		err = runBigMessage(ctx, args[1:], stdout, stderr)
-	case "logflood":
-		err = runLogFlood(ctx, args[1:], stdout, stderr)
-	case "ingest":
-		err = runIngest(ctx, args[1:], stdout, stderr)
-	case "idle":
-		err = runIdle(ctx, args[1:], stdout, stderr)
-	case "snapshot-upload":
-		err = runSnapshotUpload(ctx, args[1:], stdout, stderr)
-	case "snapshot-downloads":
-		err = runSnapshotDownloads(ctx, args[1:], stdout, stderr)
-	case "replicas-race":
-		err = runReplicasRace(ctx, args[1:], stdout, stderr)
-	case "etcd-reset":
-		err = runEtcdReset(ctx, args[1:], stdout, stderr)
-	case floor.Command:
+	switch cmd, ok := commands[args[0]]; {
+	case ok:
+		err = cmd(ctx, args[1:], stdout, stderr)
+	case args[0] == floor.Command:
 		err = floor.Run(ctx, stdout)
-	case target.AwakeCommand:
+	case args[0] == target.AwakeCommand:
 		n := 0
 		if len(args) > 1 {
 			n, err = strconv.Atoi(args[1])
@@ -118,7 +117,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err == nil {
 			err = target.RunAwake(ctx, n, stdout)
 		}
-	case "-h", "--help", "help":
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
@@ -186,6 +185,29 @@ func (c *conductorFlags) start(stderr io.Writer) (*target.Conductor, error) {
 	return target.InProcess(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})))
 }
 
+// newFlagSet is the flag set of a command, with the conductor's flags registered on cf;
+// the command adds its own before Parse.
+func newFlagSet(name string, cf *conductorFlags, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cf.register(fs)
+	return fs
+}
+
+// startSampled starts the conductor cf selects for a command (name) that samples its
+// process, which must then be known: spawned, or external with --pid.
+func (c *conductorFlags) startSampled(name string, stderr io.Writer) (*target.Conductor, error) {
+	cond, err := c.start(stderr)
+	if err != nil {
+		return nil, err
+	}
+	if cond.PID <= 0 {
+		cond.Stop()
+		return nil, errors.New(name + " needs a process to sample: --conductor-bin, or --conductor with --pid")
+	}
+	return cond, nil
+}
+
 func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
 	if c.PID <= 0 {
 		return nil
@@ -194,6 +216,20 @@ func sampler(c *target.Conductor) func() (uint64, time.Duration, error) {
 		s, err := c.Sample()
 		return s.RSSBytes, s.CPU, err
 	}
+}
+
+// hashFlags select the simulated engines' kind and, for vLLM, hash (replay, load).
+type hashFlags struct{ engine, algo, seed string }
+
+func (h *hashFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&h.engine, "engine", "vllm", "engine kind: vllm or sglang")
+	fs.StringVar(&h.algo, "hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
+	fs.StringVar(&h.seed, "python-hash-seed", "0", "vLLM PYTHONHASHSEED")
+}
+
+// spec is the engine kind and hash the flags select.
+func (h *hashFlags) spec() (publisher.Kind, sim.HashSpec, error) {
+	return hashSpec(h.engine, h.algo, h.seed)
 }
 
 func hashSpec(engine, algo, seed string) (publisher.Kind, sim.HashSpec, error) {
@@ -217,31 +253,39 @@ func splitList(s string) []string {
 	return out
 }
 
-func intList(s string) ([]int, error) {
-	var out []int
+// parseList parses each item of the comma-separated list s with parse.
+func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
 	for _, f := range splitList(s) {
-		v, err := strconv.Atoi(f)
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("%q: want positive integers separated by commas", s)
+		v, err := parse(f)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, v)
 	}
 	return out, nil
 }
 
+func intList(s string) ([]int, error) {
+	return parseList(s, func(f string) (int, error) {
+		v, err := strconv.Atoi(f)
+		if err != nil || v <= 0 {
+			return 0, fmt.Errorf("%q: want positive integers separated by commas", s)
+		}
+		return v, nil
+	})
+}
+
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("replay", &cf, stderr)
+	var hf hashFlags
+	hf.register(fs)
 	tracePath := fs.String("trace", "", `trace file (JSON lines), or "synthetic:N" for N generated chat requests`)
 	maxReq := fs.Int("max-requests", 0, "replay only the first N requests (0 = all)")
 	instances := fs.Int("instances", 16, "engine instances")
 	dpRanks := fs.Int("dp-ranks", 1, "data-parallel ranks per instance (each its own cache and publisher)")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
-	engine := fs.String("engine", "vllm", "engine kind: vllm or sglang")
-	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
-	seed := fs.String("python-hash-seed", "0", "vLLM PYTHONHASHSEED")
 	style := fs.String("events", "minimal", "vLLM event fields: minimal or current (adds extra_keys, group_idx, kv_cache_spec_kind)")
 	devTokens := fs.Int("device-tokens", 1<<20, "device (GPU) KV cache per rank, in tokens")
 	cpuTokens := fs.Int("cpu-tokens", 0, "SGLang host-memory tier per rank, in tokens (0 = none)")
@@ -264,7 +308,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *tracePath == "" {
 		return errors.New("--trace is required")
 	}
-	kind, hs, err := hashSpec(*engine, *algo, *seed)
+	kind, hs, err := hf.spec()
 	if err != nil {
 		return err
 	}
@@ -276,13 +320,9 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	default:
 		return fmt.Errorf("--events %q: want minimal or current", *style)
 	}
-	var pols []replay.Policy
-	for _, p := range splitList(*policies) {
-		pol, err := replay.ParsePolicy(p)
-		if err != nil {
-			return err
-		}
-		pols = append(pols, pol)
+	pols, err := parseList(*policies, replay.ParsePolicy)
+	if err != nil {
+		return err
 	}
 	var reqs []replay.Request
 	if n, ok := strings.CutPrefix(*tracePath, "synthetic:"); ok {
@@ -402,16 +442,13 @@ func printReplay(w io.Writer, trace string, r *replay.Result, cond *target.Condu
 }
 
 func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("load", &cf, stderr)
+	var hf hashFlags
+	hf.register(fs)
 	instances := fs.Int("instances", 8, "engine instances holding the index")
 	blocks := fs.Int("blocks", 1_000_000, "distinct blocks to index")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
-	engine := fs.String("engine", "vllm", "engine kind: vllm or sglang")
-	algo := fs.String("hash-algo", "sha256_cbor", "vLLM prefix-caching hash: sha256 or sha256_cbor")
-	seed := fs.String("python-hash-seed", "0", "vLLM PYTHONHASHSEED")
 	lens := fs.String("prompt-tokens", "2048,8192,32768", "query prompt lengths")
 	shapes := fs.String("shapes", "hit,half,miss", "prompt shapes: hit, half, miss")
 	conc := fs.String("concurrency", "1,4", "concurrent clients")
@@ -438,7 +475,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *growTo != 0 && *growTo <= *blocks {
 		return fmt.Errorf("--grow-to %d: want more than --blocks %d", *growTo, *blocks)
 	}
-	_, hs, err := hashSpec(*engine, *algo, *seed)
+	_, hs, err := hf.spec()
 	if err != nil {
 		return err
 	}
@@ -450,21 +487,13 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("--concurrency %w", err)
 	}
-	var S []loadgen.Shape
-	for _, s := range splitList(*shapes) {
-		sh, err := loadgen.ParseShape(s)
-		if err != nil {
-			return err
-		}
-		S = append(S, sh)
+	S, err := parseList(*shapes, loadgen.ParseShape)
+	if err != nil {
+		return err
 	}
-	var M []loadgen.Memo
-	for _, s := range splitList(*memo) {
-		m, err := loadgen.ParseMemo(s)
-		if err != nil {
-			return err
-		}
-		M = append(M, m)
+	M, err := parseList(*memo, loadgen.ParseMemo)
+	if err != nil {
+		return err
 	}
 	cond, err := cf.start(stderr)
 	if err != nil {

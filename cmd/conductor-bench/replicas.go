@@ -12,12 +12,16 @@ import (
 	"github.com/conductor-go/conductor/bench/report"
 )
 
-// spawnsReplicas checks that a replica command has a binary to spawn.
-func spawnsReplicas(cf *conductorFlags, alt *alternateFlags) error {
-	if cf.url != "" {
+// parseReplicaScene parses the flags of a replica command and checks that it has a
+// binary to spawn.
+func (m *measuredCommand) parseReplicaScene(args []string) error {
+	if err := m.fs.Parse(args); err != nil {
+		return err
+	}
+	if m.cf.url != "" {
 		return errors.New("replica scenes spawn their own conductors: --conductor-bin (or --alternate), not --conductor")
 	}
-	if cf.bin == "" && alt.bins == "" {
+	if m.cf.bin == "" && m.alt.bins == "" {
 		return errors.New("replica scenes spawn their own conductors: --conductor-bin BIN (or --alternate A,B)")
 	}
 	return nil
@@ -33,10 +37,7 @@ func runReplicasRace(ctx context.Context, args []string, stdout, stderr io.Write
 	limit := fs.Int("limit", 20, "max_services of every replica; each run sends this many registrations to each replica at once")
 	runs := fs.Int("runs", 100, "runs of the race")
 	converge := fs.Duration("converge", 15*time.Second, "wait for every replica to list what was acknowledged")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := spawnsReplicas(&cmd.cf, &cmd.alt); err != nil {
+	if err := cmd.parseReplicaScene(args); err != nil {
 		return err
 	}
 	measure := func(ctx context.Context, cf *conductorFlags) ([]report.Figure, any, error) {
@@ -75,10 +76,7 @@ func runEtcdReset(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := cmd.fs
 	n := fs.Int("replicas", 3, "replicas on the etcd")
 	wait := fs.Duration("wait", 15*time.Second, "bound of each wait: the registry healed after the reset, the replicas agreeing after the new registrations")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := spawnsReplicas(&cmd.cf, &cmd.alt); err != nil {
+	if err := cmd.parseReplicaScene(args); err != nil {
 		return err
 	}
 	measure := func(ctx context.Context, cf *conductorFlags) ([]report.Figure, any, error) {

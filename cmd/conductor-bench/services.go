@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -41,10 +40,8 @@ func readCost(pid int) (procCost, error) {
 // runServices measures what registrations cost the conductor process: descriptors and OS
 // threads before, after registering n services over HTTP, and after unregistering them.
 func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("services", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var cf conductorFlags
-	cf.register(fs)
+	fs := newFlagSet("services", &cf, stderr)
 	n := fs.Int("n", 500, "services to register")
 	live := fs.Bool("live", false, "register against live publishers (one per service, in this process) instead of loopback ports nobody listens on")
 	replay := fs.Bool("replay", false, "with -live, give each publisher a replay endpoint")
@@ -55,14 +52,11 @@ func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *n <= 0 {
 		return errors.New("-n must be positive")
 	}
-	cond, err := cf.start(stderr)
+	cond, err := cf.startSampled("services", stderr)
 	if err != nil {
 		return err
 	}
 	defer cond.Stop()
-	if cond.PID <= 0 {
-		return errors.New("services needs a process to sample: --conductor-bin, or --conductor with --pid")
-	}
 	cl, err := httpclient.New(cond.Addr, httpclient.Options{Timeout: 10 * time.Second})
 	if err != nil {
 		return err
@@ -95,10 +89,8 @@ func runServices(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	sample := func(what string) (procCost, error) {
-		select {
-		case <-ctx.Done():
-			return procCost{}, ctx.Err()
-		case <-time.After(*settle):
+		if err := target.Sleep(ctx, *settle); err != nil {
+			return procCost{}, err
 		}
 		c, err := readCost(cond.PID)
 		if err == nil {

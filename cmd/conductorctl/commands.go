@@ -116,11 +116,8 @@ func registerFlags(r *httpclient.RegisterRequest, file, cacheGroup *string) *fla
 	fs.StringVar(&r.Endpoint, "endpoint", r.Endpoint, "ZMQ PUB endpoint of the publisher (tcp://host:port)")
 	fs.StringVar(&r.ReplayEndpoint, "replay-endpoint", r.ReplayEndpoint, "ZMQ replay endpoint (vLLM, SGLang)")
 	fs.StringVar(&r.Type, "type", r.Type, "publisher type: vLLM, SGLang or Mooncake")
-	fs.StringVar(&r.ModelName, "model", r.ModelName, "model name")
-	fs.StringVar(&r.LoraName, "lora", r.LoraName, "LoRA adapter name (empty: base model)")
-	fs.StringVar(&r.TenantID, "tenant", r.TenantID, "tenant id (empty: default)")
+	contextFlags(fs, &r.ModelName, &r.LoraName, &r.TenantID, &r.BlockSize)
 	fs.StringVar(&r.InstanceID, "instance", r.InstanceID, "router-facing instance id")
-	fs.Int64Var(&r.BlockSize, "block-size", r.BlockSize, "tokens per KV block")
 	fs.Int64Var(&r.DPRank, "dp-rank", r.DPRank, "data-parallel rank")
 	fs.StringVar(cacheGroup, "cache-group", *cacheGroup, "cache group (only 0 is supported; empty or nil: not sent)")
 	p := &r.HashProfile
@@ -140,6 +137,15 @@ func registerFlags(r *httpclient.RegisterRequest, file, cacheGroup *string) *fla
 			return nil
 		})
 	return fs
+}
+
+// contextFlags registers the flags naming an index context (register, query): --model,
+// --lora, --tenant and --block-size, defaulting to the values they point at.
+func contextFlags(fs *flag.FlagSet, model, lora, tenant *string, blockSize *int64) {
+	fs.StringVar(model, "model", *model, "model name")
+	fs.StringVar(lora, "lora", *lora, "LoRA adapter name (empty: base model)")
+	fs.StringVar(tenant, "tenant", *tenant, "tenant id (empty: default)")
+	fs.Int64Var(blockSize, "block-size", *blockSize, "tokens per KV block")
 }
 
 // applyProfileDefaults fills in only what the contract leaves no choice about: the
@@ -264,10 +270,7 @@ type queryFlags struct {
 }
 
 func (f *queryFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.q.Model, "model", "", "model name")
-	fs.Int64Var(&f.q.BlockSize, "block-size", 0, "tokens per KV block")
-	fs.StringVar(&f.q.LoraName, "lora", "", "LoRA adapter name (empty: base model)")
-	fs.StringVar(&f.q.TenantID, "tenant", "", "tenant id (empty: default)")
+	contextFlags(fs, &f.q.Model, &f.q.LoraName, &f.q.TenantID, &f.q.BlockSize)
 	fs.StringVar(&f.q.InstanceID, "instance", "", "only report this instance")
 	fs.StringVar(&f.q.CacheSalt, "salt", "", "cache salt the engines folded into their hashes")
 	fs.BoolVar(&f.q.BinaryTokens, "binary", false, "send token_ids as a bin of little-endian int32 instead of an array")

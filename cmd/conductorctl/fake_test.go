@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/conductor-go/conductor/bench/target"
 )
 
 // fakeConductor is an in-test stand-in for the conductor's HTTP API (net/http + msgp):
@@ -185,11 +187,9 @@ func runWith(t *testing.T, ctx context.Context, stdin string, args ...string) re
 // deadAddr returns a 127.0.0.1 address nothing listens on.
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := target.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return "127.0.0.1:" + strconv.Itoa(port)
 }

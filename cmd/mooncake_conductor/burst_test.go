@@ -2,41 +2,25 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
 
-// metricSum sums every sample of the metric name in base's /metrics; found is false when
-// the metric has no sample.
-func metricSum(t *testing.T, base, name string) (sum float64, found bool) {
+// metricSum sums the samples of the metric name in base's /metrics whose labels hold
+// every one of labels (as exposed, `service="e|default|0"`); found is false when there is
+// none.
+func metricSum(t *testing.T, base, name string, labels ...string) (sum float64, found bool) {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	m, err := target.ReadMetrics(t.Context(), strings.TrimPrefix(base, "http://"))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", base, err)
 	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			t.Fatalf("%s /metrics line %q: %v", base, line, err)
-		}
-		sum += v
-		found = true
-	}
+	sum, found = m.Sum(name, labels...)
 	return sum, found
 }
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -164,25 +163,12 @@ func TestDeployMetricsExist(t *testing.T) {
 	if err := pub.WaitSubscribers(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	tokens := make([]int32, 32)
-	for i := range tokens {
-		tokens[i] = int32(7 + i)
-	}
+	tokens := tokenRun(7, 32)
 	if _, err := pub.Publish(vllmBatch(vllmKeys(t, tokens))); err != nil {
 		t.Fatal(err)
 	}
-	toks := make([]any, len(tokens))
-	for i, v := range tokens {
-		toks[i] = v
-	}
-	c.waitFor("the published blocks a hit", func() error {
-		_, resp := call(t, http.MethodPost, base+"/query", mp("model", "m", "block_size", 16, "token_ids", toks))
-		if inst, _ := resp["instances"].(map[string]any)["engine-a"].(map[string]any); inst == nil || num(inst["device"]) != 32 {
-			return fmt.Errorf("answer %v", resp)
-		}
-		return nil
-	})
-	call(t, http.MethodPost, base+"/query", mp("model", "", "block_size", 16, "token_ids", toks)) // a 400
+	c.waitDeviceHit(base, "engine-a", tokens, 32)
+	call(t, http.MethodPost, base+"/query", mp("model", "", "block_size", 16, "token_ids", anys(tokens))) // a 400
 	rc, err := rpcclient.Dial("127.0.0.1:"+strconv.Itoa(rpcPort), 2*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -513,11 +512,7 @@ func synthVLLM(t *testing.T, f *engFile, hc *engHashCase) ([][][]byte, []json.Ra
 		}
 		extras = append(extras, msgpackable(x))
 	}
-	toks := make([]any, n)
-	for i := range toks {
-		toks[i] = f.Prompt[i]
-	}
-	vals := map[string]any{"block_hashes": hashes, "token_ids": toks, "block_size": hc.BlockSize, "medium": "GPU",
+	vals := map[string]any{"block_hashes": hashes, "token_ids": anys(f.Prompt[:n]), "block_size": hc.BlockSize, "medium": "GPU",
 		"extra_keys": extras, "group_idx": 0}
 	ev := encodeEvent("BlockStored", st, vals)
 	var clr engStruct
@@ -526,11 +521,7 @@ func synthVLLM(t *testing.T, f *engFile, hc *engHashCase) ([][][]byte, []json.Ra
 	var frames [][][]byte
 	var decoded []json.RawMessage
 	for i, e := range [][]byte{ev, reset} {
-		b := msgp.AppendArrayHeader(nil, 3)
-		b = msgp.AppendFloat64(b, 1767225600.5)
-		b = msgp.AppendArrayHeader(b, 1)
-		b = append(b, e...)
-		b = msgp.AppendInt(b, 0)
+		b := eventBatch(1767225600.5, e)
 		frames = append(frames, [][]byte{{}, binary.BigEndian.AppendUint64(nil, uint64(i)), b})
 		js, err := msgpackJSON(b)
 		if err != nil {
@@ -690,7 +681,7 @@ func (e *engineRun) cell(s *engScenario) (verdict, detail string) {
 			kv = append(kv, "lora_name", r.lora)
 		}
 		if r.media != nil && !e.legacy {
-			kv = append(kv, "index_media", anyOf(r.media))
+			kv = append(kv, "index_media", anys(r.media))
 		}
 		code, resp := call(t, http.MethodPost, e.base+"/register", mp(kv...))
 		if code == http.StatusOK {
@@ -756,11 +747,7 @@ func (e *engineRun) hashChecks() map[string]string {
 // query asks the conductor for a probe's prompt: the device, cpu_local and disk counts
 // of instance e (0 when it is not in the answer).
 func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
-	toks := make([]any, len(p.tokens))
-	for i, v := range p.tokens {
-		toks[i] = v
-	}
-	kv := []any{"model", model, "block_size", bs, "token_ids", toks}
+	kv := []any{"model", model, "block_size", bs, "token_ids", anys(p.tokens)}
 	if p.lora != "" {
 		kv = append(kv, "lora_name", p.lora)
 	}
@@ -779,20 +766,12 @@ func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
 	return out
 }
 
-func anyOf(ss []string) []any {
-	out := make([]any, len(ss))
-	for i, s := range ss {
-		out[i] = s
-	}
-	return out
-}
-
 // waitApplied waits until the conductor applied n batches of service e of the current
 // cell (each cell's service has the same key, one at a time).
 func (e *engineRun) waitApplied(n int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		v := e.metric("conductor_service_messages_applied_total", `service="e|default|0"`)
+		v, _ := metricSum(e.t, e.base, "conductor_service_messages_applied_total", `service="e|default|0"`)
 		if v >= float64(n) {
 			return
 		}
@@ -801,24 +780,6 @@ func (e *engineRun) waitApplied(n int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func (e *engineRun) metric(name, label string) float64 {
-	resp, err := http.Get(e.base + "/metrics")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	sum := 0.0
-	for _, line := range strings.Split(string(raw), "\n") {
-		if strings.HasPrefix(line, name+"{") && strings.Contains(line, label) {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
-		}
-	}
-	return sum
 }
 
 // engineCell is one cell of the table.

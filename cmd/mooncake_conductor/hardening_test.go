@@ -155,14 +155,8 @@ func TestShutdownBoundedWithHalfSentRequest(t *testing.T) {
 	// Once the server holds the half HTTP body (5 x 100000) and the first frame (2 x 3 MiB)
 	// reserved (the second frame then waits for the budget), stop it.
 	c.waitFor("the half body and the first RPC frame reserved", func() error {
-		resp, err := http.Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if !strings.Contains(string(body), "conductor_http_inflight_body_bytes 6.791456e+06") {
-			return errors.New("conductor_http_inflight_body_bytes is not 6791456 yet")
+		if v, _ := metricSum(t, "http://"+addr, "conductor_http_inflight_body_bytes"); v != 6791456 {
+			return fmt.Errorf("conductor_http_inflight_body_bytes is %v, not 6791456 yet", v)
 		}
 		return nil
 	})

@@ -15,13 +15,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/conductor-go/conductor/bench/target"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 )
@@ -53,29 +53,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer collects the process output; the process writes while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // conductor is one running binary.
 type conductor struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *target.LogBuffer
 	exited chan struct{}
 	err    error // Wait's result, valid once exited is closed
 }
@@ -109,7 +91,7 @@ func startBinaryIn(t *testing.T, bin, dir, config string, env ...string) *conduc
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+config, "CONDUCTOR_LOG_LEVEL=")
 	cmd.Env = append(cmd.Env, env...)
-	out := &syncBuffer{}
+	out := &target.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -235,12 +217,11 @@ func (c *conductor) terminate() {
 // freePort returns a loopback TCP port that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := target.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 func writeJSON(t *testing.T, dir string, v any) string {
@@ -297,6 +278,42 @@ func call(t *testing.T, method, url string, body []byte) (int, map[string]any) {
 		t.Fatalf("%s %s: body %x is not a msgpack map: %v", method, url, raw, err)
 	}
 	return resp.StatusCode, m
+}
+
+// anys converts xs to []any, the form mp encodes as an array.
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// tokenRun is the prompt first, first+1, ..., n tokens.
+func tokenRun(first int32, n int) []int32 {
+	tokens := make([]int32, n)
+	for i := range tokens {
+		tokens[i] = first + int32(i)
+	}
+	return tokens
+}
+
+// queryBody is the /query request of tokens for model "m", block size 16.
+func queryBody(tokens []int32) []byte {
+	return mp("model", "m", "block_size", 16, "token_ids", anys(tokens))
+}
+
+// waitDeviceHit waits until /query at base answers that instance holds device tokens of
+// the prompt tokens on the device tier.
+func (c *conductor) waitDeviceHit(base, instance string, tokens []int32, device int64) {
+	c.t.Helper()
+	c.waitFor(fmt.Sprintf("a %d-token device hit on %s", device, instance), func() error {
+		_, resp := call(c.t, http.MethodPost, base+"/query", queryBody(tokens))
+		if inst, _ := resp["instances"].(map[string]any)[instance].(map[string]any); inst == nil || num(inst["device"]) != device {
+			return fmt.Errorf("answer %v", resp)
+		}
+		return nil
+	})
 }
 
 func num(v any) int64 {
@@ -360,19 +377,12 @@ func TestBinaryStaticServiceLifecycle(t *testing.T) {
 	if err := pub.WaitSubscribers(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	tokens := make([]int32, 48)
-	for i := range tokens {
-		tokens[i] = int32(100 + i)
-	}
+	tokens := tokenRun(100, 48)
 	keys := vllmKeys(t, tokens)
 	if _, err := pub.Publish(vllmBatch(keys[:2])); err != nil {
 		t.Fatal(err)
 	}
-	toks := make([]any, len(tokens))
-	for i, v := range tokens {
-		toks[i] = v
-	}
-	query := mp("model", "m", "block_size", 16, "token_ids", toks)
+	query := queryBody(tokens)
 	c.waitFor("a hit via /query", func() error {
 		code, resp := call(t, http.MethodPost, base+"/query", query)
 		inst, _ := resp["instances"].(map[string]any)["engine-a"].(map[string]any)
@@ -418,14 +428,15 @@ func vllmKeys(t *testing.T, tokens []int32) []uint64 {
 
 // vllmBatch is a vLLM KVEventBatch with one BlockStored on GPU, rank 0.
 func vllmBatch(keys []uint64) []byte {
-	hs := make([]any, len(keys))
-	for i, k := range keys {
-		hs[i] = k
-	}
-	ev := mp("type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", nil,
+	ev := mp("type", "BlockStored", "block_hashes", anys(keys), "parent_block_hash", nil, "token_ids", nil,
 		"block_size", 16, "lora_id", nil, "medium", "GPU", "lora_name", nil)
+	return eventBatch(float64(time.Now().UnixNano())/1e9, ev)
+}
+
+// eventBatch wraps one encoded event as a KVEventBatch [ts, [ev], 0] (dp rank 0).
+func eventBatch(ts float64, ev []byte) []byte {
 	b := msgp.AppendArrayHeader(nil, 3)
-	b = msgp.AppendFloat64(b, float64(time.Now().UnixNano())/1e9)
+	b = msgp.AppendFloat64(b, ts)
 	b = msgp.AppendArrayHeader(b, 1)
 	b = append(b, ev...)
 	return msgp.AppendInt(b, 0)

@@ -22,6 +22,14 @@ import (
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
+// envInt is the positive integer in the environment variable k, or def.
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
 // TestMeasureBigBodyAttack measures, against the spawned binary, process RSS and the
 // latency of small /query and /healthz requests while parallel clients push huge valid
 // /query bodies. It asserts nothing about speed (figures are printed), and only runs
@@ -34,12 +42,6 @@ import (
 func TestMeasureBigBodyAttack(t *testing.T) {
 	if os.Getenv("CONDUCTOR_ATTACK_MEASURE") != "1" {
 		t.Skip("set CONDUCTOR_ATTACK_MEASURE=1 to run the attack measurement")
-	}
-	envInt := func(k string, def int) int {
-		if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
-			return v
-		}
-		return def
 	}
 	bodyMB, clients, seconds := envInt("ATTACK_BODY_MB", 250), envInt("ATTACK_CLIENTS", 8), envInt("ATTACK_SECONDS", 15)
 	if bin := os.Getenv("CONDUCTOR_MEASURE_BIN"); bin != "" {

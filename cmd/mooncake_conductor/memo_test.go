@@ -19,15 +19,7 @@ func TestBinaryMemoGrowsAheadOfIndex(t *testing.T) {
 		v, _ := metricSum(t, base, "conductor_query_memo_capacity_entries")
 		return v
 	}
-	tokens := make([]int32, 16*16)
-	for i := range tokens {
-		tokens[i] = int32(7 + i)
-	}
-	toks := make([]any, len(tokens))
-	for i, v := range tokens {
-		toks[i] = v
-	}
-	query := mp("model", "m", "block_size", 16, "token_ids", toks)
+	query := queryBody(tokenRun(7, 16*16))
 	ask := func() {
 		if code, resp := call(t, http.MethodPost, base+"/query", query); code != http.StatusOK {
 			t.Fatalf("/query: %d %v", code, resp)

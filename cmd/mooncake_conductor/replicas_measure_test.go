@@ -6,7 +6,6 @@ import (
 	"os"
 	"regexp"
 	"sort"
-	"strconv"
 	"testing"
 	"time"
 
@@ -28,12 +27,6 @@ import (
 func TestMeasureQueryDuringPeerBootstrap(t *testing.T) {
 	if os.Getenv("CONDUCTOR_REPLICA_MEASURE") != "1" {
 		t.Skip("set CONDUCTOR_REPLICA_MEASURE=1 to run the bootstrap latency measurement")
-	}
-	envInt := func(k string, def int) int {
-		if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
-			return v
-		}
-		return def
 	}
 	n, rounds := envInt("REPLICA_BLOCKS", 1_000_000), envInt("REPLICA_ROUNDS", 3)
 	etcd := etcdtest.Start(t)

@@ -65,10 +65,16 @@ func startReplica(t *testing.T, name, config string, port int) *replica {
 // startReplicas starts n replicas on one etcd and waits until all are ready.
 func startReplicas(t *testing.T, etcd *etcdtest.Server, n int) []*replica {
 	t.Helper()
+	return startReplicasDialing(t, etcd, n, 2000)
+}
+
+// startReplicasDialing is startReplicas with etcd dial timeout dialMS.
+func startReplicasDialing(t *testing.T, etcd *etcdtest.Server, n, dialMS int) []*replica {
+	t.Helper()
 	rs := make([]*replica, n)
 	for i := range rs {
 		port := freePort(t)
-		rs[i] = startReplica(t, fmt.Sprintf("replica-%d", i+1), writeReplicaConfig(t, etcd, port, 2000), port)
+		rs[i] = startReplica(t, fmt.Sprintf("replica-%d", i+1), writeReplicaConfig(t, etcd, port, dialMS), port)
 		// One after the other: each is ready (bootstrapped) before the next starts.
 		rs[i].waitReady(30 * time.Second)
 	}
@@ -316,6 +322,47 @@ func settle(t *testing.T, f *sim.Fleet, rs []*replica, instances ...int) {
 	}
 }
 
+// registerOnFirst registers f's services through rs[0], waits until every replica lists
+// them and has applied what their instances published, and returns the services
+// (instance/rank@endpoint, sorted).
+func registerOnFirst(t *testing.T, f *sim.Fleet, rs []*replica) []string {
+	t.Helper()
+	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, reg := range f.Registrations() {
+		want = append(want, fmt.Sprintf("%s/%d@%s", reg.InstanceID, reg.DPRank, reg.Endpoint))
+	}
+	sort.Strings(want)
+	waitSameServices(t, rs, want)
+	// Every replica subscribed and caught up before the engines publish in earnest: a
+	// subscription that starts after its engine overran the replay ring misses what the
+	// ring no longer holds, on a replica as on a single node.
+	settle(t, f, rs, allInstances(f)...)
+	return want
+}
+
+// sameAnswers requires every replica's /query answer for every prompt to equal rs[0]'s
+// (stage names the check in failures) and returns how many prompts rs[0] answers with a
+// hit.
+func sameAnswers(t *testing.T, rs []*replica, ps []prompt, stage string) int {
+	t.Helper()
+	hits := 0
+	for pi := range ps {
+		a := rs[0].answer(ps[pi].body)
+		for _, r := range rs[1:] {
+			if b := r.answer(ps[pi].body); b != a {
+				t.Fatalf("%s: prompt %d: %s answers %s, %s answers %s", stage, pi, rs[0].name, a, r.name, b)
+			}
+		}
+		if strings.Contains(a, `"longest_matched":`) && !strings.Contains(a, `"longest_matched":0`) {
+			hits++
+		}
+	}
+	return hits
+}
+
 // checkModel compares r's answer for every prompt with what the simulated engines hold
 // (the differential check): every rank's device count and the instance's longest match.
 // Instances not in live must be absent from the answers.
@@ -366,19 +413,7 @@ func TestReplicasRegistryAgree(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	rs := startReplicas(t, etcd, 3)
 	f := newFleet(t, 3, 4096, 0)
-	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	var want []string
-	for _, reg := range f.Registrations() {
-		want = append(want, fmt.Sprintf("%s/%d@%s", reg.InstanceID, reg.DPRank, reg.Endpoint))
-	}
-	sort.Strings(want)
-	waitSameServices(t, rs, want)
-	// Every replica subscribed and caught up before the engines publish in earnest: a
-	// subscription that starts after its engine overran the replay ring misses what the
-	// ring no longer holds, on a replica as on a single node.
-	settle(t, f, rs, allInstances(f)...)
+	want := registerOnFirst(t, f, rs)
 
 	rng := rand.New(rand.NewPCG(1, 2))
 	ps := makePrompts(t, f, rng, 30, 12)
@@ -392,19 +427,7 @@ func TestReplicasRegistryAgree(t *testing.T) {
 	compare := func(stage string) {
 		t.Helper()
 		settle(t, f, rs, live...)
-		nonEmpty := 0
-		for pi := range ps {
-			a := rs[0].answer(ps[pi].body)
-			for _, r := range rs[1:] {
-				if b := r.answer(ps[pi].body); b != a {
-					t.Fatalf("%s: prompt %d: %s answers %s, %s answers %s", stage, pi, rs[0].name, a, r.name, b)
-				}
-			}
-			if strings.Contains(a, `"longest_matched":`) && !strings.Contains(a, `"longest_matched":0`) {
-				nonEmpty++
-			}
-		}
-		if nonEmpty == 0 {
+		if sameAnswers(t, rs, ps, stage) == 0 {
 			t.Fatalf("%s: no prompt has a hit: the comparison proves nothing", stage)
 		}
 		checkModel(t, f, rs[1], ps, live)
@@ -617,19 +640,7 @@ func TestReplicasKill9AndRestart(t *testing.T) {
 	rs := startReplicas(t, etcd, 3)
 	const ring = 8
 	f := newFleet(t, 2, 4096, ring)
-	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	var want []string
-	for _, reg := range f.Registrations() {
-		want = append(want, fmt.Sprintf("%s/%d@%s", reg.InstanceID, reg.DPRank, reg.Endpoint))
-	}
-	sort.Strings(want)
-	waitSameServices(t, rs, want)
-	// Every replica subscribed and caught up before the engines publish in earnest: a
-	// subscription that starts after its engine overran the replay ring misses what the
-	// ring no longer holds, on a replica as on a single node.
-	settle(t, f, rs, allInstances(f)...)
+	registerOnFirst(t, f, rs)
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	old := makePrompts(t, f, rng, 40, 10)
@@ -679,23 +690,11 @@ func TestReplicasKill9AndRestart(t *testing.T) {
 	// The prompts published before the kill are older than every ring: replica 3 has them
 	// from the snapshot only. Compare before any new event (quiescent already), then after
 	// settling.
-	for pi := range old {
-		a := rs[0].answer(old[pi].body)
-		if b := r3.answer(old[pi].body); b != a {
-			t.Fatalf("old prompt %d: %s answers %s, restarted %s answers %s", pi, rs[0].name, a, r3.name, b)
-		}
-	}
+	sameAnswers(t, []*replica{rs[0], r3}, old, "old prompts, restarted "+r3.name)
 	checkModel(t, f, r3, old, []int{0, 1})
 	settle(t, f, rs, 0, 1)
 	all := append(append([]prompt(nil), old...), fresh...)
-	for pi := range all {
-		a := rs[0].answer(all[pi].body)
-		for _, r := range rs[1:] {
-			if b := r.answer(all[pi].body); b != a {
-				t.Fatalf("prompt %d: %s answers %s, %s answers %s", pi, rs[0].name, a, r.name, b)
-			}
-		}
-	}
+	sameAnswers(t, rs, all, "after the restart")
 	checkModel(t, f, r3, all, []int{0, 1})
 	for _, r := range rs {
 		r.c.terminate()
@@ -800,11 +799,7 @@ func TestReplicaJoinsUnderFullRateStream(t *testing.T) {
 	for _, r := range rs {
 		checkModel(t, f, r, pool, all)
 	}
-	for pi := range pool {
-		if a, b := rs[0].answer(pool[pi].body), r2.answer(pool[pi].body); a != b {
-			t.Fatalf("prompt %d: %s answers %s, %s answers %s", pi, rs[0].name, a, r2.name, b)
-		}
-	}
+	sameAnswers(t, rs, pool, "after the join")
 	for _, r := range rs {
 		if n := r.metricSum("conductor_service_stale"); n != 0 {
 			t.Errorf("%s: %v sources stale", r.name, n)
@@ -850,12 +845,7 @@ func registryServices(t *testing.T, etcd *etcdtest.Server) []string {
 // that failed.
 func TestReplicasEtcdOutageDuringRegistrations(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	rs := make([]*replica, 3)
-	for i := range rs {
-		port := freePort(t)
-		rs[i] = startReplica(t, fmt.Sprintf("replica-%d", i+1), writeReplicaConfig(t, etcd, port, 500), port)
-		rs[i].waitReady(30 * time.Second)
-	}
+	rs := startReplicasDialing(t, etcd, 3, 500)
 	f := newFleet(t, 1, 4096, 0)
 	if err := f.Register(rs[0].cl, 10*time.Second); err != nil {
 		t.Fatal(err)

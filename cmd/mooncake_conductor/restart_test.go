@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -43,10 +42,7 @@ func TestBinaryKill9RestartKeepsServices(t *testing.T) {
 	first.waitExit(exitWait)
 
 	// While the conductor is down the engine caches a prompt.
-	tokens := make([]int32, 32)
-	for i := range tokens {
-		tokens[i] = int32(100 + i)
-	}
+	tokens := tokenRun(100, 32)
 	if _, err := pub.Publish(vllmBatch(vllmKeys(t, tokens))); err != nil {
 		t.Fatal(err)
 	}
@@ -62,17 +58,7 @@ func TestBinaryKill9RestartKeepsServices(t *testing.T) {
 	if id := svcs["services"].([]any)[0].(map[string]any)["InstanceID"]; id != "engine-k" {
 		t.Fatalf("restored service = %v", id)
 	}
-	ts := make([]any, len(tokens))
-	for i, v := range tokens {
-		ts[i] = v
-	}
-	second.waitFor("hits after restart", func() error {
-		_, r := call(t, http.MethodPost, base+"/query", mp("model", "m", "block_size", 16, "token_ids", ts))
-		if inst, _ := r["instances"].(map[string]any)["engine-k"].(map[string]any); inst == nil || num(inst["device"]) != 32 {
-			return fmt.Errorf("answer %v", r)
-		}
-		return nil
-	})
+	second.waitDeviceHit(base, "engine-k", tokens, 32)
 	// The listeners serve (and restored services apply events) before the startup
 	// summary is logged: wait for it.
 	second.waitLog("conductor started")

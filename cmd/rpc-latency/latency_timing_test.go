@@ -33,13 +33,8 @@ func BenchmarkQuery(b *testing.B) {
 			}
 		})
 		b.Run("HTTP/"+name, func(b *testing.B) {
-			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-			defer fasthttp.ReleaseRequest(req)
-			defer fasthttp.ReleaseResponse(resp)
-			req.SetRequestURI("http://" + bench.HTTPAddr + "/query")
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.Header.SetContentType("application/msgpack")
-			req.SetBodyRaw(bench.httpBody[size])
+			req, resp := bench.queryRequest(size)
+			defer releaseQuery(req, resp)
 			b.ReportAllocs()
 			for b.Loop() {
 				if err := bench.http.Do(req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK {

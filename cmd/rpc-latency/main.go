@@ -29,11 +29,13 @@ import (
 	"github.com/tinylib/msgp/msgp"
 	"github.com/valyala/fasthttp"
 
+	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/hashing"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
 	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/server"
 	"github.com/conductor-go/conductor/wire/cororpc"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 func main() {
@@ -229,27 +231,9 @@ func (b *Bench) setup() error {
 
 // storedBatch is one vLLM KVEventBatch [ts, [BlockStored], 0] with every key on the GPU.
 func storedBatch(keys []uint64, blockSize int) []byte {
-	var b []byte
-	b = msgp.AppendArrayHeader(b, 3)
-	b = msgp.AppendFloat64(b, float64(time.Now().UnixNano())/1e9)
-	b = msgp.AppendArrayHeader(b, 1)
-	b = msgp.AppendMapHeader(b, 8)
-	b = msgp.AppendString(b, "type")
-	b = msgp.AppendString(b, "BlockStored")
-	b = msgp.AppendString(b, "block_hashes")
-	b = msgp.AppendArrayHeader(b, uint32(len(keys)))
-	for _, k := range keys {
-		b = msgp.AppendUint64(b, k)
-	}
-	for _, k := range []string{"parent_block_hash", "token_ids", "lora_id", "lora_name"} {
-		b = msgp.AppendString(b, k)
-		b = msgp.AppendNil(b)
-	}
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt(b, blockSize)
-	b = msgp.AppendString(b, "medium")
-	b = msgp.AppendString(b, "GPU")
-	return msgp.AppendInt(b, 0)
+	enc := sim.NewBatchEncoder(publisher.VLLM, sim.StyleMinimal, blockSize, "")
+	enc.Stored(keys, 0, false, nil, sim.TierDevice)
+	return enc.Finish(float64(time.Now().UnixNano())/1e9, 0)
 }
 
 // queryBody is a /query request with token_ids as little-endian int32 bytes.
@@ -306,16 +290,27 @@ func (b *Bench) CheckFullHit(size int) error {
 	return nil
 }
 
-// postQuery sends the prompt's /query and returns the response body, appended to dst.
-func (b *Bench) postQuery(size int, dst []byte) ([]byte, error) {
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
+// queryRequest is the POST /query of the prompt of size tokens and a response to read
+// its answer into, both from fasthttp's pools: releaseQuery returns them.
+func (b *Bench) queryRequest(size int) (*fasthttp.Request, *fasthttp.Response) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	req.SetRequestURI("http://" + b.HTTPAddr + "/query")
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetContentType("application/msgpack")
 	req.SetBodyRaw(b.httpBody[size])
+	return req, resp
+}
+
+// releaseQuery returns a queryRequest's request and response to fasthttp's pools.
+func releaseQuery(req *fasthttp.Request, resp *fasthttp.Response) {
+	fasthttp.ReleaseRequest(req)
+	fasthttp.ReleaseResponse(resp)
+}
+
+// postQuery sends the prompt's /query and returns the response body, appended to dst.
+func (b *Bench) postQuery(size int, dst []byte) ([]byte, error) {
+	req, resp := b.queryRequest(size)
+	defer releaseQuery(req, resp)
 	if err := b.http.DoTimeout(req, resp, 10*time.Second); err != nil {
 		return dst, fmt.Errorf("http query: %w", err)
 	}
@@ -362,14 +357,8 @@ func (b *Bench) MeasureRPC(size, n, warmup int) (Stats, error) {
 // MeasureHTTP times n POST /query calls over one keep-alive connection; the body is read
 // whole but not decoded.
 func (b *Bench) MeasureHTTP(size, n, warmup int) (Stats, error) {
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.SetRequestURI("http://" + b.HTTPAddr + "/query")
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.Header.SetContentType("application/msgpack")
-	req.SetBodyRaw(b.httpBody[size])
+	req, resp := b.queryRequest(size)
+	defer releaseQuery(req, resp)
 	d := make([]time.Duration, 0, n)
 	for i := range warmup + n {
 		t0 := time.Now()
