@@ -65,7 +65,8 @@ func TestServiceKeysAreStructured(t *testing.T) {
 	if n := len(app.Service.Services()); n != 2 {
 		t.Fatalf("services = %d, want 2", n)
 	}
-	if code, body := httpGet(t, app, "/metrics"); code != http.StatusOK || !strings.Contains(body, `service="a\\|b|c|0"`) || !strings.Contains(body, `service="a|b\\|c|0"`) {
+	if code, body := httpGet(t, app, "/metrics"); code != http.StatusOK ||
+		!strings.Contains(body, `service="a\\|b|c|0"`) || !strings.Contains(body, `service="a|b\\|c|0"`) {
 		t.Fatalf("/metrics: %d, labels missing:\n%.2000s", code, body)
 	}
 	code, out := msgpackPost(t, app, "/unregister", mp("instance_id", "a", "tenant_id", "b|c", "dp_rank", 0))

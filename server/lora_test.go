@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 	"github.com/conductor-go/conductor/wire/publisher"
@@ -335,12 +333,7 @@ func TestHashCheckMetrics(t *testing.T) {
 func TestRPCExtensions(t *testing.T) {
 	app := startApp(t, true)
 	pub := newPublisher(t, false)
-	cl, err := rpcclient.Dial(app.RPCAddr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := context.Background()
+	cl, ctx := dialRPC(t, app, 20*time.Second)
 	sc := cororpc.ServiceConfig{Endpoint: pub.Endpoint(), PublisherKind: publisher.VLLM, ModelName: "m", TenantID: "default",
 		InstanceID: "e", BlockSize: 16,
 		HashProfile: cororpc.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be"}}
