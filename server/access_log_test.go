@@ -3,7 +3,6 @@ package server
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -15,7 +14,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/conductor-go/conductor/internal/accesslog"
-	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
@@ -41,34 +39,19 @@ func readAccessLines(t *testing.T, path string) []map[string]any {
 	return out
 }
 
+// postWithTrace posts a msgpack body with the trace header (none if trace is empty).
 func postWithTrace(t *testing.T, app *App, path, trace string, body []byte) int {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+app.HTTPAddr+path, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/msgpack")
-	if trace != "" {
-		req.Header.Set("X-Request-Trace", trace)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	code, _, _ := httpRaw(t, app, http.MethodPost, path, body, "Content-Type", "application/msgpack", "X-Request-Trace", trace)
+	return code
 }
 
 // TestAccessLogLines: with the log on, each contract route request gives one JSON line
 // with the documented fields; the trace id comes from the configured header, escaped.
 func TestAccessLogLines(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
-	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+	app := startWith(t, AppConfig{RPCPort: -1,
 		AccessLog: accesslog.Config{Path: path, TraceHeader: "X-Request-Trace", FlushInterval: time.Hour}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
 	full := seqTokens(64, 1)
 	fillInstances(t, app, 2, full)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", full)
@@ -76,7 +59,7 @@ func TestAccessLogLines(t *testing.T) {
 	if c := postWithTrace(t, app, "/query", "trace-1", binQuery(append(append([]int32(nil), full[:40]...), 999999))); c != 200 {
 		t.Fatal(c)
 	}
-	if c := postWithTrace(t, app, "/query_by_hash", weird, mp("model", "m", "block_size", 16, "block_hashes", hashesAny(keys[:3]))); c != 200 {
+	if c := postWithTrace(t, app, "/query_by_hash", weird, mp("model", "m", "block_size", 16, "block_hashes", anys(keys[:3]))); c != 200 {
 		t.Fatal(c)
 	}
 	if c := postWithTrace(t, app, "/query", "", mp("model", "", "block_size", 16, "token_ids", []any{1})); c != 400 {
@@ -126,27 +109,15 @@ func TestAccessLogZeroAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+	app := startWith(t, AppConfig{RPCPort: -1,
 		AccessLog: accesslog.Config{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
 	full := seqTokens(2048, 1)
 	fillInstances(t, app, 4, full)
 	h := app.HTTP.Handler()
 	var ctx fasthttp.RequestCtx
-	ctx.Request.Header.SetMethod("POST")
-	ctx.Request.SetRequestURI("/query")
-	ctx.Request.Header.SetContentType("application/msgpack")
+	setPost(&ctx, "/query", binQuery(full))
 	ctx.Request.Header.Set("x-trace-id", "0af7651916cd43dd8448eb211c80319c")
-	ctx.Request.SetBody(binQuery(full))
-	run := func() {
-		h(&ctx)
-		if ctx.Response.StatusCode() != 200 {
-			t.Fatal(ctx.Response.StatusCode())
-		}
-	}
+	run := func() { serveOK(t, h, &ctx) }
 	run()
 	if n := testing.AllocsPerRun(200, run); n != 0 {
 		t.Errorf("%v allocs per /query with the access log on", n)
@@ -189,26 +160,18 @@ func TestAccessLogConfigKeys(t *testing.T) {
 // status (0 = OK; the error code otherwise, without the query fields).
 func TestAccessLogRPCQuery(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
-	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+	app := startWith(t, AppConfig{RPCPort: 0,
 		AccessLog: accesslog.Config{Path: path, FlushInterval: time.Hour}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
 	full := seqTokens(64, 1)
 	fillInstances(t, app, 2, full)
-	rc, err := rpcclient.Dial(app.RPCAddr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
+	rc, ctx := dialRPC(t, app, 20*time.Second)
 	var res cororpc.QueryResult
 	q := cororpc.QueryRequest{Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: full[:48]}
-	if code, err := rc.Query(context.Background(), &q, &res); err != nil || code != cororpc.CodeOK {
+	if code, err := rc.Query(ctx, &q, &res); err != nil || code != cororpc.CodeOK {
 		t.Fatal(code, err)
 	}
 	q.Context.BlockSize = 0
-	if code, _ := rc.Query(context.Background(), &q, &res); code != cororpc.CodeInvalidParams {
+	if code, _ := rc.Query(ctx, &q, &res); code != cororpc.CodeInvalidParams {
 		t.Fatalf("block_size 0: code %v", code)
 	}
 	app.AccessLog.Flush()
@@ -230,12 +193,8 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("sync.Pool drops items at random under -race")
 	}
-	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+	app := startWith(t, AppConfig{RPCPort: 0,
 		AccessLog: accesslog.Config{Path: filepath.Join(t.TempDir(), "a.log"), FlushInterval: time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
 	full := seqTokens(2048, 1)
 	fillInstances(t, app, 4, full)
 	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
@@ -259,12 +218,8 @@ func TestAccessLogRPCZeroAllocs(t *testing.T) {
 // wrong model every time instead of in a rare race.
 func TestAccessLogModelAfterBodyRelease(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
-	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(),
+	app := startWith(t, AppConfig{RPCPort: -1,
 		AccessLog: accesslog.Config{Path: path, FlushInterval: time.Hour}, PoisonReleasedBodies: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
 	full := seqTokens(64, 1)
 	fillInstances(t, app, 1, full)
 	h := app.HTTP.Handler()
@@ -275,17 +230,11 @@ func TestAccessLogModelAfterBodyRelease(t *testing.T) {
 	}{
 		{"/query", binQuery(full)},
 		{"/query", mp("model", "model-with-a-longer-name", "block_size", 16, "token_ids", []any{1, 2})},
-		{"/query_by_hash", mp("model", "m", "block_size", 16, "block_hashes", hashesAny(keys))},
+		{"/query_by_hash", mp("model", "m", "block_size", 16, "block_hashes", anys(keys))},
 	} {
 		var ctx fasthttp.RequestCtx
-		ctx.Request.Header.SetMethod("POST")
-		ctx.Request.SetRequestURI(r.path)
-		ctx.Request.Header.SetContentType("application/msgpack")
-		ctx.Request.SetBody(r.body)
-		h(&ctx)
-		if ctx.Response.StatusCode() != 200 {
-			t.Fatalf("%s: status %d", r.path, ctx.Response.StatusCode())
-		}
+		setPost(&ctx, r.path, r.body)
+		serveOK(t, h, &ctx)
 	}
 	app.AccessLog.Flush()
 	lines := readAccessLines(t, path)
@@ -304,12 +253,8 @@ func TestAccessLogModelAfterBodyRelease(t *testing.T) {
 // token buffer is still logged with its length.
 func TestAccessLogRPCQueryLargePrompt(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "access.log")
-	app, err := Start(AppConfig{RPCPort: 0, BindAddress: "127.0.0.1", Logger: testLogger(),
+	app := startWith(t, AppConfig{RPCPort: 0,
 		AccessLog: accesslog.Config{Path: path, FlushInterval: time.Hour}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
 	n := 1 << 20 // far above what a connection keeps between frames (64 KiB of tokens)
 	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
 		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: make([]int32, n)})

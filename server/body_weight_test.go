@@ -14,13 +14,7 @@ import (
 // fixintBody is a query-shaped body whose list field holds n one-byte elements: the most
 // decoded memory per body byte a client can send.
 func fixintBody(listKey string, n int) []byte {
-	b := msgp.AppendMapHeader(nil, 3)
-	b = msgp.AppendString(b, "model")
-	b = msgp.AppendString(b, "m")
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt(b, 16)
-	b = msgp.AppendString(b, listKey)
-	b = msgp.AppendArrayHeader(b, uint32(n))
+	b := msgp.AppendArrayHeader(queryHead(listKey), uint32(n))
 	for i := 0; i < n; i++ {
 		b = append(b, byte(i%128))
 	}

@@ -2,7 +2,6 @@ package server
 
 import (
 	"net"
-	"net/http"
 	"reflect"
 	"strconv"
 	"testing"
@@ -12,7 +11,8 @@ import (
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 )
 
-func freeTCPPort(t *testing.T) int {
+// freeTCPPort returns a loopback port free at the time of the call.
+func freeTCPPort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -26,15 +26,9 @@ func freeTCPPort(t *testing.T) int {
 func startMember(t *testing.T, srv *etcdtest.Server, prefix string, hook func(string)) *App {
 	t.Helper()
 	port := freeTCPPort(t)
-	app, err := Start(AppConfig{HTTPPort: port, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1",
-		ClusterTestHook: hook,
+	return startWith(t, AppConfig{HTTPPort: port, RPCPort: -1, ClusterTestHook: hook,
 		Cluster: &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: prefix, DialTimeout: 2 * time.Second,
 			AdvertiseURL: "http://127.0.0.1:" + strconv.Itoa(port)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Stop)
-	return app
 }
 
 // TestClusterBootstrapFromPeer: a replica that starts after a peer has indexed events
@@ -45,19 +39,10 @@ func startMember(t *testing.T, srv *etcdtest.Server, prefix string, hook func(st
 func TestClusterBootstrapFromPeer(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := startMember(t, srv, "/boot/", nil)
-	eventually(t, "a ready", func() error {
-		if !a.Ready() {
-			return errf("not ready")
-		}
-		return nil
-	})
+	waitReady(t, a)
 	pub := newPublisher(t, false)
-	if code, r := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "engine-a", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, r)
-	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	mustRegister(t, a, "", registerBody(pub.Endpoint(), "engine-a", 0))
+	waitSub(t, pub, 1)
 	prompts := [][]int32{seqTokens(128, 1), seqTokens(128, 2000), seqTokens(128, 4000)}
 	keys := make([][]uint64, len(prompts))
 	for i, p := range prompts {
@@ -72,9 +57,7 @@ func TestClusterBootstrapFromPeer(t *testing.T) {
 	}
 	publishAndWait := func(batch []byte, i int, want int64) {
 		t.Helper()
-		if _, err := pub.Publish(batch); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, pub, batch)
 		eventually(t, "peer indexed", func() error {
 			if d := device(a, i); d != want {
 				return errf("prompt %d device %d, want %d", i, d, want)
@@ -103,12 +86,7 @@ func TestClusterBootstrapFromPeer(t *testing.T) {
 		}
 	}
 	b := startMember(t, srv, "/boot/", hook)
-	eventually(t, "b ready", func() error {
-		if !b.Ready() {
-			return errf("not ready")
-		}
-		return nil
-	})
+	waitReady(t, b)
 	eventually(t, "both at the last batch", func() error {
 		for _, app := range []*App{a, b} {
 			if d := device(app, 2); d != 48 {

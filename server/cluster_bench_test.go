@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sort"
 	"testing"
@@ -35,13 +34,8 @@ func BenchmarkClusterPropagation(b *testing.B) {
 	srv := etcdtest.Start(b)
 	var apps []*App
 	for range 3 {
-		app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: quietLogger(), BindAddress: "127.0.0.1",
-			Cluster: &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: "/bench/"}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(app.Stop)
-		apps = append(apps, app)
+		apps = append(apps, startWith(b, AppConfig{RPCPort: -1, Logger: quietLogger(),
+			Cluster: &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: "/bench/"}}))
 	}
 	for _, a := range apps {
 		if !a.WaitReady(time.Minute) {
@@ -54,13 +48,9 @@ func BenchmarkClusterPropagation(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		body := registerBody(fmt.Sprintf("tcp://127.0.0.1:%d", 20000+i), fmt.Sprintf("inst-%d", i), 0)
 		start := time.Now()
-		req, _ := http.NewRequest(http.MethodPost, "http://"+apps[0].HTTPAddr+"/register", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/msgpack")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			b.Fatalf("register %d: %v %v", i, err, resp)
+		if code, _, raw := httpRaw(b, apps[0], http.MethodPost, "/register", body, "Content-Type", "application/msgpack"); code != http.StatusOK {
+			b.Fatalf("register %d: %d %x", i, code, raw)
 		}
-		_ = resp.Body.Close()
 		g, err := cli.Get(b.Context(), "/bench/services/", clientv3.WithPrefix())
 		if err != nil {
 			b.Fatal(err)
@@ -144,12 +134,7 @@ func BenchmarkSnapshot(b *testing.B) {
 }
 
 func startBenchApp(b *testing.B) *App {
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: quietLogger(), BindAddress: "127.0.0.1", AdminToken: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(app.Stop)
-	return app
+	return startWith(b, AppConfig{RPCPort: -1, Logger: quietLogger(), AdminToken: "bench"})
 }
 
 // BenchmarkClusterBootstrap: replica A holds an index of -snapshot-blocks blocks (4
@@ -160,7 +145,7 @@ func startBenchApp(b *testing.B) *App {
 func BenchmarkClusterBootstrap(b *testing.B) {
 	srv := etcdtest.Start(b)
 	member := func() *App {
-		ln := freeBenchPort(b)
+		ln := freeTCPPort(b)
 		app, err := Start(AppConfig{HTTPPort: ln, RPCPort: -1, Logger: quietLogger(), BindAddress: "127.0.0.1",
 			Cluster: &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: "/bootbench/", AdvertiseURL: fmt.Sprintf("http://127.0.0.1:%d", ln)}})
 		if err != nil {
@@ -179,23 +164,15 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 	for inst := range 4 {
 		pub := newPublisher(b, false)
 		body := registerBody(pub.Endpoint(), fmt.Sprintf("engine-%d", inst), 0)
-		req, _ := http.NewRequest(http.MethodPost, "http://"+a.HTTPAddr+"/register", bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/msgpack")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			b.Fatalf("register: %v %v", err, resp)
+		if code, _, raw := httpRaw(b, a, http.MethodPost, "/register", body, "Content-Type", "application/msgpack"); code != http.StatusOK {
+			b.Fatalf("register: %d %x", code, raw)
 		}
-		_ = resp.Body.Close()
-		if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
-			b.Fatal(err)
-		}
+		waitSub(b, pub, 1)
 		hs := make([]uint64, 0, 4096)
 		for i := inst; i < n; i += 4 {
 			hs = append(hs, uint64(i+1)*0x9E3779B97F4A7C15)
 			if len(hs) == cap(hs) || i+4 >= n {
-				if _, err := pub.Publish(vllmBatch(0, stored(hs, "GPU"))); err != nil {
-					b.Fatal(err)
-				}
+				mustPublish(b, pub, vllmBatch(0, stored(hs, "GPU")))
 				hs = hs[:0]
 			}
 		}
@@ -225,13 +202,4 @@ func BenchmarkClusterBootstrap(b *testing.B) {
 		b.StartTimer()
 		b.ReportMetric(float64(took.Milliseconds()), "bootstrap-ms")
 	}
-}
-
-func freeBenchPort(b *testing.B) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"sort"
@@ -23,22 +22,11 @@ import (
 	"github.com/conductor-go/conductor/snapshot"
 )
 
-// startReplicaWith is startReplica with the App's configuration adjusted by appMod.
+// startReplicaWith is startReplica with the App's configuration adjusted by appMod; it
+// waits until the replica is ready.
 func startReplicaWith(t *testing.T, srv *etcdtest.Server, prefix string, mod func(*cluster.Config), appMod func(*AppConfig)) *App {
 	t.Helper()
-	cc := &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: prefix, DialTimeout: 2 * time.Second}
-	if mod != nil {
-		mod(cc)
-	}
-	cfg := AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1", Cluster: cc}
-	if appMod != nil {
-		appMod(&cfg)
-	}
-	app, err := Start(cfg)
-	if err != nil {
-		t.Fatalf("start replica: %v", err)
-	}
-	t.Cleanup(app.Stop)
+	app := startReplicaConfig(t, srv, prefix, mod, appMod)
 	if !app.WaitReady(20 * time.Second) {
 		t.Fatal("replica not ready")
 	}
@@ -143,9 +131,7 @@ func TestClusterUnappliedEntryVisibleAndRetried(t *testing.T) {
 	a := startReplicaWith(t, srv, prefix, nil, nil)
 	b := startReplicaWith(t, srv, prefix, nil, func(c *AppConfig) { c.Limits.MaxServices = 2 })
 	for i := range 3 {
-		if code, r := msgpackPost(t, a, "/register", registerBody(deadEndpoint(100+i), "u"+strconv.Itoa(i), 0)); code != http.StatusOK {
-			t.Fatalf("register %d: %d %v", i, code, r)
-		}
+		mustRegister(t, a, "", registerBody(deadEndpoint(100+i), "u"+strconv.Itoa(i), 0))
 	}
 	converge(t, srv, a, b)
 	if n := len(b.Service.Services()); n != 2 {
@@ -154,14 +140,8 @@ func TestClusterUnappliedEntryVisibleAndRetried(t *testing.T) {
 	if v := gaugeValue(t, b, "conductor_registry_unapplied_services"); v != 1 {
 		t.Fatalf("unapplied gauge %v, want 1", v)
 	}
-	resp, err := http.Get("http://" + b.HTTPAddr + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"registry_unapplied":{"u2|default|0":"too many services`) {
-		t.Fatalf("readyz %d %s", resp.StatusCode, body)
+	if code, body := httpGet(t, b, "/readyz"); code != http.StatusOK || !strings.Contains(body, `"registry_unapplied":{"u2|default|0":"too many services`) {
+		t.Fatalf("readyz %d %s", code, body)
 	}
 	if code, r := msgpackPost(t, a, "/unregister", mp("instance_id", "u0", "dp_rank", 0)); code != http.StatusOK {
 		t.Fatalf("unregister: %d %v", code, r)
@@ -188,9 +168,7 @@ func TestClusterRepeatedRegistrationReachesRegistry(t *testing.T) {
 	prefix := "/repeat/"
 	a := startReplicaWith(t, srv, prefix, func(c *cluster.Config) { c.ResetCheckInterval = time.Hour }, nil)
 	body := registerBody(deadEndpoint(200), "r", 0)
-	if code, r := msgpackPost(t, a, "/register", body); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, r)
-	}
+	mustRegister(t, a, "", body)
 	srv.Stop()
 	srv.RestartEmpty()
 	eventually(t, "repeated registration answered", func() error {
@@ -217,9 +195,7 @@ func TestClusterEtcdResetRepublishes(t *testing.T) {
 	a := startReplicaWith(t, srv, prefix, fast, nil)
 	b := startReplicaWith(t, srv, prefix, fast, nil)
 	for i, app := range []*App{a, b, a} {
-		if code, r := msgpackPost(t, app, "/register", registerBody(deadEndpoint(300+i), "p"+strconv.Itoa(i), 0)); code != http.StatusOK {
-			t.Fatalf("register %d: %d %v", i, code, r)
-		}
+		mustRegister(t, app, "", registerBody(deadEndpoint(300+i), "p"+strconv.Itoa(i), 0))
 	}
 	converge(t, srv, a, b)
 	before := registryIDs(t, srv, prefix)
@@ -240,9 +216,7 @@ func TestClusterEtcdResetRepublishes(t *testing.T) {
 		t.Fatalf("%d written back, want %d (each once)", v, len(before))
 	}
 	// A registration after the reset reaches the other replica.
-	if code, r := msgpackPost(t, b, "/register", registerBody(deadEndpoint(310), "after", 0)); code != http.StatusOK {
-		t.Fatalf("register after the reset: %d %v", code, r)
-	}
+	mustRegister(t, b, "", registerBody(deadEndpoint(310), "after", 0))
 	want := strings.Join(registryIDs(t, srv, prefix), ",")
 	eventually(t, "both replicas hold the registry", func() error {
 		for name, app := range map[string]*App{"a": a, "b": b} {
@@ -266,9 +240,7 @@ func TestClusterSnapshotMatchesRegistry(t *testing.T) {
 	srv := etcdtest.Start(t)
 	a := startReplicaWith(t, srv, "/snapmatch/", nil, func(c *AppConfig) { c.AdminToken = token })
 	pub := newPublisher(t, false)
-	if code := authPost(t, a, "/register", token, registerBody(pub.Endpoint(), "x", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d", code)
-	}
+	mustRegister(t, a, token, registerBody(pub.Endpoint(), "x", 0))
 	info, ok := a.registry.Info()
 	if !ok {
 		t.Fatal("no cluster key")

@@ -12,19 +12,25 @@ import (
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 )
 
-// startReplica starts an App that is a member of the registry on srv under prefix.
+// startReplica starts an App that is a member of the registry on srv under prefix; mod,
+// if not nil, adjusts its cluster configuration.
 func startReplica(t *testing.T, srv *etcdtest.Server, prefix string, mod func(*cluster.Config)) *App {
+	t.Helper()
+	return startReplicaConfig(t, srv, prefix, mod, nil)
+}
+
+// startReplicaConfig is startReplica whose App configuration appMod, if not nil, adjusts.
+func startReplicaConfig(t *testing.T, srv *etcdtest.Server, prefix string, mod func(*cluster.Config), appMod func(*AppConfig)) *App {
 	t.Helper()
 	cc := &cluster.Config{Endpoints: srv.Endpoints(), KeyPrefix: prefix, DialTimeout: 2 * time.Second}
 	if mod != nil {
 		mod(cc)
 	}
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1", Cluster: cc})
-	if err != nil {
-		t.Fatalf("start replica: %v", err)
+	cfg := AppConfig{RPCPort: -1, Cluster: cc}
+	if appMod != nil {
+		appMod(&cfg)
 	}
-	t.Cleanup(app.Stop)
-	return app
+	return startWith(t, cfg)
 }
 
 // registryHead is the registry's current revision.
@@ -56,19 +62,34 @@ func serviceKeys(a *App) string {
 	return strings.Join(ks, ",")
 }
 
+// waitReady waits until every app is ready (its registry loaded).
+func waitReady(t *testing.T, apps ...*App) {
+	t.Helper()
+	eventually(t, "replicas ready", func() error {
+		for i, app := range apps {
+			if !app.Ready() {
+				return errf("replica %d not ready", i)
+			}
+		}
+		return nil
+	})
+}
+
+// startReplicaPair starts two replicas on srv under prefix and waits until both are ready.
+func startReplicaPair(t *testing.T, srv *etcdtest.Server, prefix string) (*App, *App) {
+	t.Helper()
+	a := startReplica(t, srv, prefix, nil)
+	b := startReplica(t, srv, prefix, nil)
+	waitReady(t, a, b)
+	return a, b
+}
+
 // TestClusterRegistrationReplicates: a registration on one replica is registered on the
 // other (which then indexes the publisher's events and answers the same); an
 // unregistration on the other is gone from both.
 func TestClusterRegistrationReplicates(t *testing.T) {
 	srv := etcdtest.Start(t)
-	a := startReplica(t, srv, "/c1/", nil)
-	b := startReplica(t, srv, "/c1/", nil)
-	eventually(t, "both ready", func() error {
-		if !a.Ready() || !b.Ready() {
-			return errf("ready a=%v b=%v", a.Ready(), b.Ready())
-		}
-		return nil
-	})
+	a, b := startReplicaPair(t, srv, "/c1/")
 	pub := newPublisher(t, false)
 	code, resp := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "engine-a", 0))
 	if code != http.StatusOK {
@@ -78,22 +99,12 @@ func TestClusterRegistrationReplicates(t *testing.T) {
 	if serviceKeys(b) != "engine-a|default|0@"+pub.Endpoint() {
 		t.Fatalf("replica b services: %q", serviceKeys(b))
 	}
-	if err := pub.WaitSubscribers(2, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 2)
 	tokens := seqTokens(64, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, stored(keys[:3], "GPU"))); err != nil {
-		t.Fatal(err)
-	}
-	for name, app := range map[string]*App{"a": a, "b": b} {
-		eventually(t, "3 blocks on "+name, func() error {
-			_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
-			if got := tierOf(t, hits(t, r), "engine-a", "device"); got != 48 {
-				return errf("device = %d, want 48", got)
-			}
-			return nil
-		})
+	mustPublish(t, pub, vllmBatch(0, stored(keys[:3], "GPU")))
+	for _, app := range []*App{a, b} {
+		waitDevice(t, app, tokens, "engine-a", 48) // 3 blocks on each replica
 	}
 	code, resp = msgpackPost(t, b, "/unregister", mp("instance_id", "engine-a", "dp_rank", 0))
 	if code != http.StatusOK {
@@ -147,12 +158,7 @@ func TestClusterConflictingRegistrationsOneWins(t *testing.T) {
 			}
 			a := startReplica(t, srv, prefix, func(c *cluster.Config) { c.BeforeCommit = hook("a", releaseA) })
 			b := startReplica(t, srv, prefix, func(c *cluster.Config) { c.BeforeCommit = hook("b", releaseB) })
-			eventually(t, "both ready", func() error {
-				if !a.Ready() || !b.Ready() {
-					return errf("not ready")
-				}
-				return nil
-			})
+			waitReady(t, a, b)
 			type result struct {
 				code int
 				resp map[string]any
@@ -199,18 +205,9 @@ func TestClusterConflictingRegistrationsOneWins(t *testing.T) {
 // again and reach the other replica.
 func TestClusterEtcdOutage(t *testing.T) {
 	srv := etcdtest.Start(t)
-	a := startReplica(t, srv, "/outage/", nil)
-	b := startReplica(t, srv, "/outage/", nil)
-	eventually(t, "both ready", func() error {
-		if !a.Ready() || !b.Ready() {
-			return errf("not ready")
-		}
-		return nil
-	})
+	a, b := startReplicaPair(t, srv, "/outage/")
 	pub1, pub2 := newPublisher(t, false), newPublisher(t, false)
-	if code, r := msgpackPost(t, a, "/register", registerBody(pub1.Endpoint(), "one", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, r)
-	}
+	mustRegister(t, a, "", registerBody(pub1.Endpoint(), "one", 0))
 	converge(t, srv, a, b)
 	before := serviceKeys(a)
 
@@ -254,32 +251,15 @@ func TestClusterNotReadyUntilRegistryLoaded(t *testing.T) {
 	srv := etcdtest.Start(t)
 	pub := newPublisher(t, false)
 	a := startReplica(t, srv, "/ready/", nil)
-	eventually(t, "a ready", func() error {
-		if !a.Ready() {
-			return errf("not ready")
-		}
-		return nil
-	})
-	if code, r := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "one", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, r)
-	}
+	waitReady(t, a)
+	mustRegister(t, a, "", registerBody(pub.Endpoint(), "one", 0))
 	srv.Stop()
 	b := startReplica(t, srv, "/ready/", nil)
-	resp, err := http.Get("http://" + b.HTTPAddr + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || b.Ready() {
-		t.Fatalf("readyz before the registry is loaded: %d", resp.StatusCode)
+	if code, _ := httpGet(t, b, "/readyz"); code != http.StatusServiceUnavailable || b.Ready() {
+		t.Fatalf("readyz before the registry is loaded: %d", code)
 	}
 	srv.Restart()
-	eventually(t, "b ready after etcd is back", func() error {
-		if !b.Ready() {
-			return errf("not ready")
-		}
-		return nil
-	})
+	waitReady(t, b)
 	if k := serviceKeys(b); k != "one|default|0@"+pub.Endpoint() {
 		t.Fatalf("b loaded %q", k)
 	}

@@ -152,9 +152,7 @@ func TestConcurrentQueriesEventsAndRegistrations(t *testing.T) {
 		registerBody(pubA1.Endpoint(), "engine-a", 1),
 		registerBody(pubS.Endpoint(), "engine-s", 0, "type", "SGLang", "modelname", "sg", "block_size", 4, "hash_profile", sglProfile),
 	} {
-		if code, resp := msgpackPost(t, app, "/register", body); code != http.StatusOK {
-			t.Fatalf("register: %d %v", code, resp)
-		}
+		mustRegister(t, app, "", body)
 	}
 	for _, p := range []interface {
 		WaitSubscribers(int, time.Duration) error

@@ -64,9 +64,7 @@ func TestJoinCheckDelayReachesSubscribers(t *testing.T) {
 		}
 		pub := newPublisher(t, true)
 		body := registerBody(pub.Endpoint(), "engine-j", 0, "replay_endpoint", pub.ReplayEndpoint())
-		if code, resp := msgpackPost(t, app, "/register", body); code != 200 {
-			t.Fatalf("register: %d %v", code, resp)
-		}
+		mustRegister(t, app, "", body)
 		var got []time.Duration
 		for _, c := range app.Service.Services() {
 			sub, _ := app.Service.Subscription(c.ID())

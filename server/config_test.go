@@ -36,31 +36,24 @@ func docEntry() map[string]any {
 
 // entryWith copies the example entry, setting keys (a nil value deletes the key; use
 // jsonNull for an explicit null).
-func entryWith(kv ...any) map[string]any {
-	e := docEntry()
-	for i := 0; i < len(kv); i += 2 {
-		k := kv[i].(string)
-		if kv[i+1] == nil {
-			delete(e, k)
-			continue
-		}
-		e[k] = kv[i+1]
-	}
-	return e
-}
+func entryWith(kv ...any) map[string]any { return setKeys(docEntry(), kv) }
 
 // profileWith copies the example hash_profile with the same rules as entryWith.
 func profileWith(kv ...any) map[string]any {
-	p := docEntry()["hash_profile"].(map[string]any)
+	return setKeys(docEntry()["hash_profile"].(map[string]any), kv)
+}
+
+// setKeys sets m's keys from key, value pairs, deleting those whose value is nil.
+func setKeys(m map[string]any, kv []any) map[string]any {
 	for i := 0; i < len(kv); i += 2 {
 		k := kv[i].(string)
 		if kv[i+1] == nil {
-			delete(p, k)
+			delete(m, k)
 			continue
 		}
-		p[k] = kv[i+1]
+		m[k] = kv[i+1]
 	}
-	return p
+	return m
 }
 
 type jsonNullT struct{}
@@ -363,57 +356,68 @@ func TestLoadConfigMultiRank(t *testing.T) {
 	}
 }
 
-// TestLoadConfigMemoPopulate: query_memo_populate defaults to true, takes a JSON bool,
-// reaches the app's config, and anything else is an error naming the key.
-func TestLoadConfigMemoPopulate(t *testing.T) {
-	for _, c := range []struct {
-		text string
-		want bool
-	}{{`{}`, true}, {`{"query_memo_populate": false}`, false}, {`{"query_memo_populate": true}`, true}} {
+// keyCase is a config text and the value its key must take in the file config and in
+// the AppConfig made from it.
+type keyCase[V comparable] struct {
+	text      string
+	file, app V
+}
+
+// checkConfigKey loads each case's text and compares what get reads from the file config
+// and its AppConfig; each bad value of key must be refused with an error naming the key.
+func checkConfigKey[V comparable](t *testing.T, key string, get func(FileConfig) (file, app V), cases []keyCase[V], bad ...string) {
+	t.Helper()
+	for _, c := range cases {
 		cfg, err := LoadConfigFile(writeConfig(t, c.text))
 		if err != nil {
 			t.Fatalf("%s: %v", c.text, err)
 		}
-		if cfg.PopulateMemo != c.want || cfg.AppConfig().PopulateMemo != c.want {
-			t.Errorf("%s: file %v app %v, want %v", c.text, cfg.PopulateMemo, cfg.AppConfig().PopulateMemo, c.want)
+		if file, app := get(cfg); file != c.file || app != c.app {
+			t.Errorf("%s: %s file %v app %v, want %v and %v", c.text, key, file, app, c.file, c.app)
 		}
 	}
-	for _, bad := range []string{`{"query_memo_populate": "yes"}`, `{"query_memo_populate": 1}`, `{"query_memo_populate": null}`} {
-		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil || !strings.Contains(err.Error(), "query_memo_populate") {
-			t.Errorf("%s: error %v, want one naming query_memo_populate", bad, err)
+	for _, v := range bad {
+		text := `{"` + key + `": ` + v + `}`
+		if _, err := LoadConfigFile(writeConfig(t, text)); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: error %v, want one naming %s", text, err, key)
 		}
 	}
 }
 
+// TestLoadConfigMemoPopulate: query_memo_populate defaults to true, takes a JSON bool,
+// reaches the app's config, and anything else is an error naming the key.
+func TestLoadConfigMemoPopulate(t *testing.T) {
+	checkConfigKey(t, "query_memo_populate", func(c FileConfig) (bool, bool) { return c.PopulateMemo, c.AppConfig().PopulateMemo },
+		[]keyCase[bool]{{`{}`, true, true}, {`{"query_memo_populate": false}`, false, false}, {`{"query_memo_populate": true}`, true, true}},
+		`"yes"`, `1`, `null`)
+}
+
+// TestLoadConfigMaxBlocks: the engine-wide block budget key, its default and its errors.
+func TestLoadConfigMaxBlocks(t *testing.T) {
+	checkConfigKey(t, "max_blocks", func(c FileConfig) (int, int) { return c.MaxBlocks, c.AppConfig().MaxBlocks },
+		[]keyCase[int]{{`{}`, 0, 0}, {`{"max_blocks": 0}`, 0, 0}, {`{"max_blocks": 5000000}`, 5_000_000, 5_000_000}},
+		`-1`, `"10"`, `1.5`, `1e12`)
+}
+
+// TestLoadConfigMemoryLimit: the engine memory budget key, its default and its errors.
+func TestLoadConfigMemoryLimit(t *testing.T) {
+	checkConfigKey(t, "memory_limit_bytes", func(c FileConfig) (int64, int64) { return c.MemoryLimitBytes, c.AppConfig().MemoryLimitBytes },
+		[]keyCase[int64]{{`{}`, 0, 0}, {`{"memory_limit_bytes": 0}`, 0, 0}, {`{"memory_limit_bytes": 68719476736}`, 64 << 30, 64 << 30}},
+		`-1`, `"1G"`, `1.5`, `1e30`)
+}
+
+// TestLoadConfigMemoEntries: query_memo_entries, its default, 0 turning the memo off (-1
+// in the AppConfig), its errors, and an app started with the memo off.
 func TestLoadConfigMemoEntries(t *testing.T) {
-	for _, c := range []struct {
-		text          string
-		file, appMemo int
-	}{
-		{`{}`, hashing.DefaultMemoEntries, hashing.DefaultMemoEntries},
-		{`{"query_memo_entries": 4096}`, 4096, 4096},
-		{`{"query_memo_entries": 0}`, 0, -1}, // 0 disables the memo
-	} {
-		cfg, err := LoadConfigFile(writeConfig(t, c.text))
-		if err != nil {
-			t.Fatalf("%s: %v", c.text, err)
-		}
-		if cfg.MemoEntries != c.file || cfg.AppConfig().MemoEntries != c.appMemo {
-			t.Errorf("%s: file %d app %d, want %d and %d", c.text, cfg.MemoEntries, cfg.AppConfig().MemoEntries, c.file, c.appMemo)
-		}
-	}
-	for _, bad := range []string{`{"query_memo_entries": -1}`, `{"query_memo_entries": "big"}`, `{"query_memo_entries": 1.5}`,
-		`{"query_memo_entries": 1099511627776}`} {
-		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil || !strings.Contains(err.Error(), "query_memo_entries") {
-			t.Errorf("%s: error %v, want one naming query_memo_entries", bad, err)
-		}
-	}
+	checkConfigKey(t, "query_memo_entries", func(c FileConfig) (int, int) { return c.MemoEntries, c.AppConfig().MemoEntries },
+		[]keyCase[int]{
+			{`{}`, hashing.DefaultMemoEntries, hashing.DefaultMemoEntries},
+			{`{"query_memo_entries": 4096}`, 4096, 4096},
+			{`{"query_memo_entries": 0}`, 0, -1}, // 0 disables the memo
+		},
+		`-1`, `"big"`, `1.5`, `1099511627776`)
 	// Disabled in the file means no memo in the engine.
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, BindAddress: "127.0.0.1", MemoEntries: -1, Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Stop)
+	app := startWith(t, AppConfig{RPCPort: -1, MemoEntries: -1})
 	// A query answers (and Stop finds the listener serving).
 	if code, _ := msgpackPost(t, app, "/query", queryBody("m", 16, seqTokens(32, 1))); code != 200 {
 		t.Fatalf("query %d", code)

@@ -34,24 +34,22 @@ func TestConfigurationDoc(t *testing.T) {
 // a type, a default, its bounds and a text (an empty cell would leave a key half
 // documented in docs/configuration.md).
 func TestSettingsTableComplete(t *testing.T) {
+	checkSettingsTable(t, "", fileSettings())
+	checkSettingsTable(t, "cluster.", clusterSettings())
+}
+
+// checkSettingsTable reports each key (named with prefix) that stands twice in table or
+// whose entry is incomplete.
+func checkSettingsTable[C any](t *testing.T, prefix string, table []setting[C]) {
+	t.Helper()
 	seen := map[string]bool{}
-	for _, s := range fileSettings() {
+	for _, s := range table {
 		if seen[s.key] {
-			t.Errorf("%s: twice in the table", s.key)
+			t.Errorf("%s%s: twice in the table", prefix, s.key)
 		}
 		seen[s.key] = true
 		if s.typ == "" || s.def == "" || s.bounds == "" || s.doc == "" || s.parse == nil {
-			t.Errorf("%s: incomplete entry %+v", s.key, s)
-		}
-	}
-	seen = map[string]bool{}
-	for _, s := range clusterSettings() {
-		if seen[s.key] {
-			t.Errorf("cluster.%s: twice in the table", s.key)
-		}
-		seen[s.key] = true
-		if s.typ == "" || s.def == "" || s.bounds == "" || s.doc == "" || s.parse == nil {
-			t.Errorf("cluster.%s: incomplete entry %+v", s.key, s)
+			t.Errorf("%s%s: incomplete entry %+v", prefix, s.key, s)
 		}
 	}
 }

@@ -16,22 +16,11 @@ func TestEndToEndVLLM(t *testing.T) {
 	if code != http.StatusOK || resp["status"] != "registered successfully" || resp["instance_id"] != "engine-a" {
 		t.Fatalf("register: %d %v", code, resp)
 	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 1)
 	tokens := seqTokens(64, 1) // 4 blocks of 16
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, stored(keys[:3], "GPU"))); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "3 blocks visible", func() error {
-		_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
-		inst := hits(t, r)
-		if got := tierOf(t, inst, "engine-a", "device"); got != 48 {
-			return errf("device = %d, want 48 (%v)", got, r)
-		}
-		return nil
-	})
+	mustPublish(t, pub, vllmBatch(0, stored(keys[:3], "GPU")))
+	waitDevice(t, app, tokens, "engine-a", 48)
 	_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
 	inst := hits(t, r)["engine-a"].(map[string]any)
 	for _, tier := range []string{"longest_matched", "device", "cpu_local", "cpu_share", "disk"} {
@@ -59,16 +48,8 @@ func TestEndToEndVLLM(t *testing.T) {
 	}
 
 	// Remove block 1: the prefix stops at block 0.
-	if _, err := pub.Publish(vllmBatch(0, removed(keys[1:2], "GPU"))); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "prefix cut at block 1", func() error {
-		_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
-		if got := tierOf(t, hits(t, r), "engine-a", "device"); got != 16 {
-			return errf("device = %d, want 16", got)
-		}
-		return nil
-	})
+	mustPublish(t, pub, vllmBatch(0, removed(keys[1:2], "GPU")))
+	waitDevice(t, app, tokens, "engine-a", 16)
 
 	code, view := doHTTP(t, app, http.MethodGet, "/global_view", "", nil)
 	if code != http.StatusOK || asInt(t, view["context_count"]) != 1 {

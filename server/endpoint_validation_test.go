@@ -1,13 +1,11 @@
 package server
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
@@ -26,13 +24,7 @@ var malformedEndpoints = []string{
 // (or, for a port above 65535, a registration that libzmq wraps to another port).
 func TestRegisterMalformedEndpoint(t *testing.T) {
 	app := startApp(t, true)
-	cl, err := rpcclient.Dial(app.RPCAddr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	cl, ctx := dialRPC(t, app, 30*time.Second)
 	for _, ep := range malformedEndpoints {
 		code, resp := msgpackPost(t, app, "/register", registerBody(ep, "bad", 0))
 		wantRequestError(t, "endpoint "+ep, code, resp, "invalid_value", "endpoint", -1)

@@ -233,12 +233,8 @@ func TestRegisterErrors(t *testing.T) {
 		t.Errorf("rejected registrations left contexts: %v", view)
 	}
 	// The valid body really is valid, and cache_group 0 / nil are accepted.
-	if code, resp := msgpackPost(t, app, "/register", with("cache_group", nil)); code != http.StatusOK {
-		t.Fatalf("valid registration: %d %v", code, resp)
-	}
-	if code, resp := msgpackPost(t, app, "/register", with("cache_group", 0, "instance_id", "e2", "endpoint", "tcp://127.0.0.1:2")); code != http.StatusOK {
-		t.Fatalf("cache_group 0: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", with("cache_group", nil))
+	mustRegister(t, app, "", with("cache_group", 0, "instance_id", "e2", "endpoint", "tcp://127.0.0.1:2"))
 }
 
 // TestUnregisterErrors: the validation reasons of POST /unregister and 404 for an unknown
@@ -265,9 +261,7 @@ func TestUnregisterErrors(t *testing.T) {
 	wantPlainError(t, "unknown service", code, resp, http.StatusNotFound, "e|t|0")
 
 	// A registered key is found under its normalized tenant only.
-	if code, resp := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:3", "e", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", registerBody("tcp://127.0.0.1:3", "e", 0))
 	code, resp = msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 1))
 	wantPlainError(t, "other rank", code, resp, http.StatusNotFound, "e|default|1")
 	code, resp = msgpackPost(t, app, "/unregister", mp("instance_id", "e", "tenant_id", "t", "dp_rank", 0))
@@ -326,9 +320,7 @@ func TestQueryErrors(t *testing.T) {
 	// context cannot hash it, reported with its index.
 	sgl := registerBody("tcp://127.0.0.1:4", "s", 0, "type", "SGLang", "modelname", "sg", "block_size", 4,
 		"hash_profile", profileMap("sglang", "sha256_raw", "", "first64_be"))
-	if code, resp := msgpackPost(t, app, "/register", sgl); code != http.StatusOK {
-		t.Fatalf("register sglang: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", sgl)
 	code, resp := msgpackPost(t, app, "/query", queryBody("sg", 4, []int32{-7, 1, 2, 3}))
 	wantRequestError(t, "sglang negative token", code, resp, "out_of_range", "token_ids", 0)
 	code, resp = msgpackPost(t, app, "/query", queryBody("sg", 4, []int32{7, 1, 2, 3}))
@@ -393,9 +385,7 @@ func TestInvalidRegistration(t *testing.T) {
 	if code, resp := msgpackPost(t, app, "/unregister", mp("instance_id", "a", "dp_rank", 0)); code != http.StatusOK {
 		t.Fatalf("unregister a: %d %v", code, resp)
 	}
-	if code, resp := msgpackPost(t, app, "/register", registerBody(epA, "c", 0)); code != http.StatusOK {
-		t.Fatalf("reuse freed endpoint: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", registerBody(epA, "c", 0))
 }
 
 // TestIdempotentRegistration: an identical registration succeeds again without a second
@@ -414,21 +404,11 @@ func TestIdempotentRegistration(t *testing.T) {
 		t.Errorf("services after identical registrations: %v", svcs)
 	}
 	// One subscriber only: the publisher sees exactly one, and events apply once.
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 1)
 	tokens := seqTokens(32, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, stored(keys, "gpu"))); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "hit", func() error {
-		_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
-		if got := tierOf(t, hits(t, r), "a", "device"); got != 32 {
-			return errf("device = %d", got)
-		}
-		return nil
-	})
+	mustPublish(t, pub, vllmBatch(0, stored(keys, "gpu")))
+	waitDevice(t, app, tokens, "a", 32)
 	if stats := app.Service.Stats(); len(stats) != 1 {
 		t.Errorf("stats for %d services, want 1", len(stats))
 	}
@@ -450,9 +430,7 @@ func TestMooncakeIsNotQueryInstance(t *testing.T) {
 	if _, view := doHTTP(t, app, http.MethodGet, "/global_view", "", nil); asInt(t, view["context_count"]) != 0 {
 		t.Errorf("Mooncake alone created a context: %v", view)
 	}
-	if code, resp := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:22", "engine", 0)); code != http.StatusOK {
-		t.Fatalf("register engine: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", registerBody("tcp://127.0.0.1:22", "engine", 0))
 	_, r = msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
 	inst := hits(t, r)
 	if len(inst) != 1 || tierOf(t, inst, "engine", "disk") != 0 {
@@ -515,9 +493,7 @@ func TestMethodNotAllowedAndNotFound(t *testing.T) {
 // 503 and registers nothing.
 func TestUnavailableWhileStopping(t *testing.T) {
 	app := startApp(t, false)
-	if code, resp := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:31", "a", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", registerBody("tcp://127.0.0.1:31", "a", 0))
 	app.Service.BeginStop()
 	for _, c := range []struct {
 		path string

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest/source"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
-	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 	"github.com/conductor-go/conductor/wire/publisher"
@@ -154,11 +152,40 @@ func (r *failoverRig) subscribed(n int) string {
 func (r *failoverRig) publish(p *zmqtest.Publisher, key uint64, obj string) uint64 {
 	r.t.Helper()
 	const ts = int64(1757500000250)
-	seq, err := p.Publish(mcBatch(ts, mcStored(key, ts, "cpu", obj)))
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	return mustPublish(r.t, p, mcBatch(ts, mcStored(key, ts, "cpu", obj)))
+}
+
+// followed waits until the service subscribed to master n and publisher p has seen its
+// subs-th subscription.
+func (r *failoverRig) followed(n int, p *zmqtest.Publisher, subs int) {
+	r.t.Helper()
+	r.wait(r.subscribed(n))
+	waitSub(r.t, p, subs)
+}
+
+// follow starts master n (its stream from 1), elects it, registers the locator and waits
+// until the service follows it.
+func (r *failoverRig) follow(n int) *zmqtest.Publisher {
+	r.t.Helper()
+	p := r.master(n, 1)
+	r.elect(n)
+	r.register()
+	r.followed(n, p, 1)
+	return p
+}
+
+// publishApplied publishes like publish and waits until the service applied the batch.
+func (r *failoverRig) publishApplied(p *zmqtest.Publisher, key uint64, obj string) uint64 {
+	r.t.Helper()
+	seq := r.publish(p, key, obj)
+	r.waitApplied(seq)
 	return seq
+}
+
+// waitApplied waits until the service applied the batch numbered seq.
+func (r *failoverRig) waitApplied(seq uint64) {
+	r.t.Helper()
+	r.wait(fmt.Sprintf("applied %d", seq))
 }
 
 // held reports whether block key is in the shared CPU tier for the engine instance.
@@ -177,26 +204,26 @@ func (r *failoverRig) held(key uint64) bool {
 	return false
 }
 
-func (r *failoverRig) leader() source.LeaderStats {
+// svcStats returns the locator registration's stats.
+func (r *failoverRig) svcStats() service.Stats {
 	r.t.Helper()
 	for _, s := range r.svc.Stats() {
 		if s.Config.InstanceID == failoverLocatorID {
-			if !s.HasLeader {
-				r.t.Fatal("locator registration has no leader stats")
-			}
-			return s.Leader
+			return s
 		}
 	}
 	r.t.Fatal("locator registration missing")
-	return source.LeaderStats{}
+	return service.Stats{}
 }
 
-// waitSub waits for the n-th subscription the publisher has seen (they count cumulatively).
-func waitSub(t *testing.T, p *zmqtest.Publisher, n int) {
-	t.Helper()
-	if err := p.WaitSubscribers(n, 10*time.Second); err != nil {
-		t.Fatal(err)
+// leader returns the locator registration's leader stats.
+func (r *failoverRig) leader() source.LeaderStats {
+	r.t.Helper()
+	s := r.svcStats()
+	if !s.HasLeader {
+		r.t.Fatal("locator registration has no leader stats")
 	}
+	return s.Leader
 }
 
 // TestMasterFailoverRetractsWhenNotContinued: the locator resolves to the leader, whose
@@ -206,16 +233,10 @@ func waitSub(t *testing.T, p *zmqtest.Publisher, n int) {
 func TestMasterFailoverRetractsWhenNotContinued(t *testing.T) {
 	r := newFailoverRig(t)
 	const k0, k1, k2 = 0x1111, 0x2222, 0x3333
-	a := r.master(2, 1)
+	a := r.follow(2)
 	b := r.master(3, 1)
-	r.elect(2)
-	r.register()
-	r.wait(r.subscribed(2))
-	waitSub(t, a, 1)
-	seq := r.publish(a, k0, "obj-0")
-	r.wait(fmt.Sprintf("applied %d", seq))
-	seq = r.publish(a, k1, "obj-1")
-	r.wait(fmt.Sprintf("applied %d", seq))
+	r.publishApplied(a, k0, "obj-0")
+	r.publishApplied(a, k1, "obj-1")
 	if !r.held(k0) || !r.held(k1) {
 		t.Fatal("leader's events not indexed")
 	}
@@ -235,9 +256,8 @@ func TestMasterFailoverRetractsWhenNotContinued(t *testing.T) {
 	r.publish(a, k2, "obj-2")
 
 	r.elect(3)
-	r.wait(r.subscribed(3))
-	waitSub(t, b, 1)
-	seq = r.publish(b, k2, "obj-2b")
+	r.followed(3, b, 1)
+	seq := r.publish(b, k2, "obj-2b")
 	if seq != 1 {
 		t.Fatalf("new master's first seq %d", seq)
 	}
@@ -267,42 +287,27 @@ func TestMasterFailoverRetractsWhenNotContinued(t *testing.T) {
 	}
 }
 
-func (r *failoverRig) svcStats() service.Stats {
-	for _, s := range r.svc.Stats() {
-		if s.Config.InstanceID == failoverLocatorID {
-			return s
-		}
-	}
-	r.t.Fatal("locator registration missing")
-	return service.Stats{}
-}
-
 // TestMasterFailoverKeepsWhenContinued: the new leader's first batch continues the old
 // stream's sequence, so the old bindings stay; a re-election at the same address keeps
 // the stream itself.
 func TestMasterFailoverKeepsWhenContinued(t *testing.T) {
 	r := newFailoverRig(t)
 	const k0, k1, k2 = 0x1111, 0x2222, 0x3333
-	a := r.master(2, 1)
-	r.elect(2)
-	r.register()
-	r.wait(r.subscribed(2))
-	waitSub(t, a, 1)
+	a := r.follow(2)
 	var last uint64
 	for i, k := range []uint64{k0, k1} {
 		last = r.publish(a, k, "obj-"+strconv.Itoa(i))
 	}
-	r.wait(fmt.Sprintf("applied %d", last))
+	r.waitApplied(last)
 
 	// A new term at the same address: same stream, nothing re-subscribed.
 	r.resign()
 	r.wait("waiting")
 	r.elect(2)
-	r.wait(r.subscribed(2)) // the stream was stopped while no leader was known
-	waitSub(t, a, 2)
+	r.followed(2, a, 2) // the stream was stopped while no leader was known
 	last = r.publish(a, k2, "obj-2")
 	r.wait("continued")
-	r.wait(fmt.Sprintf("applied %d", last))
+	r.waitApplied(last)
 	if !r.held(k0) || !r.held(k1) || !r.held(k2) {
 		t.Fatal("bindings lost across a continued stream")
 	}
@@ -312,12 +317,11 @@ func TestMasterFailoverKeepsWhenContinued(t *testing.T) {
 	r.resign()
 	r.wait("waiting")
 	r.elect(3)
-	r.wait(r.subscribed(3))
-	waitSub(t, b, 1)
+	r.followed(3, b, 1)
 	const k3 = 0x4444
 	seq := r.publish(b, k3, "obj-3")
 	r.wait("continued")
-	r.wait(fmt.Sprintf("applied %d", seq))
+	r.waitApplied(seq)
 	for _, k := range []uint64{k0, k1, k2, k3} {
 		if !r.held(k) {
 			t.Errorf("block %x not held after a continued failover", k)
@@ -332,19 +336,14 @@ func TestMasterFailoverKeepsWhenContinued(t *testing.T) {
 // (a new term of the same master) keeps the running stream.
 func TestMasterFailoverSameAddressKept(t *testing.T) {
 	r := newFailoverRig(t)
-	a := r.master(2, 1)
-	r.elect(2)
-	r.register()
-	r.wait(r.subscribed(2))
-	waitSub(t, a, 1)
+	a := r.follow(2)
 	// The value changes (another RPC port) but names the same host: same event endpoint.
 	ctx := context.Background()
 	if _, err := r.cli.Put(ctx, r.loc.Key(), "127.0.0.2:50052", clientv3.WithIgnoreLease()); err != nil {
 		t.Fatal(err)
 	}
 	r.wait("kept")
-	seq := r.publish(a, 0x1111, "obj-0")
-	r.wait(fmt.Sprintf("applied %d", seq))
+	r.publishApplied(a, 0x1111, "obj-0")
 	if !r.held(0x1111) {
 		t.Fatal("event not indexed on the kept stream")
 	}
@@ -376,10 +375,8 @@ func TestMasterFailoverKeyMissingThenAppears(t *testing.T) {
 	r.wait("waiting")
 	a := r.master(2, 1)
 	r.elect(2)
-	r.wait(r.subscribed(2))
-	waitSub(t, a, 1)
-	seq := r.publish(a, 0x1111, "obj-0")
-	r.wait(fmt.Sprintf("applied %d", seq))
+	r.followed(2, a, 1)
+	r.publishApplied(a, 0x1111, "obj-0")
 	if !r.held(0x1111) {
 		t.Fatal("event not indexed after the leader appeared")
 	}
@@ -392,13 +389,8 @@ func TestMasterFailoverKeyMissingThenAppears(t *testing.T) {
 // (bindings retracted); the next leader's stream is indexed again.
 func TestMasterFailoverStaleRecoversWithNextLeader(t *testing.T) {
 	r := newFailoverRig(t)
-	a := r.master(2, 1)
-	r.elect(2)
-	r.register()
-	r.wait(r.subscribed(2))
-	waitSub(t, a, 1)
-	seq := r.publish(a, 0x1111, "obj-0")
-	r.wait(fmt.Sprintf("applied %d", seq))
+	a := r.follow(2)
+	r.publishApplied(a, 0x1111, "obj-0")
 	a.Lose(mcBatch(1, nil...))
 	r.publish(a, 0x2222, "obj-1")
 	r.wait("stale")
@@ -408,10 +400,8 @@ func TestMasterFailoverStaleRecoversWithNextLeader(t *testing.T) {
 	b := r.master(3, 1)
 	r.resign()
 	r.elect(3)
-	r.wait(r.subscribed(3))
-	waitSub(t, b, 1)
-	seq = r.publish(b, 0x3333, "obj-3")
-	r.wait(fmt.Sprintf("applied %d", seq))
+	r.followed(3, b, 1)
+	r.publishApplied(b, 0x3333, "obj-3")
 	if !r.held(0x3333) {
 		t.Fatal("next leader's stream not indexed after a stale one")
 	}
@@ -452,14 +442,7 @@ func TestMasterLocatorRegistrationErrors(t *testing.T) {
 // does not continue the old one retracts the old bindings on all of them.
 func TestClusterMasterLocatorOnReplicas(t *testing.T) {
 	srv := etcdtest.Start(t)
-	ra := startReplica(t, srv, "/fo/", nil)
-	rb := startReplica(t, srv, "/fo/", nil)
-	eventually(t, "both ready", func() error {
-		if !ra.Ready() || !rb.Ready() {
-			return errf("ready a=%v b=%v", ra.Ready(), rb.Ready())
-		}
-		return nil
-	})
+	ra, rb := startReplicaPair(t, srv, "/fo/")
 	r := &failoverRig{t: t, cli: srv.Client()}
 	r.port = r.freeEventPort()
 	r.locStr = "etcd://" + strings.TrimPrefix(srv.Endpoint(), "http://") + "/ha?event_port=" + strconv.Itoa(r.port)
@@ -471,14 +454,10 @@ func TestClusterMasterLocatorOnReplicas(t *testing.T) {
 	r.elect(2)
 	eng := newPublisher(t, false)
 	for _, body := range [][]byte{registerBody(eng.Endpoint(), "a", 0), registerBody(r.locStr, failoverLocatorID, 0, "type", "Mooncake")} {
-		if code, resp := msgpackPost(t, ra, "/register", body); code != http.StatusOK {
-			t.Fatalf("register: %d %v", code, resp)
-		}
+		mustRegister(t, ra, "", body)
 	}
 	converge(t, srv, ra, rb)
-	if err := m1.WaitSubscribers(2, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, m1, 2)
 	held := func(app *App, key uint64) bool {
 		var res engine.Result
 		if err := app.Engine.QueryKeys(engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, []uint64{key}, 16, "", &res); err != nil {
@@ -501,9 +480,7 @@ func TestClusterMasterLocatorOnReplicas(t *testing.T) {
 	both("first leader's event on both replicas", 0x1111, true)
 	r.resign()
 	r.elect(3)
-	if err := m2.WaitSubscribers(2, 10*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, m2, 2)
 	r.publish(m2, 0x2222, "obj-1")
 	both("new leader's event on both replicas", 0x2222, true)
 	both("old leader's binding retracted on both replicas", 0x1111, false)
@@ -513,13 +490,7 @@ func TestClusterMasterLocatorOnReplicas(t *testing.T) {
 // malformed one is INVALID_PARAMS, a valid one registers (and waits for its etcd).
 func TestMasterLocatorOverRPC(t *testing.T) {
 	app, _ := startRPCTestApp(t)
-	cl, err := rpcclient.Dial(app.RPCAddr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	cl, ctx := dialRPC(t, app, 20*time.Second)
 	reg := func(ep string, kind publisher.Kind) cororpc.ErrorCode {
 		cfg := cororpc.ServiceConfig{Endpoint: ep, PublisherKind: kind, ModelName: "m", TenantID: "default",
 			InstanceID: "pool", BlockSize: 16, HashProfile: rgVLLMProfile}
@@ -548,18 +519,13 @@ func TestMasterLocatorOverRPC(t *testing.T) {
 			t.Errorf("%s: leader stats %+v (has %v)", s.Key, s.Leader, s.HasLeader)
 		}
 	}
-	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	_, body := httpGet(t, app, "/metrics")
 	for _, want := range []string{
 		`conductor_service_master_leader_missing{service="pool|default|0",type="Mooncake"} 1`,
 		`conductor_service_master_leader_changes_total{service="pool|default|0",type="Mooncake"} 0`,
 		`conductor_service_master_leader_streams_total{outcome="retracted",service="pool|default|0",type="Mooncake"} 0`,
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +18,34 @@ import (
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
+
+// dialConn connects to addr, closed at cleanup, and writes first there (nothing if nil).
+func dialConn(t testing.TB, addr string, first []byte) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if len(first) == 0 {
+		return c
+	}
+	if _, err := c.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// waitInflight waits until the in-flight body budget holds want bytes.
+func waitInflight(t *testing.T, app *App, want int64, what string) {
+	t.Helper()
+	eventually(t, what, func() error {
+		if n := app.Counters.InflightBody.Load(); n != want {
+			return errf("in flight = %d, want %d", n, want)
+		}
+		return nil
+	})
+}
 
 // TestServiceKeysAreStructured: instance "a|b" in tenant "c" and instance "a" in tenant
 // "b|c" print the same upstream key "a|b|c|0" but are two services: both register, and
@@ -38,14 +65,9 @@ func TestServiceKeysAreStructured(t *testing.T) {
 	if n := len(app.Service.Services()); n != 2 {
 		t.Fatalf("services = %d, want 2", n)
 	}
-	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `service="a\\|b|c|0"`) || !strings.Contains(string(body), `service="a|b\\|c|0"`) {
-		t.Fatalf("/metrics: %d, labels missing:\n%.2000s", resp.StatusCode, body)
+	if code, body := httpGet(t, app, "/metrics"); code != http.StatusOK ||
+		!strings.Contains(body, `service="a\\|b|c|0"`) || !strings.Contains(body, `service="a|b\\|c|0"`) {
+		t.Fatalf("/metrics: %d, labels missing:\n%.2000s", code, body)
 	}
 	code, out := msgpackPost(t, app, "/unregister", mp("instance_id", "a", "tenant_id", "b|c", "dp_rank", 0))
 	if code != http.StatusOK {
@@ -71,23 +93,14 @@ func TestServiceKeysAreStructured(t *testing.T) {
 // startLimited starts an in-process conductor with the given limits (and RPC).
 func startLimited(t testing.TB, lim Limits, token string) *App {
 	t.Helper()
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: 0, Logger: testLogger(), BindAddress: "127.0.0.1", Limits: lim, AdminToken: token})
-	if err != nil {
-		t.Fatalf("start app: %v", err)
-	}
-	t.Cleanup(app.Stop)
-	return app
+	return startWith(t, AppConfig{RPCPort: 0, Limits: lim, AdminToken: token})
 }
 
 // rawHTTP sends head (and body) on a fresh connection and returns the status line and
 // headers of the answer, read without sending anything more.
 func rawHTTP(t testing.TB, addr, head string, body []byte) (*http.Response, net.Conn) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := dialConn(t, addr, nil)
 	// The server may answer and close before it has read all we send (that is what the
 	// limits are for), so the write runs beside the read and its error only matters
 	// when no response came.
@@ -175,20 +188,8 @@ func TestHTTPInflightBodyBudget(t *testing.T) {
 	app := startLimited(t, Limits{MaxQueryBodyBytes: 4 << 20, MaxInflightBodyBytes: 8 << 20}, "")
 	// A: declares 1 MiB, sends 16 KiB and stalls: 5 MiB are reserved (a /query body
 	// counts five times: its bytes and up to 4 bytes of tokens per byte).
-	a, err := net.Dial("tcp", app.HTTPAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	if _, err := a.Write(append([]byte(postHead("/query", "application/msgpack", 1<<20)), make([]byte, 16<<10)...)); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "A's body reserved", func() error {
-		if n := app.Counters.InflightBody.Load(); n != 5<<20 {
-			return errf("in flight = %d", n)
-		}
-		return nil
-	})
+	a := dialConn(t, app.HTTPAddr, append([]byte(postHead("/query", "application/msgpack", 1<<20)), make([]byte, 16<<10)...))
+	waitInflight(t, app, 5<<20, "A's body reserved")
 	// B: 512 KiB would need 2.5 MiB more; big bodies may use only 7 of the 8 MiB.
 	resp, _ := rawHTTP(t, app.HTTPAddr, postHead("/query", "application/msgpack", 1<<19), make([]byte, 16<<10))
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
@@ -198,12 +199,7 @@ func TestHTTPInflightBodyBudget(t *testing.T) {
 		t.Fatalf("small query while A holds the budget: %d", code)
 	}
 	a.Close()
-	eventually(t, "budget returned", func() error {
-		if n := app.Counters.InflightBody.Load(); n != 0 {
-			return errf("in flight = %d", n)
-		}
-		return nil
-	})
+	waitInflight(t, app, 0, "budget returned")
 	if app.Counters.BodyBudgetFull.Load() != 1 {
 		t.Errorf("budget counter = %d", app.Counters.BodyBudgetFull.Load())
 	}
@@ -232,21 +228,11 @@ func TestMultipartNeverParsed(t *testing.T) {
 func TestAdminToken(t *testing.T) {
 	app := startLimited(t, Limits{}, "s3cret")
 	send := func(path, auth string, body []byte) int {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+app.HTTPAddr+path, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/msgpack")
-		if auth != "" {
-			req.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusUnauthorized && resp.Header.Get("WWW-Authenticate") == "" {
+		code, h, _ := httpRaw(t, app, http.MethodPost, path, body, "Content-Type", "application/msgpack", "Authorization", auth)
+		if code == http.StatusUnauthorized && h.Get("WWW-Authenticate") == "" {
 			t.Errorf("401 without WWW-Authenticate")
 		}
-		return resp.StatusCode
+		return code
 	}
 	reg := registerBody("tcp://127.0.0.1:61", "e", 0)
 	unreg := mp("instance_id", "e", "dp_rank", 0)
@@ -268,13 +254,8 @@ func TestAdminToken(t *testing.T) {
 		t.Errorf("query without token: %d", code)
 	}
 	for _, p := range []string{"/services", "/global_view", "/healthz", "/metrics"} {
-		resp, err := http.Get("http://" + app.HTTPAddr + p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s without token: %d", p, resp.StatusCode)
+		if code, _ := httpGet(t, app, p); code != http.StatusOK {
+			t.Errorf("GET %s without token: %d", p, code)
 		}
 	}
 	if code := send("/unregister", "Bearer s3cret", unreg); code != http.StatusOK {
@@ -297,19 +278,8 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 		}
 		return nil
 	}
-	idle, err := net.Dial("tcp", app.RPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idle.Close()
-	half, err := net.Dial("tcp", app.RPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer half.Close()
-	if _, err := half.Write([]byte{0x21, 0x01}); err != nil { // two bytes of a header
-		t.Fatal(err)
-	}
+	idle := dialConn(t, app.RPCAddr, nil)
+	half := dialConn(t, app.RPCAddr, []byte{0x21, 0x01}) // two bytes of a header
 	if err := closed(idle); err != nil {
 		t.Fatalf("idle: %v", err)
 	}
@@ -330,11 +300,7 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 	app2 := startLimited(t, Limits{RPCMaxConnections: 2}, "")
 	var conns []net.Conn
 	for i := 0; i < 2; i++ {
-		c, err := net.Dial("tcp", app2.RPCAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := dialConn(t, app2.RPCAddr, nil)
 		conns = append(conns, c)
 	}
 	open := func(want int64) func() error {
@@ -346,11 +312,7 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 		}
 	}
 	eventually(t, "two served", open(2))
-	third, err := net.Dial("tcp", app2.RPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer third.Close()
+	third := dialConn(t, app2.RPCAddr, nil)
 	if err := closed(third); err != nil {
 		t.Fatalf("third: %v", err)
 	}
@@ -359,11 +321,7 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 	}
 	conns[0].Close()
 	eventually(t, "one left", open(1))
-	fourth, err := net.Dial("tcp", app2.RPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fourth.Close()
+	dialConn(t, app2.RPCAddr, nil) // a fourth, in the freed place
 	eventually(t, "new one served", open(2))
 	if n := app2.Counters.RPCConnsRefused.Load(); n != 1 {
 		t.Errorf("refused after one left = %d", n)
@@ -376,13 +334,9 @@ func TestRPCDeadlinesAndConnectionCap(t *testing.T) {
 func TestRegistrationLimits(t *testing.T) {
 	app := startLimited(t, Limits{MaxServices: 2, MaxFieldBytes: 64}, "")
 	for i := 0; i < 2; i++ {
-		if code, r := msgpackPost(t, app, "/register", registerBody(fmt.Sprintf("tcp://127.0.0.1:%d", 71+i), fmt.Sprint("e", i), 0)); code != 200 {
-			t.Fatalf("register %d: %d %v", i, code, r)
-		}
+		mustRegister(t, app, "", registerBody(fmt.Sprintf("tcp://127.0.0.1:%d", 71+i), fmt.Sprint("e", i), 0))
 	}
-	if code, r := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:71", "e0", 0)); code != 200 {
-		t.Fatalf("identical re-registration at the cap: %d %v", code, r)
-	}
+	mustRegister(t, app, "", registerBody("tcp://127.0.0.1:71", "e0", 0))
 	code, r := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:73", "e2", 0))
 	if code != 400 || r["reason"] != "invalid_registration" || !strings.Contains(r["error"].(string), "max_services") {
 		t.Fatalf("third service: %d %v", code, r)
@@ -442,9 +396,7 @@ func TestRegistrationNotDurableIsRolledBack(t *testing.T) {
 		t.Fatalf("context left: %v", view)
 	}
 	st.failPut = false
-	if code, r := msgpackPost(t, app, "/register", registerBody("tcp://127.0.0.1:81", "e", 0)); code != 200 {
-		t.Fatalf("register once durable: %d %v", code, r)
-	}
+	mustRegister(t, app, "", registerBody("tcp://127.0.0.1:81", "e", 0))
 	st.failDelete = true
 	if code, r := msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 0)); code != 500 {
 		t.Fatalf("unregister with failing store: %d %v", code, r)
@@ -512,31 +464,14 @@ func TestRPCBodiesShareTheInflightBudget(t *testing.T) {
 	if err := cororpc.FinishRequest(frame, start); err != nil {
 		t.Fatal(err)
 	}
-	a, err := net.Dial("tcp", app.RPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	if _, err := a.Write(frame[:cororpc.RequestHeaderSize+100]); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "RPC body reserved", func() error {
-		if n := app.Counters.InflightBody.Load(); n != 6<<20 {
-			return errf("in flight = %d", n)
-		}
-		return nil
-	})
+	a := dialConn(t, app.RPCAddr, frame[:cororpc.RequestHeaderSize+100])
+	waitInflight(t, app, 6<<20, "RPC body reserved")
 	resp, _ := rawHTTP(t, app.HTTPAddr, postHead("/query", "application/msgpack", 3<<19), make([]byte, 16<<10))
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("HTTP body while RPC holds the budget: %d", resp.StatusCode)
 	}
 	a.Close()
-	eventually(t, "budget returned", func() error {
-		if n := app.Counters.InflightBody.Load(); n != 0 {
-			return errf("in flight = %d", n)
-		}
-		return nil
-	})
+	waitInflight(t, app, 0, "budget returned")
 }
 
 // TestRPCCloseInterruptsBudgetWait: a frame waiting for the body budget (held here by
@@ -547,14 +482,7 @@ func TestRPCCloseInterruptsBudgetWait(t *testing.T) {
 	defer app.Counters.InflightBody.Add(-(7 << 20))
 	frame, _ := cororpc.BeginRequest(nil, 1, cororpc.FuncQuery)
 	binary.LittleEndian.PutUint32(frame[12:], 1<<20)
-	c, err := net.Dial("tcp", app.RPCAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Write(frame); err != nil {
-		t.Fatal(err)
-	}
+	dialConn(t, app.RPCAddr, frame)
 	eventually(t, "connection served", func() error {
 		if n := app.Counters.RPCConns.Load(); n != 1 {
 			return errf("open = %d", n)

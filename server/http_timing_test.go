@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -16,11 +17,7 @@ import (
 // 8 instances holding the prompt, block size 16. handler minus engine is the handler's
 // own overhead (decode + encode), which should stay small next to hashing + walk.
 func BenchmarkQueryHandler(b *testing.B) {
-	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(), DisableMetrics: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer app.Stop()
+	app := startWith(b, AppConfig{RPCPort: -1, DisableMetrics: true})
 	full := seqTokens(32768, 1)
 	fillInstances(b, app, 8, full)
 	// Prompts of real shape, indexed too: ids of a 151,936-id vocabulary at random, and
@@ -32,16 +29,10 @@ func BenchmarkQueryHandler(b *testing.B) {
 	h := app.HTTP.Handler()
 	run := func(b *testing.B, body []byte) {
 		var ctx fasthttp.RequestCtx
-		ctx.Request.Header.SetMethod("POST")
-		ctx.Request.SetRequestURI("/query")
-		ctx.Request.Header.SetContentType("application/msgpack")
-		ctx.Request.SetBody(body)
+		setPost(&ctx, "/query", body)
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
-			h(&ctx)
-			if ctx.Response.StatusCode() != 200 {
-				b.Fatal(ctx.Response.StatusCode())
-			}
+			serveOK(b, h, &ctx)
 		}
 	}
 	for _, n := range []int{2048, 8192, 32768} {
@@ -143,13 +134,7 @@ func realShape(indexed []int32, shape string, seed uint64) []int32 {
 // arrayQuery is a /query body whose token_ids is an array in Go msgp's signed forms
 // (signed) or Python msgpack's unsigned ones.
 func arrayQuery(tokens []int32, signed bool) []byte {
-	b := msgp.AppendMapHeader(nil, 3)
-	b = msgp.AppendString(b, "model")
-	b = msgp.AppendString(b, "m")
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt(b, 16)
-	b = msgp.AppendString(b, "token_ids")
-	b = msgp.AppendArrayHeader(b, uint32(len(tokens)))
+	b := msgp.AppendArrayHeader(queryHead("token_ids"), uint32(len(tokens)))
 	for _, v := range tokens {
 		if signed {
 			b = msgp.AppendInt32(b, v)
@@ -158,4 +143,51 @@ func arrayQuery(tokens []int32, signed bool) []byte {
 		}
 	}
 	return b
+}
+
+// TestQueryArrayOfRealShape: 8K-token prompts of real shape (random ids of a 152K
+// vocabulary, the --mixed-widths mix) sent as Python (unsigned) and Go (signed) int
+// arrays get the same response as the same prompt as a bin, for a full hit, a half hit
+// and a miss, and a query allocates nothing once its pooled buffers have grown.
+func TestQueryArrayOfRealShape(t *testing.T) {
+	app := startWith(t, AppConfig{RPCPort: -1, DisableMetrics: true})
+	vocab := vocabTokens(8192, 11)
+	mixed := mixedWidthTokens(vocabTokens(8192, 12))
+	fillInstances(t, app, 4, vocab)
+	fillInstances(t, app, 4, mixed)
+	h := app.HTTP.Handler()
+	var ctx fasthttp.RequestCtx
+	ask := func(body []byte) []byte {
+		ctx.Request.Reset()
+		ctx.Response.Reset()
+		setPost(&ctx, "/query", body)
+		return serveOK(t, h, &ctx)
+	}
+	for _, p := range []struct {
+		name    string
+		indexed []int32
+	}{{"vocab", vocab}, {"mixed", mixed}} {
+		answers := map[string][]byte{}
+		for _, shape := range []string{"hit", "half", "miss"} {
+			tokens := realShape(p.indexed, shape, 13)
+			want := bytes.Clone(ask(binQuery(tokens)))
+			answers[shape] = want
+			for _, signed := range []bool{false, true} {
+				body := arrayQuery(tokens, signed)
+				if got := ask(body); !bytes.Equal(got, want) {
+					t.Fatalf("%s %s (signed %v): array answer %x, bin answer %x", p.name, shape, signed, got, want)
+				}
+				if raceEnabled {
+					continue // sync.Pool drops items at random under -race
+				}
+				if n := testing.AllocsPerRun(20, func() { ask(body) }); n != 0 {
+					t.Errorf("%s %s (signed %v): %v allocs per /query", p.name, shape, signed, n)
+				}
+			}
+		}
+		// The three shapes are told apart: the index does hold the prompt.
+		if bytes.Equal(answers["hit"], answers["half"]) || bytes.Equal(answers["half"], answers["miss"]) {
+			t.Fatalf("%s: hit, half and miss answers are not all different", p.name)
+		}
+	}
 }

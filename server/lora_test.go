@@ -1,58 +1,29 @@
 package server
 
 import (
-	"context"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conductor-go/conductor/cluster/etcdtest"
 	"github.com/conductor-go/conductor/hashing"
-	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
-// specKeys is blockKeys for a profile with the fields of issue 25.
-func specKeys(t testing.TB, s hashing.Spec, bs int, lora, salt string, tokens []int32) []uint64 {
-	t.Helper()
-	p, err := hashing.ResolveSpec(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var c hashing.Chain
-	c.Reset(&p, bs, lora, salt, tokens)
-	keys := make([]uint64, 0, c.NumBlocks())
-	for range c.NumBlocks() {
-		k, err := c.Next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		keys = append(keys, k)
-	}
-	return keys
-}
-
 // loraStored is a vLLM BlockStored of an adapter's blocks, with their tokens so that the
 // profile self-check can verify them.
 func loraStored(hashes []uint64, tokens []int32, lora string) []byte {
-	hs := make([]any, len(hashes))
-	for i, h := range hashes {
-		hs[i] = h
-	}
-	ts := make([]any, len(tokens))
-	for i, v := range tokens {
-		ts[i] = v
-	}
 	var name any
 	if lora != "" {
 		name = lora
 	}
-	return mp("type", "BlockStored", "block_hashes", hs, "parent_block_hash", nil, "token_ids", ts,
+	return mp("type", "BlockStored", "block_hashes", anys(hashes), "parent_block_hash", nil, "token_ids", anys(tokens),
 		"block_size", 16, "lora_id", nil, "medium", "GPU", "lora_name", name)
 }
 
@@ -90,9 +61,7 @@ func TestMultiLoraOverHTTP(t *testing.T) {
 		registerBody(pub.Endpoint(), "e", 0, "hash_profile", base, "index_media", []any{"GPU", "CPU"}),
 		registerBody(pub.Endpoint(), "e", 0, "hash_profile", adapter, "index_media", []any{"CPU", "gpu"}, "lora_name", "sql"),
 	} {
-		if code, resp := msgpackPost(t, app, "/register", body); code != http.StatusOK {
-			t.Fatalf("register: %d %v", code, resp)
-		}
+		mustRegister(t, app, "", body)
 	}
 	// Refused: the adapter again with another path; the engine with other media.
 	for _, c := range []struct {
@@ -125,17 +94,13 @@ func TestMultiLoraOverHTTP(t *testing.T) {
 		strings.Join(anyStrings(svcs[""]["IndexMedia"]), ",") != "GPU,CPU" {
 		t.Fatalf("base entry %v", svcs[""])
 	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 1)
 	tokens := seqTokens(64, 1)
 	spec := hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be", ExtraKeys: "tagged"}
 	baseKeys := specKeys(t, spec, 16, "", "", tokens)
 	spec.LoraPath = "/adapters/sql"
 	sqlKeys := specKeys(t, spec, 16, "sql", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, loraStored(baseKeys[:2], tokens[:32], ""), loraStored(sqlKeys, tokens, "sql"))); err != nil {
-		t.Fatal(err)
-	}
+	mustPublish(t, pub, vllmBatch(0, loraStored(baseKeys[:2], tokens[:32], ""), loraStored(sqlKeys, tokens, "sql")))
 	eventually(t, "both contexts indexed", func() error {
 		_, b := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
 		_, l := msgpackPost(t, app, "/query", queryBody("m", 16, tokens, "lora_name", "sql"))
@@ -193,22 +158,11 @@ func anyStrings(v any) []string {
 // holds stays), and one unregistered on the other goes on both, the base context kept.
 func TestMultiLoraClusterReplicates(t *testing.T) {
 	srv := etcdtest.Start(t)
-	a := startReplica(t, srv, "/lora/", nil)
-	b := startReplica(t, srv, "/lora/", nil)
-	eventually(t, "both ready", func() error {
-		if !a.Ready() || !b.Ready() {
-			return errf("ready a=%v b=%v", a.Ready(), b.Ready())
-		}
-		return nil
-	})
+	a, b := startReplicaPair(t, srv, "/lora/")
 	pub := newPublisher(t, false)
-	if code, resp := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "e", 0)); code != http.StatusOK {
-		t.Fatalf("register base: %d %v", code, resp)
-	}
+	mustRegister(t, a, "", registerBody(pub.Endpoint(), "e", 0))
 	converge(t, srv, a, b)
-	if err := pub.WaitSubscribers(2, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 2)
 	tokens := seqTokens(48, 1)
 	baseKeys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
 	loraKeys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "sql", "", tokens)
@@ -220,35 +174,27 @@ func TestMultiLoraClusterReplicates(t *testing.T) {
 		}
 		return tierOf(t, h, "e", "device")
 	}
-	if _, err := pub.Publish(vllmBatch(0, loraStored(baseKeys, tokens, ""))); err != nil {
-		t.Fatal(err)
+	// indexedOnBoth waits until both replicas answer the whole prompt for adapter lora.
+	indexedOnBoth := func(lora string) {
+		t.Helper()
+		for _, app := range []*App{a, b} {
+			eventually(t, "adapter "+strconv.Quote(lora)+" indexed", func() error {
+				if d := device(app, lora); d != 48 {
+					return errf("device %d", d)
+				}
+				return nil
+			})
+		}
 	}
-	for _, app := range []*App{a, b} {
-		eventually(t, "base indexed", func() error {
-			if d := device(app, ""); d != 48 {
-				return errf("base device %d", d)
-			}
-			return nil
-		})
-	}
-	if code, resp := msgpackPost(t, a, "/register", registerBody(pub.Endpoint(), "e", 0, "lora_name", "sql")); code != http.StatusOK {
-		t.Fatalf("register sql on a: %d %v", code, resp)
-	}
+	mustPublish(t, pub, vllmBatch(0, loraStored(baseKeys, tokens, "")))
+	indexedOnBoth("")
+	mustRegister(t, a, "", registerBody(pub.Endpoint(), "e", 0, "lora_name", "sql"))
 	converge(t, srv, a, b)
 	if d := device(b, ""); d != 48 {
 		t.Fatalf("replica b re-registered the engine to add the adapter: base device %d", d)
 	}
-	if _, err := pub.Publish(vllmBatch(0, loraStored(loraKeys, tokens, "sql"))); err != nil {
-		t.Fatal(err)
-	}
-	for _, app := range []*App{a, b} {
-		eventually(t, "adapter indexed", func() error {
-			if d := device(app, "sql"); d != 48 {
-				return errf("sql device %d", d)
-			}
-			return nil
-		})
-	}
+	mustPublish(t, pub, vllmBatch(0, loraStored(loraKeys, tokens, "sql")))
+	indexedOnBoth("sql")
 	if code, resp := msgpackPost(t, b, "/unregister", mp("instance_id", "e", "dp_rank", 0, "lora_name", "sql")); code != http.StatusOK {
 		t.Fatalf("unregister sql on b: %d %v", code, resp)
 	}
@@ -284,9 +230,7 @@ func TestMultiLoraStateFileRestores(t *testing.T) {
 			p = "/adapters/" + lora
 		}
 		body := registerBody(pub.Endpoint(), "e", 0, "hash_profile", prof(p), "lora_name", lora, "index_media", []any{"GPU", "STORAGE"})
-		if code, resp := msgpackPost(t, app, "/register", body); code != http.StatusOK {
-			t.Fatalf("register %q: %d %v", lora, code, resp)
-		}
+		mustRegister(t, app, "", body)
 	}
 	if code, _ := msgpackPost(t, app, "/unregister", mp("instance_id", "e", "dp_rank", 0, "lora_name", "a")); code != http.StatusOK {
 		t.Fatal("unregister a")
@@ -300,9 +244,7 @@ func TestMultiLoraStateFileRestores(t *testing.T) {
 	if len(after) != 1 || !after[0].Equal(&before[0]) || strings.Join(after[0].Media.Names(after[0].Kind), ",") != "GPU,STORAGE" {
 		t.Fatalf("restored %+v\nwant %+v", after, before)
 	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 1)
 	tokens := seqTokens(33, 1) // lookahead 1: two blocks of 16 need 33 tokens
 	spec := hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be",
 		ExtraKeys: "tagged", LookaheadTokens: 1, LoraPath: "/adapters/b"}
@@ -333,9 +275,7 @@ func TestHashCheckMetrics(t *testing.T) {
 	// The engine hashes with PYTHONHASHSEED unset; the adapter is registered with seed 0.
 	unset := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "unset", "index_projection": "low64_be"}
 	zero := map[string]any{"strategy": "vllm_v1", "algorithm": "sha256", "python_hash_seed": "0", "index_projection": "low64_be"}
-	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "e", 0, "hash_profile", unset)); code != http.StatusOK {
-		t.Fatalf("%d %v", code, resp)
-	}
+	mustRegister(t, app, "", registerBody(pub.Endpoint(), "e", 0, "hash_profile", unset))
 	f := scrape(t, app)
 	for _, name := range []string{"conductor_service_hash_verified_total", "conductor_service_hash_mismatch_total",
 		"conductor_service_hash_unverifiable_total"} {
@@ -348,46 +288,22 @@ func TestHashCheckMetrics(t *testing.T) {
 			t.Errorf("events by form %s = %v (present %v)", form, v, ok)
 		}
 	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 1)
 	tokens := seqTokens(32, 1)
 	keys := specKeys(t, hashing.Spec{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be"},
 		16, "", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, loraStored(keys, tokens, ""))); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "verified", func() error {
-		f := scrape(t, app)
-		if v, _ := metricValue(f, "conductor_service_hash_verified_total", "lora", ""); v != 1 {
-			return errf("verified %v", v)
-		}
-		if v, _ := metricValue(f, "conductor_service_events_by_form_total", "form", "map"); v != 1 {
-			return errf("map events %v", v)
-		}
-		return nil
-	})
+	mustPublish(t, pub, vllmBatch(0, loraStored(keys, tokens, "")))
+	waitMetrics(t, app, "verified",
+		metricWant{"conductor_service_hash_verified_total", []string{"lora", ""}, 1},
+		metricWant{"conductor_service_events_by_form_total", []string{"form", "map"}, 1})
 	// A second engine registered with the wrong seed: mismatch, counted, diagnosed.
 	pub2 := newPublisher(t, false)
-	if code, resp := msgpackPost(t, app, "/register", registerBody(pub2.Endpoint(), "wrong", 0, "hash_profile", zero, "modelname", "m2")); code != http.StatusOK {
-		t.Fatalf("%d %v", code, resp)
-	}
-	if err := pub2.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pub2.Publish(vllmBatch(0, loraStored(keys, tokens, ""))); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "mismatch", func() error {
-		f := scrape(t, app)
-		if v, _ := metricValue(f, "conductor_service_hash_mismatch_total", "service", "wrong|default|0"); v != 1 {
-			return errf("mismatch %v", v)
-		}
-		if v, _ := metricValue(f, "conductor_service_hash_mismatch_total", "service", "e|default|0"); v != 0 {
-			return errf("the right profile counted %v mismatches", v)
-		}
-		return nil
-	})
+	mustRegister(t, app, "", registerBody(pub2.Endpoint(), "wrong", 0, "hash_profile", zero, "modelname", "m2"))
+	waitSub(t, pub2, 1)
+	mustPublish(t, pub2, vllmBatch(0, loraStored(keys, tokens, "")))
+	waitMetrics(t, app, "mismatch, for the wrong profile only",
+		metricWant{"conductor_service_hash_mismatch_total", []string{"service", "wrong|default|0"}, 1},
+		metricWant{"conductor_service_hash_mismatch_total", []string{"service", "e|default|0"}, 0})
 	_, resp := doHTTP(t, app, http.MethodGet, "/services", "", nil)
 	for _, s := range resp["services"].([]any) {
 		m := s.(map[string]any)
@@ -400,15 +316,9 @@ func TestHashCheckMetrics(t *testing.T) {
 		}
 	}
 
-	off, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1", HashCheckOff: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer off.Stop()
+	off := startWith(t, AppConfig{RPCPort: -1, HashCheckOff: true})
 	pub3 := newPublisher(t, false)
-	if code, resp := msgpackPost(t, off, "/register", registerBody(pub3.Endpoint(), "e", 0)); code != http.StatusOK {
-		t.Fatalf("%d %v", code, resp)
-	}
+	mustRegister(t, off, "", registerBody(pub3.Endpoint(), "e", 0))
 	if _, ok := metricValue(scrape(t, off), "conductor_service_hash_verified_total"); ok {
 		t.Error("check series with hash_check off")
 	}
@@ -423,12 +333,7 @@ func TestHashCheckMetrics(t *testing.T) {
 func TestRPCExtensions(t *testing.T) {
 	app := startApp(t, true)
 	pub := newPublisher(t, false)
-	cl, err := rpcclient.Dial(app.RPCAddr, 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx := context.Background()
+	cl, ctx := dialRPC(t, app, 20*time.Second)
 	sc := cororpc.ServiceConfig{Endpoint: pub.Endpoint(), PublisherKind: publisher.VLLM, ModelName: "m", TenantID: "default",
 		InstanceID: "e", BlockSize: 16,
 		HashProfile: cororpc.HashProfile{Strategy: "vllm_v1", Algorithm: "sha256", PythonHashSeed: "unset", IndexProjection: "low64_be"}}

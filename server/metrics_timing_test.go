@@ -34,19 +34,27 @@ func fillInstances(tb testing.TB, app *App, n int, tokens []int32) {
 	}
 }
 
+// binQuery is a /query body (model m, block size 16) whose token_ids is a bin of
+// little-endian uint32s.
 func binQuery(tokens []int32) []byte {
 	bin := make([]byte, 4*len(tokens))
 	for i, v := range tokens {
 		u := uint32(v)
 		bin[4*i], bin[4*i+1], bin[4*i+2], bin[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
 	}
+	return msgp.AppendBytes(queryHead("token_ids"), bin)
+}
+
+// queryHead starts a query body for model m and block size 16, up to its listKey key
+// (token_ids of a /query, block_hashes of a /query_by_hash), whose value the caller
+// appends.
+func queryHead(listKey string) []byte {
 	b := msgp.AppendMapHeader(nil, 3)
 	b = msgp.AppendString(b, "model")
 	b = msgp.AppendString(b, "m")
 	b = msgp.AppendString(b, "block_size")
 	b = msgp.AppendInt(b, 16)
-	b = msgp.AppendString(b, "token_ids")
-	return msgp.AppendBytes(b, bin)
+	return msgp.AppendString(b, listKey)
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {
@@ -63,11 +71,7 @@ func BenchmarkQueryMetricsOnOff(b *testing.B) {
 	body := binQuery(tokens)
 	var apps [2]*App
 	for i, disabled := range []bool{false, true} {
-		app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(), DisableMetrics: disabled})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer app.Stop()
+		app := startWith(b, AppConfig{RPCPort: -1, DisableMetrics: disabled})
 		fillInstances(b, app, 8, tokens)
 		apps[i] = app
 	}

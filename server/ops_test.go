@@ -1,9 +1,7 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,17 +19,12 @@ import (
 // scrape fetches /metrics and parses the text exposition.
 func scrape(t *testing.T, app *App) map[string]*dto.MetricFamily {
 	t.Helper()
-	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	code, body := httpGet(t, app, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d", code)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/metrics: %d", resp.StatusCode)
-	}
-	body, _ := io.ReadAll(resp.Body)
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
 		t.Fatalf("parse metrics: %v\n%s", err, body)
 	}
@@ -39,6 +32,35 @@ func scrape(t *testing.T, app *App) map[string]*dto.MetricFamily {
 }
 
 // metricValue sums the samples of a family whose labels include every given pair.
+// metricWant is a series, by name and label pairs, and the value it must have.
+type metricWant struct {
+	name   string
+	labels []string
+	want   float64
+}
+
+// check returns an error unless the scrape f has the series at its value.
+func (w metricWant) check(f map[string]*dto.MetricFamily) error {
+	if got, ok := metricValue(f, w.name, w.labels...); !ok || got != w.want {
+		return errf("%s%v = %v (present %v), want %v", w.name, w.labels, got, ok, w.want)
+	}
+	return nil
+}
+
+// waitMetrics waits until a scrape of app has every series at its value.
+func waitMetrics(t *testing.T, app *App, what string, wants ...metricWant) {
+	t.Helper()
+	eventually(t, what, func() error {
+		f := scrape(t, app)
+		for _, w := range wants {
+			if err := w.check(f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func metricValue(fams map[string]*dto.MetricFamily, name string, labels ...string) (float64, bool) {
 	f, ok := fams[name]
 	if !ok {
@@ -75,12 +97,8 @@ func metricValue(fams map[string]*dto.MetricFamily, name string, labels ...strin
 func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 	app := startApp(t, false)
 	pub := newPublisher(t, false)
-	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-a", 0)); code != http.StatusOK {
-		t.Fatalf("register: %d %v", code, resp)
-	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	mustRegister(t, app, "", registerBody(pub.Endpoint(), "engine-a", 0))
+	waitSub(t, pub, 1)
 	before := scrape(t, app)
 	if v, _ := metricValue(before, "conductor_queries_total", "protocol", "http"); v != 0 {
 		t.Fatalf("queries before any query = %v", v)
@@ -88,34 +106,19 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 	tokens := seqTokens(16*9, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
 	for _, batch := range [][]uint64{keys[0:1], keys[1:2], keys[2:8]} { // blocks 0-7 of 9
-		if _, err := pub.Publish(vllmBatch(0, stored(batch, "GPU"))); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, pub, vllmBatch(0, stored(batch, "GPU")))
 	}
 	// A malformed payload: counted as a dropped envelope, nothing applied.
-	if _, err := pub.Publish([]byte{0xc1}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "events applied", func() error {
-		f := scrape(t, app)
-		if v, _ := metricValue(f, "conductor_service_events_total", "service", "engine-a|default|0", "outcome", "applied"); v != 3 {
-			return errf("applied events = %v", v)
-		}
-		if v, _ := metricValue(f, "conductor_service_rejected_total", "reason", "invalid_envelope"); v != 1 {
-			return errf("invalid envelopes = %v", v)
-		}
-		return nil
-	})
+	mustPublish(t, pub, []byte{0xc1})
+	waitMetrics(t, app, "events applied",
+		metricWant{"conductor_service_events_total", []string{"service", "engine-a|default|0", "outcome", "applied"}, 3},
+		metricWant{"conductor_service_rejected_total", []string{"reason", "invalid_envelope"}, 1})
 	for i := 0; i < 5; i++ {
 		msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
 	}
 	msgpackPost(t, app, "/query", mp("model", "", "block_size", 16, "token_ids", []any{}))
 	f := scrape(t, app)
-	checks := []struct {
-		name   string
-		labels []string
-		want   float64
-	}{
+	checks := []metricWant{
 		{"conductor_queries_total", []string{"protocol", "http"}, 6},
 		{"conductor_query_errors_total", []string{"protocol", "http"}, 1},
 		{"conductor_query_duration_seconds", []string{"protocol", "http"}, 6},
@@ -137,9 +140,8 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		{"conductor_query_memo_capacity_entries", nil, float64(hashing.DefaultMemoStart)},
 	}
 	for _, c := range checks {
-		got, ok := metricValue(f, c.name, c.labels...)
-		if !ok || got != c.want {
-			t.Errorf("%s%v = %v (present %v), want %v", c.name, c.labels, got, ok, c.want)
+		if err := c.check(f); err != nil {
+			t.Error(err)
 		}
 	}
 	// The 3 valid batches were applied by 1 to 3 writer requests, however they were read.
@@ -160,18 +162,9 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 }
 
 func TestMetricsDisabled(t *testing.T) {
-	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger(), DisableMetrics: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Stop)
-	resp, err := http.Get("http://" + app.HTTPAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound {
-		t.Errorf("/metrics with metrics disabled: %d, want 404", resp.StatusCode)
+	app := startWith(t, AppConfig{RPCPort: -1, DisableMetrics: true})
+	if code, _ := httpGet(t, app, "/metrics"); code != http.StatusNotFound {
+		t.Errorf("/metrics with metrics disabled: %d, want 404", code)
 	}
 	if code, _ := msgpackPost(t, app, "/query", queryBody("m", 16, seqTokens(16, 1))); code != http.StatusOK {
 		t.Errorf("query with metrics disabled: %d", code)
@@ -180,15 +173,7 @@ func TestMetricsDisabled(t *testing.T) {
 
 func TestHealthAndReadiness(t *testing.T) {
 	app := startApp(t, false)
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + app.HTTPAddr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(t, app, path) }
 	if code, body := get("/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
 		t.Errorf("/healthz = %d %q", code, body)
 	}
@@ -225,9 +210,7 @@ func TestStateFileRestoresRegistrations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state", service.StateFileName)
 	pub := newPublisher(t, false)
 	app := startWithState(t, path)
-	if code, resp := msgpackPost(t, app, "/register", registerBody(pub.Endpoint(), "engine-a", 0, "lora_name", "l1")); code != 200 {
-		t.Fatalf("register: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", registerBody(pub.Endpoint(), "engine-a", 0, "lora_name", "l1"))
 	data, err := os.ReadFile(path)
 	if err != nil || !strings.Contains(string(data), `"instance_id":"engine-a"`) {
 		t.Fatalf("state file after register: %v %s", err, data)
@@ -242,9 +225,7 @@ func TestStateFileRestoresRegistrations(t *testing.T) {
 		t.Fatalf("restored services = %+v", svcs)
 	}
 	// Re-subscribed: events published now reach the new process's index.
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 1)
 	tokens := seqTokens(32, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "l1", "", tokens)
 	ev := mp("type", "BlockStored", "block_hashes", []any{keys[0], keys[1]}, "parent_block_hash", nil, "token_ids", nil,
@@ -324,17 +305,13 @@ func TestRestartCatchesUpFromReplay(t *testing.T) {
 	pub := newPublisher(t, true)
 	app := startWithState(t, path)
 	body := registerBody(pub.Endpoint(), "engine-r", 0, "replay_endpoint", pub.ReplayEndpoint())
-	if code, resp := msgpackPost(t, app, "/register", body); code != 200 {
-		t.Fatalf("register: %d %v", code, resp)
-	}
+	mustRegister(t, app, "", body)
 	app.Stop()
 
 	tokens := seqTokens(48, 7)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
 	for i := range keys {
-		if _, err := pub.Publish(vllmBatch(0, stored(keys[i:i+1], "GPU"))); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, pub, vllmBatch(0, stored(keys[i:i+1], "GPU")))
 	}
 	app2 := startWithState(t, path)
 	defer app2.Stop()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net/http"
 	"testing"
 
@@ -53,16 +52,8 @@ func qbhFill(t *testing.T, app *App, profile [4]string, bs int, salt string, tok
 // rawPost sends a msgpack body and returns the status and raw response bytes.
 func rawPost(t *testing.T, app *App, path string, body []byte) (int, []byte) {
 	t.Helper()
-	resp, err := http.Post("http://"+app.HTTPAddr+path, "application/msgpack", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, raw
+	code, _, raw := httpRaw(t, app, http.MethodPost, path, body, "Content-Type", "application/msgpack")
+	return code, raw
 }
 
 func hashesBin(keys []uint64) []byte {
@@ -71,14 +62,6 @@ func hashesBin(keys []uint64) []byte {
 		b = binary.LittleEndian.AppendUint64(b, k)
 	}
 	return b
-}
-
-func hashesAny(keys []uint64) []any {
-	out := make([]any, len(keys))
-	for i, k := range keys {
-		out[i] = k
-	}
-	return out
 }
 
 // TestQueryByHashEqualsQuery: for prompts that hit fully, partly and not at all, with and
@@ -106,7 +89,7 @@ func TestQueryByHashEqualsQuery(t *testing.T) {
 					if code != http.StatusOK {
 						t.Fatalf("%s /query: %d %x", name, code, want)
 					}
-					for _, form := range []any{hashesAny(keys), hashesBin(keys)} {
+					for _, form := range []any{anys(keys), hashesBin(keys)} {
 						code, got := rawPost(t, app, "/query_by_hash", mp(append(common, "block_hashes", form)...))
 						if code != http.StatusOK || !bytes.Equal(got, want) {
 							t.Errorf("%s %v %T: /query_by_hash %d %x, /query %x", name, extra, form, code, got, want)
@@ -116,7 +99,7 @@ func TestQueryByHashEqualsQuery(t *testing.T) {
 			}
 			// The answer is not empty by construction: the full prompt hits on a's rank 0.
 			_, r := msgpackPost(t, app, "/query_by_hash", mp("model", "m", "block_size", bs, "lora_name", "l",
-				"block_hashes", hashesAny(blockKeys(t, prof[0], prof[1], prof[2], prof[3], bs, "l", salt, full))))
+				"block_hashes", anys(blockKeys(t, prof[0], prof[1], prof[2], prof[3], bs, "l", salt, full))))
 			if got := tierOf(t, hits(t, r), "a", "device"); got != 20*bs {
 				t.Errorf("full prompt device on a = %d, want %d (%v)", got, 20*bs, r)
 			}
@@ -176,27 +159,15 @@ func TestQueryByHashErrors(t *testing.T) {
 
 // TestQueryByHashZeroAllocs: the in-process handler allocates nothing per request once warm.
 func TestQueryByHashZeroAllocs(t *testing.T) {
-	app, err := Start(AppConfig{RPCPort: -1, BindAddress: "127.0.0.1", Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Stop()
+	app := startWith(t, AppConfig{RPCPort: -1})
 	full := seqTokens(4096, 1)
 	fillInstances(t, app, 4, full)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", full)
 	h := app.HTTP.Handler()
-	for _, form := range []any{hashesBin(keys), hashesAny(keys)} {
+	for _, form := range []any{hashesBin(keys), anys(keys)} {
 		var ctx fasthttp.RequestCtx
-		ctx.Request.Header.SetMethod("POST")
-		ctx.Request.SetRequestURI("/query_by_hash")
-		ctx.Request.Header.SetContentType("application/msgpack")
-		ctx.Request.SetBody(mp("model", "m", "block_size", 16, "block_hashes", form))
-		run := func() {
-			h(&ctx)
-			if ctx.Response.StatusCode() != http.StatusOK {
-				t.Fatalf("status %d", ctx.Response.StatusCode())
-			}
-		}
+		setPost(&ctx, "/query_by_hash", mp("model", "m", "block_size", 16, "block_hashes", form))
+		run := func() { serveOK(t, h, &ctx) }
 		run()
 		if n := testing.AllocsPerRun(50, run); n != 0 && !raceEnabled {
 			t.Errorf("%T: %v allocs per /query_by_hash", form, n)

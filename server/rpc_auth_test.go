@@ -1,14 +1,10 @@
 package server
 
 import (
-	"context"
-	"log/slog"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/conductor-go/conductor/rpcclient"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
 
@@ -30,20 +26,8 @@ func TestRPCMutationsFollowAdminToken(t *testing.T) {
 		{"no token, refused", "", &no, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			logs := &rpcLogBuf{}
-			app, err := Start(AppConfig{HTTPPort: 0, RPCPort: 0, BindAddress: "127.0.0.1", AdminToken: c.token,
-				RPCAllowMutations: c.allow, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(app.Stop)
-			cl, err := rpcclient.Dial(app.RPCAddr, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cl.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
+			app, logs := startCapturing(t, AppConfig{AdminToken: c.token, RPCAllowMutations: c.allow})
+			cl, ctx := dialRPC(t, app, 20*time.Second)
 			pub := newPublisher(t, false)
 			_, code, err := cl.Register(ctx, &cororpc.ServiceConfig{Endpoint: pub.Endpoint(), ModelName: "m",
 				TenantID: "default", InstanceID: "e", BlockSize: 16, HashProfile: rgVLLMProfile})
@@ -60,14 +44,10 @@ func TestRPCMutationsFollowAdminToken(t *testing.T) {
 			}
 			if !c.served {
 				// Registered over HTTP with the token (or none), then Unregister over RPC is refused.
-				req, _ := http.NewRequest(http.MethodPost, "http://"+app.HTTPAddr+"/register", strings.NewReader(string(registerBody(pub.Endpoint(), "e", 0))))
-				req.Header.Set("Content-Type", "application/msgpack")
-				req.Header.Set("Authorization", "Bearer "+c.token)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil || resp.StatusCode != http.StatusOK {
-					t.Fatalf("HTTP register: %v %v", resp, err)
+				if code, _, body := httpRaw(t, app, http.MethodPost, "/register", registerBody(pub.Endpoint(), "e", 0),
+					"Content-Type", "application/msgpack", "Authorization", bearer(c.token)); code != http.StatusOK {
+					t.Fatalf("HTTP register: %d %s", code, body)
 				}
-				resp.Body.Close()
 				if logs.count("rpc Register refused") != 1 {
 					t.Errorf("refusal not logged:\n%s", logs)
 				}

@@ -107,18 +107,34 @@ func (l *rpcLogBuf) String() string {
 	return l.b.String()
 }
 
+// dialRPC connects an RPC client to the app, closed at cleanup, and returns it with a
+// context that expires after timeout.
+func dialRPC(t testing.TB, app *App, timeout time.Duration) (*rpcclient.Client, context.Context) {
+	t.Helper()
+	cl, err := rpcclient.Dial(app.RPCAddr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	return cl, ctx
+}
+
 // startRPCTestApp starts an in-process conductor with RPC on free loopback ports whose
 // warnings are captured.
 func startRPCTestApp(t testing.TB) (*App, *rpcLogBuf) {
 	t.Helper()
+	return startCapturing(t, AppConfig{})
+}
+
+// startCapturing starts an in-process conductor with cfg, RPC included, on free loopback
+// ports, and captures its warnings.
+func startCapturing(t testing.TB, cfg AppConfig) (*App, *rpcLogBuf) {
+	t.Helper()
 	logs := &rpcLogBuf{}
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: 0, BindAddress: "127.0.0.1",
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatalf("start app: %v", err)
-	}
-	t.Cleanup(app.Stop)
-	return app, logs
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return startWith(t, cfg), logs
 }
 
 // rawRPC is a bare TCP connection to the RPC port: the tests write exact bytes and read
@@ -310,19 +326,13 @@ func TestRPCGoldenViewsWithEvents(t *testing.T) {
 				BlockSize: 16, DPRank: int32(p.dp), HashProfile: rgVLLMProfile}
 			resp := rc.call(uint32(100+i), cororpc.FuncRegister, cororpc.AppendServiceConfig(nil, &cfg))
 			wantBytes(t, "Register", resp, rgHex(t, rgRegisterRespOK))
-			if err := p.pub.WaitSubscribers(1, 5*time.Second); err != nil {
-				t.Fatal(err)
-			}
+			waitSub(t, p.pub, 1)
 		}
 		tokens := seqTokens(42*16, 1)
 		keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-		if _, err := pubs[0].pub.Publish(vllmBatch(0, stored(keys, "GPU"))); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, pubs[0].pub, vllmBatch(0, stored(keys, "GPU")))
 		// Rank 1 holds the first two blocks: the prefix count stays 42 (distinct keys).
-		if _, err := pubs[1].pub.Publish(vllmBatch(1, stored(keys[:2], "GPU"))); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, pubs[1].pub, vllmBatch(1, stored(keys[:2], "GPU")))
 		want := rgHex(t, rgGlobalView152)
 		var got []byte
 		eventually(t, "global view golden", func() error {
@@ -662,10 +672,8 @@ type xCtx struct {
 func viewOfRPC(v *cororpc.GlobalView) []xCtx {
 	out := []xCtx{}
 	for _, c := range v.Contexts {
-		p := c.Profile
 		x := xCtx{Tenant: c.Context.TenantID, Model: c.Context.ModelName, Lora: c.Context.LoraName, BlockSize: c.Context.BlockSize,
-			Profile: [5]string{p.Strategy, p.Algorithm, p.PythonHashSeed, p.RootDigest, p.IndexProjection}, PrefixCount: c.PrefixCount,
-			Instances: map[string][]int64{}}
+			Profile: rgProfileOfRPC(c.Profile), PrefixCount: c.PrefixCount, Instances: map[string][]int64{}}
 		for _, ir := range c.InstanceRanks {
 			x.Instances[ir.InstanceID] = ir.Ranks
 		}
@@ -674,6 +682,12 @@ func viewOfRPC(v *cororpc.GlobalView) []xCtx {
 	return out
 }
 
+// rgProfileOfRPC lists a profile's strategy, algorithm, seed, root digest and projection.
+func rgProfileOfRPC(p cororpc.HashProfile) [5]string {
+	return [5]string{p.Strategy, p.Algorithm, p.PythonHashSeed, p.RootDigest, p.IndexProjection}
+}
+
+// rgProfileOfHTTP is rgProfileOfRPC for a hash_profile map of an HTTP response.
 func rgProfileOfHTTP(t testing.TB, v any) [5]string {
 	t.Helper()
 	m := v.(map[string]any)
@@ -687,11 +701,24 @@ func rgProfileOfHTTP(t testing.TB, v any) [5]string {
 	return p
 }
 
+// httpItems returns the maps listed under key in an HTTP response, checking that
+// countKey counts them.
+func httpItems(t testing.TB, resp map[string]any, key, countKey string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, v := range resp[key].([]any) {
+		out = append(out, v.(map[string]any))
+	}
+	if n := asInt(t, resp[countKey]); n != int64(len(out)) {
+		t.Fatalf("%s %d for %d %s", countKey, n, len(out), key)
+	}
+	return out
+}
+
 func viewOfHTTP(t testing.TB, resp map[string]any) []xCtx {
 	t.Helper()
 	out := []xCtx{}
-	for _, c := range resp["contexts"].([]any) {
-		m := c.(map[string]any)
+	for _, m := range httpItems(t, resp, "contexts", "context_count") {
 		x := xCtx{Tenant: m["tenant_id"].(string), Model: m["model_name"].(string), Lora: m["lora_name"].(string),
 			BlockSize: asInt(t, m["block_size"]), Profile: rgProfileOfHTTP(t, m["hash_profile"]),
 			PrefixCount: uint64(asInt(t, m["prefix_count"])), Instances: map[string][]int64{}}
@@ -703,9 +730,6 @@ func viewOfHTTP(t testing.TB, resp map[string]any) []xCtx {
 			x.Instances[id] = ranks
 		}
 		out = append(out, x)
-	}
-	if n := asInt(t, resp["context_count"]); n != int64(len(out)) {
-		t.Fatalf("context_count %d for %d contexts", n, len(out))
 	}
 	return out
 }
@@ -725,9 +749,8 @@ func servicesOfRPC(list []cororpc.ServiceConfig) []xSvc {
 		if c.HasCacheGroup {
 			cg = strconv.FormatInt(c.CacheGroup, 10)
 		}
-		p := c.HashProfile
 		out = append(out, xSvc{c.Endpoint, c.ReplayEndpoint, c.PublisherKind.String(), c.ModelName, c.LoraName, c.TenantID,
-			c.InstanceID, c.BlockSize, int64(c.DPRank), cg, [5]string{p.Strategy, p.Algorithm, p.PythonHashSeed, p.RootDigest, p.IndexProjection}})
+			c.InstanceID, c.BlockSize, int64(c.DPRank), cg, rgProfileOfRPC(c.HashProfile)})
 	}
 	return out
 }
@@ -735,8 +758,7 @@ func servicesOfRPC(list []cororpc.ServiceConfig) []xSvc {
 func servicesOfHTTP(t testing.TB, resp map[string]any) []xSvc {
 	t.Helper()
 	out := []xSvc{}
-	for _, s := range resp["services"].([]any) {
-		m := s.(map[string]any)
+	for _, m := range httpItems(t, resp, "services", "count") {
 		// The 11 keys of the contract (the RPC type's fields), and this conductor's
 		// IndexMedia and HashCheck, which the upstream RPC type has no room for.
 		if len(m) != 13 {
@@ -755,9 +777,6 @@ func servicesOfHTTP(t testing.TB, resp map[string]any) []xSvc {
 		out = append(out, xSvc{m["Endpoint"].(string), m["ReplayEndpoint"].(string), m["Type"].(string), m["ModelName"].(string),
 			m["LoraName"].(string), m["TenantID"].(string), m["InstanceID"].(string), asInt(t, m["BlockSize"]), asInt(t, m["DPRank"]),
 			cg, rgProfileOfHTTP(t, m["HashProfile"])})
-	}
-	if n := asInt(t, resp["count"]); n != int64(len(out)) {
-		t.Fatalf("count %d for %d services", n, len(out))
 	}
 	return out
 }
@@ -798,13 +817,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 			t.Logf("conductor log:\n%s", logs)
 		}
 	}()
-	cl, err := rpcclient.Dial(app.RPCAddr, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	cl, ctx := dialRPC(t, app, 60*time.Second)
 
 	pa0, pa1, pb0, pc, pm := newPublisher(t, false), newPublisher(t, true), newPublisher(t, false), newPublisher(t, false), newPublisher(t, false)
 	viaRPC := func(cfg cororpc.ServiceConfig) {
@@ -816,9 +829,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 	}
 	viaHTTP := func(body []byte) {
 		t.Helper()
-		if code, resp := msgpackPost(t, app, "/register", body); code != http.StatusOK {
-			t.Fatalf("http register: %d %v", code, resp)
-		}
+		mustRegister(t, app, "", body)
 	}
 	viaRPC(cororpc.ServiceConfig{Endpoint: pa0.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "a", BlockSize: 16, HashProfile: rgVLLMProfile})
 	viaHTTP(registerBody(pa1.Endpoint(), "a", 1, "replay_endpoint", pa1.ReplayEndpoint()))
@@ -829,9 +840,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 	viaRPC(cororpc.ServiceConfig{Endpoint: pm.Endpoint(), PublisherKind: publisher.Mooncake, ModelName: "m", TenantID: "default",
 		InstanceID: "pool", BlockSize: 16, HashProfile: rgVLLMProfile})
 	for _, p := range []*zmqtest.Publisher{pa0, pa1, pb0, pc, pm} {
-		if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		waitSub(t, p, 1)
 	}
 
 	prompt := seqTokens(64, 1)
@@ -841,9 +850,7 @@ func TestRPCAndHTTPAgree(t *testing.T) {
 	sgKeys := blockKeys(t, "sglang", "sha256_raw", "", "first64_be", 16, "", "", sgPrompt)
 	publish := func(p *zmqtest.Publisher, payload []byte) {
 		t.Helper()
-		if _, err := p.Publish(payload); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, p, payload)
 	}
 	publish(pa0, vllmBatch(0, stored(keys, "GPU")))
 	publish(pa1, vllmBatch(1, stored(keys[:2], "GPU")))
@@ -1037,17 +1044,13 @@ func TestRPCQueryDispatchAllocs(t *testing.T) {
 		cfg := cororpc.ServiceConfig{Endpoint: p.Endpoint(), ModelName: "m", TenantID: "default", InstanceID: "e",
 			BlockSize: 16, DPRank: int32(dp), HashProfile: rgVLLMProfile}
 		rc.call(1, cororpc.FuncRegister, cororpc.AppendServiceConfig(nil, &cfg))
-		if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		waitSub(t, p, 1)
 		pubs = append(pubs, p)
 	}
 	tokens := seqTokens(2048, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
 	for dp, p := range pubs {
-		if _, err := p.Publish(vllmBatch(dp, stored(keys[:len(keys)-dp], "GPU"))); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, p, vllmBatch(dp, stored(keys[:len(keys)-dp], "GPU")))
 	}
 	body := cororpc.AppendQueryRequest(nil, &cororpc.QueryRequest{
 		Context: cororpc.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}, Tokens: tokens})

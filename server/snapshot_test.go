@@ -18,12 +18,7 @@ import (
 
 func startTokenApp(t *testing.T, token string) *App {
 	t.Helper()
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1", AdminToken: token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Stop)
-	return app
+	return startWith(t, AppConfig{RPCPort: -1, AdminToken: token})
 }
 
 func snapshotRequest(t *testing.T, app *App, method, token string, body []byte) (int, []byte) {
@@ -39,36 +34,8 @@ func snapshotRequestPath(t *testing.T, app *App, path, token string, body []byte
 
 func snapshotDo(t *testing.T, app *App, method, path, token string, body []byte) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+app.HTTPAddr+path, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, raw
-}
-
-func authPost(t *testing.T, app *App, path, token string, body []byte) int {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+app.HTTPAddr+path, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/msgpack")
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	return resp.StatusCode
+	code, _, raw := httpRaw(t, app, method, path, body, "Authorization", bearer(token))
+	return code, raw
 }
 
 // TestSnapshotSaveLoad: a snapshot saved from one node and loaded into a fresh node with
@@ -80,27 +47,15 @@ func TestSnapshotSaveLoad(t *testing.T) {
 	a := startTokenApp(t, token)
 	pub := newPublisher(t, false)
 	pubB := newPublisher(t, false)
-	if code := authPost(t, a, "/register", token, registerBody(pub.Endpoint(), "engine-a", 0)); code != http.StatusOK {
-		t.Fatalf("register a: %d", code)
-	}
-	if code := authPost(t, a, "/register", token, registerBody(pubB.Endpoint(), "engine-b", 0)); code != http.StatusOK {
-		t.Fatalf("register b: %d", code)
-	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
-	if err := pubB.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	mustRegister(t, a, token, registerBody(pub.Endpoint(), "engine-a", 0))
+	mustRegister(t, a, token, registerBody(pubB.Endpoint(), "engine-b", 0))
+	waitSub(t, pub, 1)
+	waitSub(t, pubB, 1)
 	prompts := [][]int32{seqTokens(128, 1), seqTokens(96, 1000), seqTokens(64, 5000)}
 	for i, p := range prompts {
 		keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", p)
-		if _, err := pub.Publish(vllmBatch(0, stored(keys[:len(keys)-i], "GPU"), stored(keys[:2], "CPU"))); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pubB.Publish(vllmBatch(0, stored(keys[:1+i], "GPU"))); err != nil {
-			t.Fatal(err)
-		}
+		mustPublish(t, pub, vllmBatch(0, stored(keys[:len(keys)-i], "GPU"), stored(keys[:2], "CPU")))
+		mustPublish(t, pubB, vllmBatch(0, stored(keys[:1+i], "GPU")))
 	}
 	answers := func(app *App) []map[string]any {
 		var out []map[string]any
@@ -131,12 +86,8 @@ func TestSnapshotSaveLoad(t *testing.T) {
 	}
 
 	b := startTokenApp(t, token)
-	if code := authPost(t, b, "/register", token, registerBody(pub.Endpoint(), "engine-a", 0)); code != http.StatusOK {
-		t.Fatalf("register a on b: %d", code)
-	}
-	if code := authPost(t, b, "/register", token, registerBody(pubB.Endpoint(), "engine-b", 0)); code != http.StatusOK {
-		t.Fatalf("register b on b: %d", code)
-	}
+	mustRegister(t, b, token, registerBody(pub.Endpoint(), "engine-a", 0))
+	mustRegister(t, b, token, registerBody(pubB.Endpoint(), "engine-b", 0))
 	if code, _ := snapshotRequest(t, b, http.MethodPost, "", snap); code != http.StatusUnauthorized {
 		t.Fatalf("POST without token: %d", code)
 	}
@@ -159,9 +110,7 @@ func TestSnapshotSaveLoad(t *testing.T) {
 	// A node that registers only engine-a loads only engine-a's blocks (engine-b's 1+2+3
 	// entries are skipped).
 	c := startTokenApp(t, token)
-	if code := authPost(t, c, "/register", token, registerBody(pub.Endpoint(), "engine-a", 0)); code != http.StatusOK {
-		t.Fatalf("register a on c: %d", code)
-	}
+	mustRegister(t, c, token, registerBody(pub.Endpoint(), "engine-a", 0))
 	code, body = snapshotRequest(t, c, http.MethodPost, token, snap)
 	if code != http.StatusOK || !bytes.Contains(body, []byte(`"skipped":6`)) {
 		t.Fatalf("POST to c: %d %s", code, body)
@@ -298,12 +247,8 @@ func TestSnapshotLoadAllOrNothing(t *testing.T) {
 	const token = "s3cret"
 	app := startTokenApp(t, token)
 	pubA, pubB := newPublisher(t, false), newPublisher(t, false)
-	if code := authPost(t, app, "/register", token, registerBody(pubA.Endpoint(), "a", 0)); code != http.StatusOK {
-		t.Fatal(code)
-	}
-	if code := authPost(t, app, "/register", token, registerBody(pubB.Endpoint(), "b", 0, "modelname", "n")); code != http.StatusOK {
-		t.Fatal(code)
-	}
+	mustRegister(t, app, token, registerBody(pubA.Endpoint(), "a", 0))
+	mustRegister(t, app, token, registerBody(pubB.Endpoint(), "b", 0, "modelname", "n"))
 	tokens := seqTokens(160, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
 	snap := signedSnapshot(t, token, []snapCtx{
@@ -335,17 +280,11 @@ func TestSnapshotLoadIsBootstrapOrRestore(t *testing.T) {
 	const token = "s3cret"
 	app := startTokenApp(t, token)
 	pub := newPublisher(t, false)
-	if code := authPost(t, app, "/register", token, registerBody(pub.Endpoint(), "a", 0)); code != http.StatusOK {
-		t.Fatal(code)
-	}
-	if err := pub.WaitSubscribers(1, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	mustRegister(t, app, token, registerBody(pub.Endpoint(), "a", 0))
+	waitSub(t, pub, 1)
 	tokens := seqTokens(160, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, stored(keys[:2], "GPU"))); err != nil {
-		t.Fatal(err)
-	}
+	mustPublish(t, pub, vllmBatch(0, stored(keys[:2], "GPU")))
 	device := func() int64 {
 		_, r := msgpackPost(t, app, "/query", queryBody("m", 16, tokens))
 		return tierOf(t, hits(t, r), "a", "device")
@@ -374,9 +313,7 @@ func TestSnapshotLoadIsBootstrapOrRestore(t *testing.T) {
 		t.Fatalf("after replace: device %d, want %d", d, 16*6)
 	}
 	// The node's live events keep applying to the swapped-in context.
-	if _, err := pub.Publish(vllmBatch(0, stored(keys[:8], "GPU"))); err != nil {
-		t.Fatal(err)
-	}
+	mustPublish(t, pub, vllmBatch(0, stored(keys[:8], "GPU")))
 	eventually(t, "events after the swap", func() error {
 		if d := device(); d != 16*8 {
 			return errf("device %d", d)
@@ -402,9 +339,7 @@ func TestSnapshotForgedRefused(t *testing.T) {
 	const token = "s3cret"
 	app := startTokenApp(t, token)
 	pub := newPublisher(t, false)
-	if code := authPost(t, app, "/register", token, registerBody(pub.Endpoint(), "a", 0)); code != http.StatusOK {
-		t.Fatal(code)
-	}
+	mustRegister(t, app, token, registerBody(pub.Endpoint(), "a", 0))
 	tokens := seqTokens(160, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
 	forged := signedSnapshot(t, "guessed", []snapCtx{{key: engine.ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16},
@@ -477,12 +412,8 @@ func TestSnapshotSlowPostBlocksNoOne(t *testing.T) {
 // read when its length is declared.
 func TestSnapshotTooLarge(t *testing.T) {
 	const token = "s3cret"
-	app, err := Start(AppConfig{HTTPPort: 0, RPCPort: -1, Logger: testLogger(), BindAddress: "127.0.0.1", AdminToken: token,
+	app := startWith(t, AppConfig{RPCPort: -1, AdminToken: token,
 		MaxSnapshotBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(app.Stop)
 	big := append(signedSnapshot(t, token, nil), make([]byte, 2<<20)...)
 	// A declared length over the limit is answered once fasthttp's first 8 KiB arrived,
 	// without reading the rest.
@@ -498,7 +429,7 @@ func TestSnapshotTooLarge(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, "http://"+app.HTTPAddr+SnapshotPath, io.MultiReader(bytes.NewReader(big)))
 	req.Header.Set("Authorization", "Bearer "+token)
 	req.ContentLength = -1
-	resp, err = http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err == nil {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusRequestEntityTooLarge {

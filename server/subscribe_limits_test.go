@@ -21,9 +21,7 @@ func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, body := msgpackPost(t, first, "/register", registerBody(pub.Endpoint(), "engine-a", 0)); code != 200 {
-		t.Fatalf("register: %d %v", code, body)
-	}
+	mustRegister(t, first, "", registerBody(pub.Endpoint(), "engine-a", 0))
 	first.Stop()
 
 	// The restore runs in a bare App (no listeners): while the descriptor limit is down,
@@ -68,14 +66,10 @@ func TestRestoreOutOfDescriptorsWaitsAndSubscribes(t *testing.T) {
 		return nil
 	})
 	// The first app's subscription counted once already.
-	if err := pub.WaitSubscribers(2, 5e9); err != nil {
-		t.Fatal(err)
-	}
+	waitSub(t, pub, 2)
 	tokens := seqTokens(32, 1)
 	keys := blockKeys(t, "vllm_v1", "sha256_cbor", "0", "low64_be", 16, "", "", tokens)
-	if _, err := pub.Publish(vllmBatch(0, stored(keys, "GPU"))); err != nil {
-		t.Fatal(err)
-	}
+	mustPublish(t, pub, vllmBatch(0, stored(keys, "GPU")))
 	eventually(t, "events applied", func() error {
 		if s := svc.Stats(); s[0].Handler.BlocksApplied != uint64(len(keys)) {
 			return errf("blocks applied %d", s[0].Handler.BlocksApplied)

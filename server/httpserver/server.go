@@ -223,56 +223,17 @@ func (h *Server) handle(ctx *fasthttp.RequestCtx) {
 	var e accesslog.Entry
 	switch string(path) {
 	case "/query":
-		// The body goes back to its pool only after the access line is written: the
-		// entry's model aliases it.
-		blocks := 0
-		var body *[]byte
-		var held int64
-		ok := h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx)
-		if ok {
-			body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, QueryBodyWeight)
-		}
-		if ok {
-			blocks = h.query(ctx, *body, &e)
-		}
-		h.observeQuery(start, ctx.Response.StatusCode(), blocks)
-		h.logAccess(ctx, start, "/query", &e)
-		if ok {
-			h.releaseBody(body, held)
-		}
+		h.serveQuery(ctx, start, &e, false)
 		return
 	case "/query_by_hash":
-		var body *[]byte
-		var held int64
-		ok := h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx)
-		if ok {
-			body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, QueryByHashBodyWeight)
-		}
-		if ok {
-			h.queryByHash(ctx, *body, &e)
-		}
-		h.observeQueryByHash(start, ctx.Response.StatusCode())
-		h.logAccess(ctx, start, "/query_by_hash", &e)
-		if ok {
-			h.releaseBody(body, held)
-		}
+		h.serveQuery(ctx, start, &e, true)
 		return
 	case "/register":
 		route = "/register"
-		if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
-				h.register(ctx, *body)
-				h.releaseBody(body, held)
-			}
-		}
+		h.serveAdmin(ctx, h.register)
 	case "/unregister":
 		route = "/unregister"
-		if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
-			if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
-				h.unregister(ctx, *body)
-				h.releaseBody(body, held)
-			}
-		}
+		h.serveAdmin(ctx, h.unregister)
 	case "/global_view":
 		route = "/global_view"
 		if h.method(ctx, fasthttp.MethodGet) {
@@ -294,6 +255,50 @@ func (h *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 	h.observe(route, ctx.Response.StatusCode())
 	h.logAccess(ctx, start, route, &e)
+}
+
+// serveQuery serves /query, or /query_by_hash when byHash, and writes its access line.
+// The body goes back to its pool only after the access line is written: the entry's
+// model aliases it.
+func (h *Server) serveQuery(ctx *fasthttp.RequestCtx, start time.Time, e *accesslog.Entry, byHash bool) {
+	route, weight := "/query", int64(QueryBodyWeight)
+	if byHash {
+		route, weight = "/query_by_hash", QueryByHashBodyWeight
+	}
+	var body *[]byte
+	var held int64
+	ok := h.method(ctx, fasthttp.MethodPost) && h.checkPost(ctx)
+	if ok {
+		body, held, ok = h.readBody(ctx, h.limits.MaxQueryBodyBytes, weight)
+	}
+	switch {
+	case byHash:
+		if ok {
+			h.queryByHash(ctx, *body, e)
+		}
+		h.observeQueryByHash(start, ctx.Response.StatusCode())
+	default:
+		blocks := 0
+		if ok {
+			blocks = h.query(ctx, *body, e)
+		}
+		h.observeQuery(start, ctx.Response.StatusCode(), blocks)
+	}
+	h.logAccess(ctx, start, route, e)
+	if ok {
+		h.releaseBody(body, held)
+	}
+}
+
+// serveAdmin serves a registry change: a POST, authorized, whose body (read within the
+// admin body limit) goes to serve.
+func (h *Server) serveAdmin(ctx *fasthttp.RequestCtx, serve func(*fasthttp.RequestCtx, []byte)) {
+	if h.method(ctx, fasthttp.MethodPost) && h.authorized(ctx) && h.checkPost(ctx) {
+		if body, held, ok := h.readBody(ctx, h.limits.MaxAdminBodyBytes, 1); ok {
+			serve(ctx, *body)
+			h.releaseBody(body, held)
+		}
+	}
 }
 
 func (h *Server) method(ctx *fasthttp.RequestCtx, want string) bool {

@@ -45,13 +45,19 @@ func appendProfile(b []byte, p *hashing.Profile) []byte {
 	return b
 }
 
+// appendListHead starts a listing body: a map of countKey, the count n, and listKey, whose
+// array of n entries the caller appends.
+func appendListHead(b []byte, countKey, listKey string, n int) []byte {
+	b = msgp.AppendMapHeader(b, 2)
+	b = msgp.AppendString(b, countKey)
+	b = msgp.AppendUint64(b, uint64(n))
+	b = msgp.AppendString(b, listKey)
+	return msgp.AppendArrayHeader(b, uint32(n))
+}
+
 // appendGlobalView writes the /global_view body.
 func appendGlobalView(b []byte, views []engine.ContextView) []byte {
-	b = msgp.AppendMapHeader(b, 2)
-	b = msgp.AppendString(b, "context_count")
-	b = msgp.AppendUint64(b, uint64(len(views)))
-	b = msgp.AppendString(b, "contexts")
-	b = msgp.AppendArrayHeader(b, uint32(len(views)))
+	b = appendListHead(b, "context_count", "contexts", len(views))
 	for i := range views {
 		v := &views[i]
 		b = msgp.AppendMapHeader(b, 7)
@@ -85,11 +91,7 @@ func appendGlobalView(b []byte, views []engine.ContextView) []byte {
 // IndexMedia (the event media indexed) and HashCheck (the profile self-check of the
 // entry's context).
 func appendServices(b []byte, views []service.View) []byte {
-	b = msgp.AppendMapHeader(b, 2)
-	b = msgp.AppendString(b, "count")
-	b = msgp.AppendUint64(b, uint64(len(views)))
-	b = msgp.AppendString(b, "services")
-	b = msgp.AppendArrayHeader(b, uint32(len(views)))
+	b = appendListHead(b, "count", "services", len(views))
 	for i := range views {
 		c := &views[i].Config
 		b = msgp.AppendMapHeader(b, 13)
