@@ -117,11 +117,10 @@ type memoTable struct {
 // resident as queries first write to them (a growing memo's later sizes are populated by
 // Grow, NewGrowingMemo). In a fresh process the first writes land on untouched
 // pages at random, and each costs the query that makes it a page fault that zeroes a
-// (huge) page: on a VM, cold queries of a new conductor cost two to three times what they
-// cost once the memo has been used (each prompt asked once, 8K tokens: 450-800 us of
-// server CPU against 255-310). Populating moves that cost to start-up (20-300 ms for
-// the default 160 MiB on 2-core VMs) and makes the memory the memo will hold visible in RSS from
-// the start. It changes no entry, so it may run while queries use the memo. It returns
+// (huge) page: on a VM, cold queries of a new conductor cost several times what they
+// cost once the memo has been used (docs/performance.md has the figures). Populating
+// moves that cost out of the queries (to start-up, or to the grower) and makes the
+// memory the memo will hold visible in RSS at once. It changes no entry, so it may run while queries use the memo. It returns
 // an error where it cannot (not Linux, a kernel before 5.14, the memo on the Go heap);
 // the memo then works as before. A nil Memo has nothing to populate.
 func (m *Memo) Populate() error {

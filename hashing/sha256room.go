@@ -8,9 +8,8 @@ import (
 // SHA-256 of a message that has room after it, with the SHA-NI compression called
 // directly (sha256BlocksNI): the padding is written into that room, so the message is
 // compressed where it lies, with no copy into a hasher's buffer and no hash.Hash state to
-// reset, fill and finish. For the 100-odd bytes of a block that wrapper costs a third to
-// a half of a compression (BenchmarkSum256Block, 106 bytes, two blocks: minio's Sum256
-// 150 ns and sum256Room 121 on an AMD EPYC VM; 102 and 86 on an Intel Xeon VM).
+// reset, fill and finish. For the 100-odd bytes of a block that wrapper is a large part of
+// the cost (BenchmarkSum256Block measures both on the machine at hand).
 
 // shaPadRoom is the room after a message that sum256Room needs to pad it in place: the
 // 0x80 byte, up to 63 zero bytes and the 8-byte length.

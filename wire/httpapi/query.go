@@ -241,7 +241,7 @@ func decodeList[T int32 | uint64](b []byte, buf *[]T, array func([]byte, []T) ([
 		n := len(v) / size
 		if n > 0 && binView(v, size) {
 			// The bin is the slice's memory image: read in place, no copy (the copy was
-			// the largest cost of a miss with a bin prompt, ~4 µs at 8K tokens).
+			// the largest cost of a miss with a bin prompt).
 			return unsafe.Slice((*T)(unsafe.Pointer(&v[0])), n), rest, terr, true
 		}
 		dst = slices.Grow(dst, n)[:n]

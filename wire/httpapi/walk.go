@@ -240,7 +240,7 @@ const unalignedLoads = runtime.GOARCH == "amd64" || runtime.GOARCH == "arm64"
 // slice in place: on a little-endian host they are its memory image, and the words must
 // be aligned unless the architecture loads unaligned words. A body is only read while the
 // request is served (the engine copies nothing from it), so a view costs nothing, where a
-// copy of a 32K-token prompt cost ~15 µs.
+// copy costs time in proportion to the prompt.
 func binView(v []byte, size int) bool {
 	if !hostLittleEndian || !binInPlace {
 		return false
