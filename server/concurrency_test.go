@@ -157,7 +157,7 @@ func TestConcurrentQueriesEventsAndRegistrations(t *testing.T) {
 	for _, p := range []interface {
 		WaitSubscribers(int, time.Duration) error
 	}{pubA0, pubA1, pubS} {
-		if err := p.WaitSubscribers(1, 5*time.Second); err != nil {
+		if err := p.WaitSubscribers(1, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}

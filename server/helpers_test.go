@@ -292,7 +292,7 @@ func newPublisher(t testing.TB, replay bool) *zmqtest.Publisher {
 // waitSub waits for the n-th subscription the publisher has seen (they count cumulatively).
 func waitSub(t testing.TB, p *zmqtest.Publisher, n int) {
 	t.Helper()
-	if err := p.WaitSubscribers(n, 10*time.Second); err != nil {
+	if err := p.WaitSubscribers(n, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -310,7 +310,7 @@ func mustPublish(t testing.TB, p *zmqtest.Publisher, batch []byte) uint64 {
 // eventually polls cond until it holds or the deadline passes.
 func eventually(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	var err error
 	for time.Now().Before(deadline) {
 		if err = cond(); err == nil {

@@ -209,14 +209,14 @@ func (rc *rawRPC) call(seq, fn uint32, body []byte) []byte {
 // stopped answering.
 func (rc *rawRPC) wantClosed(what string) {
 	rc.t.Helper()
-	_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = rc.c.SetReadDeadline(time.Now().Add(time.Minute))
 	b, err := rc.r.ReadByte()
 	if err == nil {
 		rc.t.Fatalf("%s: connection still delivers data (%#x), want it closed", what, b)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		rc.t.Fatalf("%s: connection still open after 5s, want it closed", what)
+		rc.t.Fatalf("%s: connection still open after a minute, want it closed", what)
 	}
 }
 
@@ -600,7 +600,7 @@ func TestRPCAnswersWhileNextFrameIsPartial(t *testing.T) {
 	for _, cut := range []int{5, cororpc.RequestHeaderSize, cororpc.RequestHeaderSize + 7} {
 		first := cororpc.AppendRequest(nil, 1, cororpc.FuncQuery, rgHex(t, rgQueryArgs))
 		rc.write(append(first, next[:cut]...))
-		_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_ = rc.c.SetReadDeadline(time.Now().Add(time.Minute))
 		wantBytes(t, fmt.Sprintf("cut %d: first", cut), rc.readOK(1), rgHex(t, rgQueryRespEmpty))
 		rc.write(next[cut:])
 		wantBytes(t, fmt.Sprintf("cut %d: second", cut), rc.readOK(2), rgHex(t, rgQueryRespEmpty))

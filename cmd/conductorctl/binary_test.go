@@ -102,7 +102,7 @@ func TestCLIAgainstRealConductor(t *testing.T) {
 		k, _ := ch.Next()
 		hs = append(hs, k)
 	}
-	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+	if err := pub.WaitSubscribers(1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	ev := msgp.AppendMapHeader(nil, 8)

@@ -693,7 +693,7 @@ func (e *engineRun) cell(s *engScenario) (verdict, detail string) {
 		// An older build takes one adapter per endpoint: the others stay unregistered.
 		notes = append(notes, fmt.Sprintf("adapter %q refused (%v)", r.lora, resp["error"]))
 	}
-	if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+	if err := pub.WaitSubscribers(1, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	verdict = "exact"
@@ -769,7 +769,7 @@ func (e *engineRun) query(model string, bs int64, p engProbe) [3]int64 {
 // waitApplied waits until the conductor applied n batches of service e of the current
 // cell (each cell's service has the same key, one at a time).
 func (e *engineRun) waitApplied(n int) {
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		v, _ := metricSum(e.t, e.base, "conductor_service_messages_applied_total", `service="e|default|0"`)
 		if v >= float64(n) {

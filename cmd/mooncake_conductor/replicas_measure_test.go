@@ -46,7 +46,7 @@ func TestMeasureQueryDuringPeerBootstrap(t *testing.T) {
 		if code, raw, err := postRaw(a.base, "/register", mp(flatten(e)...)); err != nil || code != http.StatusOK {
 			t.Fatalf("register on A: %d %v %s", code, err, raw)
 		}
-		if err := pub.WaitSubscribers(1, 10*time.Second); err != nil {
+		if err := pub.WaitSubscribers(1, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		hs := make([]uint64, 0, 4096)
