@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/fxamacker/cbor/v2"
@@ -133,14 +132,11 @@ func BenchmarkCBORBlock(b *testing.B) {
 			}
 			var parent [32]byte
 			buf := make([]byte, 44+5*16+cborSlack)
-			b.ReportAllocs()
-			start := time.Now()
-			for b.Loop() {
+			benchBlocks(b, blocks, func() {
 				for j := range blocks {
 					parent[0] += encodeCBORBlock(buf, parent[:], toks[16*j:16*j+16], nil, nil)[40]
 				}
-			}
-			reportPerBlock(b, blocks, time.Since(start))
+			})
 		})
 	}
 }
