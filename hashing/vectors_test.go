@@ -5,16 +5,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-)
 
-// vectorsPath is the repository's test-vector file (testdata/vectors/README.md),
-// relative to this package directory.
-const vectorsPath = "../testdata/vectors/hash_vectors.json"
+	"github.com/conductor-go/conductor/internal/enginevectors"
+)
 
 type vllmVectorBlock struct {
 	Index       int             `json:"index"`
@@ -79,18 +75,11 @@ type hashVectors struct {
 
 func loadVectors(t *testing.T) *hashVectors {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.FromSlash(vectorsPath))
-	if err != nil {
-		t.Fatalf("read vectors: %v", err)
-	}
-	var v hashVectors
-	if err := json.Unmarshal(raw, &v); err != nil {
-		t.Fatalf("decode vectors: %v", err)
-	}
+	v := enginevectors.HashVectors[hashVectors](t, "..")
 	if len(v.Prompt) == 0 || len(v.VLLM.Cases) == 0 || len(v.SGLang.Cases) == 0 {
 		t.Fatalf("vectors file has no cases")
 	}
-	return &v
+	return v
 }
 
 func mustHex(t *testing.T, s string) []byte {

@@ -8,11 +8,9 @@ package ingest_test
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -24,12 +22,9 @@ import (
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/internal/enginevectors"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
-
-// vectorsPath is the repository's test-vector file (testdata/vectors/README.md),
-// relative to this package directory.
-const vectorsPath = "../testdata/vectors/hash_vectors.json"
 
 // ---- msgpack payload builders ------------------------------------------------------------
 
@@ -483,15 +478,7 @@ type vectorFile struct {
 
 func loadVectors(t *testing.T) *vectorFile {
 	t.Helper()
-	b, err := os.ReadFile(filepath.FromSlash(vectorsPath))
-	if err != nil {
-		t.Fatalf("read vectors: %v", err)
-	}
-	var v vectorFile
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("decode vectors: %v", err)
-	}
-	return &v
+	return enginevectors.HashVectors[vectorFile](t, "..")
 }
 
 // TestVLLMVectorPayload feeds the exact payload current vLLM emits (shared vectors) through
