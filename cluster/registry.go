@@ -40,6 +40,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/conductor-go/conductor/internal/pause"
 )
 
 // DefaultKeyPrefix is the key prefix when none is configured.
@@ -262,7 +264,7 @@ func (r *Registry) read(ctx context.Context, svcKey, epKey, ctxKey string) (svc,
 // retryPause waits before another round of a write that collided (false: ctx ended).
 func retryPause(ctx context.Context, attempt int) bool {
 	steps := min(attempt+1, maxRetryPauseSteps)
-	return sleep(ctx, time.Duration(rand.Int64N(int64(steps)*int64(retryPauseStep))))
+	return pause.For(ctx, time.Duration(rand.Int64N(int64(steps)*int64(retryPauseStep))))
 }
 
 type kv struct {
