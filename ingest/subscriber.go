@@ -572,13 +572,19 @@ func (s *Subscriber) pumpSub() (int, error) {
 	if n == 0 || err != nil {
 		return 0, err
 	}
+	s.noteReceived()
+	s.onLiveMessage(n)
+	s.noteSize()
+	return n, nil
+}
+
+// noteReceived accounts the message just received: the receive buffer's size where it
+// changed, and the bytes libzmq held for it (reported to the transport after the burst).
+func (s *Subscriber) noteReceived() {
 	if int64(len(s.buf)) != s.st.recvBuf.Load() {
 		s.st.recvBuf.Store(int64(len(s.buf)))
 	}
 	s.rcvd += int64(s.z.Used())
-	s.onLiveMessage(n)
-	s.noteSize()
-	return n, nil
 }
 
 // noteSize gives back a large receive buffer once recvShrinkAfter messages in a row
@@ -618,10 +624,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	if int64(len(s.buf)) != s.st.recvBuf.Load() {
-		s.st.recvBuf.Store(int64(len(s.buf)))
-	}
-	s.rcvd += int64(s.z.Used())
+	s.noteReceived()
 	s.onReplayMessage(n)
 	s.noteSize()
 	return n, nil
