@@ -138,6 +138,19 @@ func (r *recorder) wantStale(t *testing.T, why string) {
 	}
 }
 
+// awaitStale waits until s goes stale, publishes more (which a stale subscriber no longer
+// reads) and waits until s can no longer change (flushSub); it checks that the handler was
+// told why, and returns the subscriber's stats and the sequences the handler applied.
+func awaitStale(t *testing.T, p *zmqtest.Publisher, s *Subscriber, h *recorder, why string, more ...string) (SubscriberStats, []uint64) {
+	t.Helper()
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	publish(t, p, more...)
+	flushSub(t, p, s)
+	st := s.Stats()
+	h.wantStale(t, why)
+	return st, h.applied()
+}
+
 // waitUntil waits until cond holds (zmqtest.Await).
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -373,12 +386,8 @@ func TestGapWithoutReplayGoesStale(t *testing.T) {
 	publish(t, p, "0", "1")
 	p.Skip(2)
 	publish(t, p, "4")
-	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-	publish(t, p, "5", "6")
-	flushSub(t, p, s)
-	st := s.Stats()
-	h.wantStale(t, "gap")
-	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
+	st, got := awaitStale(t, p, s, h, "gap", "5", "6")
+	if !equalSeqs(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
 }
@@ -435,11 +444,8 @@ func TestUnrecoverableReplayGoesStale(t *testing.T) {
 				p.Lose([]byte("3"))
 			}
 			publish(t, p, "4", "5")
-			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-			flushSub(t, p, s)
-			st := s.Stats()
-			h.wantStale(t, tc.reason)
-			if got := h.applied(); !equalSeqs(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
+			st, got := awaitStale(t, p, s, h, tc.reason)
+			if !equalSeqs(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 		})
@@ -586,12 +592,8 @@ func TestHandlerErrorGoesStaleWithoutAdvancing(t *testing.T) {
 				p.Lose([]byte("2")) // rejected while replayed
 			}
 			publish(t, p, "x", "y")
-			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-			publish(t, p, "z")
-			flushSub(t, p, s)
-			st := s.Stats()
-			h.wantStale(t, "data_parallel_rank")
-			if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
+			st, got := awaitStale(t, p, s, h, "data_parallel_rank", "z")
+			if !equalSeqs(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 		})
@@ -740,23 +742,34 @@ func rebind(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 	return nil
 }
 
+// restartAfter10 publishes 10 batches "old" on p1, numbered from first, and once s has
+// applied them closes p1 and returns the publisher that restarts in its place (same
+// endpoint, numbering from first again) once s has subscribed to it.
+func restartAfter10(t *testing.T, p1 *zmqtest.Publisher, s *Subscriber, first uint64) *zmqtest.Publisher {
+	t.Helper()
+	p1.Skip(first)
+	for range 10 {
+		publish(t, p1, "old")
+	}
+	waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
+	ep := p1.Endpoint()
+	if err := p1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := rebind(t, zmqtest.Config{Endpoint: ep})
+	p2.Skip(first)
+	if err := p2.WaitSubscribers(1, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return p2
+}
+
 func TestPublisherRestart(t *testing.T) {
 	t.Run("no replay", func(t *testing.T) {
 		p1 := newPub(t, zmqtest.Config{})
 		h := &recorder{}
 		s := startSub(t, fastConfig(p1.Endpoint(), ""), h, p1)
-		for range 10 {
-			publish(t, p1, "old")
-		}
-		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
-		ep := p1.Endpoint()
-		if err := p1.Close(); err != nil {
-			t.Fatal(err)
-		}
-		p2 := rebind(t, zmqtest.Config{Endpoint: ep})
-		if err := p2.WaitSubscribers(1, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		p2 := restartAfter10(t, p1, s, 0)
 		for range 5 {
 			publish(t, p2, "new")
 		}
@@ -776,20 +789,7 @@ func TestPublisherRestart(t *testing.T) {
 		p1 := newPub(t, zmqtest.Config{})
 		h := &recorder{}
 		s := startSub(t, fastConfig(p1.Endpoint(), ""), h, p1)
-		p1.Skip(1) // the Mooncake master numbers from 1
-		for range 10 {
-			publish(t, p1, "old")
-		}
-		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
-		ep := p1.Endpoint()
-		if err := p1.Close(); err != nil {
-			t.Fatal(err)
-		}
-		p2 := rebind(t, zmqtest.Config{Endpoint: ep})
-		p2.Skip(1)
-		if err := p2.WaitSubscribers(1, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		p2 := restartAfter10(t, p1, s, 1) // the Mooncake master numbers from 1
 		publish(t, p2, "new1", "new2", "new3")
 		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 13 })
 		st := s.Stats()
