@@ -447,38 +447,9 @@ func TestVLLMStoredRemovedCleared(t *testing.T) {
 	}
 }
 
-// vectorFile is the part of hash_vectors.json these tests read.
-type vectorFile struct {
-	VLLM struct {
-		Cases []struct {
-			Algo      string `json:"algo"`
-			BlockSize int    `json:"block_size"`
-			Variant   string `json:"variant"`
-			Blocks    []struct {
-				EventU64 uint64 `json:"event_u64"`
-				HashHex  string `json:"hash_hex"`
-			} `json:"blocks"`
-		} `json:"cases"`
-	} `json:"vllm_v1"`
-	SGLang struct {
-		Cases []struct {
-			PageSize int    `json:"page_size"`
-			Bigram   bool   `json:"bigram"`
-			Variant  string `json:"variant"`
-			Pages    []struct {
-				EventI64 int64  `json:"event_i64"`
-				HashHex  string `json:"hash_hex"`
-			} `json:"pages"`
-		} `json:"cases"`
-	} `json:"sglang"`
-	Events map[string]struct {
-		PayloadHex string `json:"payload_hex"`
-	} `json:"event_examples"`
-}
-
-func loadVectors(t *testing.T) *vectorFile {
+func loadVectors(t *testing.T) *enginevectors.HashFile {
 	t.Helper()
-	return enginevectors.HashVectors[vectorFile](t, "..")
+	return enginevectors.HashVectors(t, "..")
 }
 
 // TestVLLMVectorPayload feeds the exact payload current vLLM emits (shared vectors) through

@@ -27,14 +27,6 @@ func Load[T any](tb testing.TB, root, pattern string) []*T {
 	return out
 }
 
-// HashVectors decodes the repository's hash vectors, testdata/vectors/hash_vectors.json
-// (testdata/vectors/README.md), into a T; root is the repository root relative to the
-// test. It fails the test when the file does not read or decode.
-func HashVectors[T any](tb testing.TB, root string) *T {
-	tb.Helper()
-	return decodeFile[T](tb, filepath.Join(root, "testdata", "vectors", "hash_vectors.json"))
-}
-
 // decodeFile decodes the JSON file at path into a T, failing the test on an error.
 func decodeFile[T any](tb testing.TB, path string) *T {
 	tb.Helper()
