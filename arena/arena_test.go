@@ -152,9 +152,7 @@ func TestConcurrentReadersDuringGrowth(t *testing.T) {
 	stop := make(chan struct{})
 	for r := 0; r < 4; r++ {
 		viaDir := r%2 == 1
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
@@ -174,7 +172,7 @@ func TestConcurrentReadersDuringGrowth(t *testing.T) {
 					}
 				}
 			}
-		}()
+		})
 	}
 	for i := 0; i < 20000; i++ {
 		idx := a.Alloc()

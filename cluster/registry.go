@@ -40,6 +40,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/conductor-go/conductor/internal/pause"
 )
 
 // DefaultKeyPrefix is the key prefix when none is configured.
@@ -262,7 +264,7 @@ func (r *Registry) read(ctx context.Context, svcKey, epKey, ctxKey string) (svc,
 // retryPause waits before another round of a write that collided (false: ctx ended).
 func retryPause(ctx context.Context, attempt int) bool {
 	steps := min(attempt+1, maxRetryPauseSteps)
-	return sleep(ctx, time.Duration(rand.Int64N(int64(steps)*int64(retryPauseStep))))
+	return pause.For(ctx, time.Duration(rand.Int64N(int64(steps)*int64(retryPauseStep))))
 }
 
 type kv struct {
@@ -385,20 +387,11 @@ func (r *Registry) Delete(ctx context.Context, id string) (rev int64, found bool
 			ops = append(ops, clientv3.OpDelete(ek))
 		}
 		if cx != nil {
-			var cv contextValue
-			if err := json.Unmarshal(cx.value, &cv); err != nil {
-				return 0, false, fmt.Errorf("cluster: context key %s is corrupt: %w", ck, err)
+			op, err := unpinOp(ck, cx)
+			if err != nil {
+				return 0, false, err
 			}
-			if cv.Services <= 1 {
-				ops = append(ops, clientv3.OpDelete(ck))
-			} else {
-				cv.Services--
-				b, err := json.Marshal(cv)
-				if err != nil {
-					return 0, false, err
-				}
-				ops = append(ops, clientv3.OpPut(ck, string(b)))
-			}
+			ops = append(ops, op)
 		}
 		if r.cfg.BeforeCommit != nil {
 			r.cfg.BeforeCommit(id, attempt)
@@ -506,25 +499,34 @@ func (r *Registry) Replace(ctx context.Context, prev, rec *Record) (rev int64, e
 	}
 }
 
+// unpinOp returns the operation that takes one service off context key ck (read as cx):
+// the key goes with its last service, else its count drops by one.
+func unpinOp(ck string, cx *kv) (clientv3.Op, error) {
+	var cv contextValue
+	if err := json.Unmarshal(cx.value, &cv); err != nil {
+		return clientv3.Op{}, fmt.Errorf("cluster: context key %s is corrupt: %w", ck, err)
+	}
+	if cv.Services <= 1 {
+		return clientv3.OpDelete(ck), nil
+	}
+	cv.Services--
+	b, err := json.Marshal(cv)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(ck, string(b)), nil
+}
+
 // moveContextPin returns the operations that move one service from the context key
 // oldCK to newCK (profile prof), refusing a newCK pinned to another profile.
 func (r *Registry) moveContextPin(oldCK string, oldCX *kv, newCK string, newCX *kv, prof json.RawMessage) ([]clientv3.Op, error) {
 	var ops []clientv3.Op
 	if oldCX != nil {
-		var cv contextValue
-		if err := json.Unmarshal(oldCX.value, &cv); err != nil {
-			return nil, fmt.Errorf("cluster: context key %s is corrupt: %w", oldCK, err)
+		op, err := unpinOp(oldCK, oldCX)
+		if err != nil {
+			return nil, err
 		}
-		if cv.Services <= 1 {
-			ops = append(ops, clientv3.OpDelete(oldCK))
-		} else {
-			cv.Services--
-			b, err := json.Marshal(cv)
-			if err != nil {
-				return nil, err
-			}
-			ops = append(ops, clientv3.OpPut(oldCK, string(b)))
-		}
+		ops = append(ops, op)
 	}
 	n := 0
 	if newCX != nil {

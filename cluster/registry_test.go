@@ -34,6 +34,14 @@ func rec(id, ep, ctx, profile string) *Record {
 		Value: json.RawMessage(fmt.Sprintf(`{"id":%q,"ep":%q,"ctx":%q,"p":%q}`, id, ep, ctx, profile))}
 }
 
+// mustPut registers rec through r, failing the test on an error.
+func mustPut(t *testing.T, r *Registry, rec *Record) {
+	t.Helper()
+	if _, _, err := r.Put(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func conflictKind(err error) ConflictKind {
 	var ce *ConflictError
 	if errors.As(err, &ce) {
@@ -65,9 +73,7 @@ func TestRegistryRules(t *testing.T) {
 	if _, _, err := r.Put(ctx, rec("b", "tcp://h:2", "m", "p2")); conflictKind(err) != ConflictProfile {
 		t.Fatalf("profile conflict: %v", err)
 	}
-	if _, _, err := r.Put(ctx, rec("b", "tcp://h:2", "m", "p1")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, r, rec("b", "tcp://h:2", "m", "p1"))
 	_, recs, err := r.List(ctx)
 	if err != nil || len(recs) != 2 || recs[0].ID != "a" || recs[1].ID != "b" {
 		t.Fatalf("list: %+v %v", recs, err)
@@ -190,9 +196,7 @@ func TestSyncWatchOutageAndCompaction(t *testing.T) {
 	rc := &recorder{ch: make(chan event, 64)}
 	loaded := make(chan struct{})
 	done := make(chan struct{})
-	if _, _, err := w.Put(ctx, rec("pre", "tcp://h:0", "m", "p")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, w, rec("pre", "tcp://h:0", "m", "p"))
 	go func() { defer close(done); r.Sync(ctx, rc, func() { close(loaded) }) }()
 	defer func() { cancel(); <-done }()
 	if e := next(t, rc.ch); e.kind != "reset" || e.n != 1 {

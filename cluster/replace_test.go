@@ -33,17 +33,23 @@ func contextServices(t *testing.T, r *Registry, c string) (int, string) {
 	return cv.Services, string(cv.Profile)
 }
 
+// seededRegistry starts etcd and opens a registry holding one service, a (context m,
+// profile p1).
+func seededRegistry(t *testing.T) (srv *etcdtest.Server, r *Registry, a *Record) {
+	t.Helper()
+	srv = etcdtest.Start(t)
+	r = open(t, srv, nil)
+	a = rec("a", "tcp://h:1", "m", "p1")
+	mustPut(t, r, a)
+	return srv, r, a
+}
+
 // TestRegistryReplace: a service's record changes in place (same id and endpoint); the
 // context pin moves with it; a replacement of a record the registry no longer holds,
 // or into a context pinned to another profile, is refused.
 func TestRegistryReplace(t *testing.T) {
-	srv := etcdtest.Start(t)
-	r := open(t, srv, nil)
+	_, r, a := seededRegistry(t)
 	ctx := context.Background()
-	a := rec("a", "tcp://h:1", "m", "p1")
-	if _, _, err := r.Put(ctx, a); err != nil {
-		t.Fatal(err)
-	}
 	a2 := withValue(a, "two adapters")
 	if _, err := r.Replace(ctx, a, a2); err != nil {
 		t.Fatal(err)
@@ -72,9 +78,7 @@ func TestRegistryReplace(t *testing.T) {
 		t.Fatalf("new context %d %s", n, p)
 	}
 	// Into a context another service pins to another profile: refused, nothing changes.
-	if _, _, err := r.Put(ctx, rec("b", "tcp://h:2", "n", "p2")); err != nil {
-		t.Fatal(err)
-	}
+	mustPut(t, r, rec("b", "tcp://h:2", "n", "p2"))
 	if _, err := r.Replace(ctx, a3, rec("a", "tcp://h:1", "n", "p3")); conflictKind(err) != ConflictProfile {
 		t.Fatalf("pinned context: %v", err)
 	}
@@ -97,13 +101,8 @@ func TestRegistryReplace(t *testing.T) {
 // both validated before either commits (held by the commit hook): the first commits,
 // the second's compare fails, it reads again and is refused (its prev is gone).
 func TestRegistryReplaceRace(t *testing.T) {
-	srv := etcdtest.Start(t)
-	seed := open(t, srv, nil)
+	srv, seed, a := seededRegistry(t)
 	ctx := context.Background()
-	a := rec("a", "tcp://h:1", "m", "p1")
-	if _, _, err := seed.Put(ctx, a); err != nil {
-		t.Fatal(err)
-	}
 	var validated sync.WaitGroup
 	validated.Add(2)
 	hold := make(chan struct{})

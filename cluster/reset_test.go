@@ -30,9 +30,7 @@ func TestRegistryMaxServices(t *testing.T) {
 	ra := open(t, srv, func(c *Config) { c.MaxServices = 3; c.BeforeCommit = hook })
 	rb := open(t, srv, func(c *Config) { c.MaxServices = 3; c.BeforeCommit = hook })
 	for i := range 2 {
-		if _, _, err := ra.Put(ctx, rec("s"+strconv.Itoa(i), "tcp://h:"+strconv.Itoa(i), "m", "p")); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, ra, rec("s"+strconv.Itoa(i), "tcp://h:"+strconv.Itoa(i), "m", "p"))
 	}
 	var errX, errY error
 	var wg sync.WaitGroup
@@ -79,9 +77,7 @@ func TestRegistryCountWithoutCountKey(t *testing.T) {
 	ctx := context.Background()
 	r := open(t, srv, func(c *Config) { c.MaxServices = 2 })
 	for i := range 2 {
-		if _, _, err := r.Put(ctx, rec("s"+strconv.Itoa(i), "tcp://h:"+strconv.Itoa(i), "m", "p")); err != nil {
-			t.Fatal(err)
-		}
+		mustPut(t, r, rec("s"+strconv.Itoa(i), "tcp://h:"+strconv.Itoa(i), "m", "p"))
 	}
 	if _, err := r.Client().Delete(ctx, r.countKey()); err != nil {
 		t.Fatal(err)
@@ -108,12 +104,10 @@ func TestRegistryManyConcurrentWriters(t *testing.T) {
 	errs := make([]error, writers)
 	start := make(chan struct{})
 	for i := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			_, _, errs[i] = regs[i%2].Put(context.Background(), rec(fmt.Sprint("w", i), fmt.Sprint("tcp://h:", i), "m", "p"))
-		}()
+		})
 	}
 	close(start)
 	wg.Wait()

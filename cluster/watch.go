@@ -9,6 +9,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/conductor-go/conductor/internal/pause"
 )
 
 // nopZap silences the etcd client's own logger (the registry logs what matters).
@@ -75,7 +77,7 @@ func (r *Registry) Sync(ctx context.Context, a Applier, loaded func()) {
 					r.log.Warn("cluster: registry not readable; retrying", "err", err, "attempts", failures+1)
 				}
 				failures++
-				sleep(ctx, retryDelay)
+				pause.For(ctx, retryDelay)
 				continue
 			}
 			failures = 0
@@ -98,7 +100,7 @@ func (r *Registry) Sync(ctx context.Context, a Applier, loaded func()) {
 			continue
 		}
 		if rev != 0 && ctx.Err() == nil {
-			sleep(ctx, retryDelay)
+			pause.For(ctx, retryDelay)
 		}
 	}
 }
@@ -182,12 +184,12 @@ func (r *Registry) KeepMember(ctx context.Context) {
 		id, err := r.grantMember(ctx, key, ttl)
 		if err != nil {
 			r.log.Warn("cluster: member key not published; retrying", "key", key, "err", err)
-			sleep(ctx, retryDelay)
+			pause.For(ctx, retryDelay)
 			continue
 		}
 		ka, err := r.cli.KeepAlive(ctx, id)
 		if err != nil {
-			sleep(ctx, retryDelay)
+			pause.For(ctx, retryDelay)
 			continue
 		}
 		r.log.Info("cluster: member key published", "key", key, "lease", int64(id))
@@ -230,16 +232,4 @@ func (r *Registry) Members(ctx context.Context) ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
-}
-
-// sleep waits d or until ctx ends; it reports whether the whole pause passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -490,14 +490,7 @@ func TestClosePendingClearShared(t *testing.T) {
 // waiting; the request is a writer step of its own (which may end them).
 func dropsPending(t testing.TB, e *Engine) (n int) {
 	t.Helper()
-	c := e.lookup(ctxA)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) { n = len(c.dropWaiters) }
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	onWriter(t, e, ctxA, func(c *cacheContext) { n = len(c.dropWaiters) })
 	return n
 }
 

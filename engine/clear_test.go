@@ -13,28 +13,14 @@ import (
 // sweepState reads, on the writer, the pending clears and the records swept so far.
 func sweepState(t testing.TB, e *Engine) (pending, swept int) {
 	t.Helper()
-	c := e.lookup(ctxA)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) { pending, swept = len(c.clears), c.swept }
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	onWriter(t, e, ctxA, func(c *cacheContext) { pending, swept = len(c.clears), c.swept })
 	return
 }
 
 // slotCountsOf reads the writer's per-tier counts of a slot.
 func slotCountsOf(t testing.TB, e *Engine, s Slot) (counts [3]int) {
 	t.Helper()
-	c := e.lookup(ctxA)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) { counts = c.slotCounts[c.slots[s]] }
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	onWriter(t, e, ctxA, func(c *cacheContext) { counts = c.slotCounts[c.slots[s]] })
 	return
 }
 
@@ -192,19 +178,14 @@ func TestWalkRereadsRecordCleanedUnderIt(t *testing.T) {
 			mustApply(t, e, ctxA, clearOp(s, MaskAllEngine))
 			w := widthFor(nslots - 1)
 			st := &steps{
-				at:   []int{recBits, recMeta},
-				fn:   []func(){func() { mustApply(t, e, ctxA, store(s, TierDevice, k)) }, func() {}},
-				done: make([]bool, 2),
+				at: []int{recBits, recMeta},
+				fn: []func(){func() { mustApply(t, e, ctxA, store(s, TierDevice, k)) }, func() {}},
 			}
 			if w > 0 {
 				st.at[0] = recBits + 2*w // before loading disk
 			}
-			hooks.walkLoad = st.hook
-			hits := qk(t, e, ctxA, []uint64{k}, "a")
-			hooks.walkLoad = nil
-			if !st.allDone() {
-				t.Fatal("interleaving did not happen")
-			}
+			var hits []InstanceHit
+			st.during(t, hooks, func() { hits = qk(t, e, ctxA, []uint64{k}, "a") })
 			if got := rankTiers(t, hits, "a", 0); got != (Tiers{16, 16, 16, 16}) {
 				t.Fatalf("got %+v, want the device store only", got)
 			}
@@ -248,16 +229,33 @@ func awaitAnswer(t testing.TB, answered <-chan error) error {
 	}
 }
 
+// answered polls, between writer steps, the answer channel of a request that waits on the
+// writer: true once the answer came (an error fails the test), or once answeredByWriter
+// reports that the writer has answered it, after receiving that answer with awaitAnswer
+// (the goroutine that sends it may not have run yet: GOMAXPROCS=1, a loaded machine).
+func answered(t testing.TB, answer <-chan error, answeredByWriter func() bool) bool {
+	t.Helper()
+	select {
+	case err := <-answer:
+		if err != nil {
+			t.Fatal(err)
+		}
+		return true
+	default:
+		if !answeredByWriter() {
+			return false
+		}
+		if err := awaitAnswer(t, answer); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}
+}
+
+// stalledCount reads, on the writer, the requests stalled behind a pending clear.
 func stalledCount(t testing.TB, e *Engine) (n int) {
 	t.Helper()
-	c := e.lookup(ctxA)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) { n = len(c.stalled) }
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	onWriter(t, e, ctxA, func(c *cacheContext) { n = len(c.stalled) })
 	return
 }
 
@@ -278,14 +276,7 @@ func TestClearsPastStampsStallInBoundedSteps(t *testing.T) {
 	mustApply(t, e, ctxA, store(a, TierDevice, hs...), store(b, TierDisk, hs...))
 	// Records swept per writer step, measured on the writer (noIdleMigration: there
 	// are no other steps).
-	maxSwept, last := 0, 0
-	hooks.step = func(begin bool) {
-		if begin {
-			last = c.swept
-		} else {
-			maxSwept = max(maxSwept, c.swept-last)
-		}
-	}
+	maxSwept := maxStepGrowth(hooks, func() int { return c.swept })
 	for i := 0; i < maxPendingClears; i++ {
 		mustApply(t, e, ctxA, clearOp(a, MaskDevice)) // a's counts stay until swept: each takes a stamp
 	}
@@ -321,24 +312,10 @@ func TestClearsPastStampsStallInBoundedSteps(t *testing.T) {
 		t.Fatalf("while stalled: b = %+v", got)
 	}
 	mustApply(t, e, ctxA, store(b, TierDevice, hs[1000]))
+	// Each stalledCount is one writer step. Once nothing is stalled, the Apply has been
+	// answered: wait for its answer instead of stepping on.
 	for done := false; !done; steps++ {
-		select {
-		case err := <-applied:
-			if err != nil {
-				t.Fatal(err)
-			}
-			done = true
-		default:
-			// One writer step. Once nothing is stalled, the Apply has been answered and
-			// only its goroutine may not have run yet (GOMAXPROCS=1, a loaded machine):
-			// wait for it instead of stepping on.
-			if stalledCount(t, e) == 0 {
-				if err := awaitAnswer(t, applied); err != nil {
-					t.Fatal(err)
-				}
-				done = true
-			}
-		}
+		done = answered(t, applied, func() bool { return stalledCount(t, e) == 0 })
 		if steps > 2*n {
 			t.Fatal("stalled clear never applied")
 		}
@@ -358,8 +335,8 @@ func TestClearsPastStampsStallInBoundedSteps(t *testing.T) {
 	if hits := qk(t, e, ctxA, hs[:10], ""); len(hits) != 1 || hits[0].InstanceID != "a" {
 		t.Fatalf("after the unregistration: %+v", hits)
 	}
-	if maxSwept > chunk {
-		t.Fatalf("a writer step swept %d records, chunk %d", maxSwept, chunk)
+	if maxSwept() > chunk {
+		t.Fatalf("a writer step swept %d records, chunk %d", maxSwept(), chunk)
 	}
 	settle(t, e, ctxA)
 	if got := slotCountsOf(t, e, a); got != [3]int{0, 5, 0} {

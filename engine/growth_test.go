@@ -10,16 +10,9 @@ import (
 // writerTable reads writer-owned table state on the writer goroutine.
 func writerTable(t testing.TB, e *Engine, k ContextKey) (migrating bool, entries, migrations int) {
 	t.Helper()
-	c := e.lookup(k)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) {
+	onWriter(t, e, k, func(c *cacheContext) {
 		migrating, entries, migrations = c.tab.prev.Load() != nil, len(c.tab.entries), c.migrations
-	}
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	})
 	return
 }
 
@@ -173,9 +166,7 @@ func TestReadersDuringGrowthNeverMiss(t *testing.T) {
 	var up sync.WaitGroup
 	up.Add(readers)
 	for r := 0; r < readers; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var res Result
 			first := true
 			defer func() {
@@ -198,7 +189,7 @@ func TestReadersDuringGrowthNeverMiss(t *testing.T) {
 					up.Done()
 				}
 			}
-		}()
+		})
 	}
 	up.Wait()
 	hs := make([]uint64, batch)
@@ -225,14 +216,7 @@ func TestPrefaultPacedOverInserts(t *testing.T) {
 	hooks := &testHooks{noIdleMigration: true}
 	e, _ := hookedEngineWith(t, Config{MaxBlocksPerContext: -1}, hooks, a)
 	c := e.lookup(ctxA)
-	maxPages, last := 0, 0
-	hooks.step = func(begin bool) {
-		if begin {
-			last = c.nextFaulted
-		} else if c.nextFaulted > last {
-			maxPages = max(maxPages, (c.nextFaulted-last)/pageWords)
-		}
-	}
+	maxFaulted := maxStepGrowth(hooks, func() int { return c.nextFaulted })
 	const n, batch = 1 << 15, 64 // tables of up to 64K entries (128 pages)
 	keys := make([]uint64, batch)
 	for done := 0; done < n; done += batch {
@@ -242,20 +226,14 @@ func TestPrefaultPacedOverInserts(t *testing.T) {
 		mustApply(t, e, ctxA, store(a, TierDevice, keys...))
 	}
 	var migrations, unfaulted int
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) { migrations, unfaulted = c.migrations, c.unfaulted }
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	onWriter(t, e, ctxA, func(c *cacheContext) { migrations, unfaulted = c.migrations, c.unfaulted })
 	if migrations < 8 {
 		t.Fatalf("%d migrations: the test checks little", migrations)
 	}
 	if unfaulted != 0 {
 		t.Fatalf("%d pages of prepared tables not written before their migration", unfaulted)
 	}
-	if maxPages > 8 {
+	if maxPages := maxFaulted() / pageWords; maxPages > 8 {
 		t.Fatalf("a step of %d inserts wrote %d pages of the next table", batch, maxPages)
 	}
 }

@@ -236,9 +236,7 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 		}
 	}
 	for ri := range readers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var res Result
 			mode := walkAuto
 			if ri == 0 {
@@ -269,7 +267,7 @@ func TestHintedQueriesDuringDeletes(t *testing.T) {
 				}
 				queries.Add(1)
 			}
-		}()
+		})
 	}
 	waitQueries(readers)
 	rng := rand.New(rand.NewPCG(5, 6))

@@ -27,30 +27,47 @@ func hookedEngineWith(t *testing.T, cfg Config, h *testHooks, slots ...Slot) (*E
 	return e, h
 }
 
+// maxStepGrowth hooks the writer's steps to measure, on the writer, the most that count
+// grows over one step; the function returned reads it once the steps ran.
+func maxStepGrowth(hooks *testHooks, count func() int) (most func() int) {
+	m, last := 0, 0
+	hooks.step = func(begin bool) {
+		if begin {
+			last = count()
+		} else {
+			m = max(m, count()-last)
+		}
+	}
+	return func() int { return m }
+}
+
 // steps runs fn[k], in order, when the walk is about to load word at[k] after fn[k-1]
 // ran; once all ran, later loads (a retry of the same record) do nothing.
 type steps struct {
 	at   []int
 	fn   []func()
-	done []bool
-	next int
+	next int // the steps that ran
 }
 
 func (s *steps) hook(_, w int) {
 	if k := s.next; k < len(s.at) && s.at[k] == w {
 		s.next++
-		s.done[k] = true
 		s.fn[k]()
 	}
 }
 
-func (s *steps) allDone() bool {
-	for _, d := range s.done {
-		if !d {
-			return false
-		}
+func (s *steps) allDone() bool { return s.next == len(s.at) }
+
+// during runs query with s hooked into the walk's loads, and fails the test unless every
+// step ran during it.
+func (s *steps) during(t *testing.T, hooks *testHooks, query func()) {
+	t.Helper()
+	hooks.walkLoad = s.hook
+	query()
+	hooks.walkLoad = nil
+	if !s.allDone() {
+		t.Fatal("interleaving did not happen")
 	}
-	return true
 }
 
 // eachWidth runs test for records of each width: packed (one bitset word), one word per
@@ -86,14 +103,9 @@ func TestWalkRejectsRecordReusedBetweenLoads(t *testing.T) {
 				func() { mustApply(t, e, ctxA, remove(s, TierDisk, k), store(s, TierCPULocal, k2)) },
 				func() { mustApply(t, e, ctxA, remove(s, TierCPULocal, k2), store(s, TierDisk, k)) },
 			},
-			done: make([]bool, 2),
 		}
-		hooks.walkLoad = st.hook
-		hits := qk(t, e, ctxA, []uint64{k}, "a")
-		hooks.walkLoad = nil
-		if !st.allDone() {
-			t.Fatal("interleaving did not happen")
-		}
+		var hits []InstanceHit
+		st.during(t, hooks, func() { hits = qk(t, e, ctxA, []uint64{k}, "a") })
 		if got := rankTiers(t, hits, "a", 0); got.Device != 0 || got.CPULocal != 0 {
 			t.Fatalf("accepted bits of a reused record: %+v", got)
 		}
@@ -124,14 +136,9 @@ func TestWalkRejectsBitsOfTwoChanges(t *testing.T) {
 				fn: []func(){func() {
 					mustApply(t, e, ctxA, remove(a, TierDevice, k), store(b, TierDisk, k))
 				}},
-				done: make([]bool, 1),
 			}
-			hooks.walkLoad = st.hook
-			hits := qk(t, e, ctxA, []uint64{k}, "")
-			hooks.walkLoad = nil
-			if !st.allDone() {
-				t.Fatal("interleaving did not happen")
-			}
+			var hits []InstanceHit
+			st.during(t, hooks, func() { hits = qk(t, e, ctxA, []uint64{k}, "") })
 			ta, tb := rankTiers(t, hits, "a", 0), rankTiers(t, hits, "b", 0)
 			if ta.Device != 0 && tb.Disk != 0 {
 				t.Fatalf("accepted a's device bit with b's disk bit: a %+v, b %+v", ta, tb)
@@ -163,22 +170,18 @@ func TestQueryNeverCreditsReusedSlotNumber(t *testing.T) {
 					mustRegister(t, e, ctxA, p, b)
 					mustApply(t, e, ctxA, store(b, TierDevice, keys...))
 				}},
-				done: make([]bool, 1),
 			}
-			hooks.walkLoad = st.hook
 			var res Result
 			var err error
-			if hashed {
-				err = e.Query(&Query{Key: ctxA, Tokens: tokens}, &res)
-			} else {
-				err = e.QueryKeys(ctxA, keys, 16, "", &res)
-			}
-			hooks.walkLoad = nil
+			st.during(t, hooks, func() {
+				if hashed {
+					err = e.Query(&Query{Key: ctxA, Tokens: tokens}, &res)
+				} else {
+					err = e.QueryKeys(ctxA, keys, 16, "", &res)
+				}
+			})
 			if err != nil {
 				t.Fatal(err)
-			}
-			if !st.allDone() {
-				t.Fatal("interleaving did not happen")
 			}
 			for _, in := range res.Instances {
 				if in.InstanceID == "a" && (in.Device != 0 || in.CPULocal != 0) {

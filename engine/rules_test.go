@@ -339,12 +339,10 @@ func TestConcurrentRegistrationKeepsOneProfile(t *testing.T) {
 	var wg sync.WaitGroup
 	results := make([]error, 16)
 	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			p := resolve(t, "vllm_v1", profiles[i%2], "0", "low64_be")
 			_, results[i] = e.RegisterSlot(ctxA, p, Slot{"inst", i})
-		}()
+		})
 	}
 	wg.Wait()
 	p, _ := e.ContextProfile(ctxA)
@@ -729,10 +727,7 @@ func TestEvictionAtScale(t *testing.T) {
 // retired memory back.
 func settle(t testing.TB, e *Engine, k ContextKey) {
 	t.Helper()
-	c := e.lookup(k)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) {
+	onWriter(t, e, k, func(c *cacheContext) {
 		for c.wide != nil { // a widening switches once no migration runs
 			c.migrateStep()
 			c.widenStep()
@@ -748,11 +743,7 @@ func settle(t testing.TB, e *Engine, k ContextKey) {
 		for len(c.toRelease) > 0 {
 			c.releaseStep()
 		}
-	}
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	})
 }
 
 // tableOf runs on the writer goroutine to read writer-owned sizes safely: the current
@@ -760,16 +751,9 @@ func settle(t testing.TB, e *Engine, k ContextKey) {
 // the arena high-water mark.
 func tableOf(t testing.TB, e *Engine, k ContextKey) (entries, live, used, highWater int) {
 	t.Helper()
-	c := e.lookup(k)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) {
+	onWriter(t, e, k, func(c *cacheContext) {
 		entries, live, used, highWater = len(c.tab.entries), c.tab.ar.Len(), c.tab.live+c.tab.tombs, int(c.tab.ar.HighWater())
-	}
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	})
 	return
 }
 

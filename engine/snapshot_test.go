@@ -37,23 +37,9 @@ func snapshotSet(t *testing.T, e *Engine, key ContextKey, step int) (lines []str
 // holds the same blocks per slot and tier and the same shared bindings, and answers the
 // same queries.
 func TestSnapshotRoundTrip(t *testing.T) {
-	p, err := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	src := New(Config{})
-	defer src.Close()
 	a, b := Slot{InstanceID: "a", DPRank: 0}, Slot{InstanceID: "b", DPRank: 1}
-	for _, s := range []Slot{a, b} {
-		if _, err := src.RegisterSlot(key, p, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var hs []uint64
-	for i := uint64(1); i <= 50; i++ {
-		hs = append(hs, i*0x9E3779B97F4A7C15)
-	}
+	src, key, p := setup(t, Config{}, a, b), ctxA, vllmProfile(t)
+	hs := seqKeys(1, 50)
 	ops := []Op{
 		{Kind: OpStore, Slot: a, Tier: TierDevice, Hashes: hs[:40]},
 		{Kind: OpStore, Slot: a, Tier: TierDisk, Hashes: hs[10:20]},
@@ -88,7 +74,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	dst := New(Config{})
 	defer dst.Close()
 	loaded := 0
-	err = src.SnapshotContext(key, 7, func(ch *SnapshotChunk) error {
+	err := src.SnapshotContext(key, 7, func(ch *SnapshotChunk) error {
 		n, skipped, err := dst.LoadSnapshotChunk(key, p, ch, func(Slot) bool { return true }, func(string) bool { return true })
 		loaded += n
 		if skipped != 0 {
@@ -130,20 +116,12 @@ func TestSnapshotRoundTrip(t *testing.T) {
 // after the last step: removed blocks gone, blocks stored behind or ahead of the cursor
 // present, cleared tiers cleared, bindings added and retracted.
 func TestSnapshotExactUnderWrites(t *testing.T) {
-	p, _ := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	key := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	src := New(Config{})
-	defer src.Close()
 	a, b := Slot{InstanceID: "a"}, Slot{InstanceID: "b", DPRank: 2}
-	for _, s := range []Slot{a, b} {
-		if _, err := src.RegisterSlot(key, p, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	src, key, p := setup(t, Config{}, a, b), ctxA, vllmProfile(t)
 	h := func(i int) uint64 { return uint64(i) * 0x9E3779B97F4A7C15 }
-	var first []uint64
-	for i := 1; i <= 40; i++ {
-		first = append(first, h(i))
+	first := make([]uint64, 40)
+	for i := range first {
+		first[i] = h(i + 1)
 	}
 	must := func(ops ...Op) {
 		t.Helper()
@@ -207,14 +185,8 @@ func TestSnapshotExactUnderWrites(t *testing.T) {
 // (it would deadlock if the snapshot held the writer) and handed over in the next chunk's
 // journal; the records copied are those of each step's moment.
 func TestSnapshotWriterServesBetweenSteps(t *testing.T) {
-	p, _ := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	key := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	e := New(Config{})
-	defer e.Close()
 	a := Slot{InstanceID: "a"}
-	if _, err := e.RegisterSlot(key, p, a); err != nil {
-		t.Fatal(err)
-	}
+	e, key := setup(t, Config{}, a), ctxA
 	if err := e.Apply(key, []Op{{Kind: OpStore, Slot: a, Hashes: []uint64{1, 2, 3, 4}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,30 +12,16 @@ import (
 // tier, a binding of source s1) and the chunks of its snapshot.
 func stagedFixture(t *testing.T) (src *Engine, key ContextKey, p hashing.Profile, chunks []*SnapshotChunk) {
 	t.Helper()
-	p, err := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	if err != nil {
-		t.Fatal(err)
-	}
-	key = ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	src = New(Config{})
-	t.Cleanup(src.Close)
 	a, b := Slot{InstanceID: "a"}, Slot{InstanceID: "b"}
-	for _, s := range []Slot{a, b} {
-		if _, err := src.RegisterSlot(key, p, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var hs []uint64
-	for i := uint64(1); i <= 40; i++ {
-		hs = append(hs, i*0x9E3779B97F4A7C15)
-	}
+	src, key, p = setup(t, Config{}, a, b), ctxA, vllmProfile(t)
+	hs := seqKeys(1, 40)
 	ops := []Op{{Kind: OpStore, Slot: a, Tier: TierDevice, Hashes: hs},
 		{Kind: OpStore, Slot: b, Tier: TierCPULocal, Hashes: hs[:5]},
 		{Kind: OpSharedStore, Source: "s1", Backend: "x", ObjectKey: "o1", SharedTier: SharedCPU, Hash: hs[0]}}
 	if err := src.Apply(key, ops); err != nil {
 		t.Fatal(err)
 	}
-	err = src.SnapshotContext(key, 16, func(ch *SnapshotChunk) error {
+	err := src.SnapshotContext(key, 16, func(ch *SnapshotChunk) error {
 		c := *ch
 		c.Slots = append([]Slot(nil), ch.Slots...)
 		c.Entries = append([]SnapshotEntry(nil), ch.Entries...)
@@ -152,8 +138,8 @@ func TestStageCommitSwapsWhole(t *testing.T) {
 	if n := dst.TotalBlocks(); n != 40 {
 		t.Fatalf("%d blocks charged after replace, want 40", n)
 	}
-	// An Apply after the swap reaches the new context.
-	if err := dst.Apply(key, []Op{{Kind: OpRemove, Slot: a, Tier: TierDevice, Hashes: []uint64{0x9E3779B97F4A7C15}}}); err != nil {
+	// An Apply after the swap reaches the new context: it removes the fixture's block 0.
+	if err := dst.Apply(key, []Op{{Kind: OpRemove, Slot: a, Tier: TierDevice, Hashes: seqKeys(1, 1)}}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ = snapshotSet(t, dst, key, 0); len(got) != 39 {
@@ -166,18 +152,9 @@ func TestStageCommitSwapsWhole(t *testing.T) {
 // the context; before, the second replaced the first's journal and the first failed
 // with ErrSnapshotJournalFull.
 func TestConcurrentSnapshotsOwnJournals(t *testing.T) {
-	p, _ := hashing.Resolve("vllm_v1", "sha256_cbor", "0", "low64_be")
-	key := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 16}
-	src := New(Config{})
-	defer src.Close()
 	a := Slot{InstanceID: "a"}
-	if _, err := src.RegisterSlot(key, p, a); err != nil {
-		t.Fatal(err)
-	}
-	var hs []uint64
-	for i := uint64(1); i <= 64; i++ {
-		hs = append(hs, i*0x9E3779B97F4A7C15)
-	}
+	src, key, p := setup(t, Config{}, a), ctxA, vllmProfile(t)
+	hs := seqKeys(1, 64)
 	if err := src.Apply(key, []Op{{Kind: OpStore, Slot: a, Tier: TierDevice, Hashes: hs}}); err != nil {
 		t.Fatal(err)
 	}

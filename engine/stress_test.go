@@ -43,9 +43,7 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 	var readersUp sync.WaitGroup
 	readersUp.Add(readers)
 	for wi := 0; wi < writers; wi++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			readersUp.Wait()
 			rng := rand.New(rand.NewPCG(uint64(wi), 77))
 			inst := fmt.Sprintf("w%d", wi)
@@ -97,16 +95,14 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 				}
 				logs[wi] = append(logs[wi], stressEvent{ops: ops})
 			}
-		}()
+		})
 	}
 
 	var stop atomic.Bool
 	var queries atomic.Int64
 	var rwg sync.WaitGroup
 	for ri := 0; ri < readers; ri++ {
-		rwg.Add(1)
-		go func() {
-			defer rwg.Done()
+		rwg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(ri), 99))
 			var res Result
 			mode := walkAuto
@@ -139,7 +135,7 @@ func TestConcurrentWritersAndReaders(t *testing.T) {
 					readersUp.Done()
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	stop.Store(true)

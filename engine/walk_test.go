@@ -314,16 +314,22 @@ func TestQueryHashErrorGivesEmptyAnswer(t *testing.T) {
 	}
 }
 
-// TestSaltChangesHashesNotContext: the salt is part of the hash chain, not the context.
-func TestSaltChangesHashesNotContext(t *testing.T) {
-	p := vllmProfile(t)
-	e := newTestEngine(t, Config{})
-	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 4}
-	s := Slot{"a", 0}
+// storePrompt8 registers slot a in context k (block size 4) and stores the prompt 1..8 on
+// its device tier, hashed with k's LoRA and salt as a query does; it returns the prompt.
+func storePrompt8(t *testing.T, e *Engine, k ContextKey, salt string) []int32 {
+	t.Helper()
+	p, s := vllmProfile(t), Slot{"a", 0}
 	mustRegister(t, e, k, p, s)
 	tokens := seqTokens(8)
-	salted := chainKeys(t, p, 4, "", "tenant-salt", tokens)
-	mustApply(t, e, k, Op{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: salted})
+	mustApply(t, e, k, store(s, TierDevice, chainKeys(t, p, 4, k.LoraName, salt, tokens)...))
+	return tokens
+}
+
+// TestSaltChangesHashesNotContext: the salt is part of the hash chain, not the context.
+func TestSaltChangesHashesNotContext(t *testing.T) {
+	e := newTestEngine(t, Config{})
+	k := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 4}
+	tokens := storePrompt8(t, e, k, "tenant-salt")
 	var res Result
 	for _, tc := range []struct {
 		salt string
@@ -340,16 +346,11 @@ func TestSaltChangesHashesNotContext(t *testing.T) {
 }
 
 func TestLoraIsPartOfContextAndHash(t *testing.T) {
-	p := vllmProfile(t)
 	e := newTestEngine(t, Config{})
 	base := ContextKey{TenantID: "default", ModelName: "m", BlockSize: 4}
 	lora := base
 	lora.LoraName = "adapter-A"
-	s := Slot{"a", 0}
-	mustRegister(t, e, lora, p, s)
-	tokens := seqTokens(8)
-	keys := chainKeys(t, p, 4, "adapter-A", "", tokens)
-	mustApply(t, e, lora, Op{Kind: OpStore, Slot: s, Tier: TierDevice, Hashes: keys})
+	tokens := storePrompt8(t, e, lora, "")
 	var res Result
 	mustQuery(t, e, &Query{Key: lora, Tokens: tokens}, &res)
 	if res.Instances[0].Device != 8 {

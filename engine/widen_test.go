@@ -10,14 +10,7 @@ import (
 // widenState reads, on the writer, whether a widening runs and the records copied so far.
 func widenState(t testing.TB, e *Engine) (widening bool, copied, widenings int) {
 	t.Helper()
-	c := e.lookup(ctxA)
-	r := e.getReq()
-	r.kind = reqSync
-	r.fn = func(c *cacheContext) { widening, copied, widenings = c.wide != nil, c.widenCopied, c.widenings }
-	if err := c.do(r); err != nil {
-		t.Fatal(err)
-	}
-	e.putReq(r)
+	onWriter(t, e, ctxA, func(c *cacheContext) { widening, copied, widenings = c.wide != nil, c.widenCopied, c.widenings })
 	return
 }
 
@@ -69,14 +62,7 @@ func TestWideningInBoundedSteps(t *testing.T) {
 				both(ops...)
 			}
 			c := e.lookup(ctxA)
-			maxCopied, last := 0, 0
-			hooks.step = func(begin bool) {
-				if begin {
-					last = c.widenCopied
-				} else {
-					maxCopied = max(maxCopied, c.widenCopied-last)
-				}
-			}
+			maxCopied := maxStepGrowth(hooks, func() int { return c.widenCopied })
 			mismatches, switched := -1, false
 			hooks.widened = func(m int) { mismatches, switched = m, true } // read after the next request
 			waits := make(chan struct{}, 1)
@@ -117,23 +103,9 @@ func TestWideningInBoundedSteps(t *testing.T) {
 			// cleaned) is copied again, with its write-order neighbours: at most 4 each.
 			const perOpBound = 4 * (8 + 8 + 32)
 			for !acked {
-				select {
-				case err := <-registered:
-					if err != nil {
-						t.Fatal(err)
-					}
-					acked = true
-				default:
-					// switched is read after the last request (both): the writer has
-					// answered the registration at the switch, and only its goroutine may
-					// not have run yet (GOMAXPROCS=1, a loaded machine).
-					if switched {
-						if err := awaitAnswer(t, registered); err != nil {
-							t.Fatal(err)
-						}
-						acked = true
-					}
-				}
+				// switched is read after the last request (both): the writer has answered
+				// the registration at the switch.
+				acked = answered(t, registered, func() bool { return switched })
 				steps++
 				if steps > 4*tc.n/chunk+100 {
 					t.Fatal("widening never switched")
@@ -167,8 +139,8 @@ func TestWideningInBoundedSteps(t *testing.T) {
 			if steps < tc.n/chunk/2 {
 				t.Fatalf("registration acknowledged after %d steps: not incremental", steps)
 			}
-			if maxCopied > chunk+perOpBound {
-				t.Fatalf("a writer step copied %d records (chunk %d)", maxCopied, chunk)
+			if maxCopied() > chunk+perOpBound {
+				t.Fatalf("a writer step copied %d records (chunk %d)", maxCopied(), chunk)
 			}
 			for i := 0; i < 10; i++ {
 				both(store(wide, TierCPULocal, keys[i*8:i*8+8]...), remove(slots[1], TierDisk, keys[i*8]))
@@ -220,7 +192,7 @@ func TestQueryAcrossWideningSwitch(t *testing.T) {
 			mustApply(t, e, ctxA)
 		}
 		mustApply(t, e, ctxA, remove(a, TierDevice, hs[120:]...))
-	}}, done: make([]bool, 1)}
+	}}}
 	var hookAt int
 	hooks.walkLoad = func(i, w int) {
 		if i == 100 || hookAt > 0 {

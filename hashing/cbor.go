@@ -41,13 +41,7 @@ func appendCBORInt(b []byte, v int32) []byte {
 // appendCBORExtras appends ex's value (blockExtras): null, or an array of its parts,
 // each a text (untagged) or an array [tag, text...] (tagged).
 func appendCBORExtras(b []byte, ex blockExtras) []byte {
-	n := 0
-	if ex.lora != "" {
-		n++
-	}
-	if ex.salt != "" {
-		n++
-	}
+	n := ex.parts()
 	if n == 0 {
 		return append(b, cborNull)
 	}

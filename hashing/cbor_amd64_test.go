@@ -1,7 +1,7 @@
 package hashing
 
 import (
-	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -12,9 +12,7 @@ func TestCBORTokensAVX2(t *testing.T) {
 	if !hasAVX2 {
 		t.Skip("no AVX2 on this CPU")
 	}
-	r := rand.New(rand.NewPCG(11, 12))
-	for iter := range 3000 {
-		toks := randomCBORIDs(r)
+	eachRandomIDs(11, 12, func(iter int, toks []int32) {
 		toks = toks[:len(toks)&^7]
 		checkCBOREncoder(t, iter, toks, func(b []byte) int {
 			if len(toks) == 0 {
@@ -22,7 +20,7 @@ func TestCBORTokensAVX2(t *testing.T) {
 			}
 			return cborTokensAVX2(&b[0], &toks[0], len(toks), &cborAVX2Tabs)
 		})
-	}
+	})
 }
 
 // TestCBORAVX2TablesLayout: the assembly reads cborAVX2Tables by these offsets.
@@ -31,9 +29,7 @@ func TestCBORAVX2TablesLayout(t *testing.T) {
 	got := []uintptr{unsafe.Offsetof(c.lim), unsafe.Offsetof(c.neg), unsafe.Offsetof(c.four),
 		unsafe.Offsetof(c.one), unsafe.Offsetof(c.bswap)}
 	want := []uintptr{0, 12, 16, 20, 32}
-	for i := range got {
-		if got[i] != want[i] {
-			t.Fatalf("offsets %v, the assembly reads %v", got, want)
-		}
+	if !slices.Equal(got, want) {
+		t.Fatalf("offsets %v, the assembly reads %v", got, want)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/fxamacker/cbor/v2"
@@ -133,14 +132,11 @@ func BenchmarkCBORBlock(b *testing.B) {
 			}
 			var parent [32]byte
 			buf := make([]byte, 44+5*16+cborSlack)
-			b.ReportAllocs()
-			start := time.Now()
-			for b.Loop() {
+			benchBlocks(b, blocks, func() {
 				for j := range blocks {
 					parent[0] += encodeCBORBlock(buf, parent[:], toks[16*j:16*j+16], nil, nil)[40]
 				}
-			}
-			reportPerBlock(b, blocks, time.Since(start))
+			})
 		})
 	}
 }
@@ -188,14 +184,21 @@ func checkCBOREncoder(t *testing.T, iter int, ids []int32, encode func(b []byte)
 	return w
 }
 
+// eachRandomIDs calls check with 3000 draws of randomCBORIDs from the generator seeded
+// with seed1, seed2.
+func eachRandomIDs(seed1, seed2 uint64, check func(iter int, toks []int32)) {
+	r := rand.New(rand.NewPCG(seed1, seed2))
+	for iter := range 3000 {
+		check(iter, randomCBORIDs(r))
+	}
+}
+
 // TestCBORTokensWord: the word-at-a-time encoder writes exactly what appendCBORInt does
 // for every id, and nothing more than 7 bytes past it.
 func TestCBORTokensWord(t *testing.T) {
-	r := rand.New(rand.NewPCG(7, 8))
-	for iter := range 3000 {
-		toks := randomCBORIDs(r)
+	eachRandomIDs(7, 8, func(iter int, toks []int32) {
 		checkCBOREncoder(t, iter, toks, func(b []byte) int { return cborTokensWord(b, toks) })
-	}
+	})
 }
 
 // TestCBORTokensEveryID: where the CPU has no AVX-512 VBMI2, cborTokens encodes every id
@@ -205,9 +208,7 @@ func TestCBORTokensEveryID(t *testing.T) {
 	if hasCBORVector {
 		t.Skip("this CPU takes the AVX-512 encoder (TestCBORTokensVector)")
 	}
-	r := rand.New(rand.NewPCG(9, 10))
-	for iter := range 3000 {
-		toks := randomCBORIDs(r)
+	eachRandomIDs(9, 10, func(iter int, toks []int32) {
 		checkCBOREncoder(t, iter, toks, func(b []byte) int {
 			n, w := cborTokens(b, toks)
 			if n != len(toks) {
@@ -219,7 +220,7 @@ func TestCBORTokensEveryID(t *testing.T) {
 		if n, _ := cborTokens(b, toks); n != 0 && len(toks) > 0 {
 			t.Fatalf("iter %d: encoded without the slack", iter)
 		}
-	}
+	})
 }
 
 // TestCBORTokensVector: cborTokens encodes the leading multiple of 8 of any ids (every
@@ -229,9 +230,7 @@ func TestCBORTokensVector(t *testing.T) {
 	if !hasCBORVector {
 		t.Skip("no AVX-512 VBMI2 on this CPU")
 	}
-	r := rand.New(rand.NewPCG(5, 6))
-	for iter := range 3000 {
-		toks := randomCBORIDs(r)
+	eachRandomIDs(5, 6, func(iter int, toks []int32) {
 		want := appendCBORInts(nil, toks[:len(toks)&^7])
 		b := make([]byte, 5*len(toks)+cborSlack)
 		n, w := cborTokens(b, toks)
@@ -243,7 +242,7 @@ func TestCBORTokensVector(t *testing.T) {
 				t.Fatalf("iter %d: encoded without the slack", iter)
 			}
 		}
-	}
+	})
 }
 
 // TestCBORTablesLayout: the assembly reads cborTables by these offsets.

@@ -16,6 +16,14 @@ type simEngine struct {
 	noLook     bool // the engine publishes no lookahead_token_ids
 }
 
+// openCheck is a check of registered profile p at block size 4 with the default
+// config, its first batch begun (the warm-up checks every batch).
+func openCheck(p Profile, lora string) *ProfileCheck {
+	chk := NewProfileCheck(p, 4, lora, CheckConfig{})
+	chk.BeginBatch()
+	return chk
+}
+
 func newSimEngine(t *testing.T, p Profile, bs int, lora, salt string, n int) *simEngine {
 	t.Helper()
 	toks := make([]int32, n)
@@ -131,8 +139,7 @@ func TestProfileCheckDiagnoses(t *testing.T) {
 func TestProfileCheckParents(t *testing.T) {
 	p := mustResolve(t, "vllm_v1", "sha256", "0", "low64_be")
 	eng := newSimEngine(t, p, 4, "", "", 64)
-	chk := NewProfileCheck(p, 4, "", CheckConfig{})
-	chk.BeginBatch()
+	chk := openCheck(p, "")
 	// A continuation whose parent was never seen cannot be verified.
 	if out := chk.Check(eng.event(5, 7)); out != CheckUnverifiable {
 		t.Fatalf("unknown parent: %d", out)
@@ -166,8 +173,7 @@ func TestProfileCheckParents(t *testing.T) {
 	// A mismatch in a continuation waits for a root event to be diagnosed.
 	reg := mustResolve(t, "vllm_v1", "sha256", "0", "low64_be")
 	unset := newSimEngine(t, mustResolveSpec(t, vllmSpec("sha256", "unset")), 4, "", "", 64)
-	chk = NewProfileCheck(reg, 4, "", CheckConfig{})
-	chk.BeginBatch()
+	chk = openCheck(reg, "")
 	cont := unset.event(1, 2)
 	cont.Parent = eng.keys[0] // a parent the check knows (verified below), blocks of another profile
 	chk.Check(eng.event(0, 1))
@@ -186,8 +192,7 @@ func TestProfileCheckParents(t *testing.T) {
 func TestProfileCheckLookaheadShapes(t *testing.T) {
 	p := mustResolveSpec(t, specWith("sha256_cbor", "0", func(s *Spec) { s.LookaheadTokens = 3 }))
 	eng := newSimEngine(t, p, 4, "", "", 40)
-	chk := NewProfileCheck(p, 4, "", CheckConfig{})
-	chk.BeginBatch()
+	chk := openCheck(p, "")
 	if out := chk.Check(eng.event(0, 4)); out != CheckAgreed {
 		t.Fatalf("with lookahead ids: %d", out)
 	}
@@ -202,8 +207,7 @@ func TestProfileCheckLookaheadShapes(t *testing.T) {
 	// Lookahead longer than a block.
 	p5 := mustResolveSpec(t, specWith("sha256", "0", func(s *Spec) { s.LookaheadTokens = 6 }))
 	eng5 := newSimEngine(t, p5, 4, "", "", 40)
-	chk5 := NewProfileCheck(p5, 4, "", CheckConfig{})
-	chk5.BeginBatch()
+	chk5 := openCheck(p5, "")
 	if out := chk5.Check(eng5.event(0, 3)); out != CheckAgreed {
 		t.Fatalf("lookahead 6, block 4: %d", out)
 	}
@@ -214,8 +218,7 @@ func TestProfileCheckSGLang(t *testing.T) {
 	big := mustResolve(t, "sglang_bigram", "sha256_raw", "", "first64_be")
 	for _, salt := range []string{"", "tenant"} {
 		eng := newSimEngine(t, sgl, 4, "", salt, 14) // pages 4,4,4,2
-		chk := NewProfileCheck(sgl, 4, "", CheckConfig{})
-		chk.BeginBatch()
+		chk := openCheck(sgl, "")
 		ev := eng.event(0, 3)
 		ev.Salt = salt
 		if out := chk.Check(ev); out != CheckAgreed {
@@ -234,8 +237,7 @@ func TestProfileCheckSGLang(t *testing.T) {
 		want CheckOutcome
 		hint string
 	}{{withPath, CheckAgreed, ""}, {sgl, CheckMismatch, "need lora_path"}} {
-		chk := NewProfileCheck(c.p, 4, "ad", CheckConfig{})
-		chk.BeginBatch()
+		chk := openCheck(c.p, "ad")
 		if out := chk.Check(lengine.event(0, 2)); out != c.want || !strings.Contains(chk.Stats().Suggestion, c.hint) {
 			t.Fatalf("LoRA pages under %+v: %d %+v", c.p, out, chk.Stats())
 		}
@@ -254,15 +256,13 @@ func TestProfileCheckSGLang(t *testing.T) {
 		}
 		return out
 	}
-	chk := NewProfileCheck(big, 4, "", CheckConfig{})
-	chk.BeginBatch()
+	chk := openCheck(big, "")
 	ev := &StoredEvent{Hashes: eng.keys[:2], Tokens: pairs(0, 8), Pairs: true, BlockSize: 4}
 	if out := chk.Check(ev); out != CheckAgreed {
 		t.Fatalf("bigram pages: %d", out)
 	}
 	// Registered sglang, pages of pairs: the strategy is wrong.
-	chk = NewProfileCheck(sgl, 4, "", CheckConfig{})
-	chk.BeginBatch()
+	chk = openCheck(sgl, "")
 	if out := chk.Check(ev); out != CheckMismatch || !strings.Contains(chk.Stats().Suggestion, `strategy "sglang_bigram"`) {
 		t.Fatalf("pairs under sglang: %d %+v", out, chk.Stats())
 	}

@@ -26,6 +26,17 @@ func reportPerBlock(b *testing.B, blocks int, elapsed time.Duration) {
 	b.ReportMetric(float64(elapsed.Nanoseconds())/float64(b.N*blocks), "ns/block")
 }
 
+// benchBlocks runs pass, which hashes or encodes blocks blocks, once per iteration, and
+// reports allocations and ns/block.
+func benchBlocks(b *testing.B, blocks int, pass func()) {
+	b.ReportAllocs()
+	start := time.Now()
+	for b.Loop() {
+		pass()
+	}
+	reportPerBlock(b, blocks, time.Since(start))
+}
+
 // BenchmarkHash compares, per algorithm and block size, the chain (encode + SHA-256 +
 // projection) with raw SHA-256 of exactly the same preimages using crypto/sha256 and
 // minio/sha256-simd. The gap between "chain" and "raw" is the encoding overhead.
@@ -49,10 +60,8 @@ func BenchmarkHash(b *testing.B) {
 				var ch Chain
 				ch.Reset(&p, bs, "", "", prompt)
 				b.SetBytes(int64(total))
-				b.ReportAllocs()
 				var sink uint64
-				start := time.Now()
-				for b.Loop() {
+				benchBlocks(b, len(preimages), func() {
 					ch.Reset(&p, bs, "", "", prompt)
 					for {
 						k, err := ch.Next()
@@ -61,31 +70,24 @@ func BenchmarkHash(b *testing.B) {
 						}
 						sink ^= k
 					}
-				}
-				reportPerBlock(b, len(preimages), time.Since(start))
+				})
 				_ = sink
 			})
 			b.Run(prefix+"/raw-std", func(b *testing.B) {
 				b.SetBytes(int64(total))
-				b.ReportAllocs()
-				start := time.Now()
-				for b.Loop() {
+				benchBlocks(b, len(preimages), func() {
 					for _, pre := range preimages {
 						_ = stdsha256.Sum256(pre)
 					}
-				}
-				reportPerBlock(b, len(preimages), time.Since(start))
+				})
 			})
 			b.Run(prefix+"/raw-simd", func(b *testing.B) {
 				b.SetBytes(int64(total))
-				b.ReportAllocs()
-				start := time.Now()
-				for b.Loop() {
+				benchBlocks(b, len(preimages), func() {
 					for _, pre := range preimages {
 						_ = simdsha256.Sum256(pre)
 					}
-				}
-				reportPerBlock(b, len(preimages), time.Since(start))
+				})
 			})
 		}
 	}
@@ -182,23 +184,14 @@ func BenchmarkMemo(b *testing.B) {
 	const blocks = 512
 	run := func(ch *Chain, salt string) {
 		ch.ResetMemo(m, &p, 16, "", salt, toks)
-		for {
-			if _, err := ch.Next(); err != nil {
-				break
-			}
-		}
+		drain(ch)
 		ch.Done()
 	}
 	b.Run("warm", func(b *testing.B) {
 		var ch Chain
 		// Fill with many prompts first so the benchmark's own entries are not all cached.
 		run(&ch, "w")
-		b.ReportAllocs()
-		start := time.Now()
-		for b.Loop() {
-			run(&ch, "w")
-		}
-		reportPerBlock(b, blocks, time.Since(start))
+		benchBlocks(b, blocks, func() { run(&ch, "w") })
 		if ch.MemoHits() != blocks {
 			b.Fatalf("%d memo hits", ch.MemoHits())
 		}
@@ -221,30 +214,20 @@ func BenchmarkMemo(b *testing.B) {
 	})
 	b.Run("plain", func(b *testing.B) {
 		var ch Chain
-		b.ReportAllocs()
-		start := time.Now()
-		for b.Loop() {
+		benchBlocks(b, blocks, func() {
 			ch.Reset(&p, 16, "", "", toks)
-			for {
-				if _, err := ch.Next(); err != nil {
-					break
-				}
-			}
-		}
-		reportPerBlock(b, blocks, time.Since(start))
+			drain(&ch)
+		})
 	})
 	b.Run("lanes", func(b *testing.B) {
 		var ch Chain
 		ch.ResetMemo(m, &p, 16, "", "", toks)
-		b.ReportAllocs()
-		start := time.Now()
-		for b.Loop() {
+		benchBlocks(b, blocks, func() {
 			ch.mc.cx = 0
 			for ch.mc.cx < blocks {
 				ch.advance()
 			}
-		}
-		reportPerBlock(b, blocks, time.Since(start))
+		})
 	})
 }
 
@@ -274,17 +257,10 @@ func BenchmarkSaltedChain(b *testing.B) {
 				}
 				b.Run(name, func(b *testing.B) {
 					var ch Chain
-					b.ReportAllocs()
-					start := time.Now()
-					for b.Loop() {
+					benchBlocks(b, blocks, func() {
 						ch.Reset(&p, 16, lora, "tenant-salt-0123", toks)
-						for {
-							if _, err := ch.Next(); err != nil {
-								break
-							}
-						}
-					}
-					reportPerBlock(b, blocks, time.Since(start))
+						drain(&ch)
+					})
 				})
 			}
 		}

@@ -287,24 +287,23 @@ func TestMemoGrowRequests(t *testing.T) {
 			runChain(&ch, m, &p, 16, "", "", toks, -1)
 		}
 	}
-	insert(56)
-	if asked() {
-		t.Fatal("asked to grow after 56 of 128 runs")
+	// insertAsks inserts runs new runs and checks whether the memo then asked to grow.
+	insertAsks := func(runs int, want bool, when string) {
+		t.Helper()
+		insert(runs)
+		if asked() != want {
+			t.Fatalf("after %s: asked to grow %v, want %v", when, !want, want)
+		}
 	}
-	insert(8)
-	if !asked() {
-		t.Fatal("did not ask after 64 of 128 runs")
-	}
+	insertAsks(56, false, "56 of 128 runs")
+	insertAsks(8, true, "64 of 128 runs")
 	if asked() {
 		t.Fatal("asked twice")
 	}
 	if grew, _ := m.Grow(start, nil); grew { // no growth: the owner said no
 		t.Fatal("grew to its own size")
 	}
-	insert(56)
-	if asked() {
-		t.Fatal("asked again before another 64 runs")
-	}
+	insertAsks(56, false, "56 more runs")
 	// The owner's own request, declined, does not move the mark.
 	m.RequestGrow()
 	m.RequestGrow()
@@ -321,14 +320,8 @@ func TestMemoGrowRequests(t *testing.T) {
 	if grew, _ := m.Grow(2*start, nil); !grew || m.Stats().Capacity != 2*start {
 		t.Fatalf("grow to %d: capacity %d", 2*start, m.Stats().Capacity)
 	}
-	insert(120)
-	if asked() {
-		t.Fatal("asked after 120 of 256 runs")
-	}
-	insert(8)
-	if !asked() {
-		t.Fatal("did not ask after 128 of 256 runs")
-	}
+	insertAsks(120, false, "120 of 256 runs")
+	insertAsks(8, true, "128 of 256 runs")
 	if grew, _ := m.Grow(1<<30, nil); !grew || m.Stats().Capacity != m.Limit() || m.Limit() != 4*start {
 		t.Fatalf("grow past the limit: capacity %d, limit %d", m.Stats().Capacity, m.Limit())
 	}

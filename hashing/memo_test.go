@@ -425,9 +425,7 @@ func concurrentChains(t *testing.T, m *Memo, p *Profile, prompts [][]int32, besi
 	var wg sync.WaitGroup
 	errs := make(chan string, 5)
 	for g := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var ch Chain
 			for k := range 3 * len(prompts) {
 				i := (k*7 + g*13) % len(prompts)
@@ -436,16 +434,14 @@ func concurrentChains(t *testing.T, m *Memo, p *Profile, prompts [][]int32, besi
 					return
 				}
 			}
-		}()
+		})
 	}
 	if beside != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := beside(); err != nil {
 				errs <- err.Error()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
@@ -470,20 +466,12 @@ func TestMemoChainZeroAllocs(t *testing.T) {
 		cold := func() {
 			salt++
 			ch.ResetMemo(m, &p, 16, "", salts[salt%len(salts)], toks)
-			for {
-				if _, err := ch.Next(); err != nil {
-					break
-				}
-			}
+			drain(&ch)
 			ch.Done()
 		}
 		warm := func() {
 			ch.ResetMemo(m, &p, 16, "", "w", toks)
-			for {
-				if _, err := ch.Next(); err != nil {
-					break
-				}
-			}
+			drain(&ch)
 			ch.Done()
 		}
 		cold()

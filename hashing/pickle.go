@@ -234,6 +234,18 @@ type blockExtras struct {
 	lora, path, salt string
 }
 
+// parts is the number of parts of ex's value: the LoRA and the salt, each where set.
+func (ex blockExtras) parts() int {
+	n := 0
+	if ex.lora != "" {
+		n++
+	}
+	if ex.salt != "" {
+		n++
+	}
+	return n
+}
+
 // vllmBlock pickles (parent, tuple(tokens), extras) exactly, whatever the sizes. extras is
 // ex's value (see saveExtras), or, with lookahead tokens, (that value, *look), as vLLM >=
 // 0.33 hashes a block with num_hash_lookahead_tokens = len(look).
@@ -264,13 +276,7 @@ func (p *pickler) saveLookahead(ex blockExtras, look []int32) {
 
 // saveExtras saves None, or the tuple of ex's parts (blockExtras).
 func (p *pickler) saveExtras(ex blockExtras) {
-	n := 0
-	if ex.lora != "" {
-		n++
-	}
-	if ex.salt != "" {
-		n++
-	}
+	n := ex.parts()
 	if n == 0 {
 		p.saveNone()
 		return

@@ -39,6 +39,14 @@ type pyCase struct {
 // runPython pickles the cases in one python3 process and returns the preimages.
 func runPython(t *testing.T, cases []pyCase) [][]byte {
 	t.Helper()
+	return pythonPickles(t, pythonPickleScript, cases, len(cases))
+}
+
+// pythonPickles runs script in one python3 process with cases (a slice of n cases) as
+// JSON on its standard input, and returns the pickles it prints: a JSON list of n hex
+// strings. Without python3 the test is skipped.
+func pythonPickles(t *testing.T, script string, cases any, n int) [][]byte {
+	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not found: cannot compare the pickle encoder with CPython")
@@ -47,7 +55,7 @@ func runPython(t *testing.T, cases []pyCase) [][]byte {
 	if err != nil {
 		t.Fatalf("encode cases: %v", err)
 	}
-	cmd := exec.Command(py, "-c", pythonPickleScript)
+	cmd := exec.Command(py, "-c", script)
 	cmd.Stdin = bytes.NewReader(in)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -59,8 +67,8 @@ func runPython(t *testing.T, cases []pyCase) [][]byte {
 	if err := json.Unmarshal(out, &hexes); err != nil {
 		t.Fatalf("decode python output: %v", err)
 	}
-	if len(hexes) != len(cases) {
-		t.Fatalf("python returned %d results for %d cases", len(hexes), len(cases))
+	if len(hexes) != n {
+		t.Fatalf("python returned %d results for %d cases", len(hexes), n)
 	}
 	res := make([][]byte, len(hexes))
 	for i, h := range hexes {

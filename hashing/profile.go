@@ -23,13 +23,14 @@ const (
 // String returns the wire name ("vllm_v1", "sglang", "sglang_bigram"), or "" for an
 // unknown value, so a zero Profile prints as empty selectors rather than garbage.
 func (s Strategy) String() string {
-	switch s {
-	case StrategyVLLMV1:
-		return "vllm_v1"
-	case StrategySGLang:
-		return "sglang"
-	case StrategySGLangBigram:
-		return "sglang_bigram"
+	return wireName(s, []string{StrategyVLLMV1: "vllm_v1", StrategySGLang: "sglang", StrategySGLangBigram: "sglang_bigram"})
+}
+
+// wireName returns the name of selector v in names, indexed by value, or "" for a value
+// names does not list.
+func wireName[V ~uint8](v V, names []string) string {
+	if int(v) < len(names) {
+		return names[v]
 	}
 	return ""
 }
@@ -52,19 +53,8 @@ const (
 // String returns the wire name ("sha256", "sha256_cbor", "sha256_raw", "xxhash",
 // "xxhash_cbor"), or "" if unknown.
 func (a Algorithm) String() string {
-	switch a {
-	case AlgoSHA256Pickle:
-		return "sha256"
-	case AlgoSHA256CBOR:
-		return "sha256_cbor"
-	case AlgoSHA256Raw:
-		return "sha256_raw"
-	case AlgoXXHashPickle:
-		return "xxhash"
-	case AlgoXXHashCBOR:
-		return "xxhash_cbor"
-	}
-	return ""
+	return wireName(a, []string{AlgoSHA256Pickle: "sha256", AlgoSHA256CBOR: "sha256_cbor", AlgoSHA256Raw: "sha256_raw",
+		AlgoXXHashPickle: "xxhash", AlgoXXHashCBOR: "xxhash_cbor"})
 }
 
 // cbor reports whether the algorithm hashes canonical CBOR (else pickle, for vllm_v1).
@@ -98,13 +88,7 @@ const (
 
 // String returns the wire name ("untagged", "tagged"), or "" if unknown.
 func (e ExtraKeys) String() string {
-	switch e {
-	case ExtraKeysUntagged:
-		return "untagged"
-	case ExtraKeysTagged:
-		return "tagged"
-	}
-	return ""
+	return wireName(e, []string{ExtraKeysUntagged: "untagged", ExtraKeysTagged: "tagged"})
 }
 
 // Projection selects which 64 bits of a digest are the index key.
@@ -118,13 +102,7 @@ const (
 
 // String returns the wire name ("low64_be", "first64_be"), or "" if unknown.
 func (p Projection) String() string {
-	switch p {
-	case ProjLow64BE:
-		return "low64_be"
-	case ProjFirst64BE:
-		return "first64_be"
-	}
-	return ""
+	return wireName(p, []string{ProjLow64BE: "low64_be", ProjFirst64BE: "first64_be"})
 }
 
 // Apply projects a full 32-byte block digest onto the 64-bit index key. Event decoders

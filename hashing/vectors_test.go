@@ -3,94 +3,17 @@ package hashing
 import (
 	"bytes"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/conductor-go/conductor/internal/enginevectors"
 )
 
-// vectorsPath is the repository's test-vector file (testdata/vectors/README.md),
-// relative to this package directory.
-const vectorsPath = "../testdata/vectors/hash_vectors.json"
-
-type vllmVectorBlock struct {
-	Index       int             `json:"index"`
-	TokenRange  [2]int          `json:"token_range"`
-	ExtraKeys   json.RawMessage `json:"extra_keys"`
-	ParentHex   string          `json:"parent_hash_hex"`
-	PreimageHex string          `json:"preimage_hex"`
-	HashHex     string          `json:"hash_hex"`
-	EventU64    uint64          `json:"event_u64"`
-	EventU64Hex string          `json:"event_u64_hex"`
-	TokenIDs    []int32         `json:"token_ids"`
-}
-
-type vllmVectorCase struct {
-	Algo       string            `json:"algo"`
-	BlockSize  int               `json:"block_size"`
-	Variant    string            `json:"variant"`
-	LoraName   *string           `json:"lora_name"`
-	CacheSalt  *string           `json:"cache_salt"`
-	MMFeatures json.RawMessage   `json:"mm_features"`
-	Unhashed   []int32           `json:"unhashed_tail_tokens"`
-	Blocks     []vllmVectorBlock `json:"blocks"`
-}
-
-type sglangVectorPage struct {
-	Index     int             `json:"index"`
-	UnitRange [2]int          `json:"unit_range"`
-	Units     json.RawMessage `json:"units"`
-	Partial   bool            `json:"partial"`
-	HashHex   string          `json:"hash_hex"`
-	EventI64  int64           `json:"event_i64"`
-	First8U64 uint64          `json:"first8_u64"`
-}
-
-type sglangVectorCase struct {
-	PageSize     int                `json:"page_size"`
-	Bigram       bool               `json:"bigram"`
-	Variant      string             `json:"variant"`
-	ChainSeedHex *string            `json:"chain_seed_hex"`
-	Pages        []sglangVectorPage `json:"pages"`
-}
-
-type hashVectors struct {
-	Prompt []int32 `json:"prompt_token_ids"`
-	VLLM   struct {
-		Seed     string `json:"pythonhashseed"`
-		NoneHash map[string]map[string]struct {
-			PreimageHex string `json:"preimage_hex"`
-			HashHex     string `json:"hash_hex"`
-		} `json:"none_hash"`
-		Cases      []vllmVectorCase `json:"cases"`
-		Multiframe struct {
-			Tokens         string `json:"tokens"`
-			PreimageLen    int    `json:"preimage_len"`
-			PreimageSHA256 string `json:"preimage_sha256"`
-		} `json:"pickle_multiframe_check"`
-	} `json:"vllm_v1"`
-	SGLang struct {
-		Cases []sglangVectorCase `json:"cases"`
-	} `json:"sglang"`
-}
-
-func loadVectors(t *testing.T) *hashVectors {
+func loadVectors(t *testing.T) *enginevectors.HashFile {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.FromSlash(vectorsPath))
-	if err != nil {
-		t.Fatalf("read vectors: %v", err)
-	}
-	var v hashVectors
-	if err := json.Unmarshal(raw, &v); err != nil {
-		t.Fatalf("decode vectors: %v", err)
-	}
-	if len(v.Prompt) == 0 || len(v.VLLM.Cases) == 0 || len(v.SGLang.Cases) == 0 {
-		t.Fatalf("vectors file has no cases")
-	}
-	return &v
+	return enginevectors.HashVectors(t, "..")
 }
 
 func mustHex(t *testing.T, s string) []byte {

@@ -8,11 +8,9 @@ package ingest_test
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -24,12 +22,9 @@ import (
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/internal/enginevectors"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
-
-// vectorsPath is the repository's test-vector file (testdata/vectors/README.md),
-// relative to this package directory.
-const vectorsPath = "../testdata/vectors/hash_vectors.json"
 
 // ---- msgpack payload builders ------------------------------------------------------------
 
@@ -400,6 +395,23 @@ func sglangKey() engine.ContextKey {
 	return engine.ContextKey{TenantID: "default", ModelName: "s", BlockSize: 4}
 }
 
+// vllmPrompt is a new rig, the vLLM context, the prompt 1..n and its block keys there.
+func vllmPrompt(t *testing.T, n int) (r *rig, key engine.ContextKey, toks []int32, k []uint64) {
+	t.Helper()
+	toks = tokens(n)
+	return newRig(t), vllmKey(), toks, keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+}
+
+// registeredPrompt is a new rig with inst's rank 0 registered in context key (profile
+// p), and the prompt 1..n hashed there.
+func registeredPrompt(t *testing.T, key engine.ContextKey, p hashing.Profile, inst string, n int) (*rig, []int32, []block) {
+	t.Helper()
+	r := newRig(t)
+	r.registerSlot(key, p, inst, 0)
+	toks := tokens(n)
+	return r, toks, hashBlocks(t, p, int(key.BlockSize), "", toks)
+}
+
 // vllmStream registers inst/rank in the vLLM context and attaches a stream for it.
 func (r *rig) vllmStream(inst string, rank int, cfg zmqtest.Config) *stream {
 	r.t.Helper()
@@ -412,10 +424,7 @@ func (r *rig) vllmStream(inst string, rank int, cfg zmqtest.Config) *stream {
 // ---- happy paths -------------------------------------------------------------------------
 
 func TestVLLMStoredRemovedCleared(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	toks := tokens(64)
-	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+	r, key, toks, k := vllmPrompt(t, 64)
 	r0 := r.vllmStream("vllm-a", 0, zmqtest.Config{})
 	r1 := r.vllmStream("vllm-a", 1, zmqtest.Config{})
 
@@ -452,46 +461,9 @@ func TestVLLMStoredRemovedCleared(t *testing.T) {
 	}
 }
 
-// vectorFile is the part of hash_vectors.json these tests read.
-type vectorFile struct {
-	VLLM struct {
-		Cases []struct {
-			Algo      string `json:"algo"`
-			BlockSize int    `json:"block_size"`
-			Variant   string `json:"variant"`
-			Blocks    []struct {
-				EventU64 uint64 `json:"event_u64"`
-				HashHex  string `json:"hash_hex"`
-			} `json:"blocks"`
-		} `json:"cases"`
-	} `json:"vllm_v1"`
-	SGLang struct {
-		Cases []struct {
-			PageSize int    `json:"page_size"`
-			Bigram   bool   `json:"bigram"`
-			Variant  string `json:"variant"`
-			Pages    []struct {
-				EventI64 int64  `json:"event_i64"`
-				HashHex  string `json:"hash_hex"`
-			} `json:"pages"`
-		} `json:"cases"`
-	} `json:"sglang"`
-	Events map[string]struct {
-		PayloadHex string `json:"payload_hex"`
-	} `json:"event_examples"`
-}
-
-func loadVectors(t *testing.T) *vectorFile {
+func loadVectors(t *testing.T) *enginevectors.HashFile {
 	t.Helper()
-	b, err := os.ReadFile(filepath.FromSlash(vectorsPath))
-	if err != nil {
-		t.Fatalf("read vectors: %v", err)
-	}
-	var v vectorFile
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatalf("decode vectors: %v", err)
-	}
-	return &v
+	return enginevectors.HashVectors(t, "..")
 }
 
 // TestVLLMVectorPayload feeds the exact payload current vLLM emits (shared vectors) through
@@ -594,12 +566,8 @@ func TestSGLangTiers(t *testing.T) {
 }
 
 func TestMooncakeVLLMKeys(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	p := vllmProfile(t)
-	toks := tokens(64)
-	b := hashBlocks(t, p, 16, "", toks)
-	r.registerSlot(key, p, "engine-a", 0)
+	key, p := vllmKey(), vllmProfile(t)
+	r, toks, b := registeredPrompt(t, key, p, "engine-a", 64)
 	r.registerSlot(key, p, "engine-b", 0)
 	r.registerSlot(key, p, "engine-b", 1)
 	s := r.attach(translate.Source{Name: "master", Kind: publisher.Mooncake, Context: key, Profile: p},
@@ -670,12 +638,8 @@ func TestMooncakeVLLMKeys(t *testing.T) {
 }
 
 func TestMooncakeSGLangKeys(t *testing.T) {
-	r := newRig(t)
-	key := sglangKey()
-	p := sglangProfile(t)
-	toks := tokens(12)
-	b := hashBlocks(t, p, 4, "", toks)
-	r.registerSlot(key, p, "sgl-a", 0)
+	key, p := sglangKey(), sglangProfile(t)
+	r, toks, b := registeredPrompt(t, key, p, "sgl-a", 12)
 	s := r.attach(translate.Source{Name: "master", Kind: publisher.Mooncake, Context: key, Profile: p},
 		zmqtest.Config{})
 	s.pub.Skip(1)
@@ -715,10 +679,7 @@ func TestMooncakeSGLangKeys(t *testing.T) {
 // ---- sequence, replay and stale ----------------------------------------------------------
 
 func TestGapRecoveredByReplayExactlyOnce(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	toks := tokens(64)
-	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+	r, key, toks, k := vllmPrompt(t, 64)
 	s := r.vllmStream("vllm-a", 0, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*", ReplayWithTopic: true})
 	s.publishAndWait(engineBatch(0, vStored(k[:1])))
 	s.pub.Lose(engineBatch(0, vStored(k[1:3]))) // seq 1: only the replay ring has it
@@ -743,7 +704,6 @@ func TestGapRecoveredByReplayExactlyOnce(t *testing.T) {
 // stale publishes a store, opens a gap the way setup describes, and checks the source went
 // stale, its entries were retracted, and later events are ignored.
 func TestStale(t *testing.T) {
-	toks := tokens(48)
 	cases := []struct {
 		name   string
 		replay bool
@@ -774,9 +734,7 @@ func TestStale(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t)
-			key := vllmKey()
-			k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+			r, key, toks, k := vllmPrompt(t, 48)
 			cfg := zmqtest.Config{}
 			if tc.replay {
 				cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
@@ -808,12 +766,8 @@ func TestStale(t *testing.T) {
 }
 
 func TestMooncakeGapRetractsSource(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	p := vllmProfile(t)
-	toks := tokens(32)
-	b := hashBlocks(t, p, 16, "", toks)
-	r.registerSlot(key, p, "engine-a", 0)
+	key, p := vllmKey(), vllmProfile(t)
+	r, toks, b := registeredPrompt(t, key, p, "engine-a", 32)
 	m1 := r.attach(translate.Source{Name: "m1", Kind: publisher.Mooncake, Context: key, Profile: p}, zmqtest.Config{})
 	m2 := r.attach(translate.Source{Name: "m2", Kind: publisher.Mooncake, Context: key, Profile: p}, zmqtest.Config{})
 	keyOf := func(i int) string { return "m@tp_rank:0@pcp0@dcp0@pp_rank:0@" + b[i].hex }
@@ -828,10 +782,7 @@ func TestMooncakeGapRetractsSource(t *testing.T) {
 }
 
 func TestMalformedInputChangesNothing(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	toks := tokens(48)
-	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+	r, key, toks, k := vllmPrompt(t, 48)
 	s := r.vllmStream("vllm-a", 0, zmqtest.Config{Topic: "kv-events"})
 	s.publishAndWait(engineBatch(0, vStored(k[:1])))
 
@@ -880,10 +831,7 @@ func TestMalformedInputChangesNothing(t *testing.T) {
 }
 
 func TestHandlerTopicIgnored(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	toks := tokens(32)
-	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+	r, key, toks, k := vllmPrompt(t, 32)
 	// The registered type picks the decoder, whatever the topic says.
 	s := r.vllmStream("vllm-a", 0, zmqtest.Config{Topic: "sglang-mooncake-misleading"})
 	s.publishAndWait(engineBatch(0, vStored(k[:1])))
@@ -898,12 +846,8 @@ func TestHandlerTopicIgnored(t *testing.T) {
 // TestSGLangRejectsMooncakeEnvelope: a master batch on an SGLang registration is dropped as
 // an envelope failure; the native stream continues.
 func TestSGLangRejectsMooncakeEnvelope(t *testing.T) {
-	r := newRig(t)
-	key := sglangKey()
-	p := sglangProfile(t)
-	toks := tokens(8)
-	b := hashBlocks(t, p, 4, "", toks)
-	r.registerSlot(key, p, "sgl-a", 0)
+	key, p := sglangKey(), sglangProfile(t)
+	r, toks, b := registeredPrompt(t, key, p, "sgl-a", 8)
 	s := r.attach(translate.Source{Kind: publisher.SGLang, Context: key,
 		Slot: engine.Slot{InstanceID: "sgl-a"}, Profile: p}, zmqtest.Config{})
 	s.publishAndWait(mooncakeBatch(mcEvent("stored", key, "cpu", b[0].hex+"_0_k")),
@@ -915,10 +859,7 @@ func TestSGLangRejectsMooncakeEnvelope(t *testing.T) {
 }
 
 func TestPublisherRestartRetractsOldEntries(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	toks := tokens(48)
-	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+	r, key, toks, k := vllmPrompt(t, 48)
 	s := r.vllmStream("vllm-a", 0, zmqtest.Config{})
 	s.publishAndWait(engineBatch(0, vStored(k[:2])), engineBatch(0, vStored(k[2:3])))
 	r.wantTiers(key, toks, "vllm-a", device(48))
@@ -956,10 +897,7 @@ func TestPublisherRestartRetractsOldEntries(t *testing.T) {
 // ---- vLLM field rules --------------------------------------------------------------------
 
 func TestVLLMFieldRules(t *testing.T) {
-	r := newRig(t)
-	key := vllmKey()
-	toks := tokens(64)
-	k := keysOf(hashBlocks(t, vllmProfile(t), 16, "", toks))
+	r, key, toks, k := vllmPrompt(t, 64)
 	s := r.vllmStream("vllm-a", 0, zmqtest.Config{})
 	bad := vStored(k[3:4]) // block 3: any wrongly accepted store shows up as 64 tokens
 	// Positional (vLLM <= 0.23) events are decoded like maps, then meet the same rules.

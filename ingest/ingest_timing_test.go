@@ -1,13 +1,13 @@
 package ingest_test
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/tinylib/msgp/msgp"
-
+	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/ingest"
 	"github.com/conductor-go/conductor/ingest/translate"
@@ -16,39 +16,22 @@ import (
 )
 
 // vllmStepPayload encodes one vLLM KVEventBatch of `events` BlockStored events, each with
-// 64 block hashes and their 1024 token ids, as vLLM publishes a scheduler step.
+// 64 block hashes and their 1024 token ids, as current vLLM publishes a scheduler step
+// (bench/sim's encoder, the one the load simulator sends).
 func vllmStepPayload(rng *rand.Rand, events int) []byte {
-	b := msgp.AppendArrayHeader(nil, 3)
-	b = msgp.AppendFloat64(b, 1757500000.25)
-	b = msgp.AppendArrayHeader(b, uint32(events))
+	enc := sim.NewBatchEncoder(publisher.VLLM, sim.StyleCurrent, 16, "")
+	keys, toks := make([]uint64, 64), make([]int32, 1024)
 	for e := 0; e < events; e++ {
-		b = msgp.AppendMapHeader(b, 9)
-		b = msgp.AppendString(b, "type")
-		b = msgp.AppendString(b, "BlockStored")
-		b = msgp.AppendString(b, "block_hashes")
-		b = msgp.AppendArrayHeader(b, 64)
-		for i := 0; i < 64; i++ {
-			b = msgp.AppendUint64(b, rng.Uint64()|1<<63)
+		for i := range keys {
+			keys[i] = rng.Uint64() | 1<<63
 		}
-		b = msgp.AppendString(b, "parent_block_hash")
-		b = msgp.AppendUint64(b, rng.Uint64()|1<<63)
-		b = msgp.AppendString(b, "token_ids")
-		b = msgp.AppendArrayHeader(b, 1024)
-		for i := 0; i < 1024; i++ {
-			b = msgp.AppendInt32(b, int32(rng.IntN(150000)))
+		parent := rng.Uint64() | 1<<63
+		for i := range toks {
+			toks[i] = int32(rng.IntN(150000))
 		}
-		b = msgp.AppendString(b, "block_size")
-		b = msgp.AppendInt(b, 16)
-		b = msgp.AppendString(b, "lora_id")
-		b = msgp.AppendNil(b)
-		b = msgp.AppendString(b, "medium")
-		b = msgp.AppendString(b, "GPU")
-		b = msgp.AppendString(b, "lora_name")
-		b = msgp.AppendNil(b)
-		b = msgp.AppendString(b, "kv_cache_spec_kind")
-		b = msgp.AppendString(b, "full_attention")
+		enc.Stored(keys, parent, true, toks, sim.TierDevice)
 	}
-	return msgp.AppendNil(b)
+	return bytes.Clone(enc.Finish(1757500000.25, 0))
 }
 
 // BenchmarkIngestEndToEnd: 8 publishers over TCP loopback, each a vLLM engine (its own

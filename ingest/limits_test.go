@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,7 +47,7 @@ func TestOversizeMessageCountedAndRecovered(t *testing.T) {
 	}
 	publish(t, p, "b2")
 	waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 3 })
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 3)) {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 3)) {
 		t.Fatalf("seqs = %v", got)
 	}
 	h.mu.Lock()
@@ -80,7 +81,7 @@ func TestOversizeMessageWithoutReplayGoesStale(t *testing.T) {
 	}
 	publish(t, p, "b2")
 	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-	if got := h.applied(); !equalSeqs(got, []uint64{0}) {
+	if got := h.applied(); !slices.Equal(got, []uint64{0}) {
 		t.Fatalf("seqs = %v", got)
 	}
 	if r := h.staleReasons(); len(r) != 1 {

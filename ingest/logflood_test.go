@@ -15,11 +15,6 @@ import (
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
-// stepClock is a clock the test moves by hand.
-type stepClock struct{ now time.Time }
-
-func (c *stepClock) Now() time.Time { return c.now }
-
 // logLines decodes JSON log output: per message, the lines that stand for real events
 // (summary lines of Flush excluded) and the sum of the "suppressed" counts reported.
 func logLines(t *testing.T, out []byte) (lines, suppressed map[string]int) {
@@ -63,8 +58,8 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 	broken := []byte{0xc1}
 	badEvent := vllmBadEventBatch()
 	flood := func(t *testing.T, out io.Writer, limit lograte.Config) *translate.EventHandler {
-		clock := &stepClock{now: time.Unix(1_700_000_000, 0)}
-		limit.Now = clock.Now
+		now := time.Unix(1_700_000_000, 0) // the limiter's clock, stepped by hand
+		limit.Now = func() time.Time { return now }
 		lim := lograte.New(slog.NewJSONHandler(out, nil), limit)
 		eng := engine.New(engine.Config{})
 		t.Cleanup(eng.Close)
@@ -81,7 +76,7 @@ func TestMalformedFloodLogIsRateLimited(t *testing.T) {
 			if err := h.HandleBatch(uint64(i), p); err != nil {
 				t.Fatal(err)
 			}
-			clock.now = clock.now.Add(step)
+			now = now.Add(step)
 		}
 		lim.Flush(context.Background())
 		return h

@@ -21,6 +21,7 @@
 package ingest
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -202,16 +203,16 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 		cfg.MaxMessageSize < -1 || cfg.OpenRetryMax < 0 || cfg.BufferBytes < 0 {
 		return nil, fmt.Errorf("new subscriber %q: negative timeout or limit", cfg.Name)
 	}
-	cfg.PollTimeout = orDefault(cfg.PollTimeout, DefaultPollTimeout)
-	cfg.ReplayTimeout = orDefault(cfg.ReplayTimeout, DefaultReplayTimeout)
-	cfg.ReplayRecoveryTimeout = orDefault(cfg.ReplayRecoveryTimeout, DefaultReplayRecoveryTimeout)
-	cfg.ReconnectDelay = orDefault(cfg.ReconnectDelay, DefaultReconnectDelay)
-	cfg.MaxRecoveryMessages = orDefault(cfg.MaxRecoveryMessages, DefaultMaxRecoveryMessages)
-	cfg.MaxRecoveryBytes = orDefault(cfg.MaxRecoveryBytes, DefaultMaxRecoveryBytes)
-	cfg.MaxMessageSize = orDefault(cfg.MaxMessageSize, DefaultMaxMessageSize)
-	cfg.BufferBytes = orDefault(cfg.BufferBytes, DefaultBufferBytes)
-	cfg.OpenRetryMax = orDefault(cfg.OpenRetryMax, DefaultOpenRetryMax)
-	cfg.JoinCheckDelay = orDefault(cfg.JoinCheckDelay, DefaultJoinCheckDelay)
+	cfg.PollTimeout = cmp.Or(cfg.PollTimeout, DefaultPollTimeout)
+	cfg.ReplayTimeout = cmp.Or(cfg.ReplayTimeout, DefaultReplayTimeout)
+	cfg.ReplayRecoveryTimeout = cmp.Or(cfg.ReplayRecoveryTimeout, DefaultReplayRecoveryTimeout)
+	cfg.ReconnectDelay = cmp.Or(cfg.ReconnectDelay, DefaultReconnectDelay)
+	cfg.MaxRecoveryMessages = cmp.Or(cfg.MaxRecoveryMessages, DefaultMaxRecoveryMessages)
+	cfg.MaxRecoveryBytes = cmp.Or(cfg.MaxRecoveryBytes, DefaultMaxRecoveryBytes)
+	cfg.MaxMessageSize = cmp.Or(cfg.MaxMessageSize, DefaultMaxMessageSize)
+	cfg.BufferBytes = cmp.Or(cfg.BufferBytes, DefaultBufferBytes)
+	cfg.OpenRetryMax = cmp.Or(cfg.OpenRetryMax, DefaultOpenRetryMax)
+	cfg.JoinCheckDelay = cmp.Or(cfg.JoinCheckDelay, DefaultJoinCheckDelay)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -227,14 +228,6 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	s.bh, _ = h.(BurstHandler)
 	s.tr = s.newTracker()
 	return s, nil
-}
-
-func orDefault[T comparable](v, d T) T {
-	var zero T
-	if v == zero {
-		return d
-	}
-	return v
 }
 
 // Start creates the sockets, connects, and starts the receive goroutine. It fails when the
@@ -572,13 +565,19 @@ func (s *Subscriber) pumpSub() (int, error) {
 	if n == 0 || err != nil {
 		return 0, err
 	}
+	s.noteReceived()
+	s.onLiveMessage(n)
+	s.noteSize()
+	return n, nil
+}
+
+// noteReceived accounts the message just received: the receive buffer's size where it
+// changed, and the bytes libzmq held for it (reported to the transport after the burst).
+func (s *Subscriber) noteReceived() {
 	if int64(len(s.buf)) != s.st.recvBuf.Load() {
 		s.st.recvBuf.Store(int64(len(s.buf)))
 	}
 	s.rcvd += int64(s.z.Used())
-	s.onLiveMessage(n)
-	s.noteSize()
-	return n, nil
 }
 
 // noteSize gives back a large receive buffer once recvShrinkAfter messages in a row
@@ -618,10 +617,7 @@ func (s *Subscriber) pumpDealer() (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	if int64(len(s.buf)) != s.st.recvBuf.Load() {
-		s.st.recvBuf.Store(int64(len(s.buf)))
-	}
-	s.rcvd += int64(s.z.Used())
+	s.noteReceived()
 	s.onReplayMessage(n)
 	s.noteSize()
 	return n, nil

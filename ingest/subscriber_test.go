@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,6 +139,19 @@ func (r *recorder) wantStale(t *testing.T, why string) {
 	}
 }
 
+// awaitStale waits until s goes stale, publishes more (which a stale subscriber no longer
+// reads) and waits until s can no longer change (flushSub); it checks that the handler was
+// told why, and returns the subscriber's stats and the sequences the handler applied.
+func awaitStale(t *testing.T, p *zmqtest.Publisher, s *Subscriber, h *recorder, why string, more ...string) (SubscriberStats, []uint64) {
+	t.Helper()
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	publish(t, p, more...)
+	flushSub(t, p, s)
+	st := s.Stats()
+	h.wantStale(t, why)
+	return st, h.applied()
+}
+
 // waitUntil waits until cond holds (zmqtest.Await).
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -184,18 +198,6 @@ func seqRange(lo, hi uint64) []uint64 {
 	return out
 }
 
-func equalSeqs(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 func TestHappyPath(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &recorder{}
@@ -214,7 +216,7 @@ func TestHappyPath(t *testing.T) {
 		}
 	}
 	waitUntil(t, "100 batches", func() bool { return s.Stats().Applied == 100 })
-	if got := h.applied(); !equalSeqs(got, seqRange(5, 105)) {
+	if got := h.applied(); !slices.Equal(got, seqRange(5, 105)) {
 		t.Fatalf("seqs = %v", got)
 	}
 	h.mu.Lock()
@@ -244,7 +246,7 @@ func TestTopicIgnored(t *testing.T) {
 	p.Skip(uint64(len(topics)))
 	publish(t, p, "via-publisher-topic")
 	waitUntil(t, "all topics", func() bool { return s.Stats().Applied == uint64(len(topics)+1) })
-	if got := h.applied(); !equalSeqs(got, seqRange(0, uint64(len(topics)+1))) {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, uint64(len(topics)+1))) {
 		t.Fatalf("seqs = %v", got)
 	}
 	h.mu.Lock()
@@ -280,7 +282,7 @@ func TestMalformedMessagesAreDropped(t *testing.T) {
 	if st.ConsumeErrors != uint64(len(bad)) || st.Received != uint64(len(bad))+2 || st.Stale {
 		t.Fatalf("stats = %+v", st)
 	}
-	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) {
+	if got := h.applied(); !slices.Equal(got, []uint64{0, 1}) {
 		t.Fatalf("seqs = %v", got)
 	}
 }
@@ -296,7 +298,7 @@ func TestDuplicatesAndOlderDropped(t *testing.T) {
 	}
 	waitUntil(t, "received", func() bool { return s.Stats().Received == 8 })
 	st := s.Stats()
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 5)) || st.Duplicates != 3 || st.Gaps != 0 || st.Restarts != 0 {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 5)) || st.Duplicates != 3 || st.Gaps != 0 || st.Restarts != 0 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
 }
@@ -314,7 +316,7 @@ func TestGapRecoveredByReplay(t *testing.T) {
 			publish(t, p, "b7", "b8")
 			waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 9 })
 			flushSub(t, p, s) // anything applied twice would show up by now
-			if got := h.applied(); !equalSeqs(got, seqRange(0, 9)) {
+			if got := h.applied(); !slices.Equal(got, seqRange(0, 9)) {
 				t.Fatalf("seqs = %v", got)
 			}
 			h.mu.Lock()
@@ -358,7 +360,7 @@ func TestSecondGapDuringRecovery(t *testing.T) {
 	pileUp()
 	waitUntil(t, "both gaps", func() bool { return s.Stats().Applied == 6 })
 	st := s.Stats()
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) || st.Gaps != 2 || st.Dropped != 2 || st.ReplaysOK != 2 {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 6)) || st.Gaps != 2 || st.Dropped != 2 || st.ReplaysOK != 2 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
 	if req := p.ReplayRequests(); len(req) != 2 || req[0] != 1 || req[1] != 3 {
@@ -373,12 +375,8 @@ func TestGapWithoutReplayGoesStale(t *testing.T) {
 	publish(t, p, "0", "1")
 	p.Skip(2)
 	publish(t, p, "4")
-	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-	publish(t, p, "5", "6")
-	flushSub(t, p, s)
-	st := s.Stats()
-	h.wantStale(t, "gap")
-	if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
+	st, got := awaitStale(t, p, s, h, "gap", "5", "6")
+	if !slices.Equal(got, []uint64{0, 1}) || st.Dropped != 2 || st.Gaps != 1 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
 }
@@ -435,11 +433,8 @@ func TestUnrecoverableReplayGoesStale(t *testing.T) {
 				p.Lose([]byte("3"))
 			}
 			publish(t, p, "4", "5")
-			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-			flushSub(t, p, s)
-			st := s.Stats()
-			h.wantStale(t, tc.reason)
-			if got := h.applied(); !equalSeqs(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
+			st, got := awaitStale(t, p, s, h, tc.reason)
+			if !slices.Equal(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 		})
@@ -470,7 +465,7 @@ func TestFailedReplayAttemptsRetried(t *testing.T) {
 					t.Fatalf("replay requests %v: each asks for the gap from 1", p.ReplayRequests())
 				}
 			}
-			if got := h.applied(); !equalSeqs(got, []uint64{0}) || st.Stale || st.ReplaysFailed != 0 {
+			if got := h.applied(); !slices.Equal(got, []uint64{0}) || st.Stale || st.ReplaysFailed != 0 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 		})
@@ -513,7 +508,7 @@ func TestReplayGoesStaleAtDeadline(t *testing.T) {
 			st := s.Stats()
 			h.wantStale(t, "deadline")
 			// The buffered live boundary is never applied out of order.
-			if got := h.applied(); !equalSeqs(got, []uint64{0}) || st.ReplaysFailed != 1 {
+			if got := h.applied(); !slices.Equal(got, []uint64{0}) || st.ReplaysFailed != 1 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 			if req := p.ReplayRequests(); len(req) < 1 || len(req) > maxAttempts {
@@ -586,12 +581,8 @@ func TestHandlerErrorGoesStaleWithoutAdvancing(t *testing.T) {
 				p.Lose([]byte("2")) // rejected while replayed
 			}
 			publish(t, p, "x", "y")
-			waitUntil(t, "stale", func() bool { return s.Stats().Stale })
-			publish(t, p, "z")
-			flushSub(t, p, s)
-			st := s.Stats()
-			h.wantStale(t, "data_parallel_rank")
-			if got := h.applied(); !equalSeqs(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
+			st, got := awaitStale(t, p, s, h, "data_parallel_rank", "z")
+			if !slices.Equal(got, []uint64{0, 1}) || st.Rejected != 1 || st.Applied != 2 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 		})
@@ -740,30 +731,41 @@ func rebind(t *testing.T, cfg zmqtest.Config) *zmqtest.Publisher {
 	return nil
 }
 
+// restartAfter10 publishes 10 batches "old" on p1, numbered from first, and once s has
+// applied them closes p1 and returns the publisher that restarts in its place (same
+// endpoint, numbering from first again) once s has subscribed to it.
+func restartAfter10(t *testing.T, p1 *zmqtest.Publisher, s *Subscriber, first uint64) *zmqtest.Publisher {
+	t.Helper()
+	p1.Skip(first)
+	for range 10 {
+		publish(t, p1, "old")
+	}
+	waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
+	ep := p1.Endpoint()
+	if err := p1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p2 := rebind(t, zmqtest.Config{Endpoint: ep})
+	p2.Skip(first)
+	if err := p2.WaitSubscribers(1, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return p2
+}
+
 func TestPublisherRestart(t *testing.T) {
 	t.Run("no replay", func(t *testing.T) {
 		p1 := newPub(t, zmqtest.Config{})
 		h := &recorder{}
 		s := startSub(t, fastConfig(p1.Endpoint(), ""), h, p1)
-		for range 10 {
-			publish(t, p1, "old")
-		}
-		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
-		ep := p1.Endpoint()
-		if err := p1.Close(); err != nil {
-			t.Fatal(err)
-		}
-		p2 := rebind(t, zmqtest.Config{Endpoint: ep})
-		if err := p2.WaitSubscribers(1, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		p2 := restartAfter10(t, p1, s, 0)
 		for range 5 {
 			publish(t, p2, "new")
 		}
 		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 15 })
 		st := s.Stats()
 		want := append(seqRange(0, 10), seqRange(0, 5)...)
-		if got := h.applied(); !equalSeqs(got, want) || st.Restarts != 1 || st.Stale || st.Reconnects < 1 {
+		if got := h.applied(); !slices.Equal(got, want) || st.Restarts != 1 || st.Stale || st.Reconnects < 1 {
 			t.Fatalf("seqs = %v, stats = %+v", got, st)
 		}
 		h.mu.Lock()
@@ -776,25 +778,12 @@ func TestPublisherRestart(t *testing.T) {
 		p1 := newPub(t, zmqtest.Config{})
 		h := &recorder{}
 		s := startSub(t, fastConfig(p1.Endpoint(), ""), h, p1)
-		p1.Skip(1) // the Mooncake master numbers from 1
-		for range 10 {
-			publish(t, p1, "old")
-		}
-		waitUntil(t, "first stream", func() bool { return s.Stats().Applied == 10 })
-		ep := p1.Endpoint()
-		if err := p1.Close(); err != nil {
-			t.Fatal(err)
-		}
-		p2 := rebind(t, zmqtest.Config{Endpoint: ep})
-		p2.Skip(1)
-		if err := p2.WaitSubscribers(1, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
+		p2 := restartAfter10(t, p1, s, 1) // the Mooncake master numbers from 1
 		publish(t, p2, "new1", "new2", "new3")
 		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 13 })
 		st := s.Stats()
 		want := append(seqRange(1, 11), seqRange(1, 4)...)
-		if got := h.applied(); !equalSeqs(got, want) || st.Restarts != 1 || st.Stale || st.Gaps != 0 {
+		if got := h.applied(); !slices.Equal(got, want) || st.Restarts != 1 || st.Stale || st.Gaps != 0 {
 			t.Fatalf("seqs = %v, stats = %+v", got, st)
 		}
 	})
@@ -819,7 +808,7 @@ func TestPublisherRestart(t *testing.T) {
 		waitUntil(t, "second stream", func() bool { return s.Stats().Applied == 14 })
 		st := s.Stats()
 		want := append(seqRange(0, 10), seqRange(0, 4)...)
-		if got := h.applied(); !equalSeqs(got, want) || st.Restarts != 1 || st.Stale {
+		if got := h.applied(); !slices.Equal(got, want) || st.Restarts != 1 || st.Stale {
 			t.Fatalf("seqs = %v, stats = %+v", got, st)
 		}
 		h.mu.Lock()
@@ -955,7 +944,7 @@ func TestJoinCheckRecoversBatchPublishedBeforeSubscriptionTookEffect(t *testing.
 	h := &recorder{}
 	s := startSub(t, cfg, h, p)
 	waitUntil(t, "join check", func() bool { return s.Stats().JoinChecks == 1 })
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 4)) {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 4)) {
 		t.Fatalf("seqs = %v", got)
 	}
 	checkPayloads(t, h)
@@ -996,7 +985,7 @@ func TestJoinCheckDuringBurstIsNotStale(t *testing.T) {
 	publishSeqs(t, p, burst)
 	close(h.release)
 	waitUntil(t, "the burst applied", func() bool { return s.Stats().Applied == burst+1 || s.Stats().Stale })
-	if got := h.applied(); !equalSeqs(got, seqRange(0, burst+1)) {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, burst+1)) {
 		t.Fatalf("applied %d batches, stale %v", len(got), h.staleReasons())
 	}
 	checkPayloads(t, h)
@@ -1019,7 +1008,7 @@ func TestCatchUpOnStartReplaysEverything(t *testing.T) {
 	publishSeqs(t, p, 1)
 	waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 6 })
 	flushSub(t, p, s) // anything applied twice would show up by now
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 6)) {
 		t.Fatalf("seqs = %v", got)
 	}
 	checkPayloads(t, h)
@@ -1040,7 +1029,7 @@ func TestCatchUpAcceptsRingStartingLate(t *testing.T) {
 	waitUntil(t, "catch-up", func() bool { return s.Stats().CatchUps == 1 })
 	publishSeqs(t, p, 2)
 	waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 5 })
-	if got := h.applied(); !equalSeqs(got, seqRange(5, 10)) {
+	if got := h.applied(); !slices.Equal(got, seqRange(5, 10)) {
 		t.Fatalf("seqs = %v", got)
 	}
 	checkPayloads(t, h)
@@ -1080,7 +1069,7 @@ func TestCatchUpFailureIsNotStale(t *testing.T) {
 		publishSeqs(t, p, 1)
 		waitUntil(t, "live batch", func() bool { return s.Stats().Applied == 3 })
 		st := s.Stats()
-		if got := h.applied(); !equalSeqs(got, seqRange(3, 6)) {
+		if got := h.applied(); !slices.Equal(got, seqRange(3, 6)) {
 			t.Fatalf("seqs = %v", got)
 		}
 		if st.Stale || st.CatchUpsFailed != 1 || st.CatchUps != 0 || st.ReplaysFailed != 0 || len(h.staleReasons()) != 0 {
@@ -1101,7 +1090,7 @@ func TestCatchUpFailureIsNotStale(t *testing.T) {
 		p.Skip(4)
 		publishSeqs(t, p, 2) // the first live batch is the baseline, as without catch-up
 		waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 2 })
-		if got, st := h.applied(), s.Stats(); !equalSeqs(got, seqRange(4, 6)) || st.Stale || st.Gaps != 0 {
+		if got, st := h.applied(), s.Stats(); !slices.Equal(got, seqRange(4, 6)) || st.Stale || st.Gaps != 0 {
 			t.Fatalf("seqs = %v, stats = %+v", got, st)
 		}
 	})
@@ -1116,7 +1105,7 @@ func TestCatchUpFailureIsNotStale(t *testing.T) {
 		s := startSub(t, cfg, h, p)
 		publishSeqs(t, p, 4)
 		waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 4 })
-		if got, st := h.applied(), s.Stats(); !equalSeqs(got, seqRange(0, 4)) || st.Stale || st.CatchUpsFailed != 1 {
+		if got, st := h.applied(), s.Stats(); !slices.Equal(got, seqRange(0, 4)) || st.Stale || st.CatchUpsFailed != 1 {
 			t.Fatalf("seqs = %v, stats = %+v", got, st)
 		}
 	})
@@ -1147,7 +1136,7 @@ func TestCatchUpWithNothingToReplay(t *testing.T) {
 	publishSeqs(t, p, 3)
 	waitUntil(t, "live batches", func() bool { return s.Stats().Applied == 3 })
 	st := s.Stats()
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 3)) || st.Stale || st.CatchUpsFailed != 0 || st.Gaps != 0 {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 3)) || st.Stale || st.CatchUpsFailed != 0 || st.Gaps != 0 {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
 	checkPayloads(t, h)
@@ -1208,7 +1197,7 @@ func TestCatchUpWhileLiveStreams(t *testing.T) {
 			waitUntil(t, "every batch", func() bool { return s.Stats().Applied >= total || s.Stats().Stale })
 			flushSub(t, p, s)
 			st := s.Stats()
-			if got := h.applied(); !equalSeqs(got, seqRange(0, total)) || st.Stale {
+			if got := h.applied(); !slices.Equal(got, seqRange(0, total)) || st.Stale {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 			checkPayloads(t, h)
@@ -1239,7 +1228,7 @@ func TestCatchUpInterruptedAfterProgressIsStrict(t *testing.T) {
 	waitUntil(t, "recovery", func() bool { return s.Stats().Applied == 6 })
 	flushSub(t, p, s)
 	st := s.Stats()
-	if got := h.applied(); !equalSeqs(got, seqRange(0, 6)) || st.Stale {
+	if got := h.applied(); !slices.Equal(got, seqRange(0, 6)) || st.Stale {
 		t.Fatalf("seqs = %v, stats = %+v", got, st)
 	}
 	checkPayloads(t, h)
@@ -1280,7 +1269,7 @@ func TestCatchUpAfterPublisherRestart(t *testing.T) {
 			waitUntil(t, "second stream", func() bool { return len(h.applied()) >= len(want) || s.Stats().Stale })
 			flushSub(t, p2, s)
 			st := s.Stats()
-			if got := h.applied(); !equalSeqs(got, want) || st.Stale || st.Restarts != 1 || st.CatchUps != 2 {
+			if got := h.applied(); !slices.Equal(got, want) || st.Stale || st.Restarts != 1 || st.CatchUps != 2 {
 				t.Fatalf("seqs = %v, stats = %+v, stale reasons %q", got, st, h.staleReasons())
 			}
 			checkPayloads(t, h)
@@ -1336,7 +1325,7 @@ func TestBurstHandlerFlushedBeforeCounted(t *testing.T) {
 		t.Fatalf("before flush: deferred %v flushed %v applied %d", h.deferred, h.flushed, s.Stats().Applied)
 	}
 	s.flush()
-	if !equalSeqs(h.flushed, seqRange(0, 3)) || s.Stats().Applied != 3 {
+	if !slices.Equal(h.flushed, seqRange(0, 3)) || s.Stats().Applied != 3 {
 		t.Fatalf("after flush: flushed %v applied %d", h.flushed, s.Stats().Applied)
 	}
 }

@@ -8,43 +8,27 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-	"github.com/tinylib/msgp/msgp"
 
+	"github.com/conductor-go/conductor/bench/sim"
 	"github.com/conductor-go/conductor/ingest/zmqtest"
+	"github.com/conductor-go/conductor/wire/publisher"
 )
 
 // vllmBatch builds a realistic vLLM KVEventBatch payload: one BlockStored event of 64
 // block hashes (uint64) over 1024 token ids, about 5.7 KB of msgpack.
 func vllmBatch() []byte {
-	b := msgp.AppendArrayHeader(nil, 3)
-	b = msgp.AppendFloat64(b, 1.7e9)
-	b = msgp.AppendArrayHeader(b, 1)
-	b = msgp.AppendMapHeader(b, 8)
-	b = msgp.AppendString(b, "type")
-	b = msgp.AppendString(b, "BlockStored")
-	b = msgp.AppendString(b, "block_hashes")
-	b = msgp.AppendArrayHeader(b, 64)
+	keys, toks := make([]uint64, 64), make([]int32, 1024)
 	h := uint64(0x9e3779b97f4a7c15)
-	for range 64 {
+	for i := range keys {
 		h = h*6364136223846793005 + 1442695040888963407
-		b = msgp.AppendUint64(b, h)
+		keys[i] = h
 	}
-	b = msgp.AppendString(b, "parent_block_hash")
-	b = msgp.AppendNil(b)
-	b = msgp.AppendString(b, "token_ids")
-	b = msgp.AppendArrayHeader(b, 1024)
-	for i := range 1024 {
-		b = msgp.AppendInt(b, 100000+i*37%50000)
+	for i := range toks {
+		toks[i] = int32(100000 + i*37%50000)
 	}
-	b = msgp.AppendString(b, "block_size")
-	b = msgp.AppendInt(b, 16)
-	b = msgp.AppendString(b, "lora_id")
-	b = msgp.AppendNil(b)
-	b = msgp.AppendString(b, "medium")
-	b = msgp.AppendString(b, "GPU")
-	b = msgp.AppendString(b, "lora_name")
-	b = msgp.AppendNil(b)
-	return msgp.AppendNil(b)
+	enc := sim.NewBatchEncoder(publisher.VLLM, sim.StyleMinimal, 16, "")
+	enc.Stored(keys, 0, false, toks, sim.TierDevice)
+	return enc.Finish(1.7e9, 0)
 }
 
 // publishPaced publishes a vLLM batch b.N times, with at most maxInFlight of them not

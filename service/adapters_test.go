@@ -144,12 +144,7 @@ func batch(events ...any) []byte {
 	for _, e := range events {
 		switch ev := e.(type) {
 		case stored:
-			b = msgp.AppendMapHeader(b, 8)
-			b = msgp.AppendString(b, "type")
-			b = msgp.AppendString(b, "BlockStored")
-			b = msgp.AppendString(b, "block_hashes")
-			b = msgp.AppendArrayHeader(b, 1)
-			b = msgp.AppendUint64(b, ev.hash)
+			b = appendEventHead(b, 8, "BlockStored", ev.hash)
 			b = msgp.AppendString(b, "parent_block_hash")
 			b = msgp.AppendNil(b)
 			b = msgp.AppendString(b, "token_ids")
@@ -170,17 +165,23 @@ func batch(events ...any) []byte {
 				b = msgp.AppendString(b, ev.lora)
 			}
 		case removed:
-			b = msgp.AppendMapHeader(b, 3)
-			b = msgp.AppendString(b, "type")
-			b = msgp.AppendString(b, "BlockRemoved")
-			b = msgp.AppendString(b, "block_hashes")
-			b = msgp.AppendArrayHeader(b, 1)
-			b = msgp.AppendUint64(b, uint64(ev))
+			b = appendEventHead(b, 3, "BlockRemoved", uint64(ev))
 			b = msgp.AppendString(b, "medium")
 			b = msgp.AppendString(b, "GPU")
 		}
 	}
 	return msgp.AppendInt(b, 0)
+}
+
+// appendEventHead appends the start of an event map of fields keys: its type and its one
+// block hash.
+func appendEventHead(b []byte, fields uint32, typ string, hash uint64) []byte {
+	b = msgp.AppendMapHeader(b, fields)
+	b = msgp.AppendString(b, "type")
+	b = msgp.AppendString(b, typ)
+	b = msgp.AppendString(b, "block_hashes")
+	b = msgp.AppendArrayHeader(b, 1)
+	return msgp.AppendUint64(b, hash)
 }
 
 type stored struct {

@@ -177,15 +177,29 @@ func (s *Server) Stop() {
 // the test.
 func (s *Server) Restart() {
 	s.t.Helper()
-	if err := s.Relaunch(); err != nil {
+	s.must(s.Relaunch())
+}
+
+// must fails the test on err.
+func (s *Server) must(err error) {
+	s.t.Helper()
+	if err != nil {
 		s.t.Fatal(err)
 	}
 }
 
-// Relaunch is Restart returning its error (for a member started by Launch).
-func (s *Server) Relaunch() error {
+// stopped refuses a restart of a running member.
+func (s *Server) stopped() error {
 	if s.cmd != nil {
 		return errors.New("etcdtest: restart of a running member")
+	}
+	return nil
+}
+
+// Relaunch is Restart returning its error (for a member started by Launch).
+func (s *Server) Relaunch() error {
+	if err := s.stopped(); err != nil {
+		return err
 	}
 	// Same ports (clients know them): wait while something else holds one.
 	for attempt := 0; ; attempt++ {
@@ -205,15 +219,13 @@ func (s *Server) Relaunch() error {
 // URL, hence the same cluster id, and revisions counting from 1 again.
 func (s *Server) RestartEmpty() {
 	s.t.Helper()
-	if err := s.RelaunchEmpty(); err != nil {
-		s.t.Fatal(err)
-	}
+	s.must(s.RelaunchEmpty())
 }
 
 // RelaunchEmpty is RestartEmpty returning its error (for a member started by Launch).
 func (s *Server) RelaunchEmpty() error {
-	if s.cmd != nil {
-		return errors.New("etcdtest: restart of a running member")
+	if err := s.stopped(); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(filepath.Join(s.dir, "data")); err != nil {
 		return fmt.Errorf("etcdtest: empty the data directory: %w", err)
@@ -225,9 +237,7 @@ func (s *Server) RelaunchEmpty() error {
 func (s *Server) Client() *clientv3.Client {
 	s.t.Helper()
 	cli, err := s.NewClient()
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	s.must(err)
 	s.t.Cleanup(func() { _ = cli.Close() })
 	return cli
 }

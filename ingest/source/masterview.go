@@ -34,6 +34,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/conductor-go/conductor/internal/pause"
 )
 
 // MasterLocatorScheme prefixes a Mooncake master locator endpoint.
@@ -285,7 +287,7 @@ func (w *MasterViewWatcher) run(ctx context.Context) {
 			if failures == 1 || failures%60 == 0 {
 				w.log.Warn("cannot read the Mooncake master view from etcd; retrying", "etcd", w.cfg.Locator.Etcd, "err", err, "failures", failures)
 			}
-			if !w.pause(ctx) {
+			if !pause.For(ctx, w.cfg.RetryDelay) {
 				return
 			}
 			continue
@@ -317,7 +319,7 @@ func (w *MasterViewWatcher) watch(ctx context.Context, key string, rev int64) bo
 				return false
 			}
 			w.log.Warn("Mooncake master view watch broken; reading the key again", "err", err)
-			return w.pause(ctx)
+			return pause.For(ctx, w.cfg.RetryDelay)
 		}
 		for _, ev := range resp.Events {
 			if ev.Type == clientv3.EventTypeDelete {
@@ -330,16 +332,5 @@ func (w *MasterViewWatcher) watch(ctx context.Context, key string, rev int64) bo
 	if ctx.Err() != nil {
 		return false
 	}
-	return w.pause(ctx)
-}
-
-func (w *MasterViewWatcher) pause(ctx context.Context) bool {
-	t := time.NewTimer(w.cfg.RetryDelay)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return pause.For(ctx, w.cfg.RetryDelay)
 }

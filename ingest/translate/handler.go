@@ -345,14 +345,7 @@ func (h *EventHandler) handleBatch(seq uint64, payload []byte, deferred bool) er
 			h.reject(seq, ev.Err)
 			continue
 		}
-		var op engine.Op
-		var ok bool
-		var rerr error
-		if h.src.Kind == publisher.VLLM {
-			op, ok, rerr = h.vllmOp(ev)
-		} else {
-			op, ok, rerr = h.sglangOp(ev)
-		}
+		op, ok, rerr := h.engineOp(ev)
 		if rerr != nil {
 			h.reject(seq, fmt.Errorf("event %d (%s): %w", i, ev.Type, rerr))
 			continue
@@ -448,44 +441,34 @@ var (
 	errSGLangMedia = errors.New("unsupported SGLang medium")
 )
 
-// vllmOp applies the BlockStored/BlockRemoved/AllBlocksCleared rules of reference notes
-// §5.2 (the context, by lora_name, is the caller's). ok false: valid but not indexed (a
-// medium the source does not index). Media: GPU → device, CPU → cpu_local, STORAGE →
-// disk. An offloading connector's placeholder store (block_size 0) is taken for CPU and
-// STORAGE.
-func (h *EventHandler) vllmOp(ev *kvevent.Event) (engine.Op, bool, error) {
+// engineOp turns a vLLM or SGLang event into an op on the source's slot: a clear of the
+// engine's tiers the source indexes, or a store or removal checked by the engine's rules
+// (vllmRules, sglangRules). ok false: valid but not indexed (a medium the source does not
+// index).
+func (h *EventHandler) engineOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	op := engine.Op{Slot: h.src.Slot}
-	m := vllmMedium(ev.Medium)
 	switch ev.Type {
 	case kvevent.EventAllBlocksCleared:
-		op.Kind, op.ClearTiers = engine.OpClear, h.src.Media.clearMask(publisher.VLLM)
+		op.Kind, op.ClearTiers = engine.OpClear, h.src.Media.clearMask(h.src.Kind)
 		return op, true, nil
 	case kvevent.EventBlockStored:
-		// Offloading connectors publish placeholders of block_size 0 for blocks they hold
-		// without their request's metadata: the hash is still the block's.
-		placeholder := ev.BlockSize.Int == 0 && m != mediumGPU
-		if ev.BlockSize.Int != h.src.Context.BlockSize && !placeholder {
-			return op, false, errBlockSize
-		}
-		if ev.LoraID.Valid && (ev.LoraID.Int <= 0 || len(ev.LoraName.Bytes) == 0) {
-			return op, false, errLoraID
-		}
-		if ev.KVCacheSpecKind.Valid && !kvevent.SupportedSpecKind(ev.KVCacheSpecKind) {
-			return op, false, errSpecKind
-		}
-		if ev.KVCacheSpecSlidingWindow.Valid {
-			return op, false, errSliding
-		}
 		op.Kind = engine.OpStore
 	case kvevent.EventBlockRemoved:
 		op.Kind = engine.OpRemove
 	default:
 		return op, false, fmt.Errorf("unexpected event type %s", ev.Type)
 	}
-	if ev.GroupIdx.Valid && ev.GroupIdx.Int != 0 {
-		return op, false, errGroup
+	var m medium
+	var err error
+	if h.src.Kind == publisher.VLLM {
+		m, err = h.vllmRules(ev)
+	} else {
+		m, err = h.sglangRules(ev)
 	}
-	if m == 0 || m&h.src.Media.effective(publisher.VLLM) == 0 {
+	if err != nil {
+		return op, false, err
+	}
+	if m == 0 || m&h.src.Media.effective(h.src.Kind) == 0 {
 		return op, false, nil
 	}
 	op.Tier = tierOf(m)
@@ -493,38 +476,52 @@ func (h *EventHandler) vllmOp(ev *kvevent.Event) (engine.Op, bool, error) {
 	return op, true, nil
 }
 
-// sglangOp applies the SGLang rules of reference notes §5.3: a partial last page may be
-// shorter than the registered page size; media map to the engine's three local tiers
-// (those the source indexes).
-func (h *EventHandler) sglangOp(ev *kvevent.Event) (engine.Op, bool, error) {
-	op := engine.Op{Slot: h.src.Slot}
-	switch ev.Type {
-	case kvevent.EventAllBlocksCleared:
-		op.Kind, op.ClearTiers = engine.OpClear, h.src.Media.clearMask(publisher.SGLang)
-		return op, true, nil
-	case kvevent.EventBlockStored:
+// vllmRules applies the BlockStored/BlockRemoved rules of reference notes §5.2 (the
+// context, by lora_name, is the caller's) and returns the event's medium (0: one no
+// source indexes). Media: GPU → device, CPU → cpu_local, STORAGE → disk. An offloading
+// connector's placeholder store (block_size 0) is taken for CPU and STORAGE.
+func (h *EventHandler) vllmRules(ev *kvevent.Event) (medium, error) {
+	m := vllmMedium(ev.Medium)
+	if ev.Type == kvevent.EventBlockStored {
+		// Offloading connectors publish placeholders of block_size 0 for blocks they hold
+		// without their request's metadata: the hash is still the block's.
+		placeholder := ev.BlockSize.Int == 0 && m != mediumGPU
+		if ev.BlockSize.Int != h.src.Context.BlockSize && !placeholder {
+			return 0, errBlockSize
+		}
+		if ev.LoraID.Valid && (ev.LoraID.Int <= 0 || len(ev.LoraName.Bytes) == 0) {
+			return 0, errLoraID
+		}
+		if ev.KVCacheSpecKind.Valid && !kvevent.SupportedSpecKind(ev.KVCacheSpecKind) {
+			return 0, errSpecKind
+		}
+		if ev.KVCacheSpecSlidingWindow.Valid {
+			return 0, errSliding
+		}
+	}
+	if ev.GroupIdx.Valid && ev.GroupIdx.Int != 0 {
+		return 0, errGroup
+	}
+	return m, nil
+}
+
+// sglangRules applies the SGLang BlockStored/BlockRemoved rules of reference notes §5.3
+// and returns the event's medium: a partial last page may be shorter than the
+// registered page size; media map to the engine's three local tiers.
+func (h *EventHandler) sglangRules(ev *kvevent.Event) (medium, error) {
+	if ev.Type == kvevent.EventBlockStored {
 		if ev.BlockSize.Int < 1 || ev.BlockSize.Int > h.src.Context.BlockSize {
-			return op, false, errBlockSize
+			return 0, errBlockSize
 		}
 		if ev.LoraID.Valid {
-			return op, false, errSGLangLora
+			return 0, errSGLangLora
 		}
-		op.Kind = engine.OpStore
-	case kvevent.EventBlockRemoved:
-		op.Kind = engine.OpRemove
-	default:
-		return op, false, fmt.Errorf("unexpected event type %s", ev.Type)
 	}
 	m := sglangMedium(ev.Medium)
 	if m == 0 {
-		return op, false, fmt.Errorf("%w %q", errSGLangMedia, ev.Medium.Bytes)
+		return 0, fmt.Errorf("%w %q", errSGLangMedia, ev.Medium.Bytes)
 	}
-	if m&h.src.Media.effective(publisher.SGLang) == 0 {
-		return op, false, nil
-	}
-	op.Tier = tierOf(m)
-	op.Hashes = ev.BlockHashes
-	return op, true, nil
+	return m, nil
 }
 
 // OnStale retracts everything the source contributed: an engine's local tiers, or every

@@ -116,20 +116,29 @@ func (p *Publisher) bindPub() error {
 	if err != nil {
 		return fmt.Errorf("zmqtest: new PUB socket: %w", err)
 	}
-	err = errors.Join(s.SetLinger(0), s.SetSndhwm(0), s.SetXpubVerbose(1))
-	if err == nil {
-		err = s.Bind(p.cfg.Endpoint)
-	}
-	var ep string
-	if err == nil {
-		ep, err = s.GetLastEndpoint()
-	}
+	ep, err := bind(s, p.cfg.Endpoint, errors.Join(s.SetLinger(0), s.SetSndhwm(0), s.SetXpubVerbose(1)))
 	if err != nil {
 		_ = s.Close()
 		return fmt.Errorf("zmqtest: bind PUB %q: %w", p.cfg.Endpoint, err)
 	}
-	p.pub, p.endpoint = s, connectable(ep)
+	p.pub, p.endpoint = s, ep
 	return nil
+}
+
+// bind binds s to endpoint once its options are set (optErr: the error setting them)
+// and returns the endpoint a local client connects to.
+func bind(s *zmq.Socket, endpoint string, optErr error) (string, error) {
+	if optErr != nil {
+		return "", optErr
+	}
+	if err := s.Bind(endpoint); err != nil {
+		return "", err
+	}
+	ep, err := s.GetLastEndpoint()
+	if err != nil {
+		return "", err
+	}
+	return connectable(ep), nil
 }
 
 // connectable turns a wildcard bind address into one a local client can connect to.
@@ -341,19 +350,12 @@ func (p *Publisher) serveReplay(ready chan<- error) {
 	defer r.Close()
 	// SNDHWM 0: a ROUTER silently drops replies to a full peer, which would turn a
 	// large replay into a spurious "skipped sequence".
-	err = errors.Join(r.SetLinger(0), r.SetSndhwm(0))
-	if err == nil {
-		err = r.Bind(p.cfg.ReplayEndpoint)
-	}
-	var ep string
-	if err == nil {
-		ep, err = r.GetLastEndpoint()
-	}
+	ep, err := bind(r, p.cfg.ReplayEndpoint, errors.Join(r.SetLinger(0), r.SetSndhwm(0)))
 	if err != nil {
 		ready <- fmt.Errorf("zmqtest: bind ROUTER %q: %w", p.cfg.ReplayEndpoint, err)
 		return
 	}
-	p.replayEndpoint = connectable(ep)
+	p.replayEndpoint = ep
 	ready <- nil
 	poller := zmq.NewPoller()
 	poller.Add(r, zmq.POLLIN)

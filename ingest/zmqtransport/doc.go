@@ -93,11 +93,3 @@ func (r *RecvBuf) Release() {
 	}
 	r.B = nil
 }
-
-func orDefault[T comparable](v, d T) T {
-	var zero T
-	if v == zero {
-		return d
-	}
-	return v
-}

@@ -287,6 +287,7 @@ static void cz_trim(void) {
 import "C"
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -348,12 +349,12 @@ func NewTransport(cfg TransportConfig) (*Transport, error) {
 	if cfg.IOThreads < 0 || cfg.MaxSockets < 0 || cfg.ReconnectInterval < 0 || cfg.ReconnectIntervalMax < 0 {
 		return nil, errors.New("new ZMQ transport: negative io_threads, max_sockets or reconnect interval")
 	}
-	ivl := orDefault(cfg.ReconnectInterval, DefaultReconnectInterval).Milliseconds()
-	ivlMax := orDefault(cfg.ReconnectIntervalMax, DefaultReconnectIntervalMax).Milliseconds()
+	ivl := cmp.Or(cfg.ReconnectInterval, DefaultReconnectInterval).Milliseconds()
+	ivlMax := cmp.Or(cfg.ReconnectIntervalMax, DefaultReconnectIntervalMax).Milliseconds()
 	if ivl < 1 || ivlMax < ivl || ivlMax > math.MaxInt32 {
 		return nil, fmt.Errorf("new ZMQ transport: reconnect interval %d ms, max %d ms: want 1 <= interval <= max", ivl, ivlMax)
 	}
-	ctx := C.cz_ctx_new(C.int(orDefault(cfg.IOThreads, DefaultIOThreads)), C.int(orDefault(cfg.MaxSockets, DefaultMaxSockets)))
+	ctx := C.cz_ctx_new(C.int(cmp.Or(cfg.IOThreads, DefaultIOThreads)), C.int(cmp.Or(cfg.MaxSockets, DefaultMaxSockets)))
 	if ctx == nil {
 		return nil, fmt.Errorf("new ZMQ transport: create context: %w", zerr(C.cz_errno()))
 	}

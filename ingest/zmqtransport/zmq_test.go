@@ -25,11 +25,7 @@ func TestConnReceivesWholeMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := zmqtest.NewPublisher(zmqtest.Config{Topic: "kv"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Close() }()
+	p := zmqtest.NewForTest(t, zmqtest.Config{Topic: "kv"})
 	z, err := zmqtransport.NewConn(tr, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -99,19 +95,27 @@ func TestConnReceivesWholeMessages(t *testing.T) {
 	}
 }
 
-// TestWaitWokenByPastDeadline: a Wait parked in the poller returns at once when another
-// goroutine moves the poll file's deadline to the past (how Stop wakes a subscriber).
-func TestWaitWokenByPastDeadline(t *testing.T) {
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{})
+// openConn returns a Conn of a new transport of cfg; both are freed at the end of the
+// test.
+func openConn(t *testing.T, cfg zmqtransport.TransportConfig) *zmqtransport.Conn {
+	t.Helper()
+	tr, err := zmqtransport.NewTransport(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tr.Close() }()
+	t.Cleanup(func() { _ = tr.Close() })
 	z, err := zmqtransport.NewConn(tr, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer z.Free()
+	t.Cleanup(z.Free)
+	return z
+}
+
+// TestWaitWokenByPastDeadline: a Wait parked in the poller returns at once when another
+// goroutine moves the poll file's deadline to the past (how Stop wakes a subscriber).
+func TestWaitWokenByPastDeadline(t *testing.T) {
+	z := openConn(t, zmqtransport.TransportConfig{})
 	if err := z.OpenSub("tcp://127.0.0.1:1", 1000); err != nil { // nobody there: never ready
 		t.Fatal(err)
 	}
@@ -142,23 +146,14 @@ func TestWaitWokenByPastDeadline(t *testing.T) {
 // thousand.
 func TestSubReconnectBacksOff(t *testing.T) {
 	const ivl, ivlMax = 10, 80 // milliseconds
-	tr, err := zmqtransport.NewTransport(zmqtransport.TransportConfig{ReconnectInterval: ivl * time.Millisecond,
+	z := openConn(t, zmqtransport.TransportConfig{ReconnectInterval: ivl * time.Millisecond,
 		ReconnectIntervalMax: ivlMax * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tr.Close() }()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dead := "tcp://" + ln.Addr().String()
 	ln.Close() // nobody listens there now: every attempt is refused
-	z, err := zmqtransport.NewConn(tr, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer z.Free()
 	if err := z.OpenSub(dead, 1000); err != nil {
 		t.Fatal(err)
 	}

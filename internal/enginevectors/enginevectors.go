@@ -1,6 +1,7 @@
 // Package enginevectors reads the engine vector files of testdata/engines (what the
-// published vLLM and SGLang releases computed and sent, see its README.md) for the
-// tests of several packages, each with its own view of the files' fields.
+// published vLLM and SGLang releases computed and sent, see its README.md), and the hash
+// vectors of testdata/vectors, for the tests of several packages, each with its own view
+// of the files' fields.
 package enginevectors
 
 import (
@@ -21,15 +22,21 @@ func Load[T any](tb testing.TB, root, pattern string) []*T {
 	}
 	out := make([]*T, 0, len(paths))
 	for _, p := range paths {
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		v := new(T)
-		if err := json.Unmarshal(raw, v); err != nil {
-			tb.Fatalf("%s: %v", p, err)
-		}
-		out = append(out, v)
+		out = append(out, decodeFile[T](tb, p))
 	}
 	return out
+}
+
+// decodeFile decodes the JSON file at path into a T, failing the test on an error.
+func decodeFile[T any](tb testing.TB, path string) *T {
+	tb.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	v := new(T)
+	if err := json.Unmarshal(raw, v); err != nil {
+		tb.Fatalf("%s: %v", path, err)
+	}
+	return v
 }

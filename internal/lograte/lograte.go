@@ -6,6 +6,7 @@
 package lograte
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"sync"
@@ -60,8 +61,8 @@ type logEntry struct {
 
 // New wraps next; Logger gives the rate-limited logger.
 func New(next slog.Handler, cfg Config) *Limiter {
-	cfg.Burst = orDefault(cfg.Burst, DefaultBurst)
-	cfg.Interval = orDefault(cfg.Interval, DefaultInterval)
+	cfg.Burst = cmp.Or(cfg.Burst, DefaultBurst)
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -157,12 +158,4 @@ func (h *limitedHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h *limitedHandler) WithGroup(name string) slog.Handler {
 	return &limitedHandler{l: h.l, next: h.next.WithGroup(name)}
-}
-
-func orDefault[T comparable](v, d T) T {
-	var zero T
-	if v == zero {
-		return d
-	}
-	return v
 }
