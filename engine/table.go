@@ -2,8 +2,6 @@ package engine
 
 import (
 	"sync/atomic"
-	"syscall"
-	"unsafe"
 
 	"github.com/conductor-go/conductor/arena"
 )
@@ -170,22 +168,7 @@ func newTable(capacity int, ar *arena.Arena, w int, pub *atomic.Pointer[view]) *
 		c <<= 1
 		shift--
 	}
-	return &table{entries: mapEntries(c), mask: uint64(c - 1), shift: shift, ar: ar, w: w, pub: pub}
-}
-
-// mapEntries maps n table entries (arena.Map) and, for a table of 2 MiB or more, asks for
-// transparent huge pages (where THP is "madvise", as on Debian): a walk probes a
-// table entry per block at random over tens of MiB, and with 4 KiB pages nearly every
-// probe also missed the TLB, a page walk that is slowest on a VM (two-dimensional). A
-// cold 8K prompt's probes took about a quarter less CPU on huge pages (perf, 1M indexed
-// blocks). Only speed depends on it; the entries are written all over as the table fills,
-// so huge pages hold no more memory than small ones would.
-func mapEntries(n int) []uint64 {
-	e := arena.Map(n)
-	if b := n * 8; b >= 2<<20 {
-		_ = syscall.Madvise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(e))), b), syscall.MADV_HUGEPAGE)
-	}
-	return e
+	return &table{entries: arena.Map(c), mask: uint64(c - 1), shift: shift, ar: ar, w: w, pub: pub}
 }
 
 // find returns the record of key. Safe for concurrent use with the writer: the caller must
