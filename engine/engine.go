@@ -67,7 +67,7 @@ type Config struct {
 	MemoEntries int
 	// MemoStartEntries is the memo's size at start, in blocks: 0 means
 	// hashing.DefaultMemoStart. Below MemoEntries the memo grows, on a goroutine of the
-	// engine's, ahead of the index once queries use it (one memo block per two indexed
+	// engine's, ahead of the index once queries use it (one memo block per four indexed
 	// blocks) and as queries fill it (up to two per indexed block), up to MemoEntries
 	// (query_memo.go); at or above it, the memo has MemoEntries blocks from the start.
 	MemoStartEntries int

@@ -73,17 +73,20 @@ func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 		index, ask                    int // prompts of 64 blocks indexed, then asked
 		capacity, requests, grewSoFar int
 	}{
-		// 128 blocks indexed (no more than 2 per memo block): no request ahead. 16 runs
+		// 128 blocks indexed (no more than 4 per memo block): no request ahead. 16 runs
 		// fill half of the 32 the memo holds, but it holds twice the blocks indexed.
 		{"128 indexed, half filled", 2, 2, 256, 1, 0},
-		// 640 indexed: the next query asks ahead, for 320 blocks: 512.
-		{"640 indexed", 8, 1, 512, 2, 1},
-		// 32 more runs fill half of the 64: doubled (1,024 <= 2 x 640).
+		// 640 indexed (2.5 per memo block): still no request ahead, and 8 more runs do not
+		// reach the next half.
+		{"640 indexed", 8, 1, 256, 1, 0},
+		// 1,280 indexed: the next query asks ahead, for 320 blocks: 512.
+		{"1,280 indexed", 10, 1, 512, 2, 1},
+		// 32 more runs fill half of the 64: doubled (1,024 <= 2 x 1,280).
 		{"half filled again", 0, 4, 1024, 3, 2},
-		// 4,096 indexed: ahead to 2,048.
-		{"4,096 indexed", 54, 1, 2048, 4, 3},
-		// 20,480 indexed: ahead to the limit, 8,192.
-		{"20,480 indexed", 256, 1, 8192, 5, 4},
+		// 8,192 indexed: ahead to 2,048.
+		{"8,192 indexed", 108, 1, 2048, 4, 3},
+		// 32,768 indexed: ahead to the limit, 8,192.
+		{"32,768 indexed", 384, 1, 8192, 5, 4},
 		// At the limit no more requests, whatever fills it.
 		{"at the limit", 0, 200, 8192, 5, 4},
 	} {

@@ -22,13 +22,16 @@ import (
 //     memo blocks per indexed block.
 //
 // Both up to MemoEntries. A conductor nobody queries, or one with an empty index, holds
-// none of it; one with N indexed blocks N/memoAhead to memoPerBlock*N (10 to 40 bytes an
+// none of it; one with N indexed blocks N/memoAhead to memoPerBlock*N (5 to 40 bytes an
 // indexed block, 20 a memo block). It never shrinks.
 
 const (
 	// memoAhead is the indexed blocks per memo block that the grower keeps the memo at,
-	// populated, ahead of the cold queries that fill it.
-	memoAhead = 2
+	// populated, ahead of the cold queries that fill it. At 4 (5 bytes an indexed block)
+	// rather than 2, a burst's RSS growth per block stays under the index's own 48-56
+	// bytes plus 16 (conductor-bench ingest, whose drain queries make the memo grow as a
+	// router's would); use doubles it where cold traffic fills it.
+	memoAhead = 4
 	// memoPerBlock is the most memo blocks per indexed block that use may grow the memo
 	// to: the memo only remembers blocks that queries walked, which the index holds (or
 	// held until evicted), and at twice the blocks of the index (4-way sets) few are lost

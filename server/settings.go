@@ -161,7 +161,7 @@ func fileSettings() []setting[FileConfig] {
 				"each block's record where the last walk found it instead of probing the index table (a record hint, "+
 				"checked before use); answers never change; 0 disables. The memo starts at 131,072 blocks with "+
 				"nothing resident, and grows in the background: once queries hash blocks, ahead of the index (one memo "+
-				"block per two indexed blocks, populated before queries use it), and when queries have filled half "+
+				"block per four indexed blocks, populated before queries use it), and when queries have filled half "+
 				"of it (doubling, up to two memo blocks per indexed block); never past this bound (logged as `query "+
 				"key memo grew`); a bound of 131,072 or less is the memo's size from the start. Metrics "+
 				"`conductor_query_memo_{hits,misses,evictions}_total`, `conductor_query_memo_capacity_entries` (its "+
@@ -195,7 +195,7 @@ func fileSettings() []setting[FileConfig] {
 				"insertion while over; counted in `conductor_context_evicted_blocks_total`, logged as a warning at "+
 				"most every 10 s per context). Process RSS is higher: the Go runtime, buffers, connections and the "+
 				"slack of hash tables between growth steps come on top, and so does the query key memo (20 bytes a "+
-				"block of its current size, `conductor_query_memo_capacity_entries`: 10 to 40 bytes an indexed block "+
+				"block of its current size, `conductor_query_memo_capacity_entries`: 5 to 40 bytes an indexed block "+
 				"once queries use it, at most 160 MiB by default, see `query_memo_entries`)",
 			func(f *FileConfig, v int64) { f.MemoryLimitBytes = v }).shown("0 (no bound)"),
 		intSetting("zmq_max_message_size", ingest.DefaultMaxMessageSize, -1, maxLimit,

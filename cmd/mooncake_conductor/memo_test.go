@@ -13,7 +13,7 @@ import (
 // TestBinaryMemoGrowsAheadOfIndex: the binary's query key memo starts at its small
 // default size, stays there while the index is small, and once the index holds more than
 // two blocks per memo block a query makes the background grower take it to one memo block
-// per two indexed blocks (conductor_query_memo_capacity_entries, and the log line).
+// per four indexed blocks (conductor_query_memo_capacity_entries, and the log line).
 func TestBinaryMemoGrowsAheadOfIndex(t *testing.T) {
 	pub, c, base := startWithPublisher(t, "CONDUCTOR_LOG_LEVEL=info")
 	capacity := func() float64 {
@@ -30,8 +30,8 @@ func TestBinaryMemoGrowsAheadOfIndex(t *testing.T) {
 	if got := capacity(); got != hashing.DefaultMemoStart {
 		t.Fatalf("fresh memo capacity %v, want %d", got, hashing.DefaultMemoStart)
 	}
-	// 310,000 blocks: past two indexed blocks per memo block (2 x 131,072).
-	const blocks, perBatch = 310_000, 10_000
+	// 620,000 blocks: past four indexed blocks per memo block (4 x 131,072).
+	const blocks, perBatch = 620_000, 10_000
 	keys := make([]uint64, perBatch)
 	for sent := 0; sent < blocks; sent += perBatch {
 		for i := range keys {
