@@ -377,26 +377,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			onceCells += len(cfg.PromptTokens) * len(cfg.Shapes) * len(cfg.Concurrency)
 		}
 	}
-	if w := min(cfg.ColdWarmup, len(unused)); w > 0 {
-		for _, p := range unused[:w] {
-			q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens,
-				TokenIDs: promptTokens(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)}
-			if err := cl.Query(&q, &warmRes); err != nil {
-				return res, fmt.Errorf("cold warm-up: %w", err)
-			}
-		}
-		unused = unused[w:]
-		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "warm-up: %d cold prompts asked (unmeasured)\n", w)
-		}
-		if cfg.Sample != nil {
-			// The memo's last growth step, which the warm-up's prompts asked for, runs in
-			// the background: let it end before the cells' CPU is counted.
-			if waited, ok := settle(cfg.Sample, settleWindow, settleMax, time.Sleep); cfg.Progress != nil {
-				fmt.Fprintf(cfg.Progress, "conductor idle after the warm-up: %v (%.1fs)\n", ok, waited.Seconds())
-			}
-		}
+	w := min(cfg.ColdWarmup, len(unused))
+	if err := warmUp(cfg, cl, unused[:w], func(p int) []int32 {
+		return promptTokens(nil, cfg.Seed, promptIDs(p), ids*sim.TokensPerHashID)
+	}); err != nil {
+		return res, err
 	}
+	unused = unused[w:]
 	perOnce := cfg.ColdPrompts
 	if perOnce <= 0 {
 		perOnce = 64
@@ -533,6 +520,32 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 }
 
 // grow runs the growth phase (Config.GrowTo): the cell idle, then the same cell while
+// warmUp asks each of prompts (whose tokens tokens gives) once, unmeasured
+// (Config.ColdWarmup), then waits for the conductor to go idle: the memo's growth step
+// that the last of them asked for runs in the background.
+func warmUp(cfg Config, cl *httpclient.Client, prompts []int, tokens func(p int) []int32) error {
+	if len(prompts) == 0 {
+		return nil
+	}
+	var res httpclient.QueryResult
+	for _, p := range prompts {
+		q := httpclient.QueryRequest{Model: cfg.Model, BlockSize: int64(cfg.BlockSize), BinaryTokens: cfg.BinaryTokens,
+			TokenIDs: tokens(p)}
+		if err := cl.Query(&q, &res); err != nil {
+			return fmt.Errorf("cold warm-up: %w", err)
+		}
+	}
+	if cfg.Progress != nil {
+		fmt.Fprintf(cfg.Progress, "warm-up: %d cold prompts asked (unmeasured)\n", len(prompts))
+	}
+	if cfg.Sample != nil {
+		if waited, ok := settle(cfg.Sample, settleWindow, settleMax, time.Sleep); cfg.Progress != nil {
+			fmt.Fprintf(cfg.Progress, "conductor idle after the warm-up: %v (%.1fs)\n", ok, waited.Seconds())
+		}
+	}
+	return nil
+}
+
 // prompts from..to-1 are published (on their owners, round-robin) and applied.
 func grow(ctx context.Context, cfg *Config, f *sim.Fleet, cl *httpclient.Client, prompts []prompt, L int, sh Shape, conc int,
 	from, to int, promptIDs func(int) []uint32, ids int) (*Growth, error) {
