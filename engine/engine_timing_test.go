@@ -90,6 +90,28 @@ func timeBlocks(b *testing.B, blocks int, op func(i int)) {
 	b.StopTimer()
 }
 
+// timeBlocksInPasses is timeBlocks for ops that each state serves once: op(i) gets i in
+// [0, pass), and after every pass ops, fresh (neither timed nor counted) makes a new state.
+func timeBlocksInPasses(b *testing.B, blocks, pass int, fresh func(), op func(i int)) {
+	b.ReportAllocs()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b.ResetTimer()
+	var cpu time.Duration
+	for i := 0; i < b.N; i++ {
+		if i > 0 && i%pass == 0 {
+			b.StopTimer()
+			fresh()
+			b.StartTimer()
+		}
+		c0 := threadCPU()
+		op(i % pass)
+		cpu += threadCPU() - c0
+	}
+	b.ReportMetric(float64(cpu)/float64(b.N*blocks), "cpu-ns/block")
+	b.StopTimer()
+}
+
 // BenchmarkQueryWalk measures the walk alone (precomputed keys, no hashing) over a prompt
 // of 1024 blocks that every slot matches to the end. "hot": the table holds just the
 // prompt; "table1M": one million other blocks share the table (cache misses).
