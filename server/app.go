@@ -68,8 +68,8 @@ type AppConfig struct {
 	// MemoEntries sizes the query key memo: 0 means hashing.DefaultMemoEntries, negative
 	// disables it.
 	MemoEntries int
-	// PopulateMemo makes the memo resident at start (the "query_memo_populate" key; see
-	// engine.Config.PopulateMemo).
+	// PopulateMemo makes each part of the memo resident before queries use it (the
+	// "query_memo_populate" key; see engine.Config.PopulateMemo).
 	PopulateMemo bool
 	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
 	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.

@@ -48,8 +48,9 @@ type FileConfig struct {
 	AccessLog accesslog.Config
 	// MemoEntries sizes the query key memo ("query_memo_entries"); 0 disables the memo.
 	MemoEntries int
-	// PopulateMemo is "query_memo_populate": make the whole memo resident at start
-	// rather than as queries first write each page.
+	// PopulateMemo is "query_memo_populate": make each part of the memo resident before
+	// queries use it (each growth step, on the memo's grower) rather than as queries first
+	// write each page.
 	PopulateMemo bool
 	// HTTPBindAddress and RPCBindAddress: the interfaces to listen on ("" = all).
 	HTTPBindAddress string
