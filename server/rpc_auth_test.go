@@ -48,7 +48,7 @@ func TestRPCMutationsFollowAdminToken(t *testing.T) {
 					"Content-Type", "application/msgpack", "Authorization", bearer(c.token)); code != http.StatusOK {
 					t.Fatalf("HTTP register: %d %s", code, body)
 				}
-				if logs.count("rpc Register refused") != 1 {
+				if logs.Count("rpc Register refused") != 1 {
 					t.Errorf("refusal not logged:\n%s", logs)
 				}
 			}

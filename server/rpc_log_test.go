@@ -10,6 +10,7 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/internal/lograte"
+	"github.com/conductor-go/conductor/internal/syncbuf"
 	"github.com/conductor-go/conductor/server/rpcserver"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
@@ -20,7 +21,7 @@ import (
 // passed, the next line carries the count of the 7 suppressed. Every connection is still
 // closed.
 func TestRPCClientLogsRateLimited(t *testing.T) {
-	logs := &rpcLogBuf{}
+	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	var now atomic.Int64 // the clock, in seconds; the connections' goroutines read it
 	now.Store(1_700_000_000)
@@ -44,12 +45,12 @@ func TestRPCClientLogsRateLimited(t *testing.T) {
 	for i := range 10 {
 		badFrame(i)
 	}
-	if n := logs.count("bad frame"); n != 3 {
+	if n := logs.Count("bad frame"); n != 3 {
 		t.Fatalf("%d lines for 10 bad frames, want 3:\n%s", n, logs)
 	}
 	now.Add(60) // the window has passed
 	badFrame(10)
-	if n := logs.count("bad frame"); n != 4 || !strings.Contains(logs.String(), "suppressed=7") {
+	if n := logs.Count("bad frame"); n != 4 || !strings.Contains(logs.String(), "suppressed=7") {
 		t.Fatalf("after the window: %d lines, want 4 with suppressed=7:\n%s", n, logs)
 	}
 }

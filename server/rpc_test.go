@@ -16,10 +16,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/conductor-go/conductor/internal/syncbuf"
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/conductor-go/conductor/ingest/zmqtest"
@@ -82,31 +82,6 @@ func rgSplice(t testing.TB, body []byte, old, repl string) []byte {
 	return bytes.ReplaceAll(body, from, to)
 }
 
-// rpcLogBuf collects the app's log lines so tests can assert that a dropped connection
-// was logged.
-type rpcLogBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *rpcLogBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *rpcLogBuf) count(substr string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), substr)
-}
-
-func (l *rpcLogBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // dialRPC connects an RPC client to the app, closed at cleanup, and returns it with a
 // context that expires after timeout.
 func dialRPC(t testing.TB, app *App, timeout time.Duration) (*rpcclient.Client, context.Context) {
@@ -123,16 +98,16 @@ func dialRPC(t testing.TB, app *App, timeout time.Duration) (*rpcclient.Client, 
 
 // startRPCTestApp starts an in-process conductor with RPC on free loopback ports whose
 // warnings are captured.
-func startRPCTestApp(t testing.TB) (*App, *rpcLogBuf) {
+func startRPCTestApp(t testing.TB) (*App, *syncbuf.Buffer) {
 	t.Helper()
 	return startCapturing(t, AppConfig{})
 }
 
 // startCapturing starts an in-process conductor with cfg, RPC included, on free loopback
 // ports, and captures its warnings.
-func startCapturing(t testing.TB, cfg AppConfig) (*App, *rpcLogBuf) {
+func startCapturing(t testing.TB, cfg AppConfig) (*App, *syncbuf.Buffer) {
 	t.Helper()
-	logs := &rpcLogBuf{}
+	logs := &syncbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	return startWith(t, cfg), logs
 }
@@ -469,7 +444,7 @@ func TestRPCFrameworkErrorsKeepConnection(t *testing.T) {
 		t.Fatalf("framework error body %x: %v", body, err)
 	}
 	wantBytes(t, "query after serialize_type error", rc.call(80, cororpc.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
-	if n := logs.count("rpc connection closed"); n != 0 {
+	if n := logs.Count("rpc connection closed"); n != 0 {
 		t.Errorf("no connection should have been dropped:\n%s", logs)
 	}
 }
@@ -522,7 +497,7 @@ func TestRPCMalformedFramesCloseOnlyThatConnection(t *testing.T) {
 		{"body for GetGlobalView", func(rc *rawRPC) { rc.send(5, cororpc.FuncGetGlobalView, []byte{0}) }, true},
 	}
 	for _, c := range cases {
-		before := logs.count("rpc connection closed")
+		before := logs.Count("rpc connection closed")
 		rc := dialRawRPC(t, app.RPCAddr)
 		// The connection works before the bad frame.
 		wantBytes(t, c.name+": first query", rc.call(4, cororpc.FuncQuery, rgHex(t, rgQueryArgs)), rgHex(t, rgQueryRespEmpty))
@@ -537,19 +512,19 @@ func TestRPCMalformedFramesCloseOnlyThatConnection(t *testing.T) {
 			}
 		}
 		rc.wantClosed(c.name)
-		if after := logs.count("rpc connection closed"); after != before+1 {
+		if after := logs.Count("rpc connection closed"); after != before+1 {
 			t.Errorf("%s: %d new log lines about a closed connection, want 1:\n%s", c.name, after-before, logs)
 		}
 		wantBytes(t, c.name+": other connection", healthy.call(uint32(len(c.name)), cororpc.FuncQuery, rgHex(t, rgQueryArgs)),
 			rgHex(t, rgQueryRespEmpty))
 	}
 	// A peer that simply hangs up between frames is not a malformed frame: no log line.
-	before := logs.count("rpc connection closed")
+	before := logs.Count("rpc connection closed")
 	rc := dialRawRPC(t, app.RPCAddr)
 	rc.call(1, cororpc.FuncListServices, nil)
 	rc.c.Close()
 	healthy.call(2, cororpc.FuncListServices, nil)
-	if after := logs.count("rpc connection closed"); after != before {
+	if after := logs.Count("rpc connection closed"); after != before {
 		t.Errorf("a clean hang-up was logged as a bad frame:\n%s", logs)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conductor-go/conductor/internal/syncbuf"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/conductor-go/conductor/bench/target"
@@ -38,7 +39,7 @@ type replica struct {
 	name string
 	c    *target.Conductor
 	cl   *httpclient.Client
-	log  *target.LogBuffer
+	log  *syncbuf.Buffer
 }
 
 // startReplicaSet starts etcd and n replicas of bin on it, one after the other, each
@@ -72,7 +73,7 @@ func startReplicaSet(ctx context.Context, bin string, n int, config map[string]a
 		for k, v := range config {
 			conf[k] = v
 		}
-		r := &replica{name: fmt.Sprintf("replica %d", i+1), log: &target.LogBuffer{}}
+		r := &replica{name: fmt.Sprintf("replica %d", i+1), log: &syncbuf.Buffer{}}
 		if r.c, err = target.SpawnWith(bin, r.log, target.SpawnOptions{Config: conf}); err != nil {
 			return nil, fmt.Errorf("%s: %w\n%s", r.name, err, r.log.String())
 		}
@@ -178,7 +179,7 @@ func poll(ctx context.Context, limit time.Duration, cond func() (bool, error)) (
 }
 
 // linesWith counts the lines of log containing s.
-func linesWith(log *target.LogBuffer, s string) int {
+func linesWith(log *syncbuf.Buffer, s string) int {
 	n := 0
 	for _, l := range strings.Split(log.String(), "\n") {
 		if strings.Contains(l, s) {

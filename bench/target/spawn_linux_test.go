@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/conductor-go/conductor/internal/syncbuf"
 )
 
 // fakeConductorEnv makes the test binary act as a conductor: TestFakeConductorHelper.
@@ -52,7 +54,7 @@ func TestFakeConductorHelper(t *testing.T) {
 // keeps running until Stop.
 func TestSpawnRemovesConfig(t *testing.T) {
 	bin := fakeConductor(t)
-	c, err := Spawn(bin, &LogBuffer{})
+	c, err := Spawn(bin, &syncbuf.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +109,7 @@ func TestSpawnWithConfig(t *testing.T) {
 		}
 		opts.Config[k] = v
 	}
-	c, err := SpawnWith(bin, &LogBuffer{}, opts)
+	c, err := SpawnWith(bin, &syncbuf.Buffer{}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/conductor-go/conductor/httpclient"
+	"github.com/conductor-go/conductor/internal/syncbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -74,7 +75,7 @@ func TestSpawnFailure(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho failing >&2\nexit 3\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Spawn(bin, &LogBuffer{})
+	_, err := Spawn(bin, &syncbuf.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "exited before answering") {
 		t.Fatalf("spawn error %v", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/conductor-go/conductor/internal/syncbuf"
 	"github.com/tinylib/msgp/msgp"
 
 	"github.com/conductor-go/conductor/bench/target"
@@ -57,7 +58,7 @@ func TestMain(m *testing.M) {
 type conductor struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	out    *target.LogBuffer
+	out    *syncbuf.Buffer
 	exited chan struct{}
 	err    error // Wait's result, valid once exited is closed
 }
@@ -91,7 +92,7 @@ func startBinaryIn(t *testing.T, bin, dir, config string, env ...string) *conduc
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONDUCTOR_CONFIG_PATH="+config, "CONDUCTOR_LOG_LEVEL=")
 	cmd.Env = append(cmd.Env, env...)
-	out := &target.LogBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
