@@ -1,6 +1,12 @@
 package engine
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/conductor-go/conductor/internal/prefetch"
+)
 
 // Overlapped probes. A walk that knows the keys of the blocks ahead finds their records in
 // a batch before it reads them: the table loads of a batch are independent of each other,
@@ -19,7 +25,9 @@ import "time"
 // a batch's probes end at the first key the table lacks and, for walk1, after the first
 // record that no slot still alive on disk can continue through (read without the version
 // check, only to bound the batch): a walk that stops probes at most one block past its
-// stop (walkN: a batch), and hashes at most one window past it.
+// stop (walkN: a batch), and hashes at most the rest of its window and the next one past
+// it (a hashing batch hashes the window after its own before it probes, hashAhead, so
+// that the table's misses land while the core hashes).
 const (
 	probeFirst = 4
 	probeMax   = 16
@@ -66,6 +74,11 @@ type probeBuf struct {
 	// walk went).
 	probed, ran, loaded int
 	sink                uint64
+	// akeys[:an] are the keys of the an blocks from end on, hashed ahead by a hashing
+	// batch (hashAhead) with their table entries prefetched: the next batch takes them.
+	akeys [probeMax]uint64
+	an    int
+	addrs [probeMax]uintptr // prefetchEntries' and prefetchRecords' addresses
 	// src is the walk's key source; err its error at the block where fetch ended the walk.
 	src keySource
 	err error
@@ -74,7 +87,7 @@ type probeBuf struct {
 // reset readies pb for a walk that takes its keys from src.
 func (pb *probeBuf) reset(src keySource) {
 	pb.src = src
-	pb.base, pb.n, pb.kn, pb.end, pb.stop = 0, 0, 0, 0, -1
+	pb.base, pb.n, pb.kn, pb.end, pb.stop, pb.an = 0, 0, 0, 0, -1, 0
 	pb.batch, pb.hbatch = probeFirst, 2
 	pb.err = nil
 }
@@ -125,9 +138,23 @@ func (pb *probeBuf) missed(tab, prev *table, key uint64) (*table, *table, []uint
 
 // next starts a batch at block i if src knows keys ahead, or hashes a window ahead when it
 // does not and the walk has passed hashAfter blocks. The walk calls it when the previous
-// batch is used up (i >= end) and i is not its stop. alive is the walk's disk alive set
-// (walk1) or 0 (walkN: no bound but the table's).
-func (pb *probeBuf) next(t *table, i, nblocks int, alive uint64) {
+// batch is used up (i >= end) and i is not its stop; a walk whose last batch hashed ahead
+// (an > 0) is at that batch's end, and takes no keys from src but through next. alive is
+// the walk's disk alive set (walk1) or 0 (walkN: no bound but the table's). No batch goes
+// past block limit.
+func (pb *probeBuf) next(t *table, i, limit int, alive uint64) {
+	if pb.an > 0 {
+		// The window the last batch hashed ahead: its entries were prefetched a window
+		// of hashing ago, so its records can be prefetched now, and their misses land
+		// while this batch hashes the next window.
+		n := copy(pb.keys[:], pb.akeys[:pb.an])
+		pb.an = 0
+		pb.base, pb.n, pb.kn, pb.end = i, 0, n, i+n
+		t.prefetchRecords(pb.keys[:n], &pb.addrs)
+		pb.hashAhead(t, pb.end, limit)
+		pb.n = pb.probe(t, pb.keys[:n], alive)
+		return
+	}
 	src := pb.src
 	pb.base, pb.n, pb.kn, pb.end = i, 0, 0, i
 	if ahead := src.KeysAhead(); len(ahead) >= 2 {
@@ -147,7 +174,11 @@ func (pb *probeBuf) next(t *table, i, nblocks int, alive uint64) {
 	if i < hashAfter {
 		return
 	}
-	n := min(nblocks-i, pb.hbatch)
+	// A hashing batch: SHA-256 of its window, then of the next (hashAhead), before it
+	// probes its own. Each window's table entries are prefetched as soon as its keys
+	// are known and its records once the entries have arrived, so that the misses of
+	// two dependent loads a block land while the core hashes, not while the walk waits.
+	n := min(limit-i, pb.hbatch)
 	pb.hbatch = min(2*pb.hbatch, probeMax)
 	for pb.kn < n {
 		k, err := src.Next()
@@ -158,7 +189,54 @@ func (pb *probeBuf) next(t *table, i, nblocks int, alive uint64) {
 		pb.kn++
 	}
 	pb.end = i + pb.kn
+	t.prefetchEntries(pb.keys[:pb.kn], &pb.addrs)
+	if pb.kn == n {
+		pb.hashAhead(t, pb.end, limit)
+	}
+	t.prefetchRecords(pb.keys[:pb.kn], &pb.addrs)
 	pb.n = pb.probe(t, pb.keys[:pb.kn], alive)
+}
+
+// hashAhead hashes the window of blocks from block from (up to limit) into akeys and
+// prefetches their table entries; the next batch (next) probes them. A walk that stops
+// has hashed at most this window past its batch.
+func (pb *probeBuf) hashAhead(t *table, from, limit int) {
+	n := min(limit-from, pb.hbatch)
+	pb.hbatch = min(2*pb.hbatch, probeMax)
+	for pb.an < n {
+		k, err := pb.src.Next()
+		if err != nil {
+			break // the walk meets it again at this block (errors stick)
+		}
+		pb.akeys[pb.an] = k
+		pb.an++
+	}
+	t.prefetchEntries(pb.akeys[:pb.an], &pb.addrs)
+}
+
+// prefetchEntries prefetches the home entry of each key in t (at most probeMax keys).
+func (t *table) prefetchEntries(keys []uint64, addrs *[probeMax]uintptr) {
+	for j, k := range keys {
+		addrs[j] = uintptr(unsafe.Pointer(&t.entries[mix(k)>>(t.shift&63)]))
+	}
+	prefetch.Lines(addrs[:len(keys)])
+}
+
+// prefetchRecords prefetches the record that each key's home entry in t points at, when
+// the entry's fingerprint is the key's (at most probeMax keys). The entries should be in
+// the caches by then (prefetchEntries); the loads of the ones that are not wait.
+func (t *table) prefetchRecords(keys []uint64, addrs *[probeMax]uintptr) {
+	n := 0
+	for _, k := range keys {
+		h := mix(k)
+		e := atomic.LoadUint64(&t.entries[h>>(t.shift&63)])
+		if e == 0 || e == tombEntry || e&^0xFFFFFFFF != h&^0xFFFFFFFF {
+			continue
+		}
+		addrs[n] = uintptr(unsafe.Pointer(&t.ar.Record(uint32(e) - 1)[recKey]))
+		n++
+	}
+	prefetch.Lines(addrs[:n])
 }
 
 // probe finds the records of keys in t alone (a key t lacks ends the batch; the walk's own

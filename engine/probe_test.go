@@ -184,12 +184,13 @@ func TestHashAheadBound(t *testing.T) {
 		if got := res.Instances[0].Disk; got != int64(16*stored) || res.w.walked != walked {
 			t.Fatalf("stored %d: disk %d, walked %d", stored, got, res.w.walked)
 		}
-		// Windows: blocks [4,6), [6,10), [10,18), [18,34), [34,50), [50,64).
+		// Windows: blocks [4,6), [6,10), [10,18), [18,34), [34,50), [50,64); the batch
+		// of the window holding the last block walked hashed the next window too.
 		hashed := walked
 		for start, size := hashAfter, 2; start < walked; start, size = start+size, min(2*size, probeMax) {
-			hashed = min(start+size, 64)
+			hashed = min(start+size+min(2*size, probeMax), 64)
 		}
-		if res.hashed != hashed || res.hashed > walked+probeMax-1 {
+		if res.hashed != hashed || res.hashed > walked+2*probeMax-1 {
 			t.Fatalf("stored %d: hashed %d, want %d", stored, res.hashed, hashed)
 		}
 		if res.w.pb.probed > max(walked-hashAfter, 0) {

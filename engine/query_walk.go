@@ -209,14 +209,14 @@ func (r *walker) walk1Loop(w *walk1State, src keySource, from, limit, nblocks in
 	rs := runState{batch: probeFirst}
 	for i := from; i < limit; {
 		if i >= pb.end && i != pb.stop {
-			if !r.slow {
+			if !r.slow && pb.an == 0 { // with an, the batch hashed ahead: keys from src are past it
 				j, all := r.sameRun(tab, src, &rs, i, limit-i, a0, a1, a2, a3)
 				if i += j; all {
 					continue
 				}
 			}
 			if probe {
-				pb.next(tab, i, nblocks, a3)
+				pb.next(tab, i, limit, a3)
 			}
 		}
 		key, rec := pb.ahead(i)

@@ -1,8 +1,8 @@
 package engine
 
 // BlocksHashed is the number of blocks the last Query into r hashed: the walk stops at the
-// first block that no queried slot can use, and hashes at most one window of blocks ahead
-// of it (overlapped probes, probe.go), so this is the query's hashing cost. It is 0
+// first block that no queried slot can use, and hashes at most two windows of blocks
+// ahead of it (overlapped probes, probe.go), so this is the query's hashing cost. It is 0
 // after a query that hashed nothing (unknown context or filter) and after QueryKeys.
 func (r *Result) BlocksHashed() int { return r.hashed }
 
