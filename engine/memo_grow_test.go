@@ -19,11 +19,12 @@ func growTokens(i int) []int32 {
 }
 
 // TestMemoGrowsWithUseAndIndex: a growing memo starts small; once queries hash, it grows
-// ahead of the index to one memo block per memoAhead indexed blocks; when cold queries
-// have filled half of it, it doubles, but to no more than memoPerBlock memo blocks per
-// indexed block; never past MemoEntries, after which queries ask nothing. Every answer is
-// the full hit. The memo's requests are answered by the test (manualMemoGrowth) right
-// after the query that made them.
+// ahead of the index to one memo block per memoAhead indexed blocks; when queries have
+// filled half of it and prompts come back after it evicted their runs, it doubles, but to
+// no more than memoPerBlock memo blocks per indexed block; prompts that are all new fill
+// it without growing it; never past MemoEntries, after which queries ask nothing. Every
+// answer is the full hit. The memo's requests are answered by the test (manualMemoGrowth)
+// right after the query that made them.
 func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 	p := resolve(t, "vllm_v1", "sha256_cbor", "0", "low64_be")
 	log, _ := captureLogger()
@@ -40,24 +41,30 @@ func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 	}
 	asked, steps, grown := 0, 0, 0
 	var res Result
-	// ask asks n indexed prompts not asked yet (8 runs inserted each), answering the
-	// memo's requests as they come.
+	warned := false
+	// query asks indexed prompt i and answers the memo's request, if it made one.
+	query := func(i int) {
+		mustQuery(t, e, &Query{Key: k, Tokens: growTokens(i)}, &res)
+		if res.Instances[0].Device != 16*64 {
+			t.Fatalf("prompt %d: %s", i, formatHits(res.Instances))
+		}
+		select {
+		case <-e.memo.GrowRequests():
+			steps++
+			if e.growMemoStep(nil, &warned) {
+				grown++
+			}
+		default:
+		}
+	}
+	// ask asks n indexed prompts not asked yet (8 runs inserted each).
 	ask := func(n int) {
-		warned := false
 		for range n {
-			mustQuery(t, e, &Query{Key: k, Tokens: growTokens(asked)}, &res)
-			if res.Instances[0].Device != 16*64 || res.BlocksFromMemo() != 0 {
-				t.Fatalf("prompt %d: %s, %d blocks from the memo", asked, formatHits(res.Instances), res.BlocksFromMemo())
+			query(asked)
+			if res.BlocksFromMemo() != 0 {
+				t.Fatalf("prompt %d: %d blocks from the memo", asked, res.BlocksFromMemo())
 			}
 			asked++
-			select {
-			case <-e.memo.GrowRequests():
-				steps++
-				if e.growMemoStep(nil, &warned) {
-					grown++
-				}
-			default:
-			}
 		}
 	}
 	check := func(what string, capacity, wantSteps, wantGrown int) {
@@ -67,12 +74,21 @@ func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 				what, got, steps, grown, capacity, wantSteps, wantGrown)
 		}
 	}
-	check("start", 256, 0, 0)
-	for _, st := range []struct {
+	type step struct {
 		what                          string
 		index, ask                    int // prompts of 64 blocks indexed, then asked
 		capacity, requests, grewSoFar int
-	}{
+	}
+	run := func(steps []step) {
+		t.Helper()
+		for _, st := range steps {
+			index(st.index)
+			ask(st.ask)
+			check(st.what, st.capacity, st.requests, st.grewSoFar)
+		}
+	}
+	check("start", 256, 0, 0)
+	run([]step{
 		// 128 blocks indexed (no more than 4 per memo block): no request ahead. 16 runs
 		// fill half of the 32 the memo holds, but it holds twice the blocks indexed.
 		{"128 indexed, half filled", 2, 2, 256, 1, 0},
@@ -81,19 +97,34 @@ func TestMemoGrowsWithUseAndIndex(t *testing.T) {
 		{"640 indexed", 8, 1, 256, 1, 0},
 		// 1,280 indexed: the next query asks ahead, for 320 blocks: 512.
 		{"1,280 indexed", 10, 1, 512, 2, 1},
-		// 32 more runs fill half of the 64: doubled (1,024 <= 2 x 1,280).
-		{"half filled again", 0, 4, 1024, 3, 2},
-		// 8,192 indexed: ahead to 2,048.
-		{"8,192 indexed", 108, 1, 2048, 4, 3},
-		// 32,768 indexed: ahead to the limit, 8,192.
-		{"32,768 indexed", 384, 1, 8192, 5, 4},
-		// At the limit no more requests, whatever fills it.
-		{"at the limit", 0, 200, 8192, 5, 4},
-	} {
-		index(st.index)
-		ask(st.ask)
-		check(st.what, st.capacity, st.requests, st.grewSoFar)
+		// 32 more runs of new prompts fill half of the 64: asked, and declined (nothing
+		// came back after its eviction).
+		{"half filled by new prompts", 0, 4, 512, 3, 1},
+	})
+	if st := e.MemoStats(); st.Reasked != 0 {
+		t.Fatalf("new prompts only, yet %d lookups reasked evicted runs", st.Reasked)
 	}
+	// 16 prompts (128 runs, twice the memo) asked round and round: prompts come back
+	// after their runs were evicted, and the memo doubles (1,024 <= 2 x 1,280).
+	for q := 0; e.MemoStats().Capacity == 512; q++ {
+		if q == 20*16 {
+			t.Fatalf("prompts asked again after eviction for 20 rounds: %+v", e.MemoStats())
+		}
+		query(q % 16)
+	}
+	if st := e.MemoStats(); st.Capacity != 1024 || st.Reasked == 0 || grown != 2 {
+		t.Fatalf("asked again: capacity %d, %d steps grew, %+v", st.Capacity, grown, st)
+	}
+	asked = 16
+	steps, grown = 0, 0
+	run([]step{
+		// 8,192 indexed: ahead to 2,048.
+		{"8,192 indexed", 108, 1, 2048, 1, 1},
+		// 32,768 indexed: ahead to the limit, 8,192.
+		{"32,768 indexed", 384, 1, 8192, 2, 2},
+		// At the limit no more requests, whatever fills it.
+		{"at the limit", 0, 200, 8192, 2, 2},
+	})
 	// Prompts asked again come from the memo, those its sets still hold.
 	from := 0
 	for i := asked - 32; i < asked; i++ {
@@ -117,11 +148,10 @@ func TestMemoGrowerGrowsAndStops(t *testing.T) {
 	s := Slot{"a", 0}
 	mustRegister(t, e, k, p, s)
 	var res Result
-	for i := range 2 { // 16 runs: half of 256 blocks; 128 indexed blocks allow 256 more
+	for i := range 20 { // 1,280 indexed blocks: more than memoAhead per memo block
 		mustApply(t, e, k, store(s, TierDevice, chainKeys(t, p, 16, "", "", growTokens(i))...))
-		mustApply(t, e, k, store(s, TierDevice, chainKeys(t, p, 16, "", "", growTokens(100+i))...))
-		mustQuery(t, e, &Query{Key: k, Tokens: growTokens(i)}, &res)
 	}
+	mustQuery(t, e, &Query{Key: k, Tokens: growTokens(0)}, &res) // hashes: asks ahead
 	if g := <-grew; !g || e.MemoStats().Capacity != 512 {
 		t.Fatalf("grower: grew %v, capacity %d", g, e.MemoStats().Capacity)
 	}

@@ -18,8 +18,11 @@ import (
 //     the grower before queries use them, so a cold prompt never pays a page fault for
 //     the memo (a fresh VM page costs microseconds to zero: writing a memo entry into one
 //     was most of a cold query's cost).
-//   - With use: when queries have filled half of it, it doubles, up to memoPerBlock
-//     memo blocks per indexed block.
+//   - With reuse: when queries have filled half of it and prompts come back after it
+//     evicted their runs (hashing.Memo.Outgrown), it doubles, up to memoPerBlock memo
+//     blocks per indexed block. Prompts that are all new fill it without growing it:
+//     their runs are never asked again, and a step's pages (zeroed, populated and the
+//     moving runs copied) cost the process CPU while they come in.
 //
 // Both up to MemoEntries. A conductor nobody queries, or one with an empty index, holds
 // none of it; one with N indexed blocks N/memoAhead to memoPerBlock*N (5 to 40 bytes an
@@ -30,7 +33,7 @@ const (
 	// populated, ahead of the cold queries that fill it. At 4 (5 bytes an indexed block)
 	// rather than 2, a burst's RSS growth per block stays under the index's own 48-56
 	// bytes plus 16 (conductor-bench ingest, whose drain queries make the memo grow as a
-	// router's would); use doubles it where cold traffic fills it.
+	// router's would); reuse doubles it where prompts come back after their eviction.
 	memoAhead = 4
 	// memoPerBlock is the most memo blocks per indexed block that use may grow the memo
 	// to: the memo only remembers blocks that queries walked, which the index holds (or
@@ -115,7 +118,7 @@ func (e *Engine) growMemoStep(quit <-chan struct{}, warned *bool) bool {
 	had, limit := int64(e.memo.Stats().Capacity), int64(e.memo.Limit())
 	indexed := e.total.Load()
 	want := min(indexed/memoAhead, limit)
-	if e.memo.HalfFilled() {
+	if e.memo.HalfFilled() && e.memo.Outgrown() {
 		want = max(want, min(2*had, indexed*memoPerBlock, limit))
 	}
 	t0 := time.Now()

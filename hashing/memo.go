@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/conductor-go/conductor/internal/prefetch"
 )
 
 // DefaultMemoEntries is the memo capacity, in blocks, that servers use when none is
@@ -143,14 +145,15 @@ func (m *Memo) Bytes() int {
 const memoStripes = 8
 
 type memoCounters struct {
-	hits, misses, inserts, evictions atomic.Uint64
-	_                                [32]byte
+	hits, misses, inserts, evictions, reasked atomic.Uint64
+	_                                         [24]byte
 }
 
 // memoEntry is one run: both chain lanes after its last block, the projected keys of its
 // blocks, the digest of its last block, a check word over all of them (0 = empty), and
-// the ref word: the reference bit (bit 0) and the owner of the run's record hints (bits
-// 32-63, 0 = none; see Chain.SetHintOwner). Two cache lines.
+// the ref word: the reference bit (bit 0), the ghost of the entry it replaced (bits
+// 1-31, 0 = none; see ghostTag) and the owner of the run's record hints (bits 32-63, 0 =
+// none; see Chain.SetHintOwner). Two cache lines.
 type memoEntry struct {
 	a, b  uint64
 	k     [memoRun]uint64
@@ -181,6 +184,10 @@ type MemoStats struct {
 	// Inserts counts entries (runs of memoRun blocks) written; Evictions counts inserts
 	// that replaced a valid entry.
 	Inserts, Evictions uint64
+	// Reasked counts lookups that missed a run its set had evicted lately (its ghost
+	// is among the set's, see ghostTag): runs a memo about twice the size would have
+	// served. A growing memo grows with use only on them (Outgrown).
+	Reasked uint64
 }
 
 // NewMemo returns a memo of at least blocks blocks (rounded up to a power of two, at
@@ -205,7 +212,8 @@ func memoRuns(blocks int) int {
 // address space is reserved for the limit: pages become resident as entries are written,
 // or, with prefault, as Grow makes them part of the table (see Grow). Once queries have
 // inserted runs for half of its capacity since it last grew (or was made), the memo asks
-// to grow through GrowRequests; whoever owns it decides by how much and calls Grow.
+// to grow through GrowRequests; whoever owns it decides by how much and calls Grow
+// (the engine's grower doubles it only when it has also Outgrown its size).
 func NewGrowingMemo(start, limit int, prefault bool) *Memo {
 	if limit <= 0 {
 		return nil
@@ -258,6 +266,7 @@ func (m *Memo) Stats() MemoStats {
 		s.Misses += st.misses.Load()
 		s.Inserts += st.inserts.Load()
 		s.Evictions += st.evictions.Load()
+		s.Reasked += st.reasked.Load()
 	}
 	return s
 }
@@ -323,6 +332,40 @@ func (m *memoTable) touchSet(a uint64) uint64 {
 	e := m.ents[s : s+memoWays : s+memoWays]
 	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a) +
 		ldw(&e[0].check) + ldw(&e[1].check) + ldw(&e[2].check) + ldw(&e[3].check)
+}
+
+// prefetchSet prefetches the lines an insert of (a, b) reads and writes: the set's four
+// entries (two lines each) and the preferred way's record hints. A chain calls it when it
+// queues the insert (memoChain.queue), a run of hashing before the insert is written.
+func (m *memoTable) prefetchSet(a, b uint64, addrs *[2*memoWays + 1]uintptr) {
+	s := m.set(a)
+	base := uintptr(unsafe.Pointer(&m.ents[s]))
+	for j := range 2 * memoWays {
+		addrs[j] = base + uintptr(j)*(memoLineBytes/2)
+	}
+	addrs[2*memoWays] = uintptr(unsafe.Pointer(&m.hints[(s+pref(b))*memoRun]))
+	prefetch.Lines(addrs[:])
+}
+
+// ghostTag is what an entry keeps of the entry it replaced, in bits 1-31 of its ref word:
+// 30 bits of the evicted run's lane b (not those pref uses) and a presence bit. A set's
+// four ways thus remember the last run evicted from each, which is enough to tell a
+// lookup that misses because the memo is too small for the prompts asked again (the run
+// was here a few replacements ago) from one that misses because the prompt is new; a new
+// prompt's lookup matches a ghost by chance about once in 2^28.
+func ghostTag(b uint64) uint64 { return (b>>32)&0x3FFFFFFF | 0x40000000 }
+
+// ghostOf reports whether the set of lane a remembers evicting the run of lanes (a, b):
+// one of its ways holds its ghost tag. Only lookups that missed ask, a few a prompt.
+func (m *memoTable) ghostOf(a, b uint64) bool {
+	s := m.set(a)
+	g := ghostTag(b)
+	for w := s; w < s+memoWays; w++ {
+		if ldw(&m.ents[w].ref)>>1&0x7FFFFFFF == g {
+			return true
+		}
+	}
+	return false
 }
 
 // preferredEmpty reports whether the preferred way of (a, b) is empty, so that an insert
@@ -421,6 +464,10 @@ func (m *memoTable) place(v *memoRunVal) (at int, wrote, evicted bool) {
 // interleavings step a memoWriter, and TestMemoWriteMatchesSteps holds the two equal.
 func (m *memoTable) write(e *memoEntry, v *memoRunVal, ck uint64) bool {
 	old := ldw(&e.check)
+	var ghost uint64
+	if old != 0 {
+		ghost = ghostTag(ldw(&e.b)) << 1
+	}
 	stw(&e.check, 0)
 	stw(&e.a, v.a)
 	stw(&e.b, v.b)
@@ -430,7 +477,7 @@ func (m *memoTable) write(e *memoEntry, v *memoRunVal, ck uint64) bool {
 	for j := range v.d {
 		stw(&e.d[j], v.d[j])
 	}
-	stw(&e.ref, 1)
+	stw(&e.ref, 1|ghost)
 	stw(&e.check, ck)
 	return old != 0
 }
@@ -446,6 +493,7 @@ type memoWriter struct {
 	e     *memoEntry
 	v     *memoRunVal
 	check uint64
+	ghost uint64 // the replaced entry's ghost, taken at step 0 (see write)
 }
 
 func (m *memoTable) newWriter(e *memoEntry, v *memoRunVal) memoWriter {
@@ -458,6 +506,9 @@ func (w *memoWriter) step(k int) uint64 {
 	switch {
 	case k == 0:
 		old := ldw(&e.check)
+		if old != 0 {
+			w.ghost = ghostTag(ldw(&e.b)) << 1
+		}
 		stw(&e.check, 0)
 		return old
 	case k == 1:
@@ -469,7 +520,7 @@ func (w *memoWriter) step(k int) uint64 {
 	case k < 3+memoRun+4:
 		stw(&e.d[k-3-memoRun], v.d[k-3-memoRun])
 	case k == 3+memoRun+4:
-		stw(&e.ref, 1)
+		stw(&e.ref, 1|w.ghost)
 	default:
 		stw(&e.check, w.check)
 	}

@@ -47,6 +47,10 @@ type memoGrower struct {
 	prefault bool
 	// filled counts the runs chains inserted (Done); at growAt the memo asks to grow.
 	filled, growAt atomic.Uint64
+	// reasked counts the lookups that missed a run the memo had evicted (Done); the
+	// window of filled and reasked that Outgrown judges starts at winFilled, winReasked
+	// (set with growAt).
+	reasked, winFilled, winReasked atomic.Uint64
 	// req carries the requests (capacity 1: one pending request stands for any number);
 	// nil for a memo that cannot grow.
 	req chan struct{}
@@ -110,6 +114,27 @@ func (m *Memo) HalfFilled() bool {
 	return m != nil && m.grower.req != nil && m.grower.filled.Load() >= m.grower.growAt.Load()
 }
 
+// reaskedPer is the runs inserted per reasked lookup at or under which Outgrown holds:
+// a prompt asked again after its runs were evicted misses its first run or two and
+// inserts its runs again (64 for 8K tokens), so prompts that come back after eviction
+// give one in 64 or more; prompts never seen before match a ghost about once in 2^28
+// lookups, a handful of which a prompt makes.
+const reaskedPer = 256
+
+// Outgrown reports whether, since the memo was made or last grew (or Grow last declined a
+// request), lookups missed runs the memo had evicted lately (MemoStats.Reasked) at least
+// once per reaskedPer runs inserted: prompts come back after the memo lost them, so a
+// larger memo would serve them. Prompts that are all new fill the memo without it: growing
+// then would only make resident memory nobody reads.
+func (m *Memo) Outgrown() bool {
+	if m == nil {
+		return false
+	}
+	g := &m.grower
+	r := g.reasked.Load() - g.winReasked.Load()
+	return r > 0 && r*reaskedPer >= g.filled.Load()-g.winFilled.Load()
+}
+
 // Limit is the capacity in blocks that Grow can take the memo to.
 func (m *Memo) Limit() int {
 	if m == nil {
@@ -140,7 +165,10 @@ func (m *Memo) Grow(blocks int, stop <-chan struct{}) (grew bool, err error) {
 		case int(n) == len(m.ents):
 			g.growAt.Store(math.MaxUint64) // at the limit: no more requests
 		case grew || due:
-			g.growAt.Store(g.filled.Load() + n/2)
+			f := g.filled.Load()
+			g.growAt.Store(f + n/2)
+			g.winFilled.Store(f)
+			g.winReasked.Store(g.reasked.Load())
 		}
 	}()
 	old := m.tab.Load()

@@ -376,3 +376,87 @@ func TestMemoGrowStops(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoGhosts: a run evicted from a set leaves its ghost in the way that replaced it,
+// so a lookup of it is told apart from one of a run never inserted; a way remembers only
+// the last run it lost (after four more evictions from the set, the ghost is gone).
+func TestMemoGhosts(t *testing.T) {
+	m := NewMemo(memoWays * memoRun) // one set
+	tab := m.cur()
+	run := func(i uint64) memoRunVal {
+		v := memoVal(i)
+		v.b = i<<32 | i // distinct ghost tags and preferred ways
+		return v
+	}
+	for i := uint64(1); i <= memoWays; i++ {
+		v := run(i)
+		if _, evicted := tab.insert(&v); evicted {
+			t.Fatalf("run %d evicted a run from a set with room", i)
+		}
+	}
+	for i := uint64(1); i <= 2*memoWays; i++ {
+		if tab.ghostOf(run(i).a, run(i).b) {
+			t.Fatalf("run %d has a ghost before any eviction", i)
+		}
+	}
+	v := run(5)
+	if _, evicted := tab.insert(&v); !evicted {
+		t.Fatal("a fifth run into a full set evicted nothing")
+	}
+	lost := 0
+	for i := uint64(1); i <= memoWays; i++ {
+		var got memoRunVal
+		if !tab.lookup(run(i).a, run(i).b, &got) {
+			lost++
+			if !tab.ghostOf(run(i).a, run(i).b) {
+				t.Fatalf("run %d was evicted but left no ghost", i)
+			}
+		} else if tab.ghostOf(run(i).a, run(i).b) {
+			t.Fatalf("run %d is held and has a ghost", i)
+		}
+	}
+	if lost != 1 || tab.ghostOf(run(99).a, run(99).b) {
+		t.Fatalf("%d runs lost (want 1), or a run never inserted has a ghost", lost)
+	}
+	for i := uint64(6); i < 6+2*memoWays; i++ { // every way replaced twice more
+		v := run(i)
+		tab.insert(&v)
+	}
+	for i := uint64(1); i <= memoWays; i++ {
+		if tab.ghostOf(run(i).a, run(i).b) {
+			t.Fatalf("run %d's ghost outlived the replacements of every way", i)
+		}
+	}
+}
+
+// TestMemoOutgrown: the memo reports it has outgrown its size when, in the window since
+// it last grew or declined, reasked lookups come at least once per reaskedPer runs
+// inserted; the window restarts when Grow answers a due request.
+func TestMemoOutgrown(t *testing.T) {
+	m := NewGrowingMemo(64*memoRun, 1024*memoRun, false)
+	g := &m.grower
+	if m.Outgrown() {
+		t.Fatal("a new memo has outgrown its size")
+	}
+	g.filled.Store(reaskedPer * 3)
+	g.reasked.Store(2)
+	if m.Outgrown() {
+		t.Fatal("2 reasked lookups in 768 runs inserted: outgrown")
+	}
+	g.reasked.Store(3)
+	if !m.Outgrown() || !m.HalfFilled() {
+		t.Fatalf("3 reasked lookups in 768 runs inserted: outgrown %v, half filled %v", m.Outgrown(), m.HalfFilled())
+	}
+	// Declined (Grow to the same size while half filled): a new window.
+	if grew, _ := m.Grow(64*memoRun, nil); grew || m.Outgrown() || m.HalfFilled() {
+		t.Fatalf("after a declined request: grew %v, outgrown %v, half filled %v", grew, m.Outgrown(), m.HalfFilled())
+	}
+	g.reasked.Add(1)
+	if !m.Outgrown() {
+		t.Fatal("a reasked lookup with nothing inserted since the window began: not outgrown")
+	}
+	var nilMemo *Memo
+	if nilMemo.Outgrown() {
+		t.Fatal("a nil memo has outgrown its size")
+	}
+}

@@ -654,7 +654,11 @@ func fullScanInsert(m *memoTable, v *memoRunVal) (wrote, evicted bool) {
 		}
 	}
 	evicted = m.ents[victim].check != 0
-	m.ents[victim] = memoEntry{a: v.a, b: v.b, k: v.k, d: v.d, ref: 1, check: ck}
+	var ghost uint64 // the replaced run's ghost (see ghostTag)
+	if evicted {
+		ghost = ghostTag(m.ents[victim].b) << 1
+	}
+	m.ents[victim] = memoEntry{a: v.a, b: v.b, k: v.k, d: v.d, ref: 1 | ghost, check: ck}
 	return true, evicted
 }
 

@@ -96,11 +96,13 @@ type memoChain struct {
 	streakFrom, streakEnd int
 	runK                  [memoRun]uint64
 
-	pend []memoRunVal
+	pend  []memoRunVal
+	addrs [2*memoWays + 1]uintptr // queue's prefetches
 
 	sha                              int // blocks SHA-hashed since reset
 	probes                           int // memo lookups since reset (tests bound them)
 	hits, misses, inserts, evictions uint64
+	reasked                          uint64 // lookups that missed a run the memo had evicted (ghostOf)
 	stripe                           int
 	sink                             uint64
 }
@@ -220,6 +222,9 @@ func (c *Chain) fill() {
 		w := t.lookupAt(mc.aheadA[j], mc.aheadB[j], v)
 		mc.aheadW[j] = int32(w)
 		if w < 0 {
+			if t.ghostOf(mc.aheadA[j], mc.aheadB[j]) {
+				mc.reasked++
+			}
 			run++
 			continue
 		}
@@ -296,7 +301,8 @@ func (mc *memoChain) hashedBlock(i int, key, la, lb uint64, d *[32]byte) {
 }
 
 // queue buffers the insert of the run in runK ending with digest d under lanes a, b,
-// writing the buffer out when it is full.
+// writing the buffer out when it is full, and prefetches the lines the insert will
+// touch: the flush comes a run of hashing or more later (Done, for most of a prompt).
 func (mc *memoChain) queue(a, b uint64, d *[32]byte) {
 	if len(mc.pend) == cap(mc.pend) && cap(mc.pend) > 0 {
 		mc.flush()
@@ -304,6 +310,7 @@ func (mc *memoChain) queue(a, b uint64, d *[32]byte) {
 	if mc.pend == nil {
 		mc.pend = make([]memoRunVal, 0, pendMax)
 	}
+	mc.t.prefetchSet(a, b, &mc.addrs)
 	mc.pend = append(mc.pend, memoRunVal{a: a, b: b, k: mc.runK, d: [4]uint64{
 		binary.LittleEndian.Uint64(d[0:]), binary.LittleEndian.Uint64(d[8:]),
 		binary.LittleEndian.Uint64(d[16:]), binary.LittleEndian.Uint64(d[24:])}})
@@ -399,7 +406,7 @@ func (c *Chain) Done() {
 	if len(mc.pend) > 0 {
 		mc.flush()
 	}
-	if mc.hits|mc.misses|mc.inserts|mc.evictions == 0 {
+	if mc.hits|mc.misses|mc.inserts|mc.evictions|mc.reasked == 0 {
 		return
 	}
 	if mc.stripe == 0 {
@@ -419,7 +426,11 @@ func (c *Chain) Done() {
 	if mc.evictions != 0 {
 		st.evictions.Add(mc.evictions)
 	}
-	mc.hits, mc.misses, mc.inserts, mc.evictions = 0, 0, 0, 0
+	if mc.reasked != 0 {
+		st.reasked.Add(mc.reasked)
+		mc.m.grower.reasked.Add(mc.reasked)
+	}
+	mc.hits, mc.misses, mc.inserts, mc.evictions, mc.reasked = 0, 0, 0, 0, 0
 }
 
 // MemoHits is the number of blocks Next took from the memo since the last Reset (0

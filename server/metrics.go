@@ -273,6 +273,8 @@ var (
 		"Query blocks SHA-256 hashed while the key memo was enabled.", nil, nil)
 	descMemoEvictions = prometheus.NewDesc("conductor_query_memo_evictions_total",
 		"Key memo entries (runs of 8 blocks) replaced by newer ones.", nil, nil)
+	descMemoReasked = prometheus.NewDesc("conductor_query_memo_reasked_total",
+		"Key memo lookups that missed a run the memo had evicted lately: prompts asked again after the memo lost them (it grows with use on these).", nil, nil)
 	descMemoEntries = prometheus.NewDesc("conductor_query_memo_capacity_entries",
 		"Key memo capacity in blocks (0: disabled).", nil, nil)
 	descCtxEvictions = prometheus.NewDesc("conductor_context_evicted_blocks_total",
@@ -284,7 +286,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 		descSvcEventForms, descSvcHashVerified, descSvcHashMismatch, descSvcHashUnverifiable,
 		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
 		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
-		descMemoHits, descMemoMisses, descMemoEvictions, descMemoEntries} {
+		descMemoHits, descMemoMisses, descMemoEvictions, descMemoReasked, descMemoEntries} {
 		ch <- d
 	}
 }
@@ -364,6 +366,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descMemoHits, prometheus.CounterValue, float64(ms.Hits))
 	ch <- prometheus.MustNewConstMetric(descMemoMisses, prometheus.CounterValue, float64(ms.Misses))
 	ch <- prometheus.MustNewConstMetric(descMemoEvictions, prometheus.CounterValue, float64(ms.Evictions))
+	ch <- prometheus.MustNewConstMetric(descMemoReasked, prometheus.CounterValue, float64(ms.Reasked))
 	ch <- prometheus.MustNewConstMetric(descMemoEntries, prometheus.GaugeValue, float64(ms.Capacity))
 	for _, v := range eng.GlobalView() {
 		st, ok := eng.Stats(v.Key)

@@ -137,6 +137,7 @@ func TestMetricsMoveWithEventsAndQueries(t *testing.T) {
 		{"conductor_query_memo_misses_total", nil, 9 + 4},
 		{"conductor_query_memo_hits_total", nil, 4 * 8},
 		{"conductor_query_memo_evictions_total", nil, 0},
+		{"conductor_query_memo_reasked_total", nil, 0},
 		{"conductor_query_memo_capacity_entries", nil, float64(hashing.DefaultMemoStart)},
 	}
 	for _, c := range checks {

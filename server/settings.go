@@ -162,9 +162,10 @@ func fileSettings() []setting[FileConfig] {
 				"checked before use); answers never change; 0 disables. The memo starts at 131,072 blocks with "+
 				"nothing resident, and grows in the background: once queries hash blocks, ahead of the index (one memo "+
 				"block per four indexed blocks, populated before queries use it), and when queries have filled half "+
-				"of it (doubling, up to two memo blocks per indexed block); never past this bound (logged as `query "+
+				"of it and prompts come back after it evicted their runs (doubling, up to two memo blocks per indexed "+
+				"block; prompts that are all new do not grow it); never past this bound (logged as `query "+
 				"key memo grew`); a bound of 131,072 or less is the memo's size from the start. Metrics "+
-				"`conductor_query_memo_{hits,misses,evictions}_total`, `conductor_query_memo_capacity_entries` (its "+
+				"`conductor_query_memo_{hits,misses,evictions,reasked}_total`, `conductor_query_memo_capacity_entries` (its "+
 				"current size). A bound whose memo would take more than a quarter of the memory the process may use "+
 				"(the machine's, or its control group's limit when lower) is refused at start with the size it "+
 				"would take",
