@@ -5,8 +5,6 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"unsafe"
-
-	"github.com/conductor-go/conductor/internal/prefetch"
 )
 
 // DefaultMemoEntries is the memo capacity, in blocks, that servers use when none is
@@ -332,19 +330,6 @@ func (m *memoTable) touchSet(a uint64) uint64 {
 	e := m.ents[s : s+memoWays : s+memoWays]
 	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a) +
 		ldw(&e[0].check) + ldw(&e[1].check) + ldw(&e[2].check) + ldw(&e[3].check)
-}
-
-// prefetchSet prefetches the lines an insert of (a, b) reads and writes: the set's four
-// entries (two lines each) and the preferred way's record hints. A chain calls it when it
-// queues the insert (memoChain.queue), a run of hashing before the insert is written.
-func (m *memoTable) prefetchSet(a, b uint64, addrs *[2*memoWays + 1]uintptr) {
-	s := m.set(a)
-	base := uintptr(unsafe.Pointer(&m.ents[s]))
-	for j := range 2 * memoWays {
-		addrs[j] = base + uintptr(j)*(memoLineBytes/2)
-	}
-	addrs[2*memoWays] = uintptr(unsafe.Pointer(&m.hints[(s+pref(b))*memoRun]))
-	prefetch.Lines(addrs[:])
 }
 
 // ghostTag is what an entry keeps of the entry it replaced, in bits 1-31 of its ref word:

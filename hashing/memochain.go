@@ -96,8 +96,7 @@ type memoChain struct {
 	streakFrom, streakEnd int
 	runK                  [memoRun]uint64
 
-	pend  []memoRunVal
-	addrs [2*memoWays + 1]uintptr // queue's prefetches
+	pend []memoRunVal
 
 	sha                              int // blocks SHA-hashed since reset
 	probes                           int // memo lookups since reset (tests bound them)
@@ -301,8 +300,8 @@ func (mc *memoChain) hashedBlock(i int, key, la, lb uint64, d *[32]byte) {
 }
 
 // queue buffers the insert of the run in runK ending with digest d under lanes a, b,
-// writing the buffer out when it is full, and prefetches the lines the insert will
-// touch: the flush comes a run of hashing or more later (Done, for most of a prompt).
+// writing the buffer out when it is full. (Prefetching the insert's set here, a run of
+// hashing before the flush, made memo-cold queries slower: BenchmarkQueryCold.)
 func (mc *memoChain) queue(a, b uint64, d *[32]byte) {
 	if len(mc.pend) == cap(mc.pend) && cap(mc.pend) > 0 {
 		mc.flush()
@@ -310,7 +309,6 @@ func (mc *memoChain) queue(a, b uint64, d *[32]byte) {
 	if mc.pend == nil {
 		mc.pend = make([]memoRunVal, 0, pendMax)
 	}
-	mc.t.prefetchSet(a, b, &mc.addrs)
 	mc.pend = append(mc.pend, memoRunVal{a: a, b: b, k: mc.runK, d: [4]uint64{
 		binary.LittleEndian.Uint64(d[0:]), binary.LittleEndian.Uint64(d[8:]),
 		binary.LittleEndian.Uint64(d[16:]), binary.LittleEndian.Uint64(d[24:])}})
