@@ -9,7 +9,7 @@
 #
 #   conductor-bench MODE --alternate <BASE binary>,<HEAD binary> --rounds $ROUNDS [flags...]
 #
-# (MODE: ingest or idle; ROUNDS defaults to 3), which prints each figure's median per
+# (MODE: ingest, idle or load; ROUNDS defaults to 3), which prints each figure's median per
 # binary and HEAD/BASE. The temporary directory is removed at the end. Example:
 #
 #   bench/alternate.sh main . ingest --blocks 1000000 --publishers 8

@@ -56,3 +56,31 @@ func TestLoadCommandFloor(t *testing.T) {
 		t.Fatalf("--keep-awake in process: exit %d, stderr %q", code, errOut.String())
 	}
 }
+
+// TestLoadCommandAlternate: load --alternate runs the grid against two spawned binaries in
+// turn (A B, then B A) and prints each cell's medians per binary, the floor's among them;
+// --alternate excludes --conductor-bin.
+func TestLoadCommandAlternate(t *testing.T) {
+	bin := conductorBinary(t)
+	var out, errOut strings.Builder
+	code := run([]string{"load", "--alternate", bin + "," + bin, "--rounds", "2", "--floor", "--instances", "2", "--blocks", "500",
+		"--prompt-tokens", "512", "--shapes", "hit,miss", "--memo", "cold", "--cold-prompts", "4", "--concurrency", "1",
+		"--duration", "50ms", "--binary-tokens", "--results", t.TempDir()}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
+	}
+	for _, want := range []string{"round 1 of 2: A", "round 2 of 2: B", "load: medians of 2 alternated runs per binary",
+		"512 hit cold x1 CPU/q", "512 miss cold x1 floor CPU/q", "CPU per block indexed", "A = " + bin} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if i, j := strings.Index(out.String(), "round 2 of 2: B"), strings.Index(out.String(), "round 2 of 2: A"); i < 0 || i > j {
+		t.Errorf("round 2 does not start with B:\n%s", out.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"load", "--alternate", bin + "," + bin, "--conductor-bin", bin}, &out, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "excludes --conductor and --conductor-bin") {
+		t.Fatalf("--alternate with --conductor-bin: exit %d, stderr %q", code, errOut.String())
+	}
+}
