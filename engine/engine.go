@@ -77,6 +77,10 @@ type Config struct {
 	// of it in New (hashing.Memo.Populate). Where that fails the memo fills as before,
 	// and the engine logs why.
 	PopulateMemo bool
+	// MemoSecondSight makes the memo remember a prompt's runs only from the second time
+	// its first run is asked (hashing.Memo.SetSecondSight): a prompt asked once costs
+	// what it would without a memo.
+	MemoSecondSight bool
 
 	// manualMemoGrowth (tests) starts no grower: the test answers the memo's requests
 	// itself (growMemoStep), at chosen points.

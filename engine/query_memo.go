@@ -53,6 +53,7 @@ func (e *Engine) newMemo(cfg Config) {
 		start = hashing.DefaultMemoStart
 	}
 	e.memo = hashing.NewGrowingMemo(start, cfg.MemoEntries, cfg.PopulateMemo)
+	e.memo.SetSecondSight(cfg.MemoSecondSight)
 	if e.memo.GrowRequests() != nil {
 		e.setMemoAhead()
 		e.memoQuit = make(chan struct{})

@@ -99,6 +99,13 @@ type Memo struct {
 
 	grower memoGrower
 
+	// seen is the second-sight doorkeeper (SetSecondSight; nil: off): a bitmap of the
+	// first runs of the prompts asked, 2^seenShift bits, seenSet of them set since it was
+	// last cleared.
+	seen      []atomic.Uint64
+	seenShift uint
+	seenSet   atomic.Uint64
+
 	stripe  atomic.Uint32
 	stripes [memoStripes]memoCounters
 }
@@ -330,6 +337,47 @@ func (m *memoTable) touchSet(a uint64) uint64 {
 	e := m.ents[s : s+memoWays : s+memoWays]
 	return ldw(&e[0].a) + ldw(&e[1].a) + ldw(&e[2].a) + ldw(&e[3].a) +
 		ldw(&e[0].check) + ldw(&e[1].check) + ldw(&e[2].check) + ldw(&e[3].check)
+}
+
+// SetSecondSight makes the memo remember a prompt's runs only from the second time its
+// first run is asked (on), or from the first (off, the default). Prompts asked once (a
+// router's traffic is full of them) then cost what they cost without a memo: a chain
+// looks up the prompt's first run, and when the memo lacks it and has not seen it
+// asked, notes it and hashes the prompt without the memo (no lanes, lookups or inserts
+// past that run); the second time, the chain looks it up, misses, and remembers the
+// prompt's runs, which the third serves. Conversations lose the memo's help on the turn
+// after their first (turns that share a system prompt's first run are seen from the
+// start). The doorkeeper is a bitmap of one bit a memo entry at the memo's limit
+// (128 KiB at the default), cleared when half its bits are set, so that what it
+// remembers is recent. Call it before the memo is used; a nil Memo ignores it.
+func (m *Memo) SetSecondSight(on bool) {
+	if m == nil {
+		return
+	}
+	if !on {
+		m.seen = nil
+		return
+	}
+	m.seenShift = uint(bits.Len(uint(max(len(m.ents), 1<<12))) - 1)
+	m.seen = make([]atomic.Uint64, max((1<<m.seenShift)/64, 1))
+}
+
+// firstSight records the first run of a prompt (its lanes a, b) in the doorkeeper and
+// reports whether it was not there: the first time (since the last clear) that run was
+// asked. Half the bits set clears them all (one goroutine, the one that set that bit).
+func (m *Memo) firstSight(a, b uint64) bool {
+	i := ((a ^ bits.RotateLeft64(b, 29)) * 0x9E3779B97F4A7C15) >> (64 - m.seenShift)
+	w, bit := &m.seen[i>>6], uint64(1)<<(i&63)
+	if w.Load()&bit != 0 || w.Or(bit)&bit != 0 {
+		return false
+	}
+	if m.seenSet.Add(1) == uint64(len(m.seen))*32 {
+		for j := range m.seen {
+			m.seen[j].Store(0)
+		}
+		m.seenSet.Store(0)
+	}
+	return true
 }
 
 // ghostTag is what an entry keeps of the entry it replaced, in bits 1-31 of its ref word:

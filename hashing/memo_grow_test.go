@@ -460,3 +460,69 @@ func TestMemoOutgrown(t *testing.T) {
 		t.Fatal("a nil memo has outgrown its size")
 	}
 }
+
+// TestMemoSecondSight: with SetSecondSight a prompt whose first run nobody asked is
+// hashed without the memo (no memo hit, nothing inserted, one lookup), the second ask
+// remembers its runs, the third takes them from the memo; the keys are those of a chain
+// without a memo every time, through Next and KeysAhead batches alike. A prompt sharing
+// a remembered first run is served it on its first ask. The doorkeeper forgets all once
+// half its bits are set.
+func TestMemoSecondSight(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	prompt := func() []int32 {
+		toks := make([]int32, 16*40) // 5 whole runs
+		for i := range toks {
+			toks[i] = int32(r.IntN(150000))
+		}
+		return toks
+	}
+	for name, p := range allProfiles(t) {
+		m := NewMemo(1 << 12)
+		m.SetSecondSight(true)
+		toks := prompt()
+		plain := runChain(&Chain{}, nil, &p, 16, "l", "s", toks, -1)
+		var ch Chain
+		runs := len(plain.keys) / memoRun // whole runs (a lookahead profile hashes fewer blocks)
+		for ask, want := range []struct{ hits, inserts, probes int }{{0, 0, 1}, {0, runs, -1}, {runs * memoRun, 0, -1}} {
+			before := m.Stats().Inserts
+			got := runChainAdvance(&ch, m, &p, 16, "l", "s", toks, -1, r)
+			probes := ch.mc.probes
+			ch.Done()
+			if !sameRun(plain, got) {
+				t.Fatalf("%s: ask %d: keys differ from a chain without the memo", name, ask+1)
+			}
+			if ch.MemoHits() != want.hits || int(m.Stats().Inserts-before) != want.inserts || want.probes >= 0 && probes != want.probes {
+				t.Fatalf("%s: ask %d: %d memo hits, %d runs inserted, %d lookups; want %+v", name, ask+1,
+					ch.MemoHits(), m.Stats().Inserts-before, probes, want)
+			}
+		}
+		// A new prompt with the same first run (and the block after it, whose first
+		// tokens the bigram and lookahead strategies read for the run's last block): that
+		// run from the memo at once.
+		other := append(append([]int32{}, toks[:16*(memoRun+1)]...), prompt()[16*(memoRun+1):]...)
+		if got, want := runChain(&ch, m, &p, 16, "l", "s", other, -1), runChain(&Chain{}, nil, &p, 16, "l", "s", other, -1); !sameRun(got, want) || ch.MemoHits() != memoRun {
+			t.Fatalf("%s: a prompt sharing a remembered first run: %d memo hits, want %d (same keys: %v)", name, ch.MemoHits(), memoRun, sameRun(got, want))
+		}
+		ch.Done()
+	}
+	// The doorkeeper: 4,096 bits for a small memo, cleared when 2,048 are set.
+	m := NewMemo(1 << 12)
+	m.SetSecondSight(true)
+	if len(m.seen)*64 != 1<<12 {
+		t.Fatalf("doorkeeper of %d bits, want 4096", len(m.seen)*64)
+	}
+	if !m.firstSight(1, 2) || m.firstSight(1, 2) {
+		t.Fatal("a first run is not seen once, then known")
+	}
+	for i := uint64(0); m.seenSet.Load() != 0; i++ {
+		if i > 1<<16 {
+			t.Fatalf("the doorkeeper never cleared: %d bits set", m.seenSet.Load())
+		}
+		m.firstSight(r.Uint64(), i)
+	}
+	if !m.firstSight(1, 2) {
+		t.Fatal("a cleared doorkeeper still knows a first run")
+	}
+	var nilMemo *Memo
+	nilMemo.SetSecondSight(true) // no panic
+}

@@ -405,6 +405,17 @@ func TestMemoConcurrentChains(t *testing.T) {
 	p := allProfiles(t)["sglang"]
 	prompts := memoWorkload(rand.New(rand.NewPCG(8, 9)), 40, false)
 	concurrentChains(t, NewMemo(16), &p, prompts, nil)
+	// With the second-sight doorkeeper, whose bits concurrent first sights set (and
+	// clear: 4,096 bits, cleared at 2,048) while others read them.
+	m := NewMemo(16)
+	m.SetSecondSight(true)
+	concurrentChains(t, m, &p, prompts, func() error {
+		r := rand.New(rand.NewPCG(1, 2))
+		for range 6000 {
+			m.firstSight(r.Uint64(), r.Uint64())
+		}
+		return nil
+	})
 }
 
 // plainRuns returns what a chain without memo produces for each prompt (block size 4).

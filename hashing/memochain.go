@@ -98,8 +98,13 @@ type memoChain struct {
 
 	pend []memoRunVal
 
-	sha                              int // blocks SHA-hashed since reset
-	probes                           int // memo lookups since reset (tests bound them)
+	sha    int // blocks SHA-hashed since reset
+	probes int // memo lookups since reset (tests bound them)
+	// firstSight: the prompt's first run was asked for the first time (Memo.SetSecondSight),
+	// and the chain hashes the prompt without the memo (on is false); Done counts its
+	// hashed blocks as misses.
+	firstSight bool
+
 	hits, misses, inserts, evictions uint64
 	reasked                          uint64 // lookups that missed a run the memo had evicted (ghostOf)
 	stripe                           int
@@ -116,6 +121,7 @@ func (mc *memoChain) reset(m *Memo) {
 		mc.t = m.tab.Load()
 	}
 	mc.on = m != nil
+	mc.firstSight = false
 	mc.run, mc.gap, mc.probeAt = 0, 1, 0
 	mc.cx, mc.sha, mc.probes = 0, 0, 0
 	mc.aheadLen, mc.aheadPos = 0, 0
@@ -254,6 +260,13 @@ func (c *Chain) fill() {
 		mc.dv[j] = true
 	}
 	mc.run = run
+	if c.next == 0 && j0 == memoRun-1 && mc.aheadW[j0] < 0 && m.seen != nil && m.firstSight(mc.aheadA[j0], mc.aheadB[j0]) {
+		// A prompt whose first run nobody asked before (SetSecondSight): hashed without
+		// the memo, which remembers it from its second sight.
+		mc.on, mc.firstSight = false, true
+		mc.aheadPos, mc.aheadLen = 0, 0
+		return
+	}
 	switch {
 	case run >= missRun:
 		// Probably a cold suffix: the next lookup is one run, gap runs on.
@@ -330,7 +343,9 @@ func (c *Chain) consume(j int) {
 func (c *Chain) nextMemo() (uint64, error) {
 	mc := &c.mc
 	if mc.aheadPos == mc.aheadLen && c.next >= mc.probeAt {
-		c.fill()
+		if c.fill(); !mc.on {
+			return c.hashNext() // a first sight (fill)
+		}
 	}
 	if j := mc.aheadPos; j < mc.aheadLen {
 		if !mc.known[j] {
@@ -403,6 +418,10 @@ func (c *Chain) Done() {
 	}
 	if len(mc.pend) > 0 {
 		mc.flush()
+	}
+	if mc.firstSight {
+		mc.misses += uint64(c.next) // hashed without the memo
+		mc.firstSight = false
 	}
 	if mc.hits|mc.misses|mc.inserts|mc.evictions|mc.reasked == 0 {
 		return

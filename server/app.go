@@ -71,6 +71,9 @@ type AppConfig struct {
 	// PopulateMemo makes each part of the memo resident before queries use it (the
 	// "query_memo_populate" key; see engine.Config.PopulateMemo).
 	PopulateMemo bool
+	// MemoSecondSight makes the memo remember a prompt from the second time its first
+	// run is asked (the "query_memo_second_sight" key; see engine.Config.MemoSecondSight).
+	MemoSecondSight bool
 	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
 	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.
 	MaxBlocks int
@@ -212,7 +215,7 @@ func Start(cfg AppConfig) (*App, error) {
 	gates := source.NewGateSet(cfg.Cluster != nil)
 	eng := engine.New(engine.Config{MaxBlocksPerContext: cfg.MaxBlocksPerContext, MaxBlocks: cfg.MaxBlocks,
 		MemoryLimitBytes: cfg.MemoryLimitBytes, Logger: log, MemoEntries: memo,
-		PopulateMemo: cfg.PopulateMemo})
+		PopulateMemo: cfg.PopulateMemo, MemoSecondSight: cfg.MemoSecondSight})
 	svc := service.New(service.Options{Engine: eng, Logger: log, MaxServices: lim.MaxServices,
 		MaxFieldBytes: lim.MaxFieldBytes,
 		Subscribe: service.ZMQSubscriber(source.Options{Transport: tr, MaxMessageSize: cfg.ZMQMaxMessageSize,

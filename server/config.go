@@ -52,6 +52,9 @@ type FileConfig struct {
 	// queries use it (each growth step, on the memo's grower) rather than as queries first
 	// write each page.
 	PopulateMemo bool
+	// MemoSecondSight is "query_memo_second_sight": the memo remembers a prompt from the
+	// second time its first run is asked.
+	MemoSecondSight bool
 	// HTTPBindAddress and RPCBindAddress: the interfaces to listen on ("" = all).
 	HTTPBindAddress string
 	RPCBindAddress  string
@@ -262,7 +265,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		SkippedServices: len(f.Skipped), ConfigPath: f.Path, StateFile: f.StateFile,
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
 		RPCAllowMutations: f.RPCAllowMutations,
-		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MaxBlocks: f.MaxBlocks,
+		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MemoSecondSight: f.MemoSecondSight, MaxBlocks: f.MaxBlocks,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQSourceBufferBytes: f.ZMQSourceBufferBytes, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,

@@ -178,6 +178,14 @@ func fileSettings() []setting[FileConfig] {
 				"write to one); `false` lets pages become resident as queries fill them; where populating is not "+
 				"possible the conductor logs why and goes on",
 			func(f *FileConfig, v bool) { f.PopulateMemo = v }),
+		boolSetting("query_memo_second_sight", true,
+			"remember a prompt in the memo from the second time its first run (8 blocks) is asked, not the first: "+
+				"a prompt asked once, as most prompts are, is hashed as without a memo (its first run looked up and "+
+				"noted in a 1-bit-per-entry doorkeeper, no other lookups, lanes or inserts), which spares it about a "+
+				"fifth of its CPU; the second ask remembers it, the third is served from the memo. Prompts that share "+
+				"a first run (a system prompt, a conversation's earlier turns) are remembered from their first ask. "+
+				"`false`: every prompt is remembered from its first ask",
+			func(f *FileConfig, v bool) { f.MemoSecondSight = v }),
 		intSetting("max_blocks", 0, 0, math.MaxInt32,
 			"most blocks indexed over all contexts together (each Mooncake object binding counts as one more); past "+
 				"it every new block evicts the oldest-written block of the whole index (counted in "+

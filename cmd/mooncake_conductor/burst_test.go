@@ -29,16 +29,27 @@ func metricSum(t *testing.T, base, name string, labels ...string) (sum float64, 
 // them and the HTTP base URL once the conductor is ready and subscribed.
 func startWithPublisher(t *testing.T, env ...string) (*zmqtest.Publisher, *conductor, string) {
 	t.Helper()
+	return startWithPublisherConfig(t, nil, env...)
+}
+
+// startWithPublisherConfig is startWithPublisher with the configuration keys of extra
+// added to its own.
+func startWithPublisherConfig(t *testing.T, extra map[string]any, env ...string) (*zmqtest.Publisher, *conductor, string) {
+	t.Helper()
 	pub, err := zmqtest.NewPublisher(zmqtest.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
 	httpPort := freePort(t)
-	config := writeJSON(t, t.TempDir(), map[string]any{
+	keys := map[string]any{
 		"http_server_port": httpPort, "rpc_server_port": 0, "state_file": "",
 		"kvevent_instance": map[string]any{"vllm-a-r0": vllmEntry(pub.Endpoint())},
-	})
+	}
+	for k, v := range extra {
+		keys[k] = v
+	}
+	config := writeJSON(t, t.TempDir(), keys)
 	c := startConductor(t, config, env...)
 	base := "http://127.0.0.1:" + strconv.Itoa(httpPort)
 	c.waitReady(base)

@@ -64,3 +64,66 @@ func TestBinaryMemoGrowsAheadOfIndex(t *testing.T) {
 	})
 	c.terminate()
 }
+
+// TestBinaryMemoSecondSight: by default the binary's memo remembers a prompt from its
+// second ask: the first is hashed without it (every block a miss, no hit), the second
+// looks it up and remembers its runs, the third takes them from the memo. With
+// query_memo_second_sight false, the second ask is already served. A new prompt that
+// shares a remembered first run is served it on its own first ask.
+func TestBinaryMemoSecondSight(t *testing.T) {
+	for _, second := range []bool{true, false} {
+		t.Run(fmt.Sprintf("second_sight=%v", second), func(t *testing.T) {
+			var extra map[string]any
+			if !second {
+				extra = map[string]any{"query_memo_second_sight": false}
+			}
+			pub, c, base := startWithPublisherConfig(t, extra)
+			prompt := tokenRun(1000, 16*20) // 20 blocks: two whole runs of 8
+			if _, err := pub.Publish(vllmBatch(vllmKeys(t, prompt))); err != nil {
+				t.Fatal(err)
+			}
+			// Indexed, seen through the metrics: a query would be a sight of the prompt.
+			c.waitFor("the prompt indexed", func() error {
+				if v, _ := metricSum(t, base, "conductor_context_blocks"); v != 20 {
+					return fmt.Errorf("%v blocks", v)
+				}
+				return nil
+			})
+			hits := func() float64 {
+				v, _ := metricSum(t, base, "conductor_query_memo_hits_total")
+				return v
+			}
+			ask := func(tokens []int32) {
+				code, resp := call(t, http.MethodPost, base+"/query", queryBody(tokens))
+				if inst, _ := resp["instances"].(map[string]any)["engine-a"].(map[string]any); code != http.StatusOK || inst == nil {
+					t.Fatalf("/query: %d %v", code, resp)
+				}
+			}
+			ask(prompt) // its first sight
+			if got := hits(); got != 0 {
+				t.Fatalf("memo hits after the first asks: %v", got)
+			}
+			ask(prompt)
+			wantSecond := 16.0 // both runs
+			if second {
+				wantSecond = 0
+			}
+			if got := hits(); got != wantSecond {
+				t.Fatalf("memo hits after asking again: %v, want %v", got, wantSecond)
+			}
+			ask(prompt)
+			if got := hits(); got != wantSecond+16 {
+				t.Fatalf("memo hits after the third ask: %v, want %v", got, wantSecond+16)
+			}
+			// A new prompt sharing the first run (a system prompt's, say) takes that run
+			// from the memo on its own first ask (its other blocks are not indexed: the
+			// walk stops at block 8).
+			before := hits()
+			ask(append(append([]int32{}, prompt[:16*8]...), tokenRun(5000, 16*12)...))
+			if got := hits() - before; got != 8 {
+				t.Fatalf("a new prompt sharing a remembered first run: %v hits on its first ask, want 8", got)
+			}
+			c.terminate()
+		})
+	}
+}
