@@ -526,3 +526,41 @@ func TestMemoSecondSight(t *testing.T) {
 	var nilMemo *Memo
 	nilMemo.SetSecondSight(true) // no panic
 }
+
+// TestMemoSecondSightKnowsEvicted: a prompt whose first run the memo held until lately
+// (its ghost is in the set) is not a first sight, even once the doorkeeper has forgotten
+// it: the ask that misses remembers it again at once.
+func TestMemoSecondSightKnowsEvicted(t *testing.T) {
+	p := allProfiles(t)["cbor"]
+	m := NewMemo(memoWays * memoRun) // one set
+	m.SetSecondSight(true)
+	toks := make([]int32, 16*memoRun)
+	for i := range toks {
+		toks[i] = int32(i*31 + 7)
+	}
+	var ch Chain
+	for range 2 { // first sight, then remembered
+		runChain(&ch, m, &p, 16, "", "", toks, -1)
+		ch.Done()
+	}
+	tab := m.cur()
+	w := -1
+	for i := range tab.ents {
+		if tab.ents[i].check != 0 {
+			w = i
+		}
+	}
+	if w < 0 || m.Stats().Inserts != 1 {
+		t.Fatalf("the prompt's run not remembered on its second ask: %+v", m.Stats())
+	}
+	v := memoVal(99) // another run replaces it: its ghost stays in the way
+	tab.write(&tab.ents[w], &v, tab.checkOf(&v))
+	for j := range m.seen { // the doorkeeper forgets
+		m.seen[j].Store(0)
+	}
+	runChain(&ch, m, &p, 16, "", "", toks, -1)
+	ch.Done()
+	if st := m.Stats(); st.Inserts != 2 || st.Reasked != 1 {
+		t.Fatalf("an evicted prompt asked again: %d inserts (want 2), %d reasked (want 1)", st.Inserts, st.Reasked)
+	}
+}

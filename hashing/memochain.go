@@ -222,6 +222,7 @@ func (c *Chain) fill() {
 	mc.sink += sink
 	run := mc.run
 	v := &mc.val
+	reasked := false // a lookup missed a run the memo held until lately
 	for j := j0; j < n; j += memoRun {
 		mc.probes++
 		w := t.lookupAt(mc.aheadA[j], mc.aheadB[j], v)
@@ -229,6 +230,7 @@ func (c *Chain) fill() {
 		if w < 0 {
 			if t.ghostOf(mc.aheadA[j], mc.aheadB[j]) {
 				mc.reasked++
+				reasked = true
 			}
 			run++
 			continue
@@ -260,9 +262,9 @@ func (c *Chain) fill() {
 		mc.dv[j] = true
 	}
 	mc.run = run
-	if c.next == 0 && j0 == memoRun-1 && mc.aheadW[j0] < 0 && m.seen != nil && m.firstSight(mc.aheadA[j0], mc.aheadB[j0]) {
-		// A prompt whose first run nobody asked before (SetSecondSight): hashed without
-		// the memo, which remembers it from its second sight.
+	if c.next == 0 && j0 == memoRun-1 && mc.aheadW[j0] < 0 && !reasked && m.seen != nil && m.firstSight(mc.aheadA[j0], mc.aheadB[j0]) {
+		// A prompt whose first run nobody asked before (SetSecondSight), nor the memo
+		// held lately: hashed without the memo, which remembers it from its second sight.
 		mc.on, mc.firstSight = false, true
 		mc.aheadPos, mc.aheadLen = 0, 0
 		return
