@@ -160,6 +160,7 @@ func (pb *probeBuf) next(t *table, i, limit int, alive uint64) {
 	if ahead := src.KeysAhead(); len(ahead) >= 2 {
 		n := copy(pb.keys[:min(len(ahead), pb.batch)], ahead)
 		pb.batch = min(2*pb.batch, probeMax)
+		pb.sink += t.touch(pb.keys[:n]) // the home entries' misses overlap
 		pb.n = pb.probe(t, pb.keys[:n], alive)
 		// The walk takes the keys of the blocks found from the batch (no call of Next
 		// per block); the block after them, if the batch ended early, from src.
@@ -240,13 +241,13 @@ func (t *table) prefetchRecords(keys []uint64, addrs *[probeMax]uintptr) {
 }
 
 // probe finds the records of keys in t alone (a key t lacks ends the batch; the walk's own
-// lookup then goes on to the previous or latest table) and returns how many it found. It
-// first loads every key's home entry (independent loads: the misses overlap), then probes
+// lookup then goes on to the previous or latest table) and returns how many it found. The
+// caller has loaded every key's home entry already (touch, or prefetchRecords for a
+// hashing batch: independent loads, whose misses overlap); probe then probes
 // each key, which loads its record (independent of the other keys' records). With alive
 // set it also ends the batch after the first record that holds none of alive's slots in
 // any tier and is not shared (no slot could be alive on disk after it).
 func (pb *probeBuf) probe(t *table, keys []uint64, alive uint64) int {
-	pb.sink += t.touch(keys)
 	for j, k := range keys {
 		pb.probed++
 		rec, ok := t.find1(k)

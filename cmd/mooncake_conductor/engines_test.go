@@ -40,101 +40,15 @@ import (
 // registration of its own) and asserting nothing. CONDUCTOR_ENGINES_TABLE=<file> writes
 // the column as a markdown table (docs/engines.md holds both columns).
 
-type engLora struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-}
-
-type engHashCase struct {
-	ID        string   `json:"id"`
-	Algorithm string   `json:"algorithm"`
-	Seed      *string  `json:"python_hash_seed"`
-	BlockSize int64    `json:"block_size"`
-	Lookahead int64    `json:"lookahead_tokens"`
-	Lora      *engLora `json:"lora"`
-	CacheSalt *string  `json:"cache_salt"`
-	Blocks    []struct {
-		TokenRange [2]int          `json:"token_range"`
-		EventHash  uint64          `json:"event_hash"`
-		EventExtra json.RawMessage `json:"event_extra_keys"`
-	} `json:"blocks"`
-}
-
-type engEventCase struct {
-	ID        string            `json:"id"`
-	Kind      string            `json:"kind"`
-	Algorithm string            `json:"algorithm"`
-	BlockSize int64             `json:"block_size"`
-	Lookahead int64             `json:"lookahead_tokens"`
-	Env       map[string]string `json:"env"`
-	Requests  []struct {
-		Label     string   `json:"label"`
-		Lora      *engLora `json:"lora"`
-		CacheSalt string   `json:"cache_salt"`
-	} `json:"requests"`
-	Frames  [][]string        `json:"frames"`
-	Decoded []json.RawMessage `json:"decoded"`
-	// SGLang
-	PageSize  int64    `json:"page_size"`
-	Format    string   `json:"format"`
-	Bigram    bool     `json:"bigram"`
-	CacheSalt *string  `json:"cache_salt"`
-	Lora      *engLora `json:"lora"`
-	Tokens    []int32  `json:"tokens"`
-	Pages     []struct {
-		Units    []json.RawMessage `json:"units"`
-		EventI64 int64             `json:"event_i64"`
-	} `json:"pages"`
-}
-
 type engStruct struct {
 	Fields       []string `json:"fields"`
 	DefaultsFrom int      `json:"defaults_from"`
 	ArrayLike    bool     `json:"array_like"`
 }
 
-type engFile struct {
-	Engine     string                     `json:"engine"`
-	Version    string                     `json:"version"`
-	Facts      map[string]any             `json:"facts"`
-	Prompt     []int32                    `json:"prompt_token_ids"`
-	Structs    map[string]json.RawMessage `json:"structs"`
-	HashCases  []engHashCase              `json:"hash_cases"`
-	EventCases []engEventCase             `json:"event_cases"`
-}
-
-func (f *engFile) fact(name string) bool { v, _ := f.Facts[name].(bool); return v }
-
-// release is the column name, e.g. "vLLM 0.31" or "SGLang 0.5.23".
-func (f *engFile) release() string {
-	if f.Engine == "vllm" {
-		return "vLLM " + strings.TrimSuffix(f.Version, ".0")
-	}
-	return "SGLang " + f.Version
-}
-
-func (f *engFile) hashCase(t *testing.T, id string) *engHashCase {
-	for i := range f.HashCases {
-		if f.HashCases[i].ID == id {
-			return &f.HashCases[i]
-		}
-	}
-	t.Fatalf("%s: no hash case %s", f.release(), id)
-	return nil
-}
-
-func (f *engFile) eventCase(id string) *engEventCase {
-	for i := range f.EventCases {
-		if f.EventCases[i].ID == id {
-			return &f.EventCases[i]
-		}
-	}
-	return nil
-}
-
-func loadEngineFiles(t *testing.T) []*engFile {
+func loadEngineFiles(t *testing.T) []*enginevectors.EngineFile {
 	t.Helper()
-	out := enginevectors.Load[engFile](t, filepath.Join("..", ".."), "*.json")
+	out := enginevectors.EngineFiles(t, filepath.Join("..", ".."), "*.json")
 	if len(out) != 11 {
 		t.Fatalf("%d engine vector files, want 11", len(out))
 	}
@@ -194,7 +108,7 @@ func newOracle(reqs ...*engRequest) *oracle {
 }
 
 // vllmRequest is a hash case as an oracle request.
-func vllmRequest(hc *engHashCase) *engRequest {
+func vllmRequest(hc *enginevectors.HashCase) *engRequest {
 	r := &engRequest{label: hc.ID}
 	for _, b := range hc.Blocks {
 		r.hash = append(r.hash, b.EventHash)
@@ -204,7 +118,7 @@ func vllmRequest(hc *engHashCase) *engRequest {
 }
 
 // sglangRequest is an SGLang event case's prompt as an oracle request.
-func sglangRequest(c *engEventCase) *engRequest {
+func sglangRequest(c *enginevectors.EventCase) *engRequest {
 	r := &engRequest{label: c.ID}
 	var pos int64
 	for _, p := range c.Pages {
@@ -217,7 +131,7 @@ func sglangRequest(c *engEventCase) *engRequest {
 
 // apply plays one decoded payload ([ts, [events], rank]) on the cache. Event fields
 // are read by name, or by position from the release's struct for array events.
-func (o *oracle) apply(t *testing.T, f *engFile, raw json.RawMessage) {
+func (o *oracle) apply(t *testing.T, f *enginevectors.EngineFile, raw json.RawMessage) {
 	t.Helper()
 	var batch []json.RawMessage
 	if err := json.Unmarshal(raw, &batch); err != nil || len(batch) < 2 {
@@ -248,7 +162,7 @@ func (o *oracle) apply(t *testing.T, f *engFile, raw json.RawMessage) {
 			h := eventHash(t, hr)
 			at, ok := o.where[h]
 			if !ok {
-				t.Fatalf("%s: the oracle has no request block with hash %d", f.release(), h)
+				t.Fatalf("%s: the oracle has no request block with hash %d", f.Release(), h)
 			}
 			if typ == "BlockStored" {
 				o.reqs[at[0]].held[at[1]] |= m
@@ -259,7 +173,7 @@ func (o *oracle) apply(t *testing.T, f *engFile, raw json.RawMessage) {
 	}
 }
 
-func (o *oracle) eventFields(t *testing.T, f *engFile, ev json.RawMessage) (string, map[string]json.RawMessage) {
+func (o *oracle) eventFields(t *testing.T, f *enginevectors.EngineFile, ev json.RawMessage) (string, map[string]json.RawMessage) {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(ev, &m) == nil {
 		var typ string
@@ -274,7 +188,7 @@ func (o *oracle) eventFields(t *testing.T, f *engFile, ev json.RawMessage) (stri
 	_ = json.Unmarshal(arr[0], &typ)
 	var st engStruct
 	if err := json.Unmarshal(f.Structs[typ], &st); err != nil {
-		t.Fatalf("%s: struct %s: %v", f.release(), typ, err)
+		t.Fatalf("%s: struct %s: %v", f.Release(), typ, err)
 	}
 	m = map[string]json.RawMessage{}
 	for i, name := range st.Fields {
@@ -352,7 +266,7 @@ type engProbe struct {
 }
 
 type engScenario struct {
-	file        *engFile
+	file        *enginevectors.EngineFile
 	kind        string // vLLM or SGLang
 	bs          int64
 	regs        []engReg
@@ -406,7 +320,7 @@ func sglangProfile(strategy, loraPath string) map[string]any {
 
 // recorded makes a scenario of a recorded event case: its frames (batches upTo, all when
 // 0), its decoded payloads for the oracle.
-func recorded(t *testing.T, c *engEventCase, upTo int) ([][][]byte, []json.RawMessage) {
+func recorded(t *testing.T, c *enginevectors.EventCase, upTo int) ([][][]byte, []json.RawMessage) {
 	if upTo == 0 {
 		upTo = len(c.Frames)
 	}
@@ -418,16 +332,16 @@ func recorded(t *testing.T, c *engEventCase, upTo int) ([][][]byte, []json.RawMe
 }
 
 // vllmScenarios are a vLLM release's cells.
-func vllmScenarios(t *testing.T, f *engFile) map[string]*engScenario {
+func vllmScenarios(t *testing.T, f *enginevectors.EngineFile) map[string]*engScenario {
 	out := map[string]*engScenario{}
-	tagged := f.fact("tagged_extra_keys")
-	e := f.eventCase("events/sha256/bs16")
+	tagged := f.Fact("tagged_extra_keys")
+	e := f.EventCase("events/sha256/bs16")
 	seed := e.Env["PYTHONHASHSEED"]
-	reqOf := func(c *engEventCase, j int) *engRequest {
+	reqOf := func(c *enginevectors.EventCase, j int) *engRequest {
 		label := c.Requests[j].Label
-		return vllmRequest(f.hashCase(t, fmt.Sprintf("%s/bs%d/%s/seed=%s/L%d", c.Algorithm, c.BlockSize, label, seed, c.Lookahead)))
+		return vllmRequest(f.HashCase(t, fmt.Sprintf("%s/bs%d/%s/seed=%s/L%d", c.Algorithm, c.BlockSize, label, seed, c.Lookahead)))
 	}
-	adapter := func(c *engEventCase, j int, look int64) engReg {
+	adapter := func(c *enginevectors.EventCase, j int, look int64) engReg {
 		l := c.Requests[j].Lora
 		path := ""
 		if tagged {
@@ -435,10 +349,10 @@ func vllmScenarios(t *testing.T, f *engFile) map[string]*engScenario {
 		}
 		return engReg{lora: l.Name, profile: vllmProfile(c.Algorithm, seed, tagged, look, path)}
 	}
-	base := func(c *engEventCase) engReg {
+	base := func(c *enginevectors.EventCase) engReg {
 		return engReg{profile: vllmProfile(c.Algorithm, seed, tagged, c.Lookahead, "")}
 	}
-	probeOf := func(c *engEventCase, j int, r *engRequest) engProbe {
+	probeOf := func(c *enginevectors.EventCase, j int, r *engRequest) engProbe {
 		p := engProbe{salt: c.Requests[j].CacheSalt, tokens: f.Prompt, truth: r}
 		if c.Requests[j].Lora != nil {
 			p.lora = c.Requests[j].Lora.Name
@@ -458,15 +372,15 @@ func vllmScenarios(t *testing.T, f *engFile) map[string]*engScenario {
 		oracle: newOracle(plain, lora), probes: []engProbe{probeOf(e, 1, lora)}}
 	out["multi-LoRA engine"] = &engScenario{kind: "vLLM", bs: 16, regs: []engReg{base(e), adapter(e, 1, 0)}, frames: frames, decoded: dec,
 		oracle: newOracle(plain, lora), probes: []engProbe{probeOf(e, 0, plain), probeOf(e, 1, lora)}}
-	if l1 := f.eventCase("events/sha256/bs4/L1"); l1 != nil {
+	if l1 := f.EventCase("events/sha256/bs4/L1"); l1 != nil {
 		frames, dec := recorded(t, l1, 0)
 		p, l := reqOf(l1, 0), reqOf(l1, 1)
 		out["lookahead (EAGLE/MTP)"] = &engScenario{kind: "vLLM", bs: 4, regs: []engReg{base(l1), adapter(l1, 1, 1)}, frames: frames, decoded: dec,
 			oracle: newOracle(p, l), probes: []engProbe{probeOf(l1, 0, p), probeOf(l1, 1, l)}}
 	}
-	if m := f.eventCase("media/sha256/bs16"); m != nil {
+	if m := f.EventCase("media/sha256/bs16"); m != nil {
 		frames, dec := recorded(t, m, 0)
-		p := vllmRequest(f.hashCase(t, "sha256/bs16/plain/seed=0/L0"))
+		p := vllmRequest(f.HashCase(t, "sha256/bs16/plain/seed=0/L0"))
 		reg := base(m)
 		reg.media = []string{"GPU", "CPU", "STORAGE"}
 		out["offloaded media (CPU/STORAGE, CPU_PINNED/DISK)"] = &engScenario{kind: "vLLM", bs: 16, regs: []engReg{reg}, frames: frames,
@@ -474,7 +388,7 @@ func vllmScenarios(t *testing.T, f *engFile) map[string]*engScenario {
 	}
 	// No recorded events: the release's own hashes, in its event form.
 	synth := func(id string, prof map[string]any) *engScenario {
-		hc := f.hashCase(t, id)
+		hc := f.HashCase(t, id)
 		r := vllmRequest(hc)
 		frames, dec := synthVLLM(t, f, hc)
 		salt := ""
@@ -486,7 +400,7 @@ func vllmScenarios(t *testing.T, f *engFile) map[string]*engScenario {
 	}
 	out["cache_salt"] = synth("sha256/bs16/salt/seed=0/L0", vllmProfile("sha256", "0", tagged, 0, ""))
 	out["xxhash"] = synth("xxhash/bs16/plain/seed=0/L0", vllmProfile("xxhash", "0", tagged, 0, ""))
-	if f.fact("fixed_default_seed") {
+	if f.Fact("fixed_default_seed") {
 		out["PYTHONHASHSEED unset"] = synth("sha256/bs16/plain/seed=unset/L0", vllmProfile("sha256", "unset", tagged, 0, ""))
 	}
 	return out
@@ -495,7 +409,7 @@ func vllmScenarios(t *testing.T, f *engFile) map[string]*engScenario {
 // synthVLLM is a store of the hash case's blocks then a reset, as the release publishes
 // them (its BlockStored fields, array or map form), with the engine's hashes and the
 // extra keys it publishes.
-func synthVLLM(t *testing.T, f *engFile, hc *engHashCase) ([][][]byte, []json.RawMessage) {
+func synthVLLM(t *testing.T, f *enginevectors.EngineFile, hc *enginevectors.HashCase) ([][][]byte, []json.RawMessage) {
 	var st engStruct
 	if err := json.Unmarshal(f.Structs["BlockStored"], &st); err != nil {
 		t.Fatal(err)
@@ -586,11 +500,11 @@ func msgpackJSON(b []byte) (json.RawMessage, error) {
 }
 
 // sglangScenarios are an SGLang release's cells.
-func sglangScenarios(t *testing.T, f *engFile) map[string]*engScenario {
+func sglangScenarios(t *testing.T, f *enginevectors.EngineFile) map[string]*engScenario {
 	out := map[string]*engScenario{}
-	namespaced := f.fact("default_format_namespaces_registered_lora")
-	withCase := func(id string, upTo int) (*engEventCase, [][][]byte, []json.RawMessage, *engRequest) {
-		c := f.eventCase(id)
+	namespaced := f.Fact("default_format_namespaces_registered_lora")
+	withCase := func(id string, upTo int) (*enginevectors.EventCase, [][][]byte, []json.RawMessage, *engRequest) {
+		c := f.EventCase(id)
 		frames, dec := recorded(t, c, upTo)
 		return c, frames, dec, sglangRequest(c)
 	}
@@ -810,7 +724,7 @@ func TestEnginesThroughBinary(t *testing.T) {
 		} else {
 			sc = sglangScenarios(t, f)
 		}
-		rel := f.release()
+		rel := f.Release()
 		releases = append(releases, rel)
 		cells[rel] = map[string]engineCell{}
 		for _, row := range engineRows {
@@ -916,9 +830,9 @@ func engineWant(release, row string) string {
 // naming the field that would reproduce the engine's own hashes (the events are the
 // releases' recorded ones, or built from their hashes where none were recorded).
 func TestEnginesMismatchDiagnosed(t *testing.T) {
-	byRelease := map[string]*engFile{}
+	byRelease := map[string]*enginevectors.EngineFile{}
 	for _, f := range loadEngineFiles(t) {
-		byRelease[f.release()] = f
+		byRelease[f.Release()] = f
 	}
 	httpPort, rpcPort := freePort(t), freePort(t)
 	config := writeJSON(t, t.TempDir(), map[string]any{"http_server_port": httpPort, "rpc_server_port": rpcPort})

@@ -17,64 +17,23 @@ import (
 // the handler: indexed where the profile the release needs says, the self-check ok under
 // that profile, and a mismatch diagnosed under the profile a user had before issue 25.
 
-type vectorRequest struct {
-	Label string `json:"label"`
-	Lora  *struct {
-		Name string `json:"name"`
-		Path string `json:"path"`
-	} `json:"lora"`
-	CacheSalt string `json:"cache_salt"`
-}
-
-type vectorFile struct {
-	Engine  string `json:"engine"`
-	Version string `json:"version"`
-	Facts   struct {
-		TaggedExtraKeys bool `json:"tagged_extra_keys"`
-		NamespacedLoRA  bool `json:"default_format_namespaces_registered_lora"`
-	} `json:"facts"`
-	Prompt []int32       `json:"prompt_token_ids"`
-	Events []vectorEvent `json:"event_cases"`
-}
-
-// vectorEvent is one event case of a vector file.
-type vectorEvent struct {
-	ID        string            `json:"id"`
-	Kind      string            `json:"kind"`
-	Algorithm string            `json:"algorithm"`
-	BlockSize int64             `json:"block_size"`
-	Lookahead int64             `json:"lookahead_tokens"`
-	Env       map[string]string `json:"env"`
-	Requests  []vectorRequest   `json:"requests"`
-	Frames    [][]string        `json:"frames"`
-	// SGLang
-	PageSize  int64   `json:"page_size"`
-	Format    string  `json:"format"`
-	Bigram    bool    `json:"bigram"`
-	CacheSalt *string `json:"cache_salt"`
-	Lora      *struct {
-		Name, Path string
-	} `json:"lora"`
-	Tokens []int32 `json:"tokens"`
-}
-
-func loadVectorFiles(t *testing.T, engineName string) []*vectorFile {
-	return enginevectors.Load[vectorFile](t, filepath.Join("..", ".."), engineName+"-*.json")
+func loadVectorFiles(t *testing.T, engineName string) []*enginevectors.EngineFile {
+	return enginevectors.EngineFiles(t, filepath.Join("..", ".."), engineName+"-*.json")
 }
 
 // fileCase is an event case with its vector file.
 type fileCase struct {
-	file  *vectorFile
-	event *vectorEvent
+	file  *enginevectors.EngineFile
+	event *enginevectors.EventCase
 }
 
 // vectorCases returns the event cases of the engine's vector files that keep accepts.
-func vectorCases(t *testing.T, engineName string, keep func(c *vectorEvent) bool) []fileCase {
+func vectorCases(t *testing.T, engineName string, keep func(c *enginevectors.EventCase) bool) []fileCase {
 	var out []fileCase
 	for _, f := range loadVectorFiles(t, engineName) {
-		for i := range f.Events {
-			if keep(&f.Events[i]) {
-				out = append(out, fileCase{f, &f.Events[i]})
+		for i := range f.EventCases {
+			if keep(&f.EventCases[i]) {
+				out = append(out, fileCase{f, &f.EventCases[i]})
 			}
 		}
 	}
@@ -102,7 +61,7 @@ func keysOf(t *testing.T, p hashing.Profile, bs int, lora, salt string, toks []i
 
 func TestEngineVectorsVLLMThroughHandler(t *testing.T) {
 	cases := 0
-	for _, fc := range vectorCases(t, "vllm", func(c *vectorEvent) bool { return c.Kind == "events" }) {
+	for _, fc := range vectorCases(t, "vllm", func(c *enginevectors.EventCase) bool { return c.Kind == "events" }) {
 		f, c := fc.file, fc.event
 		for _, upToDate := range []bool{true, false} {
 			name := f.Version + " " + c.ID
@@ -110,10 +69,10 @@ func TestEngineVectorsVLLMThroughHandler(t *testing.T) {
 				IndexProjection: "low64_be"}
 			if upToDate {
 				spec.LookaheadTokens = c.Lookahead
-				if f.Facts.TaggedExtraKeys {
+				if f.Fact("tagged_extra_keys") {
 					spec.ExtraKeys = "tagged"
 				}
-			} else if !f.Facts.TaggedExtraKeys && c.Lookahead == 0 {
+			} else if !f.Fact("tagged_extra_keys") && c.Lookahead == 0 {
 				continue // nothing changed for this release
 			}
 			r := newTestRig(t)
@@ -161,7 +120,7 @@ func TestEngineVectorsVLLMThroughHandler(t *testing.T) {
 				for j, cx := range ctxs {
 					tr := r.tiers(cx.key, cx.keys)
 					full := int64(len(cx.keys)) * c.BlockSize
-					changed := c.Lookahead > 0 || (f.Facts.TaggedExtraKeys && (c.Requests[j].Lora != nil || c.Requests[j].CacheSalt != ""))
+					changed := c.Lookahead > 0 || (f.Fact("tagged_extra_keys") && (c.Requests[j].Lora != nil || c.Requests[j].CacheSalt != ""))
 					if upToDate && tr.Device != full || !upToDate && changed && tr.Device != 0 {
 						t.Errorf("%s (up to date %v) request %s: device %d of %d tokens", name, upToDate, c.Requests[j].Label, tr.Device, full)
 					}
@@ -211,7 +170,7 @@ func TestEngineVectorsVLLMThroughHandler(t *testing.T) {
 // medium the release has) reach cpu_local and disk when indexed.
 func TestEngineVectorsVLLMMedia(t *testing.T) {
 	checked := 0
-	for _, fc := range vectorCases(t, "vllm", func(c *vectorEvent) bool { return c.Kind == "media" }) {
+	for _, fc := range vectorCases(t, "vllm", func(c *enginevectors.EventCase) bool { return c.Kind == "media" }) {
 		f, c := fc.file, fc.event
 		r := newTestRig(t)
 		p, _ := hashing.Resolve("vllm_v1", c.Algorithm, "0", "low64_be")
@@ -249,7 +208,7 @@ func TestEngineVectorsVLLMMedia(t *testing.T) {
 func TestEngineVectorsSGLangThroughHandler(t *testing.T) {
 	cases := 0
 	// The dynamo format namespaces every salted page: not a profile here.
-	for _, fc := range vectorCases(t, "sglang", func(c *vectorEvent) bool { return c.Format == "default" }) {
+	for _, fc := range vectorCases(t, "sglang", func(c *enginevectors.EventCase) bool { return c.Format == "default" }) {
 		f, c := fc.file, fc.event
 		strategy := "sglang"
 		if c.Bigram {
@@ -286,8 +245,8 @@ func TestEngineVectorsSGLangThroughHandler(t *testing.T) {
 			}
 			// A LoRA page is published namespaced from 0.5.23 (and with lora_name from
 			// 0.5.22), with base hashes before: exact when the profile says which.
-			exact := c.Lora == nil || withPath == f.Facts.NamespacedLoRA
-			routed := c.Lora == nil || f.Facts.NamespacedLoRA // earlier releases: no lora_name
+			exact := c.Lora == nil || withPath == f.Fact("default_format_namespaces_registered_lora")
+			routed := c.Lora == nil || f.Fact("default_format_namespaces_registered_lora") // earlier releases: no lora_name
 			tr := r.tiers(key, keys)
 			full := int64(len(c.Tokens))
 			if c.Bigram {

@@ -1,7 +1,7 @@
 // Package enginevectors reads the engine vector files of testdata/engines (what the
 // published vLLM and SGLang releases computed and sent, see its README.md), and the hash
-// vectors of testdata/vectors, for the tests of several packages, each with its own view
-// of the files' fields.
+// vectors of testdata/vectors, for the tests of several packages: one schema of each file
+// (EngineFile, HashFile) that they share.
 package enginevectors
 
 import (
