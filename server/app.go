@@ -23,6 +23,7 @@ import (
 	"github.com/conductor-go/conductor/internal/deferred"
 	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/server/internal/pulse"
 	"github.com/conductor-go/conductor/server/rpcserver"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/snapshot"
@@ -74,6 +75,10 @@ type AppConfig struct {
 	// MemoSecondSight makes the memo remember a prompt from the second time its first
 	// run is asked (the "query_memo_second_sight" key; see engine.Config.MemoSecondSight).
 	MemoSecondSight bool
+	// QueryPulse is the period of the timer kept firing while queries arrive, and
+	// stopped a second after the last (the "query_pulse_ms" key; package
+	// server/internal/pulse); 0 means none.
+	QueryPulse time.Duration
 	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
 	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.
 	MaxBlocks int
@@ -140,6 +145,8 @@ type App struct {
 	AccessLog *accesslog.Log
 	// Counters count what the limits turned away (exported by /metrics).
 	Counters *limits.Counters
+	// pulse keeps a timer firing while queries arrive (nil: query_pulse_ms 0).
+	pulse *pulse.Pulse
 	// HTTPAddr and RPCAddr are the bound addresses (RPCAddr empty when RPC is disabled).
 	HTTPAddr string
 	RPCAddr  string
@@ -280,9 +287,13 @@ func Start(cfg AppConfig) (*App, error) {
 	if app.Metrics != nil {
 		httpObs, rpcObs = app.Metrics, app.Metrics
 	}
+	app.pulse = pulse.New(pulse.Config{Interval: cfg.QueryPulse})
+	if app.Metrics != nil && app.pulse != nil {
+		app.Metrics.registerPulse(app.pulse)
+	}
 	app.HTTP = httpserver.New(httpserver.Options{Service: svc, Logger: log, Extra: routes, Metrics: httpObs,
 		Limits: lim, Counters: counters, Budget: budget, AdminToken: cfg.AdminToken, AccessLog: app.AccessLog,
-		PoisonReleasedBodies: cfg.PoisonReleasedBodies})
+		PoisonReleasedBodies: cfg.PoisonReleasedBodies, Pulse: app.pulse})
 	httpLn = limits.NewRetryListener(httpLn, "http", log, counters)
 	app.wg.Add(1)
 	go func() {
@@ -302,7 +313,7 @@ func Start(cfg AppConfig) (*App, error) {
 		app.RPCAddr = rpcLn.Addr().String()
 		refuse := rpcRefusesMutations(cfg.RPCAllowMutations, cfg.AdminToken)
 		app.RPC = rpcserver.New(rpcserver.Options{Service: svc, Logger: log, Metrics: rpcObs, Limits: lim, Counters: counters,
-			Budget: budget, AccessLog: app.AccessLog, RefuseMutations: refuse})
+			Budget: budget, AccessLog: app.AccessLog, RefuseMutations: refuse, Pulse: app.pulse})
 		if warn := rpcExposureWarning(app.RPCAddr, cfg.RPCAllowMutations, refuse); warn != "" {
 			log.Warn(warn, "addr", app.RPCAddr)
 		}
@@ -360,6 +371,7 @@ func (a *App) Stop() {
 		if a.RPC != nil {
 			a.RPC.Close()
 		}
+		a.pulse.Close()       // after the servers: no query can start it again
 		if a.release != nil { // nil in a bare App (tests)
 			a.release.Close()
 		}

@@ -55,6 +55,9 @@ type FileConfig struct {
 	// MemoSecondSight is "query_memo_second_sight": the memo remembers a prompt from the
 	// second time its first run is asked.
 	MemoSecondSight bool
+	// QueryPulseMS is "query_pulse_ms": the period of the timer kept firing while queries
+	// arrive (package server/internal/pulse); 0 disables it.
+	QueryPulseMS int64
 	// HTTPBindAddress and RPCBindAddress: the interfaces to listen on ("" = all).
 	HTTPBindAddress string
 	RPCBindAddress  string
@@ -266,6 +269,7 @@ func (f *FileConfig) AppConfig() AppConfig {
 		HTTPBindAddress: f.HTTPBindAddress, RPCBindAddress: f.RPCBindAddress, AdminToken: f.AdminToken,
 		RPCAllowMutations: f.RPCAllowMutations,
 		Limits:            f.Limits, AccessLog: f.AccessLog, MemoEntries: memo, PopulateMemo: f.PopulateMemo, MemoSecondSight: f.MemoSecondSight, MaxBlocks: f.MaxBlocks,
+		QueryPulse:        time.Duration(f.QueryPulseMS) * time.Millisecond,
 		MemoryLimitBytes:  f.MemoryLimitBytes,
 		ZMQMaxMessageSize: f.ZMQMaxMessageSize, ZMQSourceBufferBytes: f.ZMQSourceBufferBytes, ZMQIOThreads: f.ZMQIOThreads,
 		ZMQReconnectMax:   time.Duration(f.ZMQReconnectMaxMS) * time.Millisecond,

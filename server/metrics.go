@@ -14,6 +14,7 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/server/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
@@ -144,6 +145,25 @@ func (m *Metrics) RegisterCounters(c *limits.Counters) {
 	cnt("conductor_rpc_connections_refused_total", "RPC connections closed at accept: rpc_max_connections reached.", c.RPCConnsRefused.Load)
 	gauge("conductor_rpc_connections", "RPC connections open now.", c.RPCConns.Load)
 	cnt("conductor_rpc_timeouts_total", "RPC connections closed by rpc_idle_timeout or rpc_read_timeout.", c.RPCTimeouts.Load)
+}
+
+// registerPulse exports the query pulse's counters (package server/internal/pulse).
+func (m *Metrics) registerPulse(p *pulse.Pulse) {
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_query_pulse_starts_total",
+			Help: "Times a query started the query pulse (query_pulse_ms) after a quiet second or more."},
+			func() float64 { return float64(p.Stats().Starts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_query_pulse_ticks_total",
+			Help: "Ticks of the query pulse, which fires only while queries arrive."},
+			func() float64 { return float64(p.Stats().Ticks) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "conductor_query_pulse_running",
+			Help: "1 while the query pulse fires (queries arrived within the last second), else 0."},
+			func() float64 {
+				if p.Stats().Running {
+					return 1
+				}
+				return 0
+			}))
 }
 
 // registerAccessLog exports the access log's dropped lines and write errors.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/server/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/httpapi"
 )
@@ -47,6 +48,9 @@ type Server struct {
 	lnMu sync.Mutex
 	ln   net.Listener
 	shut bool
+
+	// pulse (Options.Pulse) hears of every query.
+	pulse *pulse.Pulse
 
 	// poisonReleased (Options.PoisonReleasedBodies) zeroes a body buffer as it goes back
 	// to the pool.
@@ -84,6 +88,9 @@ type Options struct {
 	// AdminToken, when set, is required as "Authorization: Bearer <token>" on the routes
 	// that change state (/register, /unregister).
 	AdminToken string
+	// Pulse, when set, is told of every /query and /query_by_hash (it keeps a timer
+	// firing while queries arrive; see package server/internal/pulse).
+	Pulse *pulse.Pulse
 	// PoisonReleasedBodies, in tests, zeroes a body buffer as it goes back to its pool,
 	// so that a use after release shows up as wrong bytes instead of a rare race.
 	PoisonReleasedBodies bool
@@ -92,7 +99,7 @@ type Options struct {
 // New builds the HTTP server; call Serve with a listener.
 func New(opts Options) *Server {
 	h := &Server{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, extra: opts.Extra, access: opts.AccessLog,
-		poisonReleased: opts.PoisonReleasedBodies}
+		poisonReleased: opts.PoisonReleasedBodies, pulse: opts.Pulse}
 	if h.log == nil {
 		h.log = slog.Default()
 	}
@@ -261,6 +268,7 @@ func (h *Server) handle(ctx *fasthttp.RequestCtx) {
 // The body goes back to its pool only after the access line is written: the entry's
 // model aliases it.
 func (h *Server) serveQuery(ctx *fasthttp.RequestCtx, start time.Time, e *accesslog.Entry, byHash bool) {
+	h.pulse.Beat()
 	route, weight := "/query", int64(QueryBodyWeight)
 	if byHash {
 		route, weight = "/query_by_hash", QueryByHashBodyWeight

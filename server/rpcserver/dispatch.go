@@ -76,6 +76,7 @@ func (rc *rpcConn) dispatch(hdr cororpc.RequestHeader, body []byte) error {
 
 // query answers a Query call.
 func (rc *rpcConn) query(out, body []byte) ([]byte, error) {
+	rc.s.pulse.Beat()
 	start := time.Now()
 	if err := cororpc.DecodeQueryRequest(body, &rc.qreq); err != nil {
 		return out, err

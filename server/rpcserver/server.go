@@ -19,6 +19,7 @@ import (
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/server/internal/limits"
+	"github.com/conductor-go/conductor/server/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
@@ -40,6 +41,8 @@ type Server struct {
 	// refuseMutations: Register and Unregister answer CONDUCTOR_UNAVAILABLE (the RPC wire
 	// carries no token; see Options.RefuseMutations).
 	refuseMutations bool
+	// pulse (Options.Pulse) hears of every Query call.
+	pulse *pulse.Pulse
 
 	// done is closed by Close: frames waiting for the body budget give up.
 	done chan struct{}
@@ -83,12 +86,15 @@ type Options struct {
 	// changing anything: the coro_rpc wire has no field for a token, so a server whose
 	// HTTP routes need the admin token refuses RPC changes unless told otherwise.
 	RefuseMutations bool
+	// Pulse, when set, is told of every Query call (it keeps a timer firing while
+	// queries arrive; see package server/internal/pulse).
+	Pulse *pulse.Pulse
 }
 
 // New builds the RPC listener; call Serve with a listener.
 func New(opts Options) *Server {
 	s := &Server{svc: opts.Service, metrics: opts.Metrics, log: opts.Logger, maxBody: opts.MaxBody, conns: make(map[net.Conn]struct{}),
-		access: opts.AccessLog, refuseMutations: opts.RefuseMutations}
+		access: opts.AccessLog, refuseMutations: opts.RefuseMutations, pulse: opts.Pulse}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

@@ -1,0 +1,199 @@
+package pulse
+
+import (
+	"testing"
+	"time"
+)
+
+func TestNext(t *testing.T) {
+	for _, c := range []struct {
+		idle      int
+		seen      bool
+		idleTicks int
+		wantIdle  int
+		wantQuit  bool
+	}{
+		{idle: 0, seen: true, idleTicks: 3, wantIdle: 0},
+		{idle: 2, seen: true, idleTicks: 3, wantIdle: 0},
+		{idle: 0, seen: false, idleTicks: 3, wantIdle: 1},
+		{idle: 1, seen: false, idleTicks: 3, wantIdle: 2},
+		{idle: 2, seen: false, idleTicks: 3, wantIdle: 3, wantQuit: true},
+		{idle: 0, seen: false, idleTicks: 1, wantIdle: 1, wantQuit: true},
+	} {
+		idle, quit := next(c.idle, c.seen, c.idleTicks)
+		if idle != c.wantIdle || quit != c.wantQuit {
+			t.Errorf("next(%d, %v, %d) = %d, %v; want %d, %v", c.idle, c.seen, c.idleTicks, idle, quit, c.wantIdle, c.wantQuit)
+		}
+	}
+}
+
+// stepped is a pulse on a ticker the test drives: tick sends one tick and returns once
+// the goroutine has taken it in; exited receives when the goroutine returns.
+type stepped struct {
+	*Pulse
+	ticks   chan time.Time
+	stops   chan struct{}
+	took    chan struct{}
+	exited  chan struct{}
+	t       *testing.T
+	stopped int
+}
+
+// newStepped returns a stepped pulse that stops after 3 ticks without a query.
+func newStepped(t *testing.T) *stepped {
+	s := &stepped{ticks: make(chan time.Time), stops: make(chan struct{}, 16), took: make(chan struct{}, 1),
+		exited: make(chan struct{}, 16), t: t}
+	s.Pulse = New(Config{Interval: IdleAfter / 3, Ticker: func(time.Duration) (<-chan time.Time, func()) {
+		return s.ticks, func() { s.stops <- struct{}{} }
+	}})
+	if s.idleTicks != 3 {
+		t.Fatalf("idleTicks %d, want 3", s.idleTicks)
+	}
+	s.afterTick = func() { s.took <- struct{}{} }
+	s.onExit = func() { s.exited <- struct{}{} }
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (s *stepped) tick() {
+	s.t.Helper()
+	s.ticks <- time.Time{}
+	<-s.took
+}
+
+// exit waits for the goroutine to return and checks that it stopped its ticker.
+func (s *stepped) exit() {
+	s.t.Helper()
+	<-s.exited
+	<-s.stops
+}
+
+func (s *stepped) want(starts, ticks uint64, running bool) {
+	s.t.Helper()
+	if st := s.Stats(); st != (Stats{Starts: starts, Ticks: ticks, Running: running}) {
+		s.t.Fatalf("stats %+v, want starts %d ticks %d running %v", st, starts, ticks, running)
+	}
+}
+
+func TestPulseRunsWhileQueriesComeAndStopsWhenIdle(t *testing.T) {
+	s := newStepped(t)
+	s.want(0, 0, false)
+	s.Beat()
+	s.want(1, 0, true)
+	s.Beat() // running: starts nothing more
+	s.tick() // a query came: not idle
+	for range 2 {
+		s.tick() // idle 1, 2
+	}
+	s.Beat()
+	s.tick() // the query resets the count
+	s.want(1, 4, true)
+	for range 2 {
+		s.tick()
+	}
+	s.want(1, 6, true)
+	s.tick() // the third idle tick stops it
+	s.exit()
+	s.want(1, 7, false)
+
+	// The next query starts it again; Close stops it and nothing starts after.
+	s.Beat()
+	s.want(2, 7, true)
+	s.tick()
+	s.Close()
+	s.exit()
+	s.Beat()
+	s.want(2, 8, false)
+	select {
+	case <-s.exited:
+		t.Fatal("a goroutine ran after Close")
+	default:
+	}
+}
+
+// A query whose Beat saw the pulse running just before it marked itself stopped: the
+// goroutine finds the query and goes on.
+func TestPulseQueryBeforeStopKeepsItRunning(t *testing.T) {
+	s := newStepped(t)
+	s.Beat()
+	s.beforeStop = func() { s.Beat() } // running is still set: this Beat only marks seen
+	for range 4 {
+		s.tick() // the first takes the Beat in; the fourth would stop it
+	}
+	s.beforeStop = nil
+	s.want(1, 4, true)
+	select {
+	case <-s.exited:
+		t.Fatal("the pulse stopped with a query pending")
+	default:
+	}
+	// It takes the query in and counts idle ticks from zero again.
+	for range 3 {
+		s.tick()
+	}
+	s.want(1, 7, true)
+	s.tick()
+	s.exit()
+	s.want(1, 8, false)
+}
+
+// A query whose Beat saw the pulse stopped, before the goroutine looked again: the Beat
+// starts a new goroutine and the old one returns, so exactly one runs.
+func TestPulseQueryAfterStopStartsOneGoroutine(t *testing.T) {
+	s := newStepped(t)
+	s.Beat()
+	s.beforeRecheck = func() { s.Beat() }
+	for range 4 {
+		s.tick()
+	}
+	s.beforeRecheck = nil
+	s.exit() // the old goroutine
+	s.want(2, 4, true)
+	// The new one takes the query in on its first tick, and stops after three idle ones.
+	for range 4 {
+		s.tick()
+	}
+	s.exit()
+	s.want(2, 8, false)
+	select {
+	case <-s.exited:
+		t.Fatal("two goroutines ran")
+	default:
+	}
+}
+
+func TestPulseDisabled(t *testing.T) {
+	var p *Pulse = New(Config{})
+	if p != nil {
+		t.Fatal("New with no interval returned a pulse")
+	}
+	p.Beat()
+	p.Close()
+	if p.Stats() != (Stats{}) {
+		t.Fatal("a nil pulse has stats")
+	}
+	if q := New(Config{Interval: 2 * IdleAfter}); q.idleTicks != 1 {
+		t.Fatalf("interval above IdleAfter: idleTicks %d, want 1", q.idleTicks)
+	}
+}
+
+// The real ticker: the pulse ticks and Close returns with its goroutine gone.
+func TestPulseRealTicker(t *testing.T) {
+	p := New(Config{Interval: time.Millisecond})
+	exited := make(chan struct{})
+	ticked := make(chan struct{}, 1)
+	p.onExit = func() { close(exited) }
+	p.afterTick = func() {
+		select {
+		case ticked <- struct{}{}:
+		default:
+		}
+	}
+	p.Beat()
+	<-ticked
+	p.Close()
+	<-exited
+	if st := p.Stats(); st.Starts != 1 || st.Ticks == 0 || st.Running {
+		t.Fatalf("stats %+v", st)
+	}
+}
