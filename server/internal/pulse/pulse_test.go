@@ -5,25 +5,21 @@ import (
 	"time"
 )
 
+// TestNext: the pulse's state through a run of ticks, 3 idle ticks to stop.
 func TestNext(t *testing.T) {
-	for _, c := range []struct {
-		idle      int
-		seen      bool
-		idleTicks int
-		wantIdle  int
-		wantQuit  bool
-	}{
-		{idle: 0, seen: true, idleTicks: 3, wantIdle: 0},
-		{idle: 2, seen: true, idleTicks: 3, wantIdle: 0},
-		{idle: 0, seen: false, idleTicks: 3, wantIdle: 1},
-		{idle: 1, seen: false, idleTicks: 3, wantIdle: 2},
-		{idle: 2, seen: false, idleTicks: 3, wantIdle: 3, wantQuit: true},
-		{idle: 0, seen: false, idleTicks: 1, wantIdle: 1, wantQuit: true},
-	} {
-		idle, quit := next(c.idle, c.seen, c.idleTicks)
-		if idle != c.wantIdle || quit != c.wantQuit {
-			t.Errorf("next(%d, %v, %d) = %d, %v; want %d, %v", c.idle, c.seen, c.idleTicks, idle, quit, c.wantIdle, c.wantQuit)
+	// Per tick: 'q' if a query came since the tick before, else '.'; then the idle
+	// count and whether to stop after it.
+	const ticks, idles, stops = "q..q...", "0120123", "......s"
+	idle := 0
+	for i := range ticks {
+		var stop bool
+		idle, stop = next(idle, ticks[i] == 'q', 3)
+		if idle != int(idles[i]-'0') || stop != (stops[i] == 's') {
+			t.Fatalf("after ticks %q: idle %d, stop %v; want %c, %c", ticks[:i+1], idle, stop, idles[i], stops[i])
 		}
+	}
+	if _, stop := next(0, false, 1); !stop {
+		t.Fatal("one idle tick of one does not stop")
 	}
 }
 
@@ -68,6 +64,16 @@ func (s *stepped) exit() {
 	<-s.stops
 }
 
+// noExit fails if the goroutine returned since the last exit.
+func (s *stepped) noExit(why string) {
+	s.t.Helper()
+	select {
+	case <-s.exited:
+		s.t.Fatal(why)
+	default:
+	}
+}
+
 func (s *stepped) want(starts, ticks uint64, running bool) {
 	s.t.Helper()
 	if st := s.Stats(); st != (Stats{Starts: starts, Ticks: ticks, Running: running}) {
@@ -104,11 +110,7 @@ func TestPulseRunsWhileQueriesComeAndStopsWhenIdle(t *testing.T) {
 	s.exit()
 	s.Beat()
 	s.want(2, 8, false)
-	select {
-	case <-s.exited:
-		t.Fatal("a goroutine ran after Close")
-	default:
-	}
+	s.noExit("a goroutine ran after Close")
 }
 
 // A query whose Beat saw the pulse running just before it marked itself stopped: the
@@ -122,11 +124,7 @@ func TestPulseQueryBeforeStopKeepsItRunning(t *testing.T) {
 	}
 	s.beforeStop = nil
 	s.want(1, 4, true)
-	select {
-	case <-s.exited:
-		t.Fatal("the pulse stopped with a query pending")
-	default:
-	}
+	s.noExit("the pulse stopped with a query pending")
 	// It takes the query in and counts idle ticks from zero again.
 	for range 3 {
 		s.tick()
@@ -155,11 +153,7 @@ func TestPulseQueryAfterStopStartsOneGoroutine(t *testing.T) {
 	}
 	s.exit()
 	s.want(2, 8, false)
-	select {
-	case <-s.exited:
-		t.Fatal("two goroutines ran")
-	default:
-	}
+	s.noExit("two goroutines ran")
 }
 
 func TestPulseDisabled(t *testing.T) {
