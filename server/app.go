@@ -23,7 +23,7 @@ import (
 	"github.com/conductor-go/conductor/internal/deferred"
 	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/conductor-go/conductor/server/internal/limits"
-	"github.com/conductor-go/conductor/server/internal/pulse"
+	"github.com/conductor-go/conductor/internal/pulse"
 	"github.com/conductor-go/conductor/server/rpcserver"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/snapshot"
@@ -77,7 +77,7 @@ type AppConfig struct {
 	MemoSecondSight bool
 	// QueryPulse is the period of the timer kept firing while queries arrive, and
 	// stopped a second after the last (the "query_pulse_ms" key; package
-	// server/internal/pulse); 0 means none.
+	// internal/pulse); 0 means none.
 	QueryPulse time.Duration
 	// MaxBlocks bounds the indexed blocks of all contexts together (the "max_blocks"
 	// config key); 0 means no engine-wide bound. See engine.Config.MaxBlocks.

@@ -56,7 +56,7 @@ type FileConfig struct {
 	// second time its first run is asked.
 	MemoSecondSight bool
 	// QueryPulseMS is "query_pulse_ms": the period of the timer kept firing while queries
-	// arrive (package server/internal/pulse); 0 disables it.
+	// arrive (package internal/pulse); 0 disables it.
 	QueryPulseMS int64
 	// HTTPBindAddress and RPCBindAddress: the interfaces to listen on ("" = all).
 	HTTPBindAddress string

@@ -14,7 +14,7 @@ import (
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/server/internal/limits"
-	"github.com/conductor-go/conductor/server/internal/pulse"
+	"github.com/conductor-go/conductor/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
@@ -147,7 +147,7 @@ func (m *Metrics) RegisterCounters(c *limits.Counters) {
 	cnt("conductor_rpc_timeouts_total", "RPC connections closed by rpc_idle_timeout or rpc_read_timeout.", c.RPCTimeouts.Load)
 }
 
-// registerPulse exports the query pulse's counters (package server/internal/pulse).
+// registerPulse exports the query pulse's counters (package internal/pulse).
 func (m *Metrics) registerPulse(p *pulse.Pulse) {
 	m.reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "conductor_query_pulse_starts_total",

@@ -17,7 +17,7 @@ import (
 	"github.com/conductor-go/conductor/internal/jsonval"
 	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/server/internal/limits"
-	"github.com/conductor-go/conductor/server/internal/pulse"
+	"github.com/conductor-go/conductor/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/snapshot"
 )

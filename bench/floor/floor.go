@@ -1,6 +1,7 @@
 // Package floor is the load benchmark's floor server: an HTTP server with the conductor's
-// connection layer and fasthttp settings that reads each request's body in full and
-// answers with a fixed body, doing no other work. Its CPU time per request, measured with
+// connection layer, fasthttp settings and query pulse (internal/pulse, at the default
+// query_pulse_ms) that reads each request's body in full and answers with a fixed body,
+// doing no other work. Its CPU time per request, measured with
 // the same request bodies and clients as a /query cell right after it, is the part of
 // that cell's server CPU that the HTTP exchange alone costs on the machine at that moment
 // (system calls, loopback TCP, scheduler wake-ups, the Go runtime and fasthttp), which no
@@ -17,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/conductor-go/conductor/internal/pulse"
 	"github.com/conductor-go/conductor/server"
 	"github.com/conductor-go/conductor/server/httpserver"
 	"github.com/valyala/fasthttp"
@@ -47,6 +49,7 @@ func SetReply(addr string, body []byte) error {
 // Server is a floor server. Its zero value is not usable; call New.
 type Server struct {
 	srv   *fasthttp.Server
+	pulse *pulse.Pulse
 	reply atomic.Pointer[[]byte]
 	bufs  sync.Pool
 	// Requests counts the requests answered and Bytes the body bytes read (both for
@@ -57,7 +60,7 @@ type Server struct {
 
 // New returns a floor server that answers an empty msgpack map until a reply is set.
 func New() *Server {
-	s := &Server{}
+	s := &Server{pulse: pulse.New(pulse.Config{Interval: pulse.DefaultInterval})}
 	empty := []byte{0x80}
 	s.reply.Store(&empty)
 	s.bufs.New = func() any { return new([]byte) }
@@ -88,8 +91,15 @@ func (s *Server) Serve(ln net.Listener) error {
 	return s.srv.Serve(httpserver.FastListener(ln))
 }
 
-// Shutdown stops the server and closes its connections.
-func (s *Server) Shutdown() error { return s.srv.Shutdown() }
+// Shutdown stops the server, closes its connections and stops its pulse.
+func (s *Server) Shutdown() error {
+	err := s.srv.Shutdown()
+	s.pulse.Close()
+	return err
+}
+
+// PulseStarts is how often a request started the server's pulse (tests).
+func (s *Server) PulseStarts() uint64 { return s.pulse.Stats().Starts }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	p := s.bufs.Get().(*[]byte)
@@ -108,6 +118,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.Requests.Add(1)
+	s.pulse.Beat() // as the conductor's query routes do
 	ctx.SetContentType("application/msgpack")
 	ctx.SetBody(*s.reply.Load())
 }

@@ -93,6 +93,11 @@ func TestServerReadsWholeBodies(t *testing.T) {
 	if n := s.Requests.Load(); n != 1+3+50 {
 		t.Fatalf("%d requests counted, want 54", n)
 	}
+	// The requests started the pulse, as queries start the conductor's (a quiet second
+	// between two of them would start it again).
+	if n := s.PulseStarts(); n < 1 {
+		t.Fatal("the requests did not start the pulse")
+	}
 }
 
 // TestSpawn runs the floor server in a process of its own (this test binary, as

@@ -19,7 +19,7 @@ import (
 
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/server/internal/limits"
-	"github.com/conductor-go/conductor/server/internal/pulse"
+	"github.com/conductor-go/conductor/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/httpapi"
 )
@@ -89,7 +89,7 @@ type Options struct {
 	// that change state (/register, /unregister).
 	AdminToken string
 	// Pulse, when set, is told of every /query and /query_by_hash (it keeps a timer
-	// firing while queries arrive; see package server/internal/pulse).
+	// firing while queries arrive; see package internal/pulse).
 	Pulse *pulse.Pulse
 	// PoisonReleasedBodies, in tests, zeroes a body buffer as it goes back to its pool,
 	// so that a use after release shows up as wrong bytes instead of a rare race.

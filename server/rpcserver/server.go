@@ -19,7 +19,7 @@ import (
 	"github.com/conductor-go/conductor/internal/accesslog"
 	"github.com/conductor-go/conductor/internal/lograte"
 	"github.com/conductor-go/conductor/server/internal/limits"
-	"github.com/conductor-go/conductor/server/internal/pulse"
+	"github.com/conductor-go/conductor/internal/pulse"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )
@@ -87,7 +87,7 @@ type Options struct {
 	// HTTP routes need the admin token refuses RPC changes unless told otherwise.
 	RefuseMutations bool
 	// Pulse, when set, is told of every Query call (it keeps a timer firing while
-	// queries arrive; see package server/internal/pulse).
+	// queries arrive; see package internal/pulse).
 	Pulse *pulse.Pulse
 }
 
