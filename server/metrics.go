@@ -13,8 +13,8 @@ import (
 
 	"github.com/conductor-go/conductor/engine"
 	"github.com/conductor-go/conductor/internal/accesslog"
-	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/internal/pulse"
+	"github.com/conductor-go/conductor/server/internal/limits"
 	"github.com/conductor-go/conductor/service"
 	"github.com/conductor-go/conductor/wire/cororpc"
 )

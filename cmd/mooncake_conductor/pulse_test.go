@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+
+	"github.com/conductor-go/conductor/internal/pulse"
 )
 
 // TestBinaryQueryPulse: the spawned binary's query pulse (query_pulse_ms, default on)
@@ -48,9 +50,9 @@ func TestBinaryQueryPulse(t *testing.T) {
 				}
 				return nil
 			})
-			// It stops only after a second without queries: 100 ticks of 10 ms.
-			if n := metric("conductor_query_pulse_ticks_total"); n < 100 {
-				t.Fatalf("stopped after %v ticks, want at least 100", n)
+			// It stops only after a second without queries, a second's worth of ticks.
+			if n, want := metric("conductor_query_pulse_ticks_total"), float64(pulse.IdleAfter/pulse.DefaultInterval); n < want {
+				t.Fatalf("stopped after %v ticks, want at least %v", n, want)
 			}
 			ask()
 			if s := metric("conductor_query_pulse_starts_total"); s != 2 {

@@ -3,14 +3,16 @@
 // Why: on a VM whose vCPUs halt when idle, a lone client's queries cost more when the
 // Go scheduler serves them all on one thread: it sleeps in the network poller between
 // requests and each request wakes it, and the client after it, from a halted vCPU. A
-// timer that fires every few milliseconds readies a goroutine now and then, which
-// starts a second thread; from then on the runtime's threads take turns at the poller.
+// timer that fires now and then readies a goroutine, which starts a second thread;
+// from then on the runtime's threads take turns at the poller.
 // Measured on a 2-vCPU VM (conductor-bench load, one client, 8K-token prompts, CPUs
 // free to idle, token arrays): without the pulse one thread served every query and the
 // kernel migrated the process's threads ~9 times a second; with it three threads took
 // turns and were migrated ~65 times a second, the p50 of a miss fell from ~85 to ~45 us,
 // its server CPU from ~37 to ~33 us and a full hit's from ~51 to ~42 us (with binary
-// tokens the CPU did not change; docs/performance.md). A 2 ms period cost 30% more CPU.
+// tokens the CPU did not change; docs/performance.md). Those figures are for a 10 ms
+// period; 50 ms measured as well or better (the default: 20 wake-ups a second while
+// busy), 5 ms and 2 ms worse (2 ms: 30% more CPU).
 // Until issue 27 the idle subscribers' 100 ms polls did this by accident, and at all
 // times; the pulse runs only while there is traffic, so an idle conductor has no
 // wake-ups at all.
@@ -27,7 +29,7 @@ import (
 )
 
 // DefaultInterval is the pulse's period (serving_pulse_ms).
-const DefaultInterval = 10 * time.Millisecond
+const DefaultInterval = 50 * time.Millisecond
 
 // IdleAfter is how long the pulse keeps firing after the last query.
 const IdleAfter = time.Second
