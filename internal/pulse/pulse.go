@@ -5,6 +5,7 @@
 // requests and each request wakes it, and the client after it, from a halted vCPU. A
 // timer that fires now and then readies a goroutine, which starts a second thread;
 // from then on the runtime's threads take turns at the poller.
+//
 // Measured on a 2-vCPU VM (conductor-bench load, one client, 8K-token prompts, CPUs
 // free to idle, token arrays): without the pulse one thread served every query and the
 // kernel migrated the process's threads ~9 times a second; with it three threads took
@@ -12,10 +13,9 @@
 // its server CPU from ~37 to ~33 us and a full hit's from ~51 to ~42 us (with binary
 // tokens the CPU did not change; docs/performance.md). Those figures are for a 10 ms
 // period; 50 ms measured as well or better (the default: 20 wake-ups a second while
-// busy), 5 ms and 2 ms worse (2 ms: 30% more CPU).
-// Until issue 27 the idle subscribers' 100 ms polls did this by accident, and at all
-// times; the pulse runs only while there is traffic, so an idle conductor has no
-// wake-ups at all.
+// busy), 5 ms and 2 ms worse (2 ms: 30% more CPU). Until issue 27 the idle
+// subscribers' 100 ms polls did this by accident, and at all times; the pulse runs only
+// while there is traffic, so an idle conductor has no wake-ups at all.
 //
 // Beat is called once per query and costs two atomic loads while the pulse runs; the
 // first query after a quiet spell starts the goroutine, which stops by itself once
@@ -28,7 +28,7 @@ import (
 	"time"
 )
 
-// DefaultInterval is the pulse's period (serving_pulse_ms).
+// DefaultInterval is the pulse's period (query_pulse_ms).
 const DefaultInterval = 50 * time.Millisecond
 
 // IdleAfter is how long the pulse keeps firing after the last query.
@@ -46,9 +46,11 @@ type Pulse struct {
 	// tick, so the line stays shared between the CPUs.
 	seen, running atomic.Bool
 
-	closeOnce sync.Once
-	closed    chan struct{}
-	wg        sync.WaitGroup
+	// mu orders a start's wg.Add before Close's wg.Wait: a start after Close starts
+	// nothing.
+	mu     sync.Mutex
+	closed chan struct{}
+	wg     sync.WaitGroup
 
 	starts, ticks atomic.Uint64
 
@@ -99,14 +101,24 @@ func (p *Pulse) Beat() {
 
 // start runs the goroutine (running is already set), unless the pulse is closed.
 func (p *Pulse) start() {
-	select {
-	case <-p.closed:
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.isClosed() {
 		return // running stays set: nothing starts again
-	default:
 	}
 	p.starts.Add(1)
 	p.wg.Add(1)
 	go p.run()
+}
+
+// isClosed says whether Close was called.
+func (p *Pulse) isClosed() bool {
+	select {
+	case <-p.closed:
+		return true
+	default:
+		return false
+	}
 }
 
 // run ticks until IdleAfter passed without a query, or Close.
@@ -175,7 +187,11 @@ func (p *Pulse) Close() {
 	if p == nil {
 		return
 	}
-	p.closeOnce.Do(func() { close(p.closed) })
+	p.mu.Lock()
+	if !p.isClosed() {
+		close(p.closed)
+	}
+	p.mu.Unlock()
 	p.wg.Wait()
 }
 
@@ -192,11 +208,5 @@ func (p *Pulse) Stats() Stats {
 	if p == nil {
 		return Stats{}
 	}
-	closed := false
-	select {
-	case <-p.closed:
-		closed = true
-	default:
-	}
-	return Stats{Starts: p.starts.Load(), Ticks: p.ticks.Load(), Running: p.running.Load() && !closed}
+	return Stats{Starts: p.starts.Load(), Ticks: p.ticks.Load(), Running: p.running.Load() && !p.isClosed()}
 }

@@ -191,3 +191,36 @@ func TestPulseRealTicker(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// A Beat racing Close, after the pulse stopped by itself: either the Beat starts a
+// goroutine before Close, and Close waits for it, or it starts none.
+func TestPulseBeatRacingClose(t *testing.T) {
+	s := newStepped(t)
+	s.Beat()
+	for range 4 {
+		s.tick()
+	}
+	s.exit()
+	done := make(chan struct{})
+	go func() {
+		s.Beat()
+		close(done)
+	}()
+	s.Close()
+	<-done
+	switch starts := s.Stats().Starts; starts {
+	case 1:
+	case 2:
+		select {
+		case <-s.exited: // it returned before Close did
+		default:
+			t.Fatal("a goroutine outlived Close")
+		}
+	default:
+		t.Fatalf("%d starts", starts)
+	}
+	s.noExit("more goroutines returned than started")
+	if s.Stats().Running {
+		t.Fatal("running after Close")
+	}
+}
