@@ -344,8 +344,7 @@ func (m *memoTable) touchSet(a uint64) uint64 {
 // router's traffic is full of them) then cost what they cost without a memo: a chain
 // looks up the prompt's first run, and when the memo lacks it, has not seen it asked and
 // did not hold it lately (no ghost, see ghostTag), notes it and hashes the prompt without
-// the memo (no lanes, lookups or inserts
-// past that run); the second time, the chain looks it up, misses, and remembers the
+// the memo (no lanes, lookups or inserts past that run); the second time, the chain looks it up, misses, and remembers the
 // prompt's runs, which the third serves. Conversations lose the memo's help on the turn
 // after their first (turns that share a system prompt's first run are seen from the
 // start). The doorkeeper is a bitmap of one bit a memo entry at the memo's limit

@@ -47,10 +47,9 @@ type memoGrower struct {
 	prefault bool
 	// filled counts the runs chains inserted (Done); at growAt the memo asks to grow.
 	filled, growAt atomic.Uint64
-	// reasked counts the lookups that missed a run the memo had evicted (Done); the
-	// window of filled and reasked that Outgrown judges starts at winFilled, winReasked
-	// (set with growAt).
-	reasked, winFilled, winReasked atomic.Uint64
+	// The window of filled and of reasked lookups (MemoStats.Reasked) that Outgrown
+	// judges starts at winFilled, winReasked (set with growAt).
+	winFilled, winReasked atomic.Uint64
 	// req carries the requests (capacity 1: one pending request stands for any number);
 	// nil for a memo that cannot grow.
 	req chan struct{}
@@ -131,8 +130,17 @@ func (m *Memo) Outgrown() bool {
 		return false
 	}
 	g := &m.grower
-	r := g.reasked.Load() - g.winReasked.Load()
+	r := m.reasked() - g.winReasked.Load()
 	return r > 0 && r*reaskedPer >= g.filled.Load()-g.winFilled.Load()
+}
+
+// reasked is MemoStats.Reasked, summed over the stripes.
+func (m *Memo) reasked() uint64 {
+	var n uint64
+	for i := range m.stripes {
+		n += m.stripes[i].reasked.Load()
+	}
+	return n
 }
 
 // Limit is the capacity in blocks that Grow can take the memo to.
@@ -168,7 +176,7 @@ func (m *Memo) Grow(blocks int, stop <-chan struct{}) (grew bool, err error) {
 			f := g.filled.Load()
 			g.growAt.Store(f + n/2)
 			g.winFilled.Store(f)
-			g.winReasked.Store(g.reasked.Load())
+			g.winReasked.Store(m.reasked())
 		}
 	}()
 	old := m.tab.Load()

@@ -434,16 +434,16 @@ func TestMemoGhosts(t *testing.T) {
 // inserted; the window restarts when Grow answers a due request.
 func TestMemoOutgrown(t *testing.T) {
 	m := NewGrowingMemo(64*memoRun, 1024*memoRun, false)
-	g := &m.grower
+	g, reasked := &m.grower, &m.stripes[3].reasked
 	if m.Outgrown() {
 		t.Fatal("a new memo has outgrown its size")
 	}
 	g.filled.Store(reaskedPer * 3)
-	g.reasked.Store(2)
+	reasked.Store(2)
 	if m.Outgrown() {
 		t.Fatal("2 reasked lookups in 768 runs inserted: outgrown")
 	}
-	g.reasked.Store(3)
+	reasked.Store(3)
 	if !m.Outgrown() || !m.HalfFilled() {
 		t.Fatalf("3 reasked lookups in 768 runs inserted: outgrown %v, half filled %v", m.Outgrown(), m.HalfFilled())
 	}
@@ -451,7 +451,7 @@ func TestMemoOutgrown(t *testing.T) {
 	if grew, _ := m.Grow(64*memoRun, nil); grew || m.Outgrown() || m.HalfFilled() {
 		t.Fatalf("after a declined request: grew %v, outgrown %v, half filled %v", grew, m.Outgrown(), m.HalfFilled())
 	}
-	g.reasked.Add(1)
+	reasked.Add(1)
 	if !m.Outgrown() {
 		t.Fatal("a reasked lookup with nothing inserted since the window began: not outgrown")
 	}

@@ -447,7 +447,6 @@ func (c *Chain) Done() {
 	}
 	if mc.reasked != 0 {
 		st.reasked.Add(mc.reasked)
-		mc.m.grower.reasked.Add(mc.reasked)
 	}
 	mc.hits, mc.misses, mc.inserts, mc.evictions, mc.reasked = 0, 0, 0, 0, 0
 }
