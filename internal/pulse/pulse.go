@@ -8,12 +8,14 @@
 //
 // Measured on a 2-vCPU VM (conductor-bench load, one client, 8K-token prompts, CPUs
 // free to idle, token arrays): without the pulse one thread served every query and the
-// kernel migrated the process's threads ~9 times a second; with it three threads took
-// turns and were migrated ~65 times a second, the p50 of a miss fell from ~85 to ~45 us,
-// its server CPU from ~37 to ~33 us and a full hit's from ~51 to ~42 us (with binary
-// tokens the CPU did not change; docs/performance.md). Those figures are for a 10 ms
-// period; 50 ms measured as well or better (the default: 20 wake-ups a second while
-// busy), 5 ms and 2 ms worse (2 ms: 30% more CPU). Until issue 27 the idle
+// kernel migrated the process's threads ~9 times a second; with a 10 ms pulse three
+// threads took turns and were migrated ~65 times a second, the p50 of a miss fell from
+// 109 to 56 us, its server CPU from 43.2 to 37.5 us and a full hit's from 56.4 to 49.8 us
+// (with binary tokens the CPU did not change). 50 ms, the default (20 wake-ups a second
+// while busy), measured as well or better: against a193c11, whose idle subscribers
+// still polled, a miss's CPU 37.5 -> 34.5 us (p50 83 -> 45 us) and a
+// full hit's 53.0 -> 47.9 us; 5 ms and 2 ms measured worse (2 ms: 30% more CPU). The
+// runs and their commands are in docs/performance.md. Until issue 27 the idle
 // subscribers' 100 ms polls did this by accident, and at all times; the pulse runs only
 // while there is traffic, so an idle conductor has no wake-ups at all.
 //
