@@ -340,16 +340,17 @@ func (m *memoTable) touchSet(a uint64) uint64 {
 }
 
 // SetSecondSight makes the memo remember a prompt's runs only from the second time its
-// first run is asked (on), or from the first (off, the default). Prompts asked once (a
-// router's traffic is full of them) then cost what they cost without a memo: a chain
-// looks up the prompt's first run, and when the memo lacks it, has not seen it asked and
-// did not hold it lately (no ghost, see ghostTag), notes it and hashes the prompt without
-// the memo (no lanes, lookups or inserts past that run); the second time, the chain looks it up, misses, and remembers the
+// first run is asked (on; query_memo_second_sight, on by default), or from the first (off,
+// a new Memo's state). Prompts asked once (a router's traffic is full of them) then cost
+// what they cost without a memo: a chain looks up the prompt's first run, and when the
+// memo lacks it, has not seen it asked and did not hold it lately (no ghost, see
+// ghostTag), notes it and hashes the prompt without the memo (no lanes, lookups or inserts
+// past that run); the second time, the chain looks it up, misses, and remembers the
 // prompt's runs, which the third serves. Conversations lose the memo's help on the turn
 // after their first (turns that share a system prompt's first run are seen from the
-// start). The doorkeeper is a bitmap of one bit a memo entry at the memo's limit
-// (128 KiB at the default), cleared when half its bits are set, so that what it
-// remembers is recent. Call it before the memo is used; a nil Memo ignores it.
+// start). The doorkeeper is a bitmap of one bit a memo entry at the memo's limit (128 KiB
+// at the default), cleared when half its bits are set, so that what it remembers is
+// recent. Call it before the memo is used; a nil Memo ignores it.
 func (m *Memo) SetSecondSight(on bool) {
 	if m == nil {
 		return
