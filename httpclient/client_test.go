@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -309,5 +310,68 @@ func TestClientQueryNoAllocs(t *testing.T) {
 	}
 	if h := res.Instance("vllm-prefill-node1"); h == nil || h.Disk != 32 {
 		t.Fatalf("result %+v", res)
+	}
+}
+
+// writeCounter is a connection that counts the writes made on it.
+type writeCounter struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (w writeCounter) Write(p []byte) (int, error) {
+	w.writes.Add(1)
+	return w.Conn.Write(p)
+}
+
+// TestQueryLeavesInOneWrite: a /query request up to the write buffer's size is one write
+// on the connection (a conductor woken by a first part would wait again for the rest),
+// and a request larger than the buffer is not (so the count does see the split).
+func TestQueryLeavesInOneWrite(t *testing.T) {
+	srv := cannedServer(t, mustAppendIntf(t, contractQueryBody()))
+	toks := make([]int32, 8192)
+	for i := range toks {
+		toks[i] = int32(70000 + i) // 5 bytes each as a msgpack int: a ~40 KB body
+	}
+	q := QueryRequest{Model: "deepseek", BlockSize: 16, TokenIDs: toks}
+	size := len(AppendQueryRequest(nil, &q))
+	for _, tc := range []struct {
+		name       string
+		bufferSize int
+		oneWrite   bool
+	}{
+		{"default", 0, true}, // an 8K-token prompt leaves in one write by default
+		{"fits", size + 1024, true},
+		{"4KiB", 4096, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := New(srv, Options{WriteBufferSize: tc.bufferSize})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			var writes atomic.Int64
+			c.hc.Dial = func(addr string) (net.Conn, error) {
+				conn, err := fasthttp.Dial(addr)
+				if err != nil {
+					return nil, err
+				}
+				return writeCounter{conn, &writes}, nil
+			}
+			var res QueryResult
+			for i := range 3 {
+				before := writes.Load()
+				if err := c.Query(&q, &res); err != nil {
+					t.Fatal(err)
+				}
+				n := writes.Load() - before
+				if tc.oneWrite && n != 1 || !tc.oneWrite && n < 2 {
+					t.Fatalf("query %d of %d bytes took %d writes with a %d-byte buffer", i, size, n, tc.bufferSize)
+				}
+			}
+			if res.Instance("vllm-prefill-node1") == nil {
+				t.Fatalf("result %+v", res)
+			}
+		})
 	}
 }

@@ -108,6 +108,10 @@ type Config struct {
 	Duration time.Duration
 	// BinaryTokens sends prompts as int32 bins (block keys as uint64 bins with ByHash).
 	BinaryTokens bool
+	// WriteBufferSize is the measuring clients' httpclient.Options.WriteBufferSize (0:
+	// its default, a request of up to 128 KiB in one write; 4096 sends an 8K prompt as
+	// two writes, as the client did before).
+	WriteBufferSize int
 	// KeepAwake records that the caller keeps the machine's CPUs from idling while it
 	// measures (target.SpawnAwake); Run only reports it.
 	KeepAwake bool
@@ -199,11 +203,13 @@ type Result struct {
 	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
 	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
 	BinaryTokens  bool    `json:"binary_tokens"`
-	MixedWidths   bool    `json:"mixed_widths,omitempty"`
-	KeepAwake     bool    `json:"keep_awake,omitempty"`
-	ByHash        bool    `json:"by_hash"`
-	Cells         []Cell  `json:"cells"`
-	Growth        *Growth `json:"growth,omitempty"`
+	// WriteBufferSize is Config.WriteBufferSize (0: the client's default).
+	WriteBufferSize int     `json:"write_buffer_size,omitempty"`
+	MixedWidths     bool    `json:"mixed_widths,omitempty"`
+	KeepAwake       bool    `json:"keep_awake,omitempty"`
+	ByHash          bool    `json:"by_hash"`
+	Cells           []Cell  `json:"cells"`
+	Growth          *Growth `json:"growth,omitempty"`
 }
 
 // settleWindow is the interval over which settle looks at the conductor's CPU, and
@@ -284,7 +290,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	defer detach()
-	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, MixedWidths: cfg.MixedWidths, KeepAwake: cfg.KeepAwake, ByHash: cfg.ByHash}
+	res := &Result{Instances: cfg.Instances, BlockSize: cfg.BlockSize, Hash: cfg.Hash, BinaryTokens: cfg.BinaryTokens, WriteBufferSize: cfg.WriteBufferSize, MixedWidths: cfg.MixedWidths, KeepAwake: cfg.KeepAwake, ByHash: cfg.ByHash}
 	var cpuStart time.Duration
 	if cfg.Sample != nil {
 		if rss, cpu, err := cfg.Sample(); err == nil {

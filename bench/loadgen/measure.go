@@ -107,7 +107,7 @@ func drive(ctx context.Context, cfg *Config, addr string, f *sim.Fleet, prompts 
 		wg.Add(1)
 		go func(w *worker, g int) {
 			defer wg.Done()
-			cl, err := httpclient.New(addr, httpclient.Options{Timeout: time.Minute})
+			cl, err := httpclient.New(addr, httpclient.Options{Timeout: time.Minute, WriteBufferSize: cfg.WriteBufferSize})
 			if err != nil {
 				w.err = err
 				return

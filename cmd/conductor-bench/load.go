@@ -30,6 +30,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	conc := fs.String("concurrency", "1,4", "concurrent clients")
 	dur := fs.Duration("duration", time.Second, "time per cell")
 	binary := fs.Bool("binary-tokens", false, "send token_ids as an int32 bin instead of an array (block_hashes as a uint64 bin with --by-hash)")
+	writeBuffer := fs.Int("write-buffer", 0, "the measuring clients' write buffer in bytes (0: httpclient's default, a request of up to 128 KiB in one write; 4096: an 8K prompt in two writes, as before)")
 	byHash := fs.Bool("by-hash", false, "send POST /query_by_hash with the prompts' block keys instead of /query")
 	mixed := fs.Bool("mixed-widths", false, "token ids whose array encodings mix widths element by element (20% fixint, 50% uint16, 30% uint32; default: uniform under 100000, 65% uint16, 35% uint32)")
 	memo := fs.String("memo", "warm", "query key memo modes: warm (prompts repeat), cold (each prompt once), extend (each prompt once, after its first ~91%)")
@@ -75,7 +76,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	base := loadgen.Config{Memo: M, ColdPrompts: *coldPrompts, ColdWarmup: *coldWarmup,
 		Instances: *instances, IndexedBlocks: *blocks, BlockSize: *blockSize, Hash: hs,
-		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, ByHash: *byHash, MixedWidths: *mixed, KeepAwake: *keepAwake, Seed: *tokenSeed,
+		PromptTokens: L, Shapes: S, Concurrency: C, Duration: *dur, BinaryTokens: *binary, WriteBufferSize: *writeBuffer, ByHash: *byHash, MixedWidths: *mixed, KeepAwake: *keepAwake, Seed: *tokenSeed,
 		Progress: stderr, GrowTo: *growTo,
 	}
 	measure := func(ctx context.Context, cf *conductorFlags) ([]report.Figure, any, error) {
@@ -169,6 +170,14 @@ func loadFigures(r *loadgen.Result) []report.Figure {
 	return figs
 }
 
+// writeBufferNote names a client write buffer other than httpclient's default.
+func writeBufferNote(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(", client write buffer %d bytes", n)
+}
+
 // printLoad prints a load run's cells (and its growth phase) as tables.
 func printLoad(stdout io.Writer, res *loadgen.Result, cond *target.Conductor, cfg loadgen.Config) {
 	cpuWhat := "server CPU/q"
@@ -176,10 +185,10 @@ func printLoad(stdout io.Writer, res *loadgen.Result, cond *target.Conductor, cf
 		cpuWhat = "process CPU/q"
 	}
 	t := report.Table{
-		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s %s%s",
+		Title: fmt.Sprintf("%s load (%s conductor): %d instances, %d indexed blocks, block %d, %s %s%s%s",
 			map[bool]string{true: "/query_by_hash", false: "/query"}[res.ByHash], cond.Mode, res.Instances, res.IndexedBlocks, res.BlockSize,
 			map[bool]string{true: "binary", false: "array"}[res.BinaryTokens], map[bool]string{true: "block keys", false: "tokens"}[res.ByHash],
-			map[bool]string{true: ", CPUs kept awake", false: ""}[cfg.KeepAwake]),
+			map[bool]string{true: ", CPUs kept awake", false: ""}[cfg.KeepAwake], writeBufferNote(cfg.WriteBufferSize)),
 		Header: []string{"tokens", "shape", "memo", "clients", "queries", "queries/s", "p50 us", "p99 us", cpuWhat + " us", "req bytes", "wrong"},
 	}
 	if cfg.Floor != nil {
