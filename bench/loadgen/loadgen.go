@@ -203,13 +203,13 @@ type Result struct {
 	RSSStartBytes uint64  `json:"rss_start_bytes,omitempty"`
 	BytesPerBlock float64 `json:"bytes_per_block,omitempty"`
 	BinaryTokens  bool    `json:"binary_tokens"`
+	MixedWidths   bool    `json:"mixed_widths,omitempty"`
+	KeepAwake     bool    `json:"keep_awake,omitempty"`
+	ByHash        bool    `json:"by_hash"`
+	Cells         []Cell  `json:"cells"`
+	Growth        *Growth `json:"growth,omitempty"`
 	// WriteBufferSize is Config.WriteBufferSize (0: the client's default).
-	WriteBufferSize int     `json:"write_buffer_size,omitempty"`
-	MixedWidths     bool    `json:"mixed_widths,omitempty"`
-	KeepAwake       bool    `json:"keep_awake,omitempty"`
-	ByHash          bool    `json:"by_hash"`
-	Cells           []Cell  `json:"cells"`
-	Growth          *Growth `json:"growth,omitempty"`
+	WriteBufferSize int `json:"write_buffer_size,omitempty"`
 }
 
 // settleWindow is the interval over which settle looks at the conductor's CPU, and
