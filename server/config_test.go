@@ -449,25 +449,25 @@ func TestConfigExposureAndLimitKeys(t *testing.T) {
 	cfg, err := LoadConfigFile(writeConfig(t, `{"http_bind_address": "127.0.0.1", "rpc_bind_address": "::1",
 		"admin_token": "s3cret", "max_query_body_bytes": 1000, "max_admin_body_bytes": 100,
 		"max_inflight_body_bytes": 5000, "http_max_connections": 7, "http_read_buffer_bytes": 65536, "http_read_timeout_ms": 1500,
-		"http_idle_timeout_ms": 2500, "rpc_max_connections": 9, "rpc_read_timeout_ms": 3500,
+		"http_write_buffer_bytes": 16384, "http_idle_timeout_ms": 2500, "rpc_max_connections": 9, "rpc_read_timeout_ms": 3500,
 		"rpc_idle_timeout_ms": 4500, "max_services": 11, "max_registration_field_bytes": 64, "shutdown_timeout_ms": 2000}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	app := cfg.AppConfig()
 	want := Limits{MaxQueryBodyBytes: 1000, MaxAdminBodyBytes: 100, MaxInflightBodyBytes: 5000, HTTPMaxConnections: 7, HTTPReadBufferBytes: 65536,
-		HTTPReadTimeout: 1500 * time.Millisecond, HTTPIdleTimeout: 2500 * time.Millisecond, RPCMaxConnections: 9,
+		HTTPWriteBufferBytes: 16384, HTTPReadTimeout: 1500 * time.Millisecond, HTTPIdleTimeout: 2500 * time.Millisecond, RPCMaxConnections: 9,
 		RPCReadTimeout: 3500 * time.Millisecond, RPCIdleTimeout: 4500 * time.Millisecond, MaxServices: 11,
 		MaxFieldBytes: 64, ShutdownTimeout: 2 * time.Second}
 	if app.Limits != want || app.HTTPBindAddress != "127.0.0.1" || app.RPCBindAddress != "::1" || app.AdminToken != "s3cret" {
 		t.Fatalf("AppConfig = %+v", app)
 	}
-	for _, bad := range []string{`{"max_services": 0}`, `{"http_read_timeout_ms": -1}`, `{"http_read_buffer_bytes": 1024}`, `{"http_read_buffer_bytes": 1073741824}`, `{"max_query_body_bytes": "1"}`, `{"admin_token": 1}`} {
+	for _, bad := range []string{`{"max_services": 0}`, `{"http_read_timeout_ms": -1}`, `{"http_read_buffer_bytes": 1024}`, `{"http_read_buffer_bytes": 1073741824}`, `{"http_write_buffer_bytes": 1024}`, `{"http_write_buffer_bytes": 1073741824}`, `{"max_query_body_bytes": "1"}`, `{"admin_token": 1}`} {
 		if _, err := LoadConfigFile(writeConfig(t, bad)); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
 	}
-	if d := (Limits{}).WithDefaults(); d.MaxQueryBodyBytes != 64<<20 || d.MaxServices != service.DefaultMaxServices || d.ShutdownTimeout != 5*time.Second || d.HTTPReadBufferBytes != 4<<10 {
+	if d := (Limits{}).WithDefaults(); d.MaxQueryBodyBytes != 64<<20 || d.MaxServices != service.DefaultMaxServices || d.ShutdownTimeout != 5*time.Second || d.HTTPReadBufferBytes != 4<<10 || d.HTTPWriteBufferBytes != 4<<10 {
 		t.Errorf("defaults = %+v", d)
 	}
 	if d := (Limits{HTTPReadBufferBytes: 100}).WithDefaults(); d.HTTPReadBufferBytes != limits.MinHTTPReadBufferBytes {

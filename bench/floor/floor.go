@@ -78,6 +78,7 @@ func New() *Server {
 		MaxRequestBodySize:           lim.MaxQueryBodyBytes,
 		Concurrency:                  lim.HTTPMaxConnections,
 		ReadBufferSize:               lim.HTTPReadBufferBytes,
+		WriteBufferSize:              lim.HTTPWriteBufferBytes,
 		ReadTimeout:                  lim.HTTPReadTimeout,
 		WriteTimeout:                 lim.HTTPReadTimeout,
 		IdleTimeout:                  lim.HTTPIdleTimeout,

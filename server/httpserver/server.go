@@ -122,6 +122,7 @@ func New(opts Options) *Server {
 		MaxRequestBodySize:           h.limits.MaxQueryBodyBytes,
 		Concurrency:                  h.limits.HTTPMaxConnections,
 		ReadBufferSize:               h.limits.HTTPReadBufferBytes,
+		WriteBufferSize:              h.limits.HTTPWriteBufferBytes,
 		ReadTimeout:                  h.limits.HTTPReadTimeout,
 		WriteTimeout:                 h.limits.HTTPReadTimeout,
 		IdleTimeout:                  h.limits.HTTPIdleTimeout,
