@@ -109,8 +109,8 @@ func fileSettings() []setting[FileConfig] {
 			func(f *FileConfig, v int64) { f.Limits.HTTPReadBufferBytes = int(v) }),
 		intSetting("http_write_buffer_bytes", limits.DefaultHTTPWriteBufferBytes, limits.MinHTTPWriteBufferBytes, limits.MaxHTTPWriteBufferBytes,
 			"each HTTP connection's write buffer, held by an open connection once it has answered. A response "+
-				"larger than it leaves in two writes and wakes the client twice; /query answers pass 4 KiB at about "+
-				"30 instance-ranks (with 64 instances, 16 KiB took 3-4% off an 8K query's server CPU)",
+				"larger than it leaves in two writes and wakes the client twice; /query answers pass 4 KiB at "+
+				"25-30 instances of one DP rank, 7-9 of eight (with 64 instances, 16 KiB took 2-4% off an 8K query's server CPU)",
 			func(f *FileConfig, v int64) { f.Limits.HTTPWriteBufferBytes = int(v) }),
 		intSetting("http_read_timeout_ms", limits.DefaultHTTPReadTimeout.Milliseconds(), 1, maxLimit,
 			"time to read one HTTP request (headers and body)",

@@ -47,8 +47,9 @@ type Config struct {
 	// default 4 KiB, fasthttp's, and at least that; at most 16 MiB in the config file),
 	// held by an open connection once it has answered. A response larger than it leaves
 	// in two writes (the buffer's worth, then the rest), and the client is woken for
-	// each; /query answers pass 4 KiB at about 30 instance-ranks. Measured with 64
-	// instances (8 KB answers), 16 KiB took 3-4% off the server CPU of an 8K query.
+	// each; /query answers pass 4 KiB at 25-30 instances of one DP rank, 7-9 of eight.
+	// Measured with 64 instances (8 KB answers), 16 KiB took 2-4% off the server CPU of
+	// an 8K query.
 	HTTPWriteBufferBytes int
 	// HTTPReadTimeout bounds reading one request, headers and body
 	// (http_read_timeout_ms, default 30 s); HTTPIdleTimeout closes a keep-alive
