@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/conductor-go/conductor/engine"
+	"github.com/conductor-go/conductor/internal/pause"
 	"github.com/conductor-go/conductor/snapshot"
 )
 
@@ -97,9 +99,58 @@ func (a *App) waitCatchUps(ctx context.Context, limit time.Duration) {
 	}
 }
 
+// PeerSnapshotAttempts bounds how often a bootstrapping replica fetches a peer's
+// snapshot because the copy was cut before the batches it holds of some source begin:
+// the peer lagged that source by more than the source's replay ring (or was slower to
+// subscribe than this replica), and loading the copy would leave a gap that marks the
+// source stale. The peer goes on applying, so a later copy is cut later, and one that
+// reaches the held batches loses nothing. The last attempt is loaded whatever its cut,
+// and the sources it leaves a gap for go stale.
+const PeerSnapshotAttempts = 5
+
+// peerSnapshotRetryWait is the wait before a peer's snapshot is fetched the second
+// time, doubled before each later attempt (3.75 s of waits in all).
+const peerSnapshotRetryWait = 250 * time.Millisecond
+
+// peerBehindError says that a peer's snapshot was cut before the batches this replica
+// holds of the sources named (see PeerSnapshotAttempts).
+type peerBehindError struct{ endpoints []string }
+
+func (e *peerBehindError) Error() string {
+	return fmt.Sprintf("snapshot cut before the batches held of %d sources (%s)", len(e.endpoints), strings.Join(e.endpoints, ", "))
+}
+
 // loadPeerSnapshot fetches a peer's snapshot and applies it; it returns the snapshot's
-// sequence numbers per source endpoint.
+// sequence numbers per source endpoint. A copy cut before the batches the gates hold of
+// some source is discarded unapplied and fetched again, up to PeerSnapshotAttempts times.
 func (a *App) loadPeerSnapshot(ctx context.Context, peer, token string) (snapshot.Loaded, map[string]uint64, error) {
+	wait := peerSnapshotRetryWait
+	for attempt := 1; ; attempt++ {
+		last := attempt == PeerSnapshotAttempts
+		res, seqs, err := a.fetchPeerSnapshot(ctx, peer, token, func(seqs map[string]uint64) error {
+			if behind := a.gates.Behind(seqs); len(behind) > 0 && !last {
+				return &peerBehindError{behind}
+			}
+			return nil
+		})
+		var pb *peerBehindError
+		if !errors.As(err, &pb) {
+			return res, seqs, err
+		}
+		a.log.Info("cluster: peer snapshot cut before the batches held; fetching it again", "peer", peer,
+			"attempt", attempt, "sources", strings.Join(pb.endpoints, ","), "wait", wait.String())
+		if a.testHook != nil {
+			a.testHook("behind")
+		}
+		if !pause.For(ctx, wait) {
+			return res, nil, ctx.Err()
+		}
+		wait *= 2
+	}
+}
+
+// fetchPeerSnapshot is one attempt of loadPeerSnapshot: accept is loadSnapshot's.
+func (a *App) fetchPeerSnapshot(ctx context.Context, peer, token string, accept func(map[string]uint64) error) (snapshot.Loaded, map[string]uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, BootstrapTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer+SnapshotPath, nil)
@@ -119,5 +170,5 @@ func (a *App) loadPeerSnapshot(ctx context.Context, peer, token string) (snapsho
 	}
 	// Accepted only if signed with the cluster's key (from the registry): a snapshot
 	// from anything but a peer of this cluster is refused.
-	return a.loadSnapshot(resp.Body, false)
+	return a.loadSnapshot(resp.Body, false, accept)
 }

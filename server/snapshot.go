@@ -97,7 +97,7 @@ func (a *App) owned(cfgs []service.Config) snapshot.Owned {
 
 // LoadSnapshot loads a snapshot stream (LoadSnapshotFrom without replace).
 func (a *App) LoadSnapshot(r io.Reader) (snapshot.Loaded, error) {
-	res, _, err := a.loadSnapshot(r, false)
+	res, _, err := a.loadSnapshot(r, false, nil)
 	return res, err
 }
 
@@ -106,8 +106,10 @@ func (a *App) LoadSnapshot(r io.Reader) (snapshot.Loaded, error) {
 // into a stage and swaps the stage in whole, or nothing. Without replace, an index that
 // already holds blocks or bindings refuses it (engine.ErrIndexNotEmpty): a load is a
 // bootstrap or a restore. It also returns, per source endpoint, the lowest last applied
-// sequence number over the snapshot's contexts.
-func (a *App) loadSnapshot(r io.Reader, replace bool) (snapshot.Loaded, map[string]uint64, error) {
+// sequence number over the snapshot's contexts. accept, when set, is asked with those
+// numbers before the swap: an error from it discards the stage (nothing applied) and is
+// returned.
+func (a *App) loadSnapshot(r io.Reader, replace bool, accept func(seqs map[string]uint64) error) (snapshot.Loaded, map[string]uint64, error) {
 	key, err := a.snapshotKey()
 	if err != nil {
 		return snapshot.Loaded{}, nil, err
@@ -141,6 +143,11 @@ func (a *App) loadSnapshot(r io.Reader, replace bool) (snapshot.Loaded, map[stri
 	res, seqs, err := snapshot.Load(sp, stage, a.owned(a.Service.Services()))
 	if err != nil {
 		return res, nil, err
+	}
+	if accept != nil {
+		if err := accept(seqs); err != nil {
+			return res, nil, err
+		}
 	}
 	// Swapped in with registrations held off: the staged contexts get the slots
 	// registered now, and lose what was unregistered during the load.
@@ -263,7 +270,7 @@ func (a *App) receiveSnapshot(ctx *fasthttp.RequestCtx) {
 	} else {
 		body = bytes.NewReader(ctx.PostBody())
 	}
-	res, _, err := a.loadSnapshot(body, replace)
+	res, _, err := a.loadSnapshot(body, replace, nil)
 	if err != nil {
 		status := fasthttp.StatusInternalServerError
 		switch {

@@ -192,6 +192,26 @@ func (g *gate) OnPublisherRestart(lastSeq, firstSeq uint64) {
 // snapshot): buffered batches at or below it are dropped, and the rest must start at
 // threshold+1, or the missing batches make the source stale. Without have, everything
 // buffered is applied. It reports whether the source went stale.
+// reachesBack reports whether the batches a closed gate holds continue a snapshot cut at
+// threshold: none is past it, or the first past it is threshold+1. It is false only when
+// open(threshold, true) would find the gap "neither in the peer's snapshot nor received"
+// (a snapshot cut at a later sequence number might not); a gate that is open, stale,
+// overflowed or whose publisher restarted reports true, since a later cut changes
+// nothing for it.
+func (g *gate) reachesBack(threshold uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed || g.stale || g.overflow || g.restarted {
+		return true
+	}
+	for _, b := range g.buf {
+		if b.seq > threshold {
+			return b.seq == threshold+1
+		}
+	}
+	return true
+}
+
 func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

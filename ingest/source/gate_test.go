@@ -84,6 +84,8 @@ func TestGateOpen(t *testing.T) {
 		want      []string
 		stale     bool
 		last      uint64 // lastApplied at the end (0: none)
+		// behind: the buffer begins after threshold+1 (reachesBack false before open).
+		behind bool
 	}{
 		{name: "no snapshot: apply all", buffered: []uint64{5, 6}, live: []uint64{7},
 			want: []string{"apply 5 b5", "apply 6 b6", "apply 7 b7"}, last: 7},
@@ -94,7 +96,7 @@ func TestGateOpen(t *testing.T) {
 		{name: "nothing buffered, next live continues", threshold: 4, have: true, live: []uint64{3, 4, 5, 6},
 			want: []string{"apply 5 b5", "apply 6 b6"}, last: 6},
 		{name: "gap in the buffer", buffered: []uint64{8, 9}, threshold: 6, have: true, live: []uint64{10},
-			want: []string{"stale"}, stale: true},
+			want: []string{"stale"}, stale: true, behind: true},
 		{name: "gap after open", threshold: 6, have: true, live: []uint64{8, 9},
 			want: []string{"stale"}, last: 6},
 		// Nothing buffered and nothing live yet: the snapshot's cut is what the index
@@ -129,7 +131,13 @@ func TestGateOpen(t *testing.T) {
 				if _, ok := g.lastApplied(); ok {
 					t.Fatal("closed gate reports a batch applied")
 				}
+				if tc.have && g.reachesBack(tc.threshold) == tc.behind {
+					t.Fatalf("reachesBack(%d) = %v with %v buffered", tc.threshold, !tc.behind, tc.buffered)
+				}
 				stale, _ := g.open(tc.threshold, tc.have)
+				if !g.reachesBack(tc.threshold) {
+					t.Fatal("an open gate reports a snapshot it cannot continue")
+				}
 				if stale != tc.stale {
 					t.Fatalf("stale = %v", stale)
 				}
@@ -344,5 +352,41 @@ func TestGateOpenAllocatesNothing(t *testing.T) {
 		g.Flush()
 	}); n != 0 {
 		t.Fatalf("%v allocations per deferred batch", n)
+	}
+}
+
+// TestGateSetBehind: Behind names the sources whose held batches a snapshot cut at seqs
+// cannot continue (a gap after the cut), and none that it can, that it does not cover, or
+// that are already open.
+func TestGateSetBehind(t *testing.T) {
+	s := NewGateSet(true)
+	hold := func(ep string, seqs ...uint64) {
+		g := s.add(ep, &fakeInner{})
+		for _, q := range seqs {
+			if err := g.HandleBatch(q, payloadOf(q)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	hold("tcp://a", 10, 11, 12) // continues a cut at 9 or later
+	hold("tcp://b", 20, 21)     // needs a cut at 19 or later
+	hold("tcp://c", 5)          // not in the snapshot
+	hold("tcp://d")             // holds nothing: any cut will do
+	hold("tcp://e", 30, 31)     // behind a cut at 1; a cut at 40 is past what it holds
+	seqs := map[string]uint64{"tcp://a": 9, "tcp://b": 17, "tcp://d": 3, "tcp://e": 1}
+	if got, want := s.Behind(seqs), []string{"tcp://b", "tcp://e"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("Behind = %v, want %v", got, want)
+	}
+	seqs["tcp://b"], seqs["tcp://e"] = 19, 40 // a later cut: b continues, e is past its buffer
+	if got := s.Behind(seqs); len(got) != 0 {
+		t.Fatalf("Behind a later cut = %v", got)
+	}
+	seqs["tcp://b"], seqs["tcp://e"] = 17, 1
+	stale := s.OpenAll(seqs)
+	if _, ok := stale["tcp://b"]; !ok || len(stale) != 2 {
+		t.Fatalf("OpenAll stale = %v, want b and e", stale)
+	}
+	if got := s.Behind(seqs); len(got) != 0 {
+		t.Fatalf("Behind after OpenAll = %v", got)
 	}
 }

@@ -49,6 +49,22 @@ func (s *GateSet) Sequences() map[string]uint64 {
 	return out
 }
 
+// Behind returns, sorted, the endpoints in seqs whose gates hold batches that begin
+// after the one following seqs[endpoint]: opening them at seqs would mark them stale
+// (OpenAll), where a snapshot cut later, once its peer has caught up, would not.
+func (s *GateSet) Behind(seqs map[string]uint64) []string {
+	s.mu.Lock()
+	var behind []string
+	for ep, g := range s.gates {
+		if seq, have := seqs[ep]; have && !g.reachesBack(seq) {
+			behind = append(behind, ep)
+		}
+	}
+	s.mu.Unlock()
+	sort.Strings(behind)
+	return behind
+}
+
 // OpenAll stops closing new gates and opens every gate: a source in seqs from the batch
 // after its sequence number, the others with everything buffered. It returns the
 // endpoints that went stale, with the reasons.
