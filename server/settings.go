@@ -104,7 +104,7 @@ func fileSettings() []setting[FileConfig] {
 		intSetting("http_read_buffer_bytes", limits.DefaultHTTPReadBufferBytes, limits.MinHTTPReadBufferBytes, limits.MaxHTTPReadBufferBytes,
 			"each HTTP connection's read buffer; it also bounds a request's header (431 above it). Each open "+
 				"connection holds one. Larger reads a request whose header and body fit in one system call, but then "+
-				"copies the body out of the buffer once more: on 8K-token queries sent in one write, 64 KiB cost 7% "+
+				"copies the body out of the buffer once more: on 8K binary-token queries sent in one write, 64 KiB cost 7% "+
 				"more server CPU",
 			func(f *FileConfig, v int64) { f.Limits.HTTPReadBufferBytes = int(v) }),
 		intSetting("http_write_buffer_bytes", limits.DefaultHTTPWriteBufferBytes, limits.MinHTTPWriteBufferBytes, limits.MaxHTTPWriteBufferBytes,

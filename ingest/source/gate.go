@@ -186,12 +186,6 @@ func (g *gate) OnPublisherRestart(lastSeq, firstSeq uint64) {
 	g.inner.OnPublisherRestart(lastSeq, firstSeq)
 }
 
-// open applies what is still needed of the buffer (as one burst) and lets batches through
-// from then on.
-// With have, the index already holds the source's batches up to threshold (a peer's
-// snapshot): buffered batches at or below it are dropped, and the rest must start at
-// threshold+1, or the missing batches make the source stale. Without have, everything
-// buffered is applied. It reports whether the source went stale.
 // reachesBack reports whether the batches a closed gate holds continue a snapshot cut at
 // threshold: none is past it, or the first past it is threshold+1. It is false only when
 // open(threshold, true) would find the gap "neither in the peer's snapshot nor received"
@@ -204,14 +198,25 @@ func (g *gate) reachesBack(threshold uint64) bool {
 	if !g.closed || g.stale || g.overflow || g.restarted {
 		return true
 	}
-	for _, b := range g.buf {
-		if b.seq > threshold {
-			return b.seq == threshold+1
-		}
-	}
-	return true
+	i := firstPast(g.buf, threshold)
+	return i == len(g.buf) || g.buf[i].seq == threshold+1
 }
 
+// firstPast returns the index of the first batch of buf past threshold (len(buf): none).
+func firstPast(buf []bufferedBatch, threshold uint64) int {
+	i := 0
+	for i < len(buf) && buf[i].seq <= threshold {
+		i++
+	}
+	return i
+}
+
+// open applies what is still needed of the buffer (as one burst) and lets batches through
+// from then on.
+// With have, the index already holds the source's batches up to threshold (a peer's
+// snapshot): buffered batches at or below it are dropped, and the rest must start at
+// threshold+1, or the missing batches make the source stale. Without have, everything
+// buffered is applied. It reports whether the source went stale.
 func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -232,11 +237,7 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 		have = false
 	}
 	if reason == "" && have {
-		i := 0
-		for i < len(buf) && buf[i].seq <= threshold {
-			i++
-		}
-		buf = buf[i:]
+		buf = buf[firstPast(buf, threshold):]
 		switch {
 		case len(buf) == 0:
 			g.floor, g.checkNext = threshold, true

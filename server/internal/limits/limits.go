@@ -40,8 +40,8 @@ type Config struct {
 	// Each open connection holds one. A larger buffer reads a request whose header and
 	// body fit in one system call instead of three for a 32 KiB body, but the body is
 	// then copied out of the buffer once more (a body larger than the buffer is read
-	// straight into the request's): measured on 8K-token /query bodies sent in one write,
-	// 64 KiB cost 7% more server CPU than 4 KiB.
+	// straight into the request's): measured on 8K binary-token /query bodies sent in one
+	// write, 64 KiB cost 7% more server CPU than 4 KiB.
 	HTTPReadBufferBytes int
 	// HTTPWriteBufferBytes is each HTTP connection's write buffer (http_write_buffer_bytes,
 	// default 4 KiB, fasthttp's, and at least that; at most 16 MiB in the config file),
