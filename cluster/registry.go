@@ -163,6 +163,7 @@ type ConflictError struct {
 	Limit int
 }
 
+// Error says what the registration conflicts with, by Kind.
 func (e *ConflictError) Error() string {
 	switch e.Kind {
 	case ConflictService:

@@ -29,6 +29,7 @@ type TokenError struct {
 	Value int32
 }
 
+// Error names the token and why it cannot be hashed.
 func (e *TokenError) Error() string {
 	return fmt.Sprintf("token_ids[%d] = %d cannot be hashed: sglang encodes tokens as uint32", e.Index, e.Value)
 }

@@ -149,6 +149,7 @@ type FieldError struct {
 	Msg   string
 }
 
+// Error names the field and what is wrong with it.
 func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Msg) }
 
 // Field names used in FieldError, matching the hash_profile map keys on the wire.

@@ -77,6 +77,7 @@ const (
 
 var kindNames = [...]string{"?", "apply", "open-replay", "close-replay", "stale", "restarted", "log"}
 
+// String is the kind's short name (tests print actions with it).
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
 		return kindNames[k]
