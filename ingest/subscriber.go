@@ -134,10 +134,22 @@ type RestartHandler interface {
 	OnPublisherRestart(lastSeq, firstSeq uint64)
 }
 
+// HoleHandler may be implemented by a Handler that can hold batches from elsewhere: a
+// replica bootstrapping from a peer's snapshot. When a gap cannot be closed (the
+// publisher's replay ring has moved past the missing batches, or there is no replay
+// endpoint), the subscriber offers it to OnHole (batches first..last, reason for logs)
+// before it marks the source stale: a handler that takes it (true) goes on receiving the
+// batches after last; one that does not (false) is told OnStale with the same reason.
+// It runs on the subscriber's goroutine, after the batches before first were handed on.
+type HoleHandler interface {
+	OnHole(first, last uint64, reason string) bool
+}
+
 // counters are the subscriber's own; the sequence counts are the tracker's.
 type counters struct {
 	received, applied, consumeErrors, rejected atomic.Uint64
 	protocolErrors, openFailures               atomic.Uint64
+	holesTaken                                 atomic.Uint64
 	waiting, stale                             atomic.Bool
 	recvBuf                                    atomic.Int64
 	lastEvent                                  atomic.Int64
@@ -150,6 +162,7 @@ type Subscriber struct {
 	h   Handler
 	bh  BurstHandler // h, when it defers; nil otherwise
 	rh  RestartHandler
+	hh  HoleHandler
 	log *slog.Logger
 
 	mu      sync.Mutex
@@ -226,6 +239,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	}
 	s.rh, _ = h.(RestartHandler)
 	s.bh, _ = h.(BurstHandler)
+	s.hh, _ = h.(HoleHandler)
 	s.tr = s.newTracker()
 	return s, nil
 }
@@ -347,6 +361,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		CatchUpsFailed:    c.CatchUpsFailed,
 		JoinChecks:        c.JoinChecks,
 		JoinChecksFailed:  c.JoinChecksFailed,
+		HolesTaken:        s.st.holesTaken.Load(),
 		ProtocolErrors:    s.st.protocolErrors.Load(),
 		OpenFailures:      s.st.openFailures.Load(),
 		Waiting:           s.st.waiting.Load(),

@@ -101,6 +101,10 @@ type SubscriberStats struct {
 	// JoinChecks counts join checks (SubscriberConfig.JoinCheckDelay) that completed;
 	// JoinChecksFailed those given up (no reply) or ended stale.
 	JoinChecks, JoinChecksFailed uint64
+	// HolesTaken counts gaps that could not be closed and that the handler took as held
+	// elsewhere (HoleHandler: a replica bootstrapping from a peer's snapshot) instead of
+	// the source going stale.
+	HolesTaken uint64
 	// ProtocolErrors counts connections libzmq dropped for a protocol error: a message
 	// over MaxMessageSize, or malformed ZMTP. Each is reopened.
 	ProtocolErrors uint64

@@ -381,43 +381,65 @@ func TestGapWithoutReplayGoesStale(t *testing.T) {
 	}
 }
 
-func TestUnrecoverableReplayGoesStale(t *testing.T) {
-	cases := []struct {
-		name      string
-		responder func(p *zmqtest.Publisher) zmqtest.Responder
-		skip      bool // burn the missing seqs instead of keeping them for replay
-		applied   []uint64
-		reason    string
-	}{
-		{
-			name: "end marker only",
-			responder: func(*zmqtest.Publisher) zmqtest.Responder {
-				return func(_ uint64, send func(...[]byte) error) {
-					_ = send([]byte{}, zmqtest.SeqFrame(zmqtest.EndMarkerSeq), nil)
-				}
-			},
-			applied: []uint64{0, 1},
-			reason:  "without progress",
+// unrecoverableGaps are gaps of 2 and 3 (after 0 and 1; 4 and 5 live after them) that
+// the replay endpoint cannot close. applied is what the handler gets before the source
+// goes stale; hole the batches lost for good.
+var unrecoverableGaps = []struct {
+	name      string
+	responder func(p *zmqtest.Publisher) zmqtest.Responder
+	skip      bool // burn the missing seqs instead of keeping them for replay
+	applied   []uint64
+	hole      [2]uint64
+	reason    string
+}{
+	{
+		name: "end marker only",
+		responder: func(*zmqtest.Publisher) zmqtest.Responder {
+			return func(_ uint64, send func(...[]byte) error) {
+				_ = send([]byte{}, zmqtest.SeqFrame(zmqtest.EndMarkerSeq), nil)
+			}
 		},
-		{
-			name: "end marker before boundary",
-			responder: func(p *zmqtest.Publisher) zmqtest.Responder {
-				return func(from uint64, send func(...[]byte) error) {
-					_ = send([]byte{}, zmqtest.SeqFrame(from), []byte("replayed"))
-					_ = send([]byte{}, zmqtest.SeqFrame(zmqtest.EndMarkerSeq), nil)
-				}
-			},
-			applied: []uint64{0, 1, 2},
-			reason:  "did not contain every missing sequence",
+		applied: []uint64{0, 1},
+		hole:    [2]uint64{2, 3},
+		reason:  "without progress",
+	},
+	{
+		name: "end marker before boundary",
+		responder: func(p *zmqtest.Publisher) zmqtest.Responder {
+			return func(from uint64, send func(...[]byte) error) {
+				_ = send([]byte{}, zmqtest.SeqFrame(from), []byte("replayed"))
+				_ = send([]byte{}, zmqtest.SeqFrame(zmqtest.EndMarkerSeq), nil)
+			}
 		},
-		{
-			name:    "ring lacks the missing batches",
-			skip:    true,
-			applied: []uint64{0, 1},
-			reason:  "skipped sequence",
-		},
+		applied: []uint64{0, 1, 2},
+		hole:    [2]uint64{3, 3},
+		reason:  "did not contain every missing sequence",
+	},
+	{
+		name:    "ring lacks the missing batches",
+		skip:    true,
+		applied: []uint64{0, 1},
+		hole:    [2]uint64{2, 3},
+		reason:  "skipped sequence",
+	},
+}
+
+// publishUnrecoverableGap publishes 0 and 1, loses 2 and 3 (kept for replay, or burnt),
+// and publishes 4 and 5.
+func publishUnrecoverableGap(t *testing.T, p *zmqtest.Publisher, skip bool) {
+	t.Helper()
+	publish(t, p, "0", "1")
+	if skip {
+		p.Skip(2)
+	} else {
+		p.Lose([]byte("2"))
+		p.Lose([]byte("3"))
 	}
-	for _, tc := range cases {
+	publish(t, p, "4", "5")
+}
+
+func TestUnrecoverableReplayGoesStale(t *testing.T) {
+	for _, tc := range unrecoverableGaps {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPub(t, zmqtest.Config{ReplayEndpoint: "tcp://127.0.0.1:*"})
 			if tc.responder != nil {
@@ -425,19 +447,88 @@ func TestUnrecoverableReplayGoesStale(t *testing.T) {
 			}
 			h := &recorder{}
 			s := startSub(t, fastConfig(p.Endpoint(), p.ReplayEndpoint()), h, p)
-			publish(t, p, "0", "1")
-			if tc.skip {
-				p.Skip(2)
-			} else {
-				p.Lose([]byte("2"))
-				p.Lose([]byte("3"))
-			}
-			publish(t, p, "4", "5")
+			publishUnrecoverableGap(t, p, tc.skip)
 			st, got := awaitStale(t, p, s, h, tc.reason)
 			if !slices.Equal(got, tc.applied) || st.ReplaysFailed != 1 || st.ReplaysOK != 0 {
 				t.Fatalf("seqs = %v, stats = %+v", got, st)
 			}
 		})
+	}
+}
+
+// holeTaker is a recorder that is also an ingest HoleHandler: it takes every hole
+// (take) or none, and records those offered.
+type holeTaker struct {
+	recorder
+	take    bool
+	offered [][2]uint64
+}
+
+func (h *holeTaker) OnHole(first, last uint64, reason string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.offered = append(h.offered, [2]uint64{first, last})
+	return h.take
+}
+
+func (h *holeTaker) holes() [][2]uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.offered)
+}
+
+// TestHoleHandler: a handler that is a HoleHandler is offered each gap the replay
+// endpoint cannot close (or any gap, without one) before the source goes stale. When it
+// takes it, the batches after the gap follow and the source stays fresh; when it does
+// not, the source goes stale for the same reason as without it, nothing after the gap
+// applied.
+func TestHoleHandler(t *testing.T) {
+	type gapCase struct {
+		name      string
+		responder func(p *zmqtest.Publisher) zmqtest.Responder
+		skip      bool
+		replay    bool
+		applied   []uint64
+		hole      [2]uint64
+		reason    string
+	}
+	cases := []gapCase{{name: "no replay endpoint", skip: true, applied: []uint64{0, 1}, hole: [2]uint64{2, 3}, reason: "no replay endpoint"}}
+	for _, g := range unrecoverableGaps {
+		cases = append(cases, gapCase{g.name, g.responder, g.skip, true, g.applied, g.hole, g.reason})
+	}
+	for _, tc := range cases {
+		for _, take := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/take=%v", tc.name, take), func(t *testing.T) {
+				cfg := zmqtest.Config{}
+				if tc.replay {
+					cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
+				}
+				p := newPub(t, cfg)
+				if tc.responder != nil {
+					p.SetResponder(tc.responder(p))
+				}
+				h := &holeTaker{take: take}
+				s := startSub(t, fastConfig(p.Endpoint(), p.ReplayEndpoint()), h, p)
+				publishUnrecoverableGap(t, p, tc.skip)
+				if !take {
+					st, got := awaitStale(t, p, s, &h.recorder, tc.reason)
+					if !slices.Equal(got, tc.applied) || st.HolesTaken != 0 || !slices.Equal(h.holes(), [][2]uint64{tc.hole}) {
+						t.Fatalf("seqs = %v, holes offered %v, stats = %+v", got, h.holes(), st)
+					}
+					return
+				}
+				want := append(slices.Clone(tc.applied), 4, 5)
+				// Stale ends the waits too: the checks below then say why.
+				waitUntil(t, "batches after the hole", func() bool { return len(h.applied()) == len(want) || s.Stats().Stale })
+				publish(t, p, "6")
+				waitUntil(t, "the next live batch", func() bool { return len(h.applied()) == len(want)+1 || s.Stats().Stale })
+				st := s.Stats()
+				if got := h.applied(); !slices.Equal(got, append(want, 6)) || st.Stale || st.HolesTaken != 1 ||
+					!slices.Equal(h.holes(), [][2]uint64{tc.hole}) || len(h.staleReasons()) != 0 {
+					t.Fatalf("seqs = %v, holes %v, stale %q, stats = %+v", got, h.holes(), h.staleReasons(), st)
+				}
+			})
+		}
 	}
 }
 

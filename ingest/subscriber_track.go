@@ -25,12 +25,13 @@ func (s *Subscriber) newTracker() *seqtrack.Tracker {
 		MaxBytes:        s.cfg.MaxRecoveryBytes,
 		JoinCheck:       s.cfg.JoinCheckDelay >= 0,
 		JoinCheckDelay:  s.cfg.JoinCheckDelay,
+		Holes:           s.hh != nil,
 	})
 }
 
-// do carries out the tracker's actions in order. A rejected batch ends the list (the
-// tracker is told, and marks the source stale); a replay attempt that cannot be opened
-// is reported once the rest is done.
+// do carries out the tracker's actions in order. A rejected batch or a refused hole ends
+// the list (the tracker is told, and marks the source stale); a replay attempt that
+// cannot be opened is reported once the rest is done.
 func (s *Subscriber) do(acts []seqtrack.Action) {
 	replayErr := ""
 	for i := range acts {
@@ -62,6 +63,13 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 			if s.rh != nil {
 				s.rh.OnPublisherRestart(a.Last, a.Seq)
 			}
+		case seqtrack.Hole:
+			if s.hh == nil || !s.hh.OnHole(a.Seq, a.Last, a.Reason) {
+				s.do(s.tr.HoleRefused(a.Seq, a.Reason))
+				return
+			}
+			s.st.holesTaken.Add(1)
+			s.log.Info("hole taken: the handler holds the lost batches from elsewhere", "first", a.Seq, "last", a.Last)
 		case seqtrack.Log:
 			s.log.Log(context.Background(), a.Level, a.Msg, a.Attrs...)
 		}

@@ -259,6 +259,8 @@ var (
 		"Catch-ups of the publisher's replay buffer at subscribe time, by result.", []string{"service", "type", "result"}, nil)
 	descSvcJoinChecks = prometheus.NewDesc("conductor_service_join_checks_total",
 		"Replay checks after the subscription joined (for batches published before it took effect), by result.", []string{"service", "type", "result"}, nil)
+	descSvcGapsCovered = prometheus.NewDesc("conductor_service_gaps_covered_total",
+		"Gaps no replay could close whose batches a bootstrapping replica holds from its peer's snapshot (the source stays fresh instead of going stale).", []string{"service", "type"}, nil)
 	descSvcRestarts = prometheus.NewDesc("conductor_service_publisher_restarts_total",
 		"Publisher restarts detected (sequence reset); the source's previous entries were retracted.", []string{"service", "type"}, nil)
 	descSvcStale = prometheus.NewDesc("conductor_service_stale",
@@ -304,7 +306,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSvcReceived, descSvcApplied, descSvcEvents, descSvcBlocks, descSvcBurstBatches, descSvcBurstFlushes, descSvcRejected,
 		descSvcEventForms, descSvcHashVerified, descSvcHashMismatch, descSvcHashUnverifiable,
-		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
+		descSvcGaps, descSvcDropped, descSvcReplays, descSvcCatchUps, descSvcJoinChecks, descSvcGapsCovered, descSvcRestarts, descSvcStale, descSvcWaiting, descSvcAge,
 		descSvcLeaderMissing, descSvcLeaderChanges, descSvcLeaderStreams, descSvcLeaderVersion, descCtxBlocks, descCtxSlots, descCtxEvictions,
 		descMemoHits, descMemoMisses, descMemoEvictions, descMemoReasked, descMemoEntries} {
 		ch <- d
@@ -329,6 +331,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		cnt(descSvcCatchUps, st.CatchUpsFailed, "failed")
 		cnt(descSvcJoinChecks, st.JoinChecks, "ok")
 		cnt(descSvcJoinChecks, st.JoinChecksFailed, "failed")
+		cnt(descSvcGapsCovered, st.HolesTaken)
 		cnt(descSvcRestarts, st.Restarts)
 		cnt(descSvcRejected, st.ConsumeErrors, "malformed_message")
 		cnt(descSvcRejected, st.Rejected, "batch_rejected")

@@ -43,6 +43,8 @@ type Publisher struct {
 	endpoint       string
 	replayEndpoint string
 	replays        uint64
+	// lost: batches the replay endpoint leaves out (LoseFromRing).
+	lost map[uint64]bool
 }
 
 // Endpoint is the PUB endpoint to register (tcp://host:port).
@@ -111,6 +113,17 @@ func (p *Publisher) remember(seq uint64, payload []byte) {
 	p.ringBytes += len(payload)
 }
 
+// LoseFromRing makes the replay endpoint leave batch seq out of every later answer, as
+// a ring that has moved past it would, for tests of gaps that no replay can close.
+func (p *Publisher) LoseFromRing(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lost == nil {
+		p.lost = map[uint64]bool{}
+	}
+	p.lost[seq] = true
+}
+
 // WaitSubscribed blocks until a subscriber (the conductor) has subscribed to the PUB
 // socket, so that no batch is published into the void.
 func (p *Publisher) WaitSubscribed(timeout time.Duration) error {
@@ -150,7 +163,7 @@ func (p *Publisher) serveReplay(msg [][]byte) {
 	p.replays++
 	for i := 0; i < p.ringLen; i++ {
 		s := &p.ring[(p.ringHead+i)%len(p.ring)]
-		if s.seq < from {
+		if s.seq < from || p.lost[s.seq] {
 			continue
 		}
 		binary.BigEndian.PutUint64(seq[:], s.seq)

@@ -29,6 +29,9 @@ func (p *Publisher) Replays() uint64 { return 0 }
 // Publish returns ErrNoCgo.
 func (p *Publisher) Publish([]byte) error { return ErrNoCgo }
 
+// LoseFromRing does nothing.
+func (p *Publisher) LoseFromRing(uint64) {}
+
 // WaitSubscribed returns ErrNoCgo.
 func (p *Publisher) WaitSubscribed(time.Duration) error { return ErrNoCgo }
 

@@ -114,8 +114,16 @@ func (t *Tracker) driveRecovery(now time.Time) {
 			t.flush(now)
 			return
 		}
-		t.markStale(fmt.Sprintf("replay recovery deadline exceeded after %d attempts (next %d, live boundary %d)",
-			t.rec.attempts, t.next, until))
+		reason := fmt.Sprintf("replay recovery deadline exceeded after %d attempts (next %d, live boundary %d)",
+			t.rec.attempts, t.next, until)
+		if !bounded || t.next >= until {
+			// Nothing bounds what is lost (a recovery after a reconnect): no hole to offer.
+			t.markStale(reason)
+			return
+		}
+		if t.skip(until, reason) {
+			t.finishRecovery(now)
+		}
 		return
 	}
 	if !t.rec.open {
@@ -226,8 +234,17 @@ func (t *Tracker) replayBatch(now time.Time, seq uint64, payload []byte) {
 		return
 	}
 	if seq != t.next {
-		t.markStale(fmt.Sprintf("replay skipped sequence: expected %d, got %d", t.next, seq))
-		return
+		end := seq
+		if bounded && until < end {
+			end = until
+		}
+		if !t.skip(end, fmt.Sprintf("replay skipped sequence: expected %d, got %d", t.next, seq)) {
+			return
+		}
+		if bounded && t.next == until {
+			t.finishRecovery(now)
+			return
+		}
 	}
 	t.apply(seq, payload)
 	t.rec.progress = true
@@ -262,11 +279,15 @@ func (t *Tracker) ReplayEnd(now time.Time) []Action {
 	case !bounded || t.next >= until:
 		t.finishRecovery(now)
 	case !t.rec.progress:
-		t.markStale(fmt.Sprintf("replay completed without progress: publisher has no batch %d (live boundary %d)",
-			t.next, until))
+		if t.skip(until, fmt.Sprintf("replay completed without progress: publisher has no batch %d (live boundary %d)",
+			t.next, until)) {
+			t.finishRecovery(now)
+		}
 	default:
-		t.markStale(fmt.Sprintf("replay buffer did not contain every missing sequence (next %d, live boundary %d)",
-			t.next, until))
+		if t.skip(until, fmt.Sprintf("replay buffer did not contain every missing sequence (next %d, live boundary %d)",
+			t.next, until)) {
+			t.finishRecovery(now)
+		}
 	}
 	return t.acts
 }
@@ -295,8 +316,13 @@ func (t *Tracker) finishRecovery(now time.Time) {
 		return
 	}
 	if !t.rec.catchUp {
-		t.st.replaysOK.Add(1)
-		t.log(slog.LevelInfo, "replay recovery complete", "from", t.rec.from, "next", t.next, "attempts", t.rec.attempts)
+		if t.rec.holed {
+			// Not counted as closed: its lost batches went to the handler as a hole.
+			t.log(slog.LevelInfo, "replay recovery ended past a hole", "from", t.rec.from, "next", t.next, "attempts", t.rec.attempts)
+		} else {
+			t.st.replaysOK.Add(1)
+			t.log(slog.LevelInfo, "replay recovery complete", "from", t.rec.from, "next", t.next, "attempts", t.rec.attempts)
+		}
 		t.flush(now)
 		return
 	}

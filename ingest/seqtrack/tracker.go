@@ -16,6 +16,9 @@
 // batches are buffered meanwhile, within MaxRecoveryMessages / MaxRecoveryBytes) or,
 // without replay, makes the source stale; a recovery that does not finish within
 // RecoveryTimeout makes the source stale; a catch-up (CatchUpOnStart) is best effort.
+// With Config.Holes, a gap that cannot be closed is first offered to the owner as a
+// hole (a replica bootstrapping from a peer's snapshot may hold those batches already),
+// and makes the source stale only if the owner refuses it.
 package seqtrack
 
 import (
@@ -49,6 +52,11 @@ type Config struct {
 	// gap, so a block removed in that window would be served for good.
 	JoinCheck      bool
 	JoinCheckDelay time.Duration
+	// Holes: the owner's handler may take a gap that cannot be closed (the replay
+	// endpoint no longer has the batches, or there is none) as covered elsewhere: such
+	// a gap is offered as a Hole action, and the stream goes on past it unless the
+	// owner reports HoleRefused. Without Holes the source is stale at once, as before.
+	Holes bool
 }
 
 // Kind is what an Action asks of the owner.
@@ -73,9 +81,13 @@ const (
 	Restarted
 	// Log: write a log line (Level, Msg, Attrs).
 	Log
+	// Hole (Config.Holes): batches Seq..Last are lost (Reason says how) and the stream
+	// goes on after them; offer them to the handler. When the handler does not take
+	// them, the owner skips the rest of the actions and calls HoleRefused.
+	Hole
 )
 
-var kindNames = [...]string{"?", "apply", "open-replay", "close-replay", "stale", "restarted", "log"}
+var kindNames = [...]string{"?", "apply", "open-replay", "close-replay", "stale", "restarted", "log", "hole"}
 
 // String is the kind's short name (tests print actions with it).
 func (k Kind) String() string {
@@ -89,9 +101,9 @@ func (k Kind) String() string {
 type Action struct {
 	Kind    Kind
 	Seq     uint64
-	Last    uint64 // Restarted: the old stream's last applied sequence
+	Last    uint64 // Restarted: the old stream's last applied sequence; Hole: the last batch lost
 	Payload []byte
-	Reason  string // Stale
+	Reason  string // Stale, Hole
 	Level   slog.Level
 	Msg     string
 	Attrs   []any
@@ -164,6 +176,8 @@ type recovery struct {
 	// marking the source stale when the replay endpoint does not answer.
 	joinCheck bool
 	replayed  uint64 // batches applied from replay replies
+	// holed: batches this recovery could not replay were offered as a Hole.
+	holed bool
 }
 
 // New returns the tracker of a stream that has not started.
@@ -331,7 +345,9 @@ func (t *Tracker) live(now time.Time, seq uint64, cost int, payload []byte) {
 		return
 	}
 	if !t.cfg.Replay {
-		t.markStale(fmt.Sprintf("sequence gap: expected %d, got %d (no replay endpoint)", t.next, seq))
+		if t.skip(seq, fmt.Sprintf("sequence gap: expected %d, got %d (no replay endpoint)", t.next, seq)) {
+			t.apply(seq, payload)
+		}
 		return
 	}
 	if t.bufferLive(seq, cost, payload) {
@@ -422,6 +438,34 @@ func (t *Tracker) Rejected(seq uint64, err error) []Action {
 	t.next = seq
 	t.markStale(fmt.Sprintf("batch %d rejected: %v", seq, err))
 	return t.acts
+}
+
+// HoleRefused is the owner's report that the handler did not take the Hole whose first
+// lost batch is first (the owner skipped the actions after it): the source is stale for
+// the hole's reason, and the stream did not advance past first.
+func (t *Tracker) HoleRefused(first uint64, reason string) []Action {
+	t.begin()
+	t.next = first
+	t.markStale(reason)
+	return t.acts
+}
+
+// skip gives up the batches from next to end-1, which no replay can supply (reason):
+// with Config.Holes they are offered to the owner as a Hole and the stream goes on at
+// end; without, the source is stale. It reports whether the stream goes on.
+func (t *Tracker) skip(end uint64, reason string) bool {
+	if !t.cfg.Holes {
+		t.markStale(reason)
+		return false
+	}
+	t.log(slog.LevelWarn, "ZMQ batches lost; offered to the handler as a hole", "first", t.next, "last", end-1,
+		"reason", reason)
+	t.emit(Action{Kind: Hole, Seq: t.next, Last: end - 1, Reason: reason})
+	t.next, t.hiNext = end, max(t.hiNext, end)
+	if t.rec.active {
+		t.rec.holed = true
+	}
+	return true
 }
 
 // fits tells whether one more buffered message of cost bytes stays within the limits.

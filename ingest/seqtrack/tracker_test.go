@@ -17,6 +17,7 @@ import (
 //	close          CloseReplay
 //	stale          Stale
 //	restart L>F    Restarted (last L, first F)
+//	hole F..L      Hole (batches F to L lost)
 //
 // Log actions are left out. Times are offsets from t0 in milliseconds; no clock is read and
 // nothing sleeps.
@@ -24,7 +25,7 @@ import (
 var t0 = time.Unix(1_700_000_000, 0)
 
 // step is one input. op: start, live, replay, end, fail (ReplayFailed), tick, conn
-// (Connected), reject (Rejected), drop (DropAttempt).
+// (Connected), reject (Rejected), drop (DropAttempt), refuse (HoleRefused from seq).
 type step struct {
 	at   int // ms after t0
 	op   string
@@ -49,6 +50,13 @@ func cfgCatchUp() Config {
 	return c
 }
 
+// cfgHoles is cfgReplay with gaps that cannot be closed offered as holes.
+func cfgHoles() Config {
+	c := cfgReplay()
+	c.Holes = true
+	return c
+}
+
 // cfgJoin is cfgCatchUp with the join check 200 ms after the first connect.
 func cfgJoin() Config {
 	c := cfgCatchUp()
@@ -70,6 +78,8 @@ func render(acts []Action) string {
 			parts = append(parts, "stale")
 		case Restarted:
 			parts = append(parts, fmt.Sprintf("restart %d>%d", a.Last, a.Seq))
+		case Hole:
+			parts = append(parts, fmt.Sprintf("hole %d..%d", a.Seq, a.Last))
 		case Log:
 		default:
 			parts = append(parts, a.Kind.String())
@@ -102,6 +112,8 @@ func feed(tr *Tracker, s step) []Action {
 		return tr.Rejected(s.seq, errors.New("rejected by test"))
 	case "drop":
 		return tr.DropAttempt(now)
+	case "refuse":
+		return tr.HoleRefused(s.seq, "refused by test")
 	}
 	panic("unknown op " + s.op)
 }
@@ -355,6 +367,38 @@ var trackerCases = []trackerCase{
 	{name: "reconnect without replay only counts", cfg: cfgNoReplay(), steps: []step{
 		op(0, "conn", ""), live(0, 0, "apply 0:p0"), op(1, "conn", ""), live(1, 1, "apply 1:p1"),
 	}, want: Counters{Reconnects: 1}, next: 2},
+	// With Holes, what no replay can supply is offered to the owner, and the stream goes
+	// on after it (the same scripts as the stale cases above).
+	{name: "holes: gap without replay", cfg: func() Config { c := cfgNoReplay(); c.Holes = true; return c }(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "hole 1..1 apply 2:p2"), live(0, 3, "apply 3:p3"),
+	}, want: Counters{Gaps: 1, Dropped: 1}, next: 4},
+	{name: "holes: replay without the missing batch", cfg: cfgHoles(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), op(1, "end", "hole 1..2 close apply 3:p3"),
+		live(2, 4, "apply 4:p4"),
+	}, want: Counters{Gaps: 1, Dropped: 2}, next: 5},
+	{name: "holes: replay with part of the gap", cfg: cfgHoles(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), replay(1, 1, "apply 1:r1"), op(1, "end", "hole 2..2 close apply 3:p3"),
+	}, next: 4},
+	{name: "holes: replay skipping a sequence goes on after it", cfg: cfgHoles(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 5, "open 1"), replay(1, 3, "hole 1..2 apply 3:r3"),
+		replay(1, 4, "apply 4:r4 close apply 5:p5"), live(2, 6, "apply 6:p6"),
+	}, next: 7},
+	{name: "holes: replay ring past the live boundary", cfg: cfgHoles(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), live(0, 4, ""),
+		replay(1, 6, "hole 1..2 close apply 3:p3 apply 4:p4"), live(2, 5, "apply 5:p5"),
+	}, next: 6},
+	{name: "holes: recovery deadline", cfg: cfgHoles(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 2, "open 1"), op(100, "tick", "close"), op(150, "tick", "open 1"),
+		op(1000, "tick", "hole 1..1 close apply 2:p2"),
+	}, want: Counters{ReplayRetries: 1}, next: 3},
+	{name: "holes: a refused hole is stale where it began", cfg: cfgHoles(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), op(1, "end", "hole 1..2 close apply 3:p3"),
+		step{op: "refuse", seq: 1, want: "stale"}, live(2, 4, ""),
+	}, stale: true, next: 1},
+	{name: "holes: no bound after a reconnect is stale", cfg: cfgHoles(), steps: []step{
+		op(0, "conn", ""), live(0, 0, "apply 0:p0"), op(1, "conn", "open 1"),
+		op(1001, "tick", "close stale"),
+	}, want: Counters{ReplaysFailed: 1}, stale: true, next: 1},
 	{name: "stale tracker ignores everything", cfg: cfgNoReplay(), steps: []step{
 		live(0, 0, "apply 0:p0"), live(0, 5, "stale"), live(0, 1, ""), op(1, "conn", ""), op(2, "tick", ""),
 	}, stale: true, next: 1},
@@ -393,6 +437,9 @@ func TestTrackerTables(t *testing.T) {
 			check("JoinChecksFailed", got.JoinChecksFailed, w.JoinChecksFailed)
 			if tc.cfg.JoinCheck && w.JoinChecks == 0 && got.JoinChecks != 0 {
 				t.Errorf("JoinChecks = %d, want 0", got.JoinChecks)
+			}
+			if strings.HasPrefix(tc.name, "holes:") && got.ReplaysOK != 0 {
+				t.Errorf("ReplaysOK = %d, want 0: a recovery past a hole did not close its gap", got.ReplaysOK)
 			}
 			if tc.name == "dropped attempt reopens at once, uncounted" && got.ReplayRetries != 0 {
 				t.Errorf("ReplayRetries = %d, want 0", got.ReplayRetries)

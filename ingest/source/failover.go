@@ -234,6 +234,7 @@ func (m *masterSubscription) Stats() ingest.SubscriberStats {
 	if m.cur != nil {
 		addSubscriberStats(&st, m.cur.Stats())
 	}
+	st.Stale = st.Stale || m.gate.isStale() // made stale at the end of a bootstrap
 	return st
 }
 
@@ -267,6 +268,7 @@ func addSubscriberStats(a *ingest.SubscriberStats, b ingest.SubscriberStats) {
 	a.CatchUpsFailed += b.CatchUpsFailed
 	a.JoinChecks += b.JoinChecks
 	a.JoinChecksFailed += b.JoinChecksFailed
+	a.HolesTaken += b.HolesTaken
 	a.ProtocolErrors += b.ProtocolErrors
 	a.OpenFailures += b.OpenFailures
 	a.Waiting, a.Stale, a.RecvBufferBytes = b.Waiting, b.Stale, b.RecvBufferBytes

@@ -24,10 +24,23 @@ type bufferedBatch struct {
 	payload []byte
 }
 
+// hole is a run of batches the subscriber lost for good (no replay could supply them)
+// while the gate was closed: the peer's snapshot may hold them.
+type hole struct {
+	first, last uint64
+	reason      string
+}
+
+// maxGateHoles bounds the holes a closed gate records; one more makes the source stale.
+const maxGateHoles = 64
+
 // gate sits between a subscriber and its event handler. It records the last sequence
 // number applied (a lower bound of what the index holds from the source, read into
 // snapshots), and while closed (a replica bootstrapping) it keeps the batches instead of
 // applying them, until open says from which sequence number on they are still needed.
+// It is an ingest.HoleHandler: it takes batches the subscriber lost for good while it is
+// closed (open then checks that the snapshot's cut reaches past them) and, once open,
+// those at or below the cut it opened with.
 // It is an ingest.BurstHandler: batches handed over deferred go on deferred, and count as
 // applied only once the burst is flushed. HandleBatch, HandleBatchDeferred, Flush,
 // OnStale and OnPublisherRestart run on the subscriber's goroutine; open and lastApplied
@@ -50,6 +63,12 @@ type gate struct {
 	floor     uint64
 	checkNext bool
 	stale     bool
+	// holes: batches lost while closed, in order (at most maxGateHoles; tooManyHoles
+	// once one more came). cut, hasCut: the snapshot cut open applied (have).
+	holes        []hole
+	tooManyHoles bool
+	cut          uint64
+	hasCut       bool
 
 	// applied is the last sequence number applied plus one (0: none yet).
 	applied atomic.Uint64
@@ -162,6 +181,17 @@ func (g *gate) admit(seq uint64, payload []byte) bool {
 	return true
 }
 
+// isStale tells whether the gate made its source stale, or was told it is (false for
+// a nil gate: an ungated subscription).
+func (g *gate) isStale() bool {
+	if g == nil {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stale
+}
+
 // OnStale passes the source's staleness on, after the burst in flight.
 func (g *gate) OnStale(reason string) {
 	g.Flush()
@@ -172,6 +202,28 @@ func (g *gate) OnStale(reason string) {
 	g.inner.OnStale(reason)
 }
 
+// OnHole takes batches first..last that the subscriber lost for good when a peer's
+// snapshot holds, or may hold, them: while closed it records them for open to check
+// against the snapshot's cut; once open, only a hole at or below the cut it opened with
+// is taken. Otherwise it refuses, and the subscriber marks the source stale.
+func (g *gate) OnHole(first, last uint64, reason string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.stale:
+		return false
+	case g.closed:
+		if len(g.holes) == maxGateHoles {
+			g.tooManyHoles = true
+			return false
+		}
+		g.holes = append(g.holes, hole{first: first, last: last, reason: reason})
+		return true
+	default:
+		return g.hasCut && last <= g.cut
+	}
+}
+
 // OnPublisherRestart passes a restart on; while closed, it drops what was buffered of the
 // old stream and remembers to retract the old stream's entries (the snapshot's) at open.
 func (g *gate) OnPublisherRestart(lastSeq, firstSeq uint64) {
@@ -179,6 +231,7 @@ func (g *gate) OnPublisherRestart(lastSeq, firstSeq uint64) {
 	g.mu.Lock()
 	if g.closed {
 		g.buf, g.bufBytes, g.restarted = nil, 0, true
+		g.holes = nil // of the old stream, retracted at open
 		g.mu.Unlock()
 		return
 	}
@@ -187,16 +240,19 @@ func (g *gate) OnPublisherRestart(lastSeq, firstSeq uint64) {
 }
 
 // reachesBack reports whether the batches a closed gate holds continue a snapshot cut at
-// threshold: none is past it, or the first past it is threshold+1. It is false only when
-// open(threshold, true) would find the gap "neither in the peer's snapshot nor received"
-// (a snapshot cut at a later sequence number might not); a gate that is open, stale,
-// overflowed or whose publisher restarted reports true, since a later cut changes
-// nothing for it.
+// threshold: none is past it, or the first past it is threshold+1, and every hole is at
+// or below it. It is false only when open(threshold, true) would find batches neither
+// in the peer's snapshot nor received (a snapshot cut at a later sequence number might
+// not); a gate that is open, stale, overflowed or whose publisher restarted reports
+// true, since a later cut changes nothing for it.
 func (g *gate) reachesBack(threshold uint64) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.closed || g.stale || g.overflow || g.restarted {
 		return true
+	}
+	if n := len(g.holes); n > 0 && g.holes[n-1].last > threshold {
+		return false
 	}
 	i := firstPast(g.buf, threshold)
 	return i == len(g.buf) || g.buf[i].seq == threshold+1
@@ -231,10 +287,22 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 		return true, "stale before bootstrap ended"
 	case g.overflow:
 		reason = fmt.Sprintf("bootstrap: more than %d bytes of batches arrived while the snapshot loaded", g.maxBytes)
+	case g.tooManyHoles:
+		reason = fmt.Sprintf("bootstrap: more than %d runs of batches were lost while the snapshot loaded", maxGateHoles)
 	case g.restarted:
 		// The snapshot holds the old stream: retract it, then apply the new stream whole.
 		g.inner.OnPublisherRestart(threshold, 0)
 		have = false
+	}
+	holes := g.holes
+	g.holes = nil
+	if n := len(holes); reason == "" && n > 0 {
+		switch h := holes[n-1]; {
+		case !have:
+			reason = fmt.Sprintf("bootstrap: batches %d..%d were lost (%s) and no peer snapshot holds them", h.first, h.last, h.reason)
+		case h.last > threshold:
+			reason = fmt.Sprintf("bootstrap: batches %d..%d were lost (%s) and the peer's snapshot is cut at %d", h.first, h.last, h.reason, threshold)
+		}
 	}
 	if reason == "" && have {
 		buf = buf[firstPast(buf, threshold):]
@@ -248,6 +316,9 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 			// The index holds the source's batches up to threshold (the snapshot's): a
 			// snapshot of this replica is cut there too, even before a live batch.
 			g.applied.Store(threshold + 1)
+		}
+		if reason == "" {
+			g.cut, g.hasCut = threshold, true
 		}
 	}
 	if reason != "" {

@@ -84,8 +84,12 @@ func TestGateOpen(t *testing.T) {
 		want      []string
 		stale     bool
 		last      uint64 // lastApplied at the end (0: none)
-		// behind: the buffer begins after threshold+1 (reachesBack false before open).
+		// behind: the buffer begins after threshold+1, or a hole ends past threshold
+		// (reachesBack false before open).
 		behind bool
+		// lost: holes the subscriber offers while closed (first, last), after the
+		// buffered batches below them; each is taken.
+		lost [][2]uint64
 	}{
 		{name: "no snapshot: apply all", buffered: []uint64{5, 6}, live: []uint64{7},
 			want: []string{"apply 5 b5", "apply 6 b6", "apply 7 b7"}, last: 7},
@@ -106,6 +110,18 @@ func TestGateOpen(t *testing.T) {
 			want: []string{"restart", "apply 1 b1", "apply 2 b2"}, last: 2},
 		{name: "rejected buffered batch", buffered: []uint64{7, 8, 9}, threshold: 6, have: true, fail: 8,
 			want: []string{"reject 8", "apply 7 b7", "stale"}, stale: true, last: 7},
+		// Batches the subscriber lost for good while the gate was closed (its replay came
+		// too late): the snapshot holds them when its cut reaches them.
+		{name: "hole held by the snapshot", buffered: []uint64{5, 6, 9, 10}, lost: [][2]uint64{{7, 8}}, threshold: 9, have: true,
+			live: []uint64{11}, want: []string{"apply 10 b10", "apply 11 b11"}, last: 11},
+		{name: "holes at the cut", buffered: []uint64{2, 5, 8}, lost: [][2]uint64{{3, 4}, {6, 7}}, threshold: 7, have: true,
+			want: []string{"apply 8 b8"}, last: 8},
+		{name: "hole past the cut", buffered: []uint64{5, 6, 9, 10}, lost: [][2]uint64{{7, 8}}, threshold: 7, have: true,
+			want: []string{"stale"}, stale: true, behind: true},
+		{name: "hole without a snapshot", buffered: []uint64{5, 6, 9}, lost: [][2]uint64{{7, 8}},
+			want: []string{"stale"}, stale: true},
+		{name: "hole of the old stream after a restart", restart: true, buffered: []uint64{1, 2}, threshold: 50, have: true,
+			want: []string{"restart", "apply 1 b1", "apply 2 b2"}, last: 2},
 	} {
 		for _, burst := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/burst=%v", tc.name, burst), func(t *testing.T) {
@@ -117,9 +133,19 @@ func TestGateOpen(t *testing.T) {
 				}
 				if tc.restart {
 					_ = hand(40, []byte("old"))
+					if !g.OnHole(41, 45, "test") { // of the old stream: dropped with it
+						t.Fatal("closed gate refused a hole")
+					}
 					g.OnPublisherRestart(40, 1)
 				}
+				lost := tc.lost
 				for _, s := range tc.buffered {
+					for len(lost) > 0 && lost[0][0] < s {
+						if !g.OnHole(lost[0][0], lost[0][1], "test") {
+							t.Fatalf("closed gate refused hole %v", lost[0])
+						}
+						lost = lost[1:]
+					}
 					if err := hand(s, payloadOf(s)); err != nil {
 						t.Fatal(err)
 					}
@@ -388,5 +414,56 @@ func TestGateSetBehind(t *testing.T) {
 	}
 	if got := s.Behind(seqs); len(got) != 0 {
 		t.Fatalf("Behind after OpenAll = %v", got)
+	}
+}
+
+// TestGateHoleAfterOpen: a hole the subscriber offers once the gate is open (its replay
+// failed after the snapshot loaded) is taken only at or below the cut the gate opened
+// with; past it, or without a snapshot, it is refused (the subscriber then marks the
+// source stale). Batches after a taken hole go on as before.
+func TestGateHoleAfterOpen(t *testing.T) {
+	in := &fakeInner{}
+	g := newGate(in, true)
+	if stale, reason := g.open(9, true); stale {
+		t.Fatal(reason)
+	}
+	if !g.OnHole(7, 9, "test") {
+		t.Fatal("hole at or below the cut refused")
+	}
+	if g.OnHole(10, 10, "test") {
+		t.Fatal("hole past the cut taken")
+	}
+	for _, s := range []uint64{9, 10, 11} {
+		_ = g.HandleBatch(s, payloadOf(s))
+	}
+	if want := []string{"apply 10 b10", "apply 11 b11"}; !reflect.DeepEqual(in.calls, want) {
+		t.Fatalf("calls %v, want %v", in.calls, want)
+	}
+	for _, closed := range []bool{false, true} {
+		g := newGate(&fakeInner{}, closed)
+		if closed {
+			g.open(0, false) // opened without a snapshot
+		}
+		if g.OnHole(1, 1, "test") {
+			t.Fatalf("hole taken by an open gate that loaded no snapshot (closed first: %v)", closed)
+		}
+	}
+}
+
+// TestGateTooManyHoles: a closed gate records at most maxGateHoles holes; the next is
+// refused, and the gate goes stale at open whatever the cut.
+func TestGateTooManyHoles(t *testing.T) {
+	g := newGate(&fakeInner{}, true)
+	for i := range uint64(maxGateHoles) {
+		if !g.OnHole(2*i, 2*i, "test") {
+			t.Fatalf("hole %d refused", i)
+		}
+		_ = g.HandleBatch(2*i+1, payloadOf(2*i+1))
+	}
+	if g.OnHole(2*maxGateHoles, 2*maxGateHoles, "test") {
+		t.Fatal("hole past the bound taken")
+	}
+	if stale, _ := g.open(1000, true); !stale {
+		t.Fatal("gate with too many holes opened fresh")
 	}
 }

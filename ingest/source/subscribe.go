@@ -82,8 +82,13 @@ func (z *zmqSubscription) Stop() {
 	z.logs.Flush(context.Background())
 }
 
-// Stats returns the subscriber's counters.
-func (z *zmqSubscription) Stats() ingest.SubscriberStats { return z.sub.Stats() }
+// Stats returns the subscriber's counters; the source is stale also when its gate made
+// it stale at the end of a bootstrap (the subscriber itself saw no gap).
+func (z *zmqSubscription) Stats() ingest.SubscriberStats {
+	st := z.sub.Stats()
+	st.Stale = st.Stale || z.gate.isStale()
+	return st
+}
 
 // SubscriberConfig is the subscriber's configuration with its defaults filled in.
 func (z *zmqSubscription) SubscriberConfig() ingest.SubscriberConfig { return z.sub.Config() }
