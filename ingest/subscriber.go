@@ -101,6 +101,13 @@ func RcvHWM(budget, maxMessageSize int64) int {
 	return int(min(max(budget/maxMessageSize, 1), maxRcvHWM))
 }
 
+// ErrSourceStale is what a Handler returns (wrapped or not) from HandleBatch or
+// HandleBatchDeferred when it has made the source stale on its own side and told
+// itself so (a replica's bootstrap gate, whose held batches no snapshot continues): the
+// subscriber then goes stale too, closes its sockets and delivers nothing more, without
+// calling OnStale again and without counting the batch as rejected.
+var ErrSourceStale = errors.New("source is stale")
+
 // Handler receives the ordered, de-duplicated batches of one source. Both methods run on
 // the subscriber's goroutine, one call at a time.
 type Handler interface {
@@ -192,6 +199,9 @@ type Subscriber struct {
 	smallRun, smallMax int
 	// deferred counts the batches a BurstHandler accepted and has not flushed yet.
 	deferred uint64
+	// handlerStale: the handler made the source stale itself (ErrSourceStale), so the
+	// tracker's Stale is not passed on to OnStale.
+	handlerStale bool
 	// rcvd is the bytes of messages read since the sockets were last drained (told to
 	// the transport then: Transport.NoteReceived).
 	rcvd int64

@@ -680,6 +680,31 @@ func TestHandlerErrorGoesStaleWithoutAdvancing(t *testing.T) {
 	}
 }
 
+// TestHandlerStaleStopsSubscriber: a handler that answers a batch with ErrSourceStale has
+// made the source stale itself: the subscriber goes stale without telling it again
+// (no OnStale) or counting a rejection, applies nothing more, and closes its sockets
+// (the publisher sees it unsubscribe).
+func TestHandlerStaleStopsSubscriber(t *testing.T) {
+	p := newPub(t, zmqtest.Config{})
+	h := &recorder{reject: func(seq uint64) error {
+		if seq == 2 {
+			return fmt.Errorf("gate: %w", ErrSourceStale)
+		}
+		return nil
+	}}
+	s := startSub(t, fastConfig(p.Endpoint(), ""), h, p)
+	publish(t, p, "0", "1", "2", "3")
+	waitUntil(t, "stale", func() bool { return s.Stats().Stale })
+	if err := p.WaitUnsubscribes(1, 30*time.Second); err != nil {
+		t.Fatalf("the stale subscriber kept its subscription: %v", err)
+	}
+	publish(t, p, "4")
+	st := s.Stats()
+	if got := h.applied(); !slices.Equal(got, []uint64{0, 1}) || st.Rejected != 0 || len(h.staleReasons()) != 0 {
+		t.Fatalf("seqs = %v, OnStale %q, stats = %+v", got, h.staleReasons(), st)
+	}
+}
+
 func TestStopWaitsForInFlightBatch(t *testing.T) {
 	p := newPub(t, zmqtest.Config{})
 	h := &recorder{gated: true, gateSeq: 3, entered: make(chan struct{}), release: make(chan struct{})}

@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -39,6 +40,11 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 		switch a.Kind {
 		case seqtrack.Apply:
 			if err := s.handle(a.Seq, a.Payload); err != nil {
+				if errors.Is(err, ErrSourceStale) {
+					s.handlerStale = true // it knows: no OnStale
+					s.do(s.tr.HandlerStale(a.Seq, err.Error()))
+					return
+				}
 				s.st.rejected.Add(1)
 				s.do(s.tr.Rejected(a.Seq, err))
 				return
@@ -55,7 +61,9 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 		case seqtrack.CloseReplay:
 			s.z.CloseDealer()
 		case seqtrack.Stale:
-			s.h.OnStale(a.Reason)
+			if !s.handlerStale {
+				s.h.OnStale(a.Reason)
+			}
 			// Published after OnStale, so a caller that sees Stale knows the handler has
 			// been told.
 			s.st.stale.Store(true)

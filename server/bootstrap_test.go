@@ -304,6 +304,12 @@ func TestClusterBootstrapHoleHeldBySnapshot(t *testing.T) {
 					t.Fatalf("b: stale %v after %d copies discarded; want stale after %d (no copy held the lost batch)",
 						st[0].Stats.Stale, discarded.Load(), PeerSnapshotAttempts-1)
 				}
+				// The next batch tells b's subscriber that its gate made the source stale:
+				// it closes its sockets (the publisher sees b unsubscribe; a stays).
+				p.publishAndWait(t, 0)
+				if err := p.pub.WaitUnsubscribes(1, time.Minute); err != nil {
+					t.Fatalf("b's stale source kept its subscription: %v", err)
+				}
 				return
 			}
 			if st[0].Stats.Stale || st[0].Stats.HolesTaken != 1 || discarded.Load() != 0 {

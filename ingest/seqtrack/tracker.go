@@ -440,6 +440,16 @@ func (t *Tracker) Rejected(seq uint64, err error) []Action {
 	return t.acts
 }
 
+// HandlerStale is the owner's report that the handler made the source stale on its own
+// side (reason) and did not take batch seq, the last Apply carried out (the owner
+// skipped the actions after it): the stream is stale and did not advance past seq.
+func (t *Tracker) HandlerStale(seq uint64, reason string) []Action {
+	t.begin()
+	t.next = seq
+	t.markStale(reason)
+	return t.acts
+}
+
 // HoleRefused is the owner's report that the handler did not take the Hole whose first
 // lost batch is first (the owner skipped the actions after it): the source is stale for
 // the hole's reason, and the stream did not advance past first.

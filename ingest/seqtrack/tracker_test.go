@@ -25,7 +25,8 @@ import (
 var t0 = time.Unix(1_700_000_000, 0)
 
 // step is one input. op: start, live, replay, end, fail (ReplayFailed), tick, conn
-// (Connected), reject (Rejected), drop (DropAttempt), refuse (HoleRefused from seq).
+// (Connected), reject (Rejected), drop (DropAttempt), refuse (HoleRefused from seq),
+// hstale (HandlerStale at seq).
 type step struct {
 	at   int // ms after t0
 	op   string
@@ -114,6 +115,8 @@ func feed(tr *Tracker, s step) []Action {
 		return tr.DropAttempt(now)
 	case "refuse":
 		return tr.HoleRefused(s.seq, "refused by test")
+	case "hstale":
+		return tr.HandlerStale(s.seq, "stale in the handler")
 	}
 	panic("unknown op " + s.op)
 }
@@ -223,6 +226,10 @@ var trackerCases = []trackerCase{
 	{name: "rejected batch is stale without advancing", cfg: cfgReplay(), steps: []step{
 		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), step{op: "reject", seq: 1, want: "stale"},
 		live(0, 2, ""),
+	}, stale: true, next: 1},
+	{name: "handler stale at a batch ends the stream there", cfg: cfgReplay(), steps: []step{
+		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), step{op: "hstale", seq: 1, want: "stale"},
+		live(0, 2, ""), op(1, "tick", ""),
 	}, stale: true, next: 1},
 	{name: "restart to 0 with replay re-baselines at 0", cfg: cfgReplay(), steps: []step{
 		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), live(0, 2, "apply 2:p2"),

@@ -63,6 +63,8 @@ type gate struct {
 	floor     uint64
 	checkNext bool
 	stale     bool
+	// staleReason: why the gate made the source stale (empty when the subscriber did).
+	staleReason string
 	// holes: batches lost while closed, in order (at most maxGateHoles; tooManyHoles
 	// once one more came). cut, hasCut: the snapshot cut open applied (have).
 	holes        []hole
@@ -129,28 +131,37 @@ func (g *gate) Flush() {
 
 // HandleBatch buffers (closed) or applies one batch.
 func (g *gate) HandleBatch(seq uint64, payload []byte) error {
-	if g.through.Load() || g.admit(seq, payload) {
+	if g.through.Load() {
 		return g.apply(seq, payload)
 	}
-	return nil
+	if ok, err := g.admit(seq, payload); !ok {
+		return err
+	}
+	return g.apply(seq, payload)
 }
 
 // HandleBatchDeferred buffers (closed) or hands one batch on deferred, to be applied at
 // the next Flush.
 func (g *gate) HandleBatchDeferred(seq uint64, payload []byte) error {
-	if g.through.Load() || g.admit(seq, payload) {
+	if g.through.Load() {
 		return g.deferBatch(seq, payload)
 	}
-	return nil
+	if ok, err := g.admit(seq, payload); !ok {
+		return err
+	}
+	return g.deferBatch(seq, payload)
 }
 
 // admit decides for a batch that did not pass through: it buffers it (closed), drops it
-// (stale, or already in the snapshot), or reports that it is to be applied.
-func (g *gate) admit(seq uint64, payload []byte) bool {
+// (already in the snapshot), or reports that it is to be applied (true). When the gate
+// has made the source stale (at open, or on a gap after it) it takes nothing and
+// returns an ingest.ErrSourceStale error, on which the subscriber goes stale too.
+func (g *gate) admit(seq uint64, payload []byte) (bool, error) {
 	g.mu.Lock()
 	if g.stale {
+		reason := g.staleReason
 		g.mu.Unlock()
-		return false
+		return false, fmt.Errorf("%w: %s", ingest.ErrSourceStale, reason)
 	}
 	if g.closed {
 		if g.overflow || g.bufBytes+len(payload) > g.maxBytes {
@@ -160,25 +171,26 @@ func (g *gate) admit(seq uint64, payload []byte) bool {
 			g.bufBytes += len(payload)
 		}
 		g.mu.Unlock()
-		return false
+		return false, nil
 	}
 	if g.checkNext {
 		if seq <= g.floor {
 			g.mu.Unlock()
-			return false // already in the snapshot
+			return false, nil // already in the snapshot
 		}
 		g.checkNext = false
 		if seq != g.floor+1 {
-			g.stale = true
+			reason := fmt.Sprintf("bootstrap: batches %d..%d are neither in the peer's snapshot nor received", g.floor+1, seq-1)
+			g.stale, g.staleReason = true, reason
 			g.mu.Unlock()
 			g.Flush()
-			g.inner.OnStale(fmt.Sprintf("bootstrap: batches %d..%d are neither in the peer's snapshot nor received", g.floor+1, seq-1))
-			return false
+			g.inner.OnStale(reason)
+			return false, fmt.Errorf("%w: %s", ingest.ErrSourceStale, reason)
 		}
 		g.through.Store(true)
 	}
 	g.mu.Unlock()
-	return true
+	return true, nil
 }
 
 // isStale tells whether the gate made its source stale, or was told it is (false for
@@ -322,7 +334,7 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 		}
 	}
 	if reason != "" {
-		g.stale = true
+		g.stale, g.staleReason = true, reason
 		g.inner.OnStale(reason)
 		return true, reason
 	}
@@ -334,8 +346,8 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 			if applied != 0 {
 				g.applied.Store(applied)
 			}
-			g.stale = true
 			reason = fmt.Sprintf("bootstrap: buffered batch %d rejected: %v", b.seq, err)
+			g.stale, g.staleReason = true, reason
 			g.inner.OnStale(reason)
 			return true, reason
 		}

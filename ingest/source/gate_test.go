@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+
+	"github.com/conductor-go/conductor/ingest"
 )
 
 // fakeInner records what a gate forwards, as the event handler would apply it: a batch
@@ -465,5 +467,46 @@ func TestGateTooManyHoles(t *testing.T) {
 	}
 	if stale, _ := g.open(1000, true); !stale {
 		t.Fatal("gate with too many holes opened fresh")
+	}
+}
+
+// TestGateStaleStopsSubscriber: once the gate has made its source stale itself (at open,
+// or on a gap after it), it answers every batch with an ingest.ErrSourceStale error, so
+// that the subscriber goes stale too and stops reading, and forwards nothing more: the
+// handler hears OnStale once, from the gate.
+func TestGateStaleStopsSubscriber(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		buffered []uint64
+		live     []uint64
+	}{
+		{name: "stale at open", buffered: []uint64{8, 9}, live: []uint64{10, 11}},
+		{name: "gap after open", live: []uint64{8, 9}},
+	} {
+		for _, burst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/burst=%v", tc.name, burst), func(t *testing.T) {
+				in := &fakeInner{}
+				g := newGate(in, true)
+				hand := g.HandleBatch
+				if burst {
+					hand = g.HandleBatchDeferred
+				}
+				for _, s := range tc.buffered {
+					if err := hand(s, payloadOf(s)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				g.open(6, true)
+				for _, s := range tc.live {
+					if err := hand(s, payloadOf(s)); !errors.Is(err, ingest.ErrSourceStale) {
+						t.Fatalf("batch %d: err %v, want ingest.ErrSourceStale", s, err)
+					}
+				}
+				g.Flush()
+				if want := []string{"stale"}; !reflect.DeepEqual(in.calls, want) {
+					t.Fatalf("calls %v, want %v", in.calls, want)
+				}
+			})
+		}
 	}
 }

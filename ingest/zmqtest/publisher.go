@@ -116,7 +116,9 @@ func (p *Publisher) bindPub() error {
 	if err != nil {
 		return fmt.Errorf("zmqtest: new PUB socket: %w", err)
 	}
-	ep, err := bind(s, p.cfg.Endpoint, errors.Join(s.SetLinger(0), s.SetSndhwm(0), s.SetXpubVerbose(1)))
+	// Verbose both ways: every subscriber's subscription and, when it closes, its
+	// unsubscription are counted, even while another subscriber holds the same topic.
+	ep, err := bind(s, p.cfg.Endpoint, errors.Join(s.SetLinger(0), s.SetSndhwm(0), s.SetXpubVerbose(1), s.SetXpubVerboser(1)))
 	if err != nil {
 		_ = s.Close()
 		return fmt.Errorf("zmqtest: bind PUB %q: %w", p.cfg.Endpoint, err)
