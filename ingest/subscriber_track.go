@@ -42,7 +42,7 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 			if err := s.handle(a.Seq, a.Payload); err != nil {
 				if errors.Is(err, ErrSourceStale) {
 					s.handlerStale = true // it knows: no OnStale
-					s.do(s.tr.HandlerStale(a.Seq, err.Error()))
+					s.do(s.tr.StaleAt(a.Seq, err.Error()))
 					return
 				}
 				s.st.rejected.Add(1)
@@ -73,7 +73,7 @@ func (s *Subscriber) do(acts []seqtrack.Action) {
 			}
 		case seqtrack.Hole:
 			if s.hh == nil || !s.hh.OnHole(a.Seq, a.Last, a.Reason) {
-				s.do(s.tr.HoleRefused(a.Seq, a.Reason))
+				s.do(s.tr.StaleAt(a.Seq, a.Reason))
 				return
 			}
 			s.st.holesTaken.Add(1)

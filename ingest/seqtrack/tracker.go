@@ -55,7 +55,7 @@ type Config struct {
 	// Holes: the owner's handler may take a gap that cannot be closed (the replay
 	// endpoint no longer has the batches, or there is none) as covered elsewhere: such
 	// a gap is offered as a Hole action, and the stream goes on past it unless the
-	// owner reports HoleRefused. Without Holes the source is stale at once, as before.
+	// owner reports StaleAt. Without Holes the source is stale at once, as before.
 	Holes bool
 }
 
@@ -83,7 +83,7 @@ const (
 	Log
 	// Hole (Config.Holes): batches Seq..Last are lost (Reason says how) and the stream
 	// goes on after them; offer them to the handler. When the handler does not take
-	// them, the owner skips the rest of the actions and calls HoleRefused.
+	// them, the owner skips the rest of the actions and calls StaleAt(Seq, Reason).
 	Hole
 )
 
@@ -440,22 +440,13 @@ func (t *Tracker) Rejected(seq uint64, err error) []Action {
 	return t.acts
 }
 
-// HandlerStale is the owner's report that the handler made the source stale on its own
-// side (reason) and did not take batch seq, the last Apply carried out (the owner
-// skipped the actions after it): the stream is stale and did not advance past seq.
-func (t *Tracker) HandlerStale(seq uint64, reason string) []Action {
+// StaleAt is the owner's report that the stream cannot go on from batch seq, and that it
+// skipped the actions after the one that stopped it: the handler refused the Hole that
+// starts at seq, or answered the Apply of seq with a staleness of its own. The source is
+// stale (reason) and the stream did not advance past seq.
+func (t *Tracker) StaleAt(seq uint64, reason string) []Action {
 	t.begin()
 	t.next = seq
-	t.markStale(reason)
-	return t.acts
-}
-
-// HoleRefused is the owner's report that the handler did not take the Hole whose first
-// lost batch is first (the owner skipped the actions after it): the source is stale for
-// the hole's reason, and the stream did not advance past first.
-func (t *Tracker) HoleRefused(first uint64, reason string) []Action {
-	t.begin()
-	t.next = first
 	t.markStale(reason)
 	return t.acts
 }

@@ -25,8 +25,7 @@ import (
 var t0 = time.Unix(1_700_000_000, 0)
 
 // step is one input. op: start, live, replay, end, fail (ReplayFailed), tick, conn
-// (Connected), reject (Rejected), drop (DropAttempt), refuse (HoleRefused from seq),
-// hstale (HandlerStale at seq).
+// (Connected), reject (Rejected), drop (DropAttempt), staleat (StaleAt seq).
 type step struct {
 	at   int // ms after t0
 	op   string
@@ -113,10 +112,8 @@ func feed(tr *Tracker, s step) []Action {
 		return tr.Rejected(s.seq, errors.New("rejected by test"))
 	case "drop":
 		return tr.DropAttempt(now)
-	case "refuse":
-		return tr.HoleRefused(s.seq, "refused by test")
-	case "hstale":
-		return tr.HandlerStale(s.seq, "stale in the handler")
+	case "staleat":
+		return tr.StaleAt(s.seq, "stale by test")
 	}
 	panic("unknown op " + s.op)
 }
@@ -228,7 +225,7 @@ var trackerCases = []trackerCase{
 		live(0, 2, ""),
 	}, stale: true, next: 1},
 	{name: "handler stale at a batch ends the stream there", cfg: cfgReplay(), steps: []step{
-		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), step{op: "hstale", seq: 1, want: "stale"},
+		live(0, 0, "apply 0:p0"), live(0, 1, "apply 1:p1"), step{op: "staleat", seq: 1, want: "stale"},
 		live(0, 2, ""), op(1, "tick", ""),
 	}, stale: true, next: 1},
 	{name: "restart to 0 with replay re-baselines at 0", cfg: cfgReplay(), steps: []step{
@@ -400,7 +397,7 @@ var trackerCases = []trackerCase{
 	}, want: Counters{ReplayRetries: 1}, next: 3},
 	{name: "holes: a refused hole is stale where it began", cfg: cfgHoles(), steps: []step{
 		live(0, 0, "apply 0:p0"), live(0, 3, "open 1"), op(1, "end", "hole 1..2 close apply 3:p3"),
-		step{op: "refuse", seq: 1, want: "stale"}, live(2, 4, ""),
+		step{op: "staleat", seq: 1, want: "stale"}, live(2, 4, ""),
 	}, stale: true, next: 1},
 	{name: "holes: no bound after a reconnect is stale", cfg: cfgHoles(), steps: []step{
 		op(0, "conn", ""), live(0, 0, "apply 0:p0"), op(1, "conn", "open 1"),

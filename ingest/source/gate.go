@@ -31,9 +31,6 @@ type hole struct {
 	reason      string
 }
 
-// maxGateHoles bounds the holes a closed gate records; one more makes the source stale.
-const maxGateHoles = 64
-
 // gate sits between a subscriber and its event handler. It records the last sequence
 // number applied (a lower bound of what the index holds from the source, read into
 // snapshots), and while closed (a replica bootstrapping) it keeps the batches instead of
@@ -65,12 +62,13 @@ type gate struct {
 	stale     bool
 	// staleReason: why the gate made the source stale (empty when the subscriber did).
 	staleReason string
-	// holes: batches lost while closed, in order (at most maxGateHoles; tooManyHoles
-	// once one more came). cut, hasCut: the snapshot cut open applied (have).
-	holes        []hole
-	tooManyHoles bool
-	cut          uint64
-	hasCut       bool
+	// lastHole, holed: the latest run of batches lost while closed. Holes come in
+	// order, so a cut that reaches past it reaches past every earlier one.
+	lastHole hole
+	holed    bool
+	// cut, hasCut: the snapshot cut open applied (have).
+	cut    uint64
+	hasCut bool
 
 	// applied is the last sequence number applied plus one (0: none yet).
 	applied atomic.Uint64
@@ -225,11 +223,7 @@ func (g *gate) OnHole(first, last uint64, reason string) bool {
 	case g.stale:
 		return false
 	case g.closed:
-		if len(g.holes) == maxGateHoles {
-			g.tooManyHoles = true
-			return false
-		}
-		g.holes = append(g.holes, hole{first: first, last: last, reason: reason})
+		g.lastHole, g.holed = hole{first: first, last: last, reason: reason}, true
 		return true
 	default:
 		return g.hasCut && last <= g.cut
@@ -243,7 +237,7 @@ func (g *gate) OnPublisherRestart(lastSeq, firstSeq uint64) {
 	g.mu.Lock()
 	if g.closed {
 		g.buf, g.bufBytes, g.restarted = nil, 0, true
-		g.holes = nil // of the old stream, retracted at open
+		g.holed = false // of the old stream, retracted at open
 		g.mu.Unlock()
 		return
 	}
@@ -263,7 +257,7 @@ func (g *gate) reachesBack(threshold uint64) bool {
 	if !g.closed || g.stale || g.overflow || g.restarted {
 		return true
 	}
-	if n := len(g.holes); n > 0 && g.holes[n-1].last > threshold {
+	if g.holed && g.lastHole.last > threshold {
 		return false
 	}
 	i := firstPast(g.buf, threshold)
@@ -299,17 +293,13 @@ func (g *gate) open(threshold uint64, have bool) (stale bool, reason string) {
 		return true, "stale before bootstrap ended"
 	case g.overflow:
 		reason = fmt.Sprintf("bootstrap: more than %d bytes of batches arrived while the snapshot loaded", g.maxBytes)
-	case g.tooManyHoles:
-		reason = fmt.Sprintf("bootstrap: more than %d runs of batches were lost while the snapshot loaded", maxGateHoles)
 	case g.restarted:
 		// The snapshot holds the old stream: retract it, then apply the new stream whole.
 		g.inner.OnPublisherRestart(threshold, 0)
 		have = false
 	}
-	holes := g.holes
-	g.holes = nil
-	if n := len(holes); reason == "" && n > 0 {
-		switch h := holes[n-1]; {
+	if h := g.lastHole; reason == "" && g.holed {
+		switch {
 		case !have:
 			reason = fmt.Sprintf("bootstrap: batches %d..%d were lost (%s) and no peer snapshot holds them", h.first, h.last, h.reason)
 		case h.last > threshold:

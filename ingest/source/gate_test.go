@@ -452,21 +452,29 @@ func TestGateHoleAfterOpen(t *testing.T) {
 	}
 }
 
-// TestGateTooManyHoles: a closed gate records at most maxGateHoles holes; the next is
-// refused, and the gate goes stale at open whatever the cut.
-func TestGateTooManyHoles(t *testing.T) {
-	g := newGate(&fakeInner{}, true)
-	for i := range uint64(maxGateHoles) {
-		if !g.OnHole(2*i, 2*i, "test") {
-			t.Fatalf("hole %d refused", i)
+// TestGateManyHoles: a closed gate takes any number of holes in constant memory (it
+// keeps the latest only, since they come in order): a cut past the last one opens it
+// fresh, a cut between two of them makes the source stale.
+func TestGateManyHoles(t *testing.T) {
+	for _, tc := range []struct {
+		cut   uint64
+		stale bool
+	}{{cut: 2000, stale: false}, {cut: 1000, stale: true}} {
+		g := newGate(&fakeInner{}, true)
+		for i := range uint64(1000) {
+			if !g.OnHole(2*i, 2*i, "test") {
+				t.Fatalf("hole %d refused", i)
+			}
+			if err := g.HandleBatch(2*i+1, payloadOf(2*i+1)); err != nil {
+				t.Fatal(err)
+			}
 		}
-		_ = g.HandleBatch(2*i+1, payloadOf(2*i+1))
-	}
-	if g.OnHole(2*maxGateHoles, 2*maxGateHoles, "test") {
-		t.Fatal("hole past the bound taken")
-	}
-	if stale, _ := g.open(1000, true); !stale {
-		t.Fatal("gate with too many holes opened fresh")
+		if back := g.reachesBack(tc.cut); back == tc.stale {
+			t.Fatalf("cut %d: reachesBack %v", tc.cut, back)
+		}
+		if stale, reason := g.open(tc.cut, true); stale != tc.stale {
+			t.Fatalf("cut %d: stale %v (%s), want %v", tc.cut, stale, reason, tc.stale)
+		}
 	}
 }
 
