@@ -69,8 +69,10 @@ func (h *InstanceHit) Rank(rank int64) *RankHit {
 // path, and a msgp-generated decoder of the same body (instances and per-rank maps) made
 // 40 allocations per decode of an 8-instance, 2-rank answer into a reused value, where
 // this one makes none (TestDecodeQueryResultReuseNoAllocs). It also merges "dp" and
-// "rank_matches" into one sorted Ranks slice and accepts upstream's "npu" tier name,
-// which generated code cannot express.
+// "rank_matches" into one sorted Ranks slice and accepts upstream's tier names, which
+// generated code cannot express: "npu" (the current C++ server's device tier) and the
+// three-tier server's "gpu" and "cpu" (device, and Mooncake Store's shared pool), so that
+// the CLI and the benchmarks read those servers too (bench/upstream).
 func DecodeQueryResult(res *QueryResult, b []byte) error {
 	n, b, err := msgp.ReadMapHeaderBytes(b)
 	if err != nil {
@@ -148,16 +150,15 @@ func (h *InstanceHit) decode(b []byte) ([]byte, error) {
 		}
 		// Tier keys are matched in this switch rather than in a shared helper: this loop
 		// is most of decoding a query answer, which sits inside every measured round trip.
-		// "npu" is what the upstream C++ server calls the device tier; accepting it lets
-		// the CLI read that server too.
+		// "npu", "gpu" and "cpu" are upstream's names (DecodeQueryResult).
 		switch string(key) {
 		case "longest_matched":
 			h.LongestMatched, b, err = readInt(b)
-		case "device", "npu":
+		case "device", "npu", "gpu":
 			h.Device, b, err = readInt(b)
 		case "cpu_local":
 			h.CPULocal, b, err = readInt(b)
-		case "cpu_share":
+		case "cpu_share", "cpu":
 			h.CPUShare, b, err = readInt(b)
 		case "disk":
 			h.Disk, b, err = readInt(b)
@@ -218,11 +219,11 @@ func decodeRankTiers(t *TierCounts, b []byte) ([]byte, error) {
 			return b, fmt.Errorf("key: %w", err)
 		}
 		switch string(key) {
-		case "device", "npu":
+		case "device", "npu", "gpu":
 			t.Device, b, err = readInt(b)
 		case "cpu_local":
 			t.CPULocal, b, err = readInt(b)
-		case "cpu_share":
+		case "cpu_share", "cpu":
 			t.CPUShare, b, err = readInt(b)
 		case "disk":
 			t.Disk, b, err = readInt(b)

@@ -120,6 +120,30 @@ func TestDecodeQueryResultLenient(t *testing.T) {
 	}
 }
 
+func TestDecodeQueryResultThreeTierNames(t *testing.T) {
+	// The three-tier upstream server (bench/upstream) names its tiers gpu, cpu (Mooncake
+	// Store's shared pool) and disk, per instance and per rank.
+	tiers := func(gpu, cpu, disk int) map[string]any {
+		return map[string]any{"gpu": gpu, "cpu": cpu, "disk": disk}
+	}
+	inst := tiers(48, 32, 16)
+	inst["longest_matched"] = 48
+	inst["dp"] = map[string]any{"0": 48, "1": 16}
+	inst["rank_matches"] = map[string]any{"0": tiers(48, 32, 0), "1": tiers(16, 0, 16)}
+	var res QueryResult
+	if err := DecodeQueryResult(&res, mustAppendIntf(t, map[string]any{"instances": map[string]any{"a": inst}})); err != nil {
+		t.Fatal(err)
+	}
+	h := res.Instance("a")
+	want := InstanceHit{InstanceID: "a", LongestMatched: 48, TierCounts: TierCounts{Device: 48, CPUShare: 32, Disk: 16},
+		Ranks: []RankHit{{Rank: 0, DP: 48, TierCounts: TierCounts{Device: 48, CPUShare: 32}}, {Rank: 1, DP: 16, TierCounts: TierCounts{Device: 16, Disk: 16}}}}
+	if h == nil || h.LongestMatched != want.LongestMatched || h.TierCounts != want.TierCounts || len(h.Ranks) != 2 ||
+		h.Ranks[0].Rank != 0 || h.Ranks[0].DP != 48 || h.Ranks[0].TierCounts != want.Ranks[0].TierCounts ||
+		h.Ranks[1].Rank != 1 || h.Ranks[1].DP != 16 || h.Ranks[1].TierCounts != want.Ranks[1].TierCounts {
+		t.Fatalf("got %+v, want %+v", h, want)
+	}
+}
+
 func TestDecodeQueryResultEmptyAndErrors(t *testing.T) {
 	var res QueryResult
 	if err := DecodeQueryResult(&res, mustAppendIntf(t, contractQueryBody())); err != nil {
