@@ -4,8 +4,8 @@
 #   bench/upstream/build.sh [DIR]
 #
 # clones kvcache-ai/Mooncake at the last commit of its dev/conductor branch that holds a
-# complete mooncake-conductor/ tree (HTTP /query in msgpack, the "G2" server that
-# shared/spec/reference-notes.md describes) and yalantinglibs at the commit Mooncake pins,
+# complete mooncake-conductor/ tree (msgpack HTTP, three tiers: gpu, cpu, disk; the later
+# upstreaming series' HTTP server is not published) and yalantinglibs at the commit it pins,
 # builds both under DIR (default /tmp/conductor-upstream) and prints the binary's path.
 # Nothing of upstream's is kept in this repository: the sources are fetched at build time.
 # Set MOONCAKE_GIT / YLT_GIT to a local mirror when GitHub cannot be reached. Debian
@@ -16,11 +16,17 @@
 # harness as an external conductor, e.g.
 #
 #   echo '{"http_server_port": 23333, "kvevent_instance": {}}' > /tmp/up.json
-#   CONDUCTOR_CONFIG_PATH=/tmp/up.json CONDUCTOR_LOG_LEVEL=INFO $BIN & 
+#   CONDUCTOR_CONFIG_PATH=/tmp/up.json CONDUCTOR_LOG_LEVEL=INFO $BIN &
 #   go run ./cmd/conductor-bench load --conductor http://127.0.0.1:23333 --pid $! ...
 #
 # bench/upstream/alternate.sh runs it and a conductor of ours in turn.
 set -eu
+
+case ${1:-} in -*)
+	sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+	exit 2
+	;;
+esac
 
 MOONCAKE_GIT=${MOONCAKE_GIT:-https://github.com/kvcache-ai/Mooncake.git}
 YLT_GIT=${YLT_GIT:-https://github.com/alibaba/yalantinglibs.git}
