@@ -52,12 +52,16 @@ while True:
 ' "$1"
 }
 
-# rows NAME ROUND: the table rows of $work/out as "ROW round name tokens shape memo clients
-# cpu p50 floor" (floor: the cell's floor CPU with --floor, else -).
+# rows NAME ROUND: prints the table rows of $work/out as "ROW round name tokens shape memo
+# clients cpu p50 floor" (floor: the cell's floor CPU with --floor, else -) and keeps them
+# in $work/rows.
 rows() {
-	awk -v r="$2" -v w="$1" '$1 ~ /^[0-9]+$/ && NF >= 11 { print "ROW", r, w, $1, $2, $3, $4, $9, $7, (NF >= 13 ? $12 : "-") }' "$work/out"
+	awk -v r="$2" -v w="$1" '$1 ~ /^[0-9]+$/ && NF >= 11 { print "ROW", r, w, $1, $2, $3, $4, $9, $7, (NF >= 13 ? $12 : "-") }' "$work/out" >"$work/new"
+	cat "$work/new" >>"$work/rows"
+	cat "$work/new"
 }
 
+# Not in a pipeline: exit in a failed run ends the script, and the trap sees upid.
 for r in $(seq 1 "$rounds"); do
 	port=$(free_port)
 	printf '{"http_server_port": %s, "kvevent_instance": {}}\n' "$port" >"$work/up.json"
@@ -77,7 +81,7 @@ for r in $(seq 1 "$rounds"); do
 			{ cat "$work/err" >&2; exit 1; }
 		rows "ours$i" "$r"
 	done
-done | tee "$work/rows"
+done
 
 echo "server CPU per query, us: medians of $rounds alternated runs (ours<i>: $ours)"
 awk '
