@@ -34,7 +34,7 @@ func guarded(t *testing.T, b []byte) (lead, tail []byte, free func()) {
 // TestTokenArrayNoReadOutside: decoding long arrays placed against an inaccessible page
 // on either side (and cut anywhere) reads nothing outside the body, on every path: the
 // segmented chains' 4-byte loads end where the element does and start up to 3 bytes
-// before it; tokensVBMI's 64-byte loads start at an element and end inside the body.
+// before it; tokenarray.DecodeVBMI's 64-byte loads start at an element and end inside the body.
 func TestTokenArrayNoReadOutside(t *testing.T) {
 	r := rand.New(rand.NewPCG(77, 78))
 	var dst, scratch []int32

@@ -29,11 +29,17 @@ type Decoder struct {
 	// what was sent.
 	SkipTokenIDs bool
 
+	// noVBMI (tests) keeps token arrays off tokenarray.DecodeVBMI, on the exact path alone.
+	noVBMI bool
+
 	batch  Batch
 	events []Event
 	hashes []uint64
 	tokens []int32
 	errs   []EventError
+	// scratch takes the token ids that SkipTokenIDs checks without keeping (scanChunk
+	// long once used).
+	scratch []int32
 }
 
 // Decode decodes one payload (the third ZMQ frame) from a publisher of the given

@@ -6,3 +6,10 @@ package kvevent
 func (d *Decoder) BufferCaps() (events, hashes, tokens, errs int) {
 	return cap(d.events), cap(d.hashes), cap(d.tokens), cap(d.errs)
 }
+
+// WithoutVBMI returns d set to decode token arrays on the exact path alone, never
+// through tokenarray.DecodeVBMI: the reference the tests hold the fast path to.
+func (d *Decoder) WithoutVBMI() *Decoder {
+	d.noVBMI = true
+	return d
+}

@@ -76,6 +76,7 @@ func evFuzzDecode(t *testing.T, kind publisher.Kind, payload, other []byte) {
 		evCheckBatch(t, kind, b)
 	}
 	evCheckSkipTokens(t, kind, payload, b, err)
+	evCheckExactPath(t, kind, payload, fp)
 	// Same answer from a decoder that has just decoded something else.
 	var warm kvevent.Decoder
 	warm.Decode(kind, other)
@@ -122,6 +123,21 @@ func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *
 	}
 	if got := evFingerprint(b, err); got != want {
 		t.Fatalf("skipping decoder differs:\n%s\n%s", got, want)
+	}
+}
+
+// evCheckExactPath: decoders whose token arrays take only the exact path (no
+// tokenarray.DecodeVBMI) give the batch (or error) fp, and, skipping token ids, what
+// the fast skipping decoder gives.
+func evCheckExactPath(t *testing.T, kind publisher.Kind, payload []byte, fp string) {
+	t.Helper()
+	if got := evFingerprint(new(kvevent.Decoder).WithoutVBMI().Decode(kind, payload)); got != fp {
+		t.Fatalf("exact-path decoder differs:\n%s\n%s", got, fp)
+	}
+	fast := kvevent.Decoder{SkipTokenIDs: true}
+	exact := kvevent.Decoder{SkipTokenIDs: true}
+	if got, want := evFingerprint(exact.WithoutVBMI().Decode(kind, payload)), evFingerprint(fast.Decode(kind, payload)); got != want {
+		t.Fatalf("exact-path skipping decoder differs:\n%s\n%s", got, want)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/conductor-go/conductor/wire/internal/msgpack"
+	"github.com/conductor-go/conductor/wire/internal/tokenarray"
 	"github.com/conductor-go/conductor/wire/publisher"
 )
 
@@ -106,7 +107,7 @@ func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
 		return err
 	}
 	if d.SkipTokenIDs {
-		pairs, err := scanTokens(r, n, pairs)
+		pairs, err := d.scanTokens(r, n, pairs)
 		if err != nil {
 			return err
 		}
@@ -121,8 +122,16 @@ func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
 		want = 2 * n
 	}
 	toks := slices.Grow(d.tokens, want)
+	// The leading elements that every path decodes alike, a window at a time where the
+	// CPU can (a vocabulary's ids all are); the loop below goes on from the first other
+	// one, or the last few, and decides every error.
+	i := 0
+	if !d.noVBMI && n >= tokenarray.MinElems {
+		k, used := tokenarray.DecodeVBMI(r.Buf[r.Pos:], toks[len(toks):len(toks)+n])
+		toks, r.Pos, i = toks[:len(toks)+k], r.Pos+used, k
+	}
 	buf, p := r.Buf, r.Pos
-	for i := 0; i < n; i++ {
+	for ; i < n; i++ {
 		// Fast path: positive fixint and the unsigned widths msgspec writes for
 		// vocabulary ids (uint8/16/32). Everything else goes through readInt.
 		if p < len(buf) {
@@ -199,14 +208,31 @@ var tokenSize, tokenHigh = func() (size, high [256]uint8) {
 	return size, high
 }()
 
+// scanChunk is how many token ids the decoder's scratch takes per DecodeVBMI call when
+// it only checks them (4 KiB; an event of 64 blocks of 16 tokens takes one call).
+const scanChunk = 1024
+
 // scanTokens checks n token ids (the array header is read) exactly as readTokens reads
-// them, returning the same errors, but stores nothing; it reports whether an SGLang
-// [a,b] pair was seen. Its fast path has no data-dependent branch: widths come from a
-// table and the int32 range check is a mask, so a random mix of widths (token ids of a
-// large vocabulary) costs no mispredictions.
-func scanTokens(r *reader, n int, pairs bool) (sawPair bool, err error) {
+// them, returning the same errors, but keeps nothing; it reports whether an SGLang
+// [a,b] pair was seen. The leading ids that every path decodes alike go through
+// DecodeVBMI into a scratch buffer, chunk by chunk, as long as it takes whole chunks;
+// the loop goes on from there. Its fast path has no data-dependent branch: widths come
+// from a table and the int32 range check is a mask, so a random mix of widths (token ids
+// of a large vocabulary) costs no mispredictions.
+func (d *Decoder) scanTokens(r *reader, n int, pairs bool) (sawPair bool, err error) {
+	i := 0
+	for !d.noVBMI && n-i >= tokenarray.MinElems {
+		if d.scratch == nil {
+			d.scratch = make([]int32, scanChunk)
+		}
+		k, used := tokenarray.DecodeVBMI(r.Buf[r.Pos:], d.scratch[:min(n-i, scanChunk)])
+		r.Pos, i = r.Pos+used, i+k
+		if k == 0 {
+			break
+		}
+	}
 	buf, p := r.Buf, r.Pos
-	for i := 0; i < n; i++ {
+	for ; i < n; i++ {
 		if p < len(buf) {
 			c := buf[p]
 			sz := int(tokenSize[c])

@@ -22,14 +22,14 @@
 	ORQ      AX, DX; \
 	VMOVDQU32 Z14, off(DI)(R10*4)
 
-// func tokensVBMIAsm(b *byte, nb int, dst *int32, nd int, t *vbmiTables) (n, pos int)
+// func decodeVBMIAsm(b *byte, nb int, dst *int32, nd int, t *vbmiTables) (n, pos int)
 //
 // Registers: SI b, R8 nb, DI dst, R9 nd, R10 elements decoded, R11 window start.
 // Z9: the window's first element start (0..4), in every byte. Per window: Z0 its 64
 // bytes; Z2 next (next¹); Z3..Z8 next², next⁴, ... next⁶⁴; Z10 the start of element k
 // in byte k; Z12 its lead byte; Z13 its form. Z11, Z1: patE[0], patE[1]; BX: the
-// tables. See tokens_vbmi.go.
-TEXT ·tokensVBMIAsm(SB), NOSPLIT, $64-56
+// tables. See vbmi.go.
+TEXT ·decodeVBMIAsm(SB), NOSPLIT, $64-56
 	MOVQ b+0(FP), SI
 	MOVQ nb+8(FP), R8
 	MOVQ dst+16(FP), DI

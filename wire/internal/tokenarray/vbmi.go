@@ -1,11 +1,13 @@
-package httpapi
-
-// Token arrays decoded a window of bytes at a time with AVX-512 VBMI
-// (tokens_vbmi_amd64.s).
+// Package tokenarray decodes msgpack arrays of token ids (int32) a window of bytes at a
+// time with AVX-512 VBMI (vbmi_amd64.s): the part of token-array decoding that every
+// wire format with token ids shares (httpapi's /query bodies, kvevent's engine events).
+// Each format keeps its own exact element-by-element path, which decides every error;
+// DecodeVBMI only takes the elements that every path decodes the same way and leaves the
+// rest to it.
 //
 // The only serial dependency of a msgpack int array is where each element starts, which
 // depends on the width of the one before: a scalar walk pays a load-to-load latency per
-// element (see tokensSegmented). tokensVBMI takes the elements starting in a window of
+// element (~11 cycles). DecodeVBMI takes the elements starting in a window of
 // vbmiWindow bytes at once instead, with one 64-byte register holding the window and
 // the 5 bytes after it (so every position it computes with stays below 64, the reach of
 // a one-register byte permute):
@@ -27,18 +29,19 @@ package httpapi
 //     value outside the int32 range or negative, and a form not taken, stop the decode
 //     at that element.
 //
-// tokensVBMI decodes only what every path decodes the same way and stops at anything
+// DecodeVBMI decodes only what every path decodes the same way and stops at anything
 // else; the exact path goes on from there. It reads no byte outside b.
+package tokenarray
 
 // vbmiWindow is how many bytes' elements one window takes: an element starting in it
 // ends by byte 63 of the register (5 bytes at most).
 const vbmiWindow = 59
 
-// vbmiMinElems is the fewest elements an array must have for tokensVBMI: a window may
-// take up to 64.
-const vbmiMinElems = 64
+// MinElems is the fewest elements of room DecodeVBMI decodes into: a window may take up
+// to 64.
+const MinElems = 64
 
-// vbmiTables holds the constants of tokensVBMI's assembly, which reads them by offset
+// vbmiTables holds the constants of DecodeVBMI's assembly, which reads them by offset
 // (the field order and sizes are part of its code).
 type vbmiTables struct {
 	iota  [64]byte    // 0: lane numbers
