@@ -1,7 +1,6 @@
 package tokenarray
 
 import (
-	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -43,9 +42,11 @@ func appendInt(b []byte, f int, x uint64) []byte {
 	if intForms[f].bytes == 0 {
 		return append(b, byte(x&0x7f))
 	}
-	var be [8]byte
-	binary.BigEndian.PutUint64(be[:], x)
-	return append(append(b, intForms[f].lead), be[8-intForms[f].bytes:]...)
+	b = append(b, intForms[f].lead)
+	for s := 8 * (intForms[f].bytes - 1); s >= 0; s -= 8 {
+		b = append(b, byte(x>>s))
+	}
+	return b
 }
 
 // appendToken appends one element DecodeVBMI takes: a token id below vocab in form f,
