@@ -31,6 +31,8 @@ func evSeedPayloads(t testing.TB) map[publisher.Kind][][]byte {
 			// Positional events: the newest field list, an old prefix, a removal, a clear.
 			evBatch(evF64(1), evU(0), evPositional(evVLLMStoredFull()), evPositional(st[:6]),
 				evPositional(rm.with("group_idx", evU(0))), evPositional(cl), evVLLMStoredFull().enc()),
+			// Token arrays long enough for tokenarray.DecodeVBMI, an integer after one.
+			evBatch(evF64(1), evNil(), evPositional(st.with("token_ids", evTokens(60, 260))), st.with("token_ids", evTokens(0, 64)).enc()),
 		},
 		publisher.SGLang: {
 			evHex(t, evVecSGLangLegacy),
@@ -42,6 +44,7 @@ func evSeedPayloads(t testing.TB) map[publisher.Kind][][]byte {
 				with("metadata", evMap{{"cache_salt", evS("s")}, {"session_id", evNil()}}.enc())),
 				evPositional(evMap{{"type", evS("BlockRemoved")}, {"block_hashes", evArr(evI(-1))}}), evPositional(cl),
 				evSGLangStored().with("lora_name", evS("a")).enc()),
+			evBatch(evF64(1), evNil(), evSGLangStored().with("token_ids", evTokens(100, 300)).with("block_size", evU(200)).enc()),
 		},
 		publisher.Mooncake: {
 			evBatch(evU(evMooncakeTS), evU(0), evMooncakeStored().enc(), evMooncakeRemoved().enc(), evMooncakeCommon("cleared").enc()),
