@@ -126,7 +126,7 @@ func (d *Decoder) readTokens(r *reader, ev *Event, pairs bool) error {
 	// CPU can (a vocabulary's ids all are); the loop below goes on from the first other
 	// one, or the last few, and decides every error.
 	i := 0
-	if !d.noVBMI && n >= tokenarray.MinElems {
+	if tokenarray.HasVBMI && !d.noVBMI && n >= tokenarray.MinElems {
 		k, used := tokenarray.DecodeVBMI(r.Buf[r.Pos:], toks[len(toks):len(toks)+n])
 		toks, r.Pos, i = toks[:len(toks)+k], r.Pos+used, k
 	}
@@ -215,13 +215,13 @@ const scanChunk = 1024
 // scanTokens checks n token ids (the array header is read) exactly as readTokens reads
 // them, returning the same errors, but keeps nothing; it reports whether an SGLang
 // [a,b] pair was seen. The leading ids that every path decodes alike go through
-// DecodeVBMI into a scratch buffer, chunk by chunk, as long as it takes whole chunks;
-// the loop goes on from there. Its fast path has no data-dependent branch: widths come
+// DecodeVBMI into a scratch buffer, chunk by chunk while it takes any (on CPUs that run
+// it); the loop goes on from there. Its fast path has no data-dependent branch: widths come
 // from a table and the int32 range check is a mask, so a random mix of widths (token ids
 // of a large vocabulary) costs no mispredictions.
 func (d *Decoder) scanTokens(r *reader, n int, pairs bool) (sawPair bool, err error) {
 	i := 0
-	for !d.noVBMI && n-i >= tokenarray.MinElems {
+	for tokenarray.HasVBMI && !d.noVBMI && n-i >= tokenarray.MinElems {
 		if d.scratch == nil {
 			d.scratch = make([]int32, scanChunk)
 		}
