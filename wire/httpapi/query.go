@@ -268,16 +268,16 @@ func decodeList[T int32 | uint64](b []byte, buf *[]T, array func([]byte, []T) ([
 // decodeTokenArray decodes an array of int32-range integers of any msgpack width.
 // The widths encoders pick for token ids (fixint and 8/16/32-bit) are decoded inline;
 // the rest, and the tail where fewer than 8 bytes are left, go through readInt. Long
-// arrays are decoded mostly a 59-byte window at a time by tokenarray.DecodeVBMI where the CPU has
-// AVX-512 VBMI, else by tokensSegmented, with *scratch (grown to segScratch on first use)
-// as its working room: dst itself stays exactly as long as the array, so that the
-// decoded tokens stay within what the in-flight budget charges for a body.
+// arrays are decoded mostly a 59-byte window at a time by tokenarray.DecodeVBMI where
+// the CPU has AVX-512 VBMI, else by tokensSegmented, with *scratch (grown to segScratch
+// on first use) as its working room: dst itself stays exactly as long as the array, so
+// that the decoded tokens stay within what the in-flight budget charges for a body.
 func decodeTokenArray(b []byte, dst []int32, scratch *[]int32) (_ []int32, _ []byte, terr tokenErr, ok bool) {
 	return decodeTokenArrayVia(b, dst, scratch, tokenarray.HasVBMI)
 }
 
-// decodeTokenArrayVia is decodeTokenArray, with tokenarray.DecodeVBMI first only if vbmi: the tests
-// check both paths on a CPU that has it.
+// decodeTokenArrayVia is decodeTokenArray, with tokenarray.DecodeVBMI first only if
+// vbmi: the tests check both paths on a CPU that has it.
 func decodeTokenArrayVia(b []byte, dst []int32, scratch *[]int32, vbmi bool) (_ []int32, _ []byte, terr tokenErr, ok bool) {
 	n32, rest, err := msgp.ReadArrayHeaderBytes(b)
 	// Every element takes at least one byte: a larger count is a lie, and believing it

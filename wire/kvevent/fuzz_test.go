@@ -98,9 +98,10 @@ func evFuzzDecode(t *testing.T, kind publisher.Kind, payload, other []byte) {
 	}
 }
 
-// evCheckSkipTokens: a decoder with SkipTokenIDs accepts and rejects exactly what a full
-// one does (batch and every event, same errors) and returns the same batch but for
-// Event.TokenIDs and Event.LookaheadTokenIDs, which it leaves nil.
+// evCheckSkipTokens: a decoder with SkipTokenIDs, on the fast path or the exact one alone,
+// accepts and rejects exactly what a full one does (batch and every event, same errors)
+// and returns the same batch but for Event.TokenIDs and Event.LookaheadTokenIDs, which it
+// leaves nil.
 func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *kvevent.Batch, fullErr error) {
 	t.Helper()
 	var want string
@@ -115,32 +116,29 @@ func evCheckSkipTokens(t *testing.T, kind publisher.Kind, payload []byte, full *
 		}
 		want = evFingerprint(&cp, nil)
 	}
-	skip := kvevent.Decoder{SkipTokenIDs: true}
-	b, err := skip.Decode(kind, payload)
-	if err == nil {
-		for i := range b.Events {
-			if b.Events[i].TokenIDs != nil || b.Events[i].LookaheadTokenIDs != nil {
-				t.Fatalf("skipping decoder kept the token ids of event %d", i)
+	// The fast path and the exact path alone (no tokenarray.DecodeVBMI) alike.
+	for _, skip := range []*kvevent.Decoder{{SkipTokenIDs: true}, (&kvevent.Decoder{SkipTokenIDs: true}).WithoutVBMI()} {
+		b, err := skip.Decode(kind, payload)
+		if err == nil {
+			for i := range b.Events {
+				if b.Events[i].TokenIDs != nil || b.Events[i].LookaheadTokenIDs != nil {
+					t.Fatalf("skipping decoder kept the token ids of event %d", i)
+				}
 			}
 		}
-	}
-	if got := evFingerprint(b, err); got != want {
-		t.Fatalf("skipping decoder differs:\n%s\n%s", got, want)
+		if got := evFingerprint(b, err); got != want {
+			t.Fatalf("skipping decoder differs:\n%s\n%s", got, want)
+		}
 	}
 }
 
-// evCheckExactPath: decoders whose token arrays take only the exact path (no
-// tokenarray.DecodeVBMI) give the batch (or error) fp, and, skipping token ids, what
-// the fast skipping decoder gives.
+// evCheckExactPath: a decoder whose token arrays take only the exact path (no
+// tokenarray.DecodeVBMI) gives the batch (or error) fp; evCheckSkipTokens checks the
+// same of skipping decoders.
 func evCheckExactPath(t *testing.T, kind publisher.Kind, payload []byte, fp string) {
 	t.Helper()
 	if got := evFingerprint(new(kvevent.Decoder).WithoutVBMI().Decode(kind, payload)); got != fp {
 		t.Fatalf("exact-path decoder differs:\n%s\n%s", got, fp)
-	}
-	fast := kvevent.Decoder{SkipTokenIDs: true}
-	exact := kvevent.Decoder{SkipTokenIDs: true}
-	if got, want := evFingerprint(exact.WithoutVBMI().Decode(kind, payload)), evFingerprint(fast.Decode(kind, payload)); got != want {
-		t.Fatalf("exact-path skipping decoder differs:\n%s\n%s", got, want)
 	}
 }
 

@@ -54,9 +54,15 @@ func appendInt(b []byte, f int, x uint64) []byte {
 func appendToken(b []byte, r *rand.Rand, vocab, f int) []byte {
 	v := uint64(r.IntN(vocab))
 	if f < 0 {
-		f = 0
-		for v >= 1<<(7+max(0, 8*intForms[f].bytes-7)) && f < 3 {
-			f++
+		switch {
+		case v < 1<<7:
+			f = 0
+		case v < 1<<8:
+			f = 1
+		case v < 1<<16:
+			f = 2
+		default:
+			f = 3
 		}
 	}
 	bits := max(7, 8*intForms[f].bytes)
